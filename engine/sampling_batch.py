@@ -1,0 +1,138 @@
+"""What the sampler needs to know about each row, and the per-step tensors built from it.
+
+Contract: the engine hands the sampler one `SamplingRow` per logits row (the same order).
+`SamplingBatch.build` turns those rows into the tensors of one step, building only what some
+row actually uses (a batch of plain greedy rows builds nothing and is flagged `plain_greedy`).
+Token-history tensors (seen mask for the repetition penalty, output counts for presence and
+frequency) cost O(prompt + output) per row that asks for them; rows that do not ask get
+neutral values, so batching never changes a row's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One row to sample. The sequences are read, never kept or modified.
+
+    `generator` is the request's own `torch.Generator` (on the logits' device), created once per
+    sequence by the engine (see `sampler.seeded_generator`) when `params.seed` is set and kept
+    across steps and preemptions; a row with a generator draws only from it.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    generator: torch.Generator | None = None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def banned_token_ids(self, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
+        """Tokens that may not be sampled yet: while fewer than `min_tokens` tokens are out,
+        the stop tokens, plus EOS unless `ignore_eos` (with it, EOS does not stop anyway)."""
+        p = self.params
+        if self.num_output_tokens >= p.min_tokens:
+            return ()
+        eos = () if p.ignore_eos else tuple(eos_token_ids)
+        return tuple(dict.fromkeys(p.stop_token_ids + eos))
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """Per-step tensors; `None` means no row of this step needs that stage."""
+
+    num_rows: int
+    plain_greedy: bool  # every row greedy with nothing to apply: argmax of the raw logits
+    greedy: list[bool]  # [R]
+    max_logprobs: int | None  # largest top-N asked by any row; None: no row wants logprobs
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, values [E]
+    banned: tuple[torch.Tensor, torch.Tensor] | None  # rows, token ids [B]
+    repetition: tuple[torch.Tensor, torch.Tensor] | None  # seen [R, V] bool, penalty [R]
+    presence_frequency: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # counts [R, V], presence [R], frequency [R]
+
+    @classmethod
+    def build(
+        cls,
+        rows: Sequence[SamplingRow],
+        vocab_size: int,
+        device: torch.device,
+        eos_token_ids: Sequence[int] = (),
+    ) -> SamplingBatch:
+        params = [r.params for r in rows]
+        greedy = [p.greedy for p in params]
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        bias = _pairs([(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items()], device)
+        banned = _pairs([(i, t, 0.0) for i, r in enumerate(rows) for t in r.banned_token_ids(eos_token_ids)], device)
+        repetition = None
+        if any(p.repetition_penalty != 1.0 for p in params):
+            histories = [
+                [*r.prompt_token_ids, *r.output_token_ids] if r.params.repetition_penalty != 1.0 else []
+                for r in rows
+            ]
+            seen = _token_counts(histories, vocab_size, device) > 0
+            repetition = (seen, _floats([p.repetition_penalty for p in params], device))
+        presence_frequency = None
+        if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+            outputs = [
+                r.output_token_ids if r.params.presence_penalty or r.params.frequency_penalty else []
+                for r in rows
+            ]
+            presence_frequency = (
+                _token_counts(outputs, vocab_size, device),
+                _floats([p.presence_penalty for p in params], device),
+                _floats([p.frequency_penalty for p in params], device),
+            )
+        plain = all(greedy) and not asked and bias is None and banned is None
+        plain = plain and repetition is None and presence_frequency is None
+        return cls(
+            num_rows=len(rows),
+            plain_greedy=plain,
+            greedy=greedy,
+            max_logprobs=max(asked) if asked else None,
+            bias=bias,
+            banned=None if banned is None else banned[:2],
+            repetition=repetition,
+            presence_frequency=presence_frequency,
+        )
+
+
+def _floats(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _pairs(
+    triples: list[tuple[int, int, float]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    if not triples:
+        return None
+    rows, ids, values = zip(*triples, strict=True)
+    return (
+        torch.tensor(rows, dtype=torch.int64, device=device),
+        torch.tensor(ids, dtype=torch.int64, device=device),
+        _floats(list(values), device),
+    )
+
+
+def _token_counts(histories: list[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[R, V] int32 occurrences of each token id in each row's history."""
+    counts = torch.zeros(len(histories), vocab_size, dtype=torch.int32, device=device)
+    lengths = [len(h) for h in histories]
+    if sum(lengths) == 0:
+        return counts
+    flat = torch.tensor([t for h in histories for t in h], dtype=torch.int64, device=device)
+    if int(flat.min()) < 0 or int(flat.max()) >= vocab_size:
+        raise ValueError(f"a token id in the history is outside the vocabulary (size {vocab_size})")
+    row_of = torch.repeat_interleave(
+        torch.arange(len(histories), device=device), torch.tensor(lengths, device=device)
+    )
+    ones = torch.ones_like(flat, dtype=torch.int32)
+    return counts.view(-1).index_add_(0, row_of * vocab_size + flat, ones).view_as(counts)

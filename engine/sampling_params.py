@@ -1,0 +1,101 @@
+"""SamplingParams: how one request decodes, and when it stops.
+
+Contract: frozen; `validate(vocab_size)` (also run on construction for the vocabulary-free
+rules) raises `ValueError` with a message naming the field, so the server can turn it into a
+400 before any work starts. The HTTP schemas are the one place API fields map onto this class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_N = 16  # upper bound of n and best_of: each extra sequence costs KV blocks and a batch row
+MAX_LOGPROBS = 20  # OpenAI's own limit of top logprobs
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_LEN = 256
+MAX_LOGIT_BIAS = 300  # OpenAI's documented limit of logit_bias entries
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # transformers' definition (divides positive logits)
+    presence_penalty: float = 0.0  # OpenAI's definition (subtracted once per seen token)
+    frequency_penalty: float = 0.0  # OpenAI's definition (subtracted per occurrence)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # None: none; k: the chosen token and the top k
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    # n > 1 / best_of: independent samples sharing the prompt's KV blocks.
+    n: int = 1
+    best_of: int | None = None
+    # Beam search: best_of (or n) beams; returns n hypotheses.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._check()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences the engine runs for this request (beams or samples)."""
+        return self.best_of if self.best_of is not None else self.n
+
+    def _check(self) -> None:
+        def need(ok: bool, name: str, message: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {message}")
+
+        need(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        need(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
+        need(
+            self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+        )
+        need(0.0 <= self.temperature <= 100.0, "temperature", f"must be in [0, 100], got {self.temperature}")
+        need(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
+        need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        need(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        need(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        need(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
+        need(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
+        need(len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias", f"may hold at most {MAX_LOGIT_BIAS} entries")
+        for token_id, bias in self.logit_bias.items():
+            need(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100], got {bias} for token {token_id}")
+        need(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"may hold at most {MAX_STOP_STRINGS} strings")
+        for s in self.stop:
+            need(0 < len(s) <= MAX_STOP_STRING_LEN, "stop", f"strings must be 1..{MAX_STOP_STRING_LEN} characters")
+        for name, k in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if k is not None:
+                need(0 <= k <= MAX_LOGPROBS, name, f"must be in [0, {MAX_LOGPROBS}], got {k}")
+        need(1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
+        if self.best_of is not None:
+            need(self.n <= self.best_of <= MAX_N, "best_of", f"must be in [n={self.n}, {MAX_N}], got {self.best_of}")
+        if self.seed is not None:
+            need(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
+
+    def validate_for_vocab(self, vocab_size: int) -> None:
+        """Checks the token ids this request names against the model's vocabulary."""
+        for token_id in list(self.logit_bias) + list(self.stop_token_ids):
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"token id {token_id} is outside the vocabulary (size {vocab_size})")

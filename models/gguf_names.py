@@ -1,0 +1,124 @@
+"""GGUF tensor names and layouts -> Hugging Face names and layouts.
+
+Contract: `gguf_to_hf_tensors(gguf, hf_config)` yields `(hf_name, tensor)` for every tensor of
+the file, named exactly as transformers' state_dict names them, in transformers' layout:
+- llama (also Mistral): llama.cpp permutes the rows of the Q and K projections (weight and
+  bias) so that rotary pairs are interleaved (its "normal" rope); the permutation is undone here.
+  qwen2 GGUFs use NeoX rope and are stored unpermuted.
+- gpt2: llama.cpp stores Conv1D weights transposed to [out, in]; they go back to HF's [in, out].
+- `rope_freqs.weight` is not a weight: it becomes config (models/gguf_config.py) and is skipped.
+A tensor name we do not know raises `ValueError` naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from models.gguf_file import GGUFFile
+
+_LLAMA_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LLAMA_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GPT2_GLOBAL = {
+    "token_embd.weight": "transformer.wte.weight",
+    "position_embd.weight": "transformer.wpe.weight",
+    "output_norm.weight": "transformer.ln_f.weight",
+    "output_norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",
+}
+_GPT2_BLOCK = {
+    "attn_norm": "ln_1",
+    "attn_qkv": "attn.c_attn",
+    "attn_output": "attn.c_proj",
+    "ffn_norm": "ln_2",
+    "ffn_up": "mlp.c_fc",
+    "ffn_down": "mlp.c_proj",
+}
+# GPT-2 Conv1D weights: transposed back to [in, out].
+_GPT2_TRANSPOSED = {"attn_qkv", "attn_output", "ffn_up", "ffn_down"}
+_SKIPPED = {"rope_freqs.weight"}
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+Fixup = Callable[[torch.Tensor], torch.Tensor]
+
+
+def unpermute_rotary_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undoes llama.cpp's Q/K row permutation.
+
+    Within each head, HF orders the rotary rows as [first half | second half] (pairs (i, i+d/2));
+    llama.cpp stores them interleaved (pairs (2i, 2i+1)). Stored row order per head is
+    (d/2, 2) flattened; HF's is (2, d/2). Works for a weight [n_heads*d, in] or a bias [n_heads*d].
+    """
+    rows = w.shape[0]
+    half = rows // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+def _hf_name_and_fixup(gguf_name: str, arch: str, cfg: dict[str, Any]) -> tuple[str, Fixup | None]:
+    if arch == "gpt2":
+        table, blocks, prefix = _GPT2_GLOBAL, _GPT2_BLOCK, "transformer.h"
+    else:
+        table, blocks, prefix = _LLAMA_GLOBAL, _LLAMA_BLOCK, "model.layers"
+    if gguf_name in table:
+        return table[gguf_name], None
+    m = _BLOCK_NAME.fullmatch(gguf_name)
+    if m is None or m.group(2) not in blocks:
+        raise KeyError(gguf_name)
+    layer, part, kind = m.groups()
+    name = f"{prefix}.{layer}.{blocks[part]}.{kind}"
+    fixup: Fixup | None = None
+    if arch == "gpt2" and part in _GPT2_TRANSPOSED and kind == "weight":
+        fixup = _transpose
+    elif arch == "llama" and part in ("attn_q", "attn_k"):
+        heads = cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"]
+        fixup = _rotary_fixup(heads)
+    return name, fixup
+
+
+def _transpose(w: torch.Tensor) -> torch.Tensor:
+    return w.t().contiguous()
+
+
+def _rotary_fixup(n_heads: int) -> Fixup:
+    return lambda w: unpermute_rotary_rows(w, n_heads)
+
+
+def gguf_to_hf_tensors(
+    gguf: GGUFFile, hf_config: dict[str, Any], on_tensor: Callable[[str], None] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Maps and converts every tensor; `on_tensor(gguf_name)` is called after each (progress)."""
+    arch = gguf.architecture
+    gguf.check_types()
+    plan = []
+    for rec in gguf.records:
+        if rec.name in _SKIPPED:
+            continue
+        try:
+            plan.append((rec, *_hf_name_and_fixup(rec.name, arch, hf_config)))
+        except KeyError:
+            raise ValueError(
+                f"{gguf.path}: tensor {rec.name!r} is not one tgserve knows for GGUF "
+                f"architecture {arch!r}"
+            ) from None
+    for rec, hf_name, fixup in plan:
+        tensor = gguf.tensor(rec)
+        yield hf_name, fixup(tensor) if fixup else tensor
+        if on_tensor is not None:
+            on_tensor(rec.name)

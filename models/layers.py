@@ -1,0 +1,148 @@
+"""Building blocks shared by the model files: norms, rotary embedding, MLPs, and the
+self-attention block over the paged KV cache.
+
+Every module takes flat token batches: activations are `[num_tokens, hidden]`, never padded
+per sequence. Numerics follow transformers (norm statistics and rotary tables in float32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.attention import AttentionMetadata, KVCache, paged_attention, write_kv
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies, with Llama-3 or linear scaling applied."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
+    if kind is None or kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        # Long wavelengths (low frequencies) are slowed by `factor`; short ones are kept; the
+        # band in between blends the two linearly in old_len / wavelen.
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(in_band, blended, scaled)
+    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q and k by position, in the rotate-half (non-interleaved) layout of HF."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.register_buffer(
+            "inv_freq", rope_inverse_frequencies(head_dim, theta, scaling), persistent=False
+        )
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [T, H, D], k: [T, KVH, D], positions: [T]
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos().to(q.dtype).unsqueeze(1)  # [T, 1, D]
+        sin = emb.sin().to(q.dtype).unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU: down(act(gate(x)) * up(x)), gate and up fused into one projection."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        if act not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {act!r} for a gated MLP; supported: silu")
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: proj(gelu_tanh(fc(x)))."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
+            raise ValueError(f"unsupported activation_function {act!r} for GPT-2")
+        self.approximate = "none" if act == "gelu" else "tanh"
+        self.c_fc = nn.Linear(hidden, intermediate)
+        self.c_proj = nn.Linear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+
+
+class PagedSelfAttention(nn.Module):
+    """qkv projection -> (rotary) -> write K/V to the paged cache -> attention -> out projection."""
+
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        qkv_bias: bool,
+        out_bias: bool,
+        rotary: RotaryEmbedding | None,
+        sliding_window: int | None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=out_bias)
+        self.rotary = rotary
+        self.sliding_window = sliding_window
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: KVCache
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.rotary is not None:
+            q, k = self.rotary(positions, q, k)
+        write_kv(cache, k, v, meta.slot_mapping)
+        out = paged_attention(q, cache, meta, self.scale, self.sliding_window)
+        return self.o_proj(out.reshape(-1, self.q_size))

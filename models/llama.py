@@ -1,0 +1,95 @@
+"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (qkv bias), SmolLM2 (tied
+embeddings) — pre-norm decoder layers with RMSNorm, rotary attention with GQA and SwiGLU.
+
+Contract: `forward(input_ids[T], positions[T], meta, kv_caches) -> hidden[T, hidden]`;
+`compute_logits(hidden[R, hidden]) -> [R, vocab]` float32; `load_weights` takes
+(Hugging Face name, tensor) pairs and fuses q/k/v and gate/up as it copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from models.attention import AttentionMetadata, KVCache
+from models.config import ModelConfig
+from models.layers import GatedMLP, PagedSelfAttention, RMSNorm, RotaryEmbedding
+from models.weights import WeightLoader
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.self_attn = PagedSelfAttention(
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            qkv_bias=config.attention_bias,
+            out_bias=False,
+            rotary=rotary,
+            sliding_window=config.sliding_window,
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: KVCache
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        for layer, cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, positions, meta, cache)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        c = self.config
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        loader = WeightLoader(self)
+        # HF name fragment -> (our parameter fragment, row offset, rows) inside a fused matrix.
+        loader.fuse("self_attn.q_proj", "self_attn.qkv_proj", 0, q)
+        loader.fuse("self_attn.k_proj", "self_attn.qkv_proj", q, kv)
+        loader.fuse("self_attn.v_proj", "self_attn.qkv_proj", q + kv, kv)
+        loader.fuse("mlp.gate_proj", "mlp.gate_up_proj", 0, c.intermediate_size)
+        loader.fuse("mlp.up_proj", "mlp.gate_up_proj", c.intermediate_size, c.intermediate_size)
+        if c.tie_word_embeddings:
+            loader.ignore("lm_head.weight")
+        loader.ignore_suffix("rotary_emb.inv_freq")
+        loader.load(weights)

@@ -1,0 +1,85 @@
+"""Tiny seeded random checkpoints made with transformers (the test oracle), per architecture.
+
+`make_hf_model(arch)` builds the transformers model; `save_checkpoint(arch, folder)` writes
+config.json + model.safetensors the way a real checkpoint folder looks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 320
+
+_LLAMA_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=96,  # 6 heads of 16
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,  # GQA ratio 3
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+
+
+def make_hf_model(arch: str, seed: int = 0, **overrides):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = tf.LlamaConfig(**{**_LLAMA_COMMON, "rope_theta": 10000.0, **overrides})
+        cls = tf.LlamaForCausalLM
+    elif arch == "llama3":
+        scaling = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "rope_theta": 500000.0,
+        }
+        config = tf.LlamaConfig(**{**_LLAMA_COMMON, "rope_parameters": scaling, "tie_word_embeddings": True, **overrides})
+        cls = tf.LlamaForCausalLM
+    elif arch == "qwen2":
+        config = tf.Qwen2Config(**{**_LLAMA_COMMON, **overrides})
+        cls = tf.Qwen2ForCausalLM
+    elif arch == "mistral":
+        config = tf.MistralConfig(**{**_LLAMA_COMMON, "sliding_window": 8, **overrides})
+        cls = tf.MistralForCausalLM
+    elif arch == "gpt2":
+        config = tf.GPT2Config(
+            **{
+                "vocab_size": VOCAB,
+                "n_embd": 64,
+                "n_layer": 2,
+                "n_head": 4,
+                "n_positions": 256,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "pad_token_id": 0,
+                **overrides,
+            }
+        )
+        cls = tf.GPT2LMHeadModel
+    else:
+        raise ValueError(arch)
+    config._attn_implementation = "eager"
+    model = cls(config).eval()
+    if arch == "qwen2":  # random init leaves biases at zero; make the qkv bias matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    return model
+
+
+def save_checkpoint(arch: str, folder: Path, seed: int = 0, **overrides) -> Path:
+    model = make_hf_model(arch, seed, **overrides)
+    model.save_pretrained(folder)
+    return folder

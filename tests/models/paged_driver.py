@@ -1,0 +1,53 @@
+"""A minimal driver that runs one of our models over the paged cache for several sequences,
+with shuffled (non-contiguous) block ids, for tests that compare against transformers."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from models import allocate_kv_cache
+from models.attention import AttentionMetadata
+
+
+class PagedDriver:
+    def __init__(self, model, num_blocks: int = 128, block_size: int = 4, seed: int = 0) -> None:
+        config = model.config
+        self.model = model
+        self.block_size = block_size
+        dtype = next(model.parameters()).dtype
+        self.kv = allocate_kv_cache(config, num_blocks, block_size, dtype, "cpu")
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.tables: list[list[int]] = []
+        self.lens: list[int] = []
+
+    def add_sequence(self) -> int:
+        self.tables.append([])
+        self.lens.append(0)
+        return len(self.tables) - 1
+
+    def step(self, new_tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """Feeds new tokens for some sequences in ONE forward; returns logits [n, V] per seq."""
+        ids, positions, tables, seq_lens, query_lens = [], [], [], [], []
+        for seq, toks in new_tokens.items():
+            start = self.lens[seq]
+            end = start + len(toks)
+            while len(self.tables[seq]) * self.block_size < end:
+                self.tables[seq].append(self.free.pop())
+            self.lens[seq] = end
+            ids += toks
+            positions += list(range(start, end))
+            tables.append(self.tables[seq])
+            seq_lens.append(end)
+            query_lens.append(len(toks))
+        meta = AttentionMetadata.build(tables, seq_lens, query_lens, self.block_size)
+        with torch.no_grad():
+            hidden = self.model(torch.tensor(ids), torch.tensor(positions), meta, self.kv)
+            logits = self.model.compute_logits(hidden)
+        out, row = {}, 0
+        for seq, toks in new_tokens.items():
+            out[seq] = logits[row : row + len(toks)]
+            row += len(toks)
+        return out
