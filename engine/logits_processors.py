@@ -2,8 +2,8 @@
 
 Contract: every function works on a whole batch of rows at once (`logits` is `[R, V]` float32,
 per-row parameters are `[R]` tensors on the same device); none loops in Python over the
-vocabulary. Functions named `apply_*` / `mask_*` modify `logits` in place and return it; the
-filters return a new tensor. A row whose parameter is neutral (penalty 1, bias 0, top_k off,
+vocabulary. Functions named `apply_*` / `mask_*` modify `logits` in place and return it;
+`filtered_probs` returns a new tensor. A row whose parameter is neutral (penalty 1, bias 0, top_k off,
 top_p 1, min_p 0) comes out bit-identical, so what one row gets never depends on the others.
 
 Definitions (the tests check them against independent oracles):
@@ -15,8 +15,8 @@ Definitions (the tests check them against independent oracles):
 - top-k keeps every token whose logit is >= the k-th largest (ties at the boundary all stay,
   as in transformers' `TopKLogitsWarper`).
 - top-p keeps, from the most probable down, every token for which the probability mass of the
-  strictly more probable tokens is below `top_p`: the token that crosses `top_p` is kept, and
-  tokens tied with the last kept one stay too. It is measured after top-k.
+  tokens before it is below `top_p`: the token that crosses `top_p` is kept, and tokens whose
+  probability ties with the last kept one stay too. It is measured after top-k.
 - min-p keeps tokens whose probability (after top-k and top-p) is >= `min_p` times the largest.
 """
 
@@ -41,22 +41,30 @@ def mask_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tenso
 
 
 def apply_repetition_penalty(
-    logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor
+    logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor, penalty: torch.Tensor
 ) -> torch.Tensor:
-    """transformers' repetition penalty on the tokens marked in `seen` ([R, V] bool)."""
-    p = penalty.unsqueeze(1)  # [R, 1]
-    penalised = torch.where(logits < 0, logits * p, logits / p)
-    return logits.copy_(torch.where(seen, penalised, logits))
+    """transformers' repetition penalty on the (row, token) pairs seen, each listed once.
+
+    rows, token_ids: [E] int64; penalty: [E] float32, the pair's row's penalty. Touches only
+    those E logits: the cost follows the histories, not R * V.
+    """
+    seen = logits[rows, token_ids]  # [E]
+    logits[rows, token_ids] = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return logits
 
 
 def apply_presence_frequency(
-    logits: torch.Tensor, counts: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    token_ids: torch.Tensor,
+    counts: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
 ) -> torch.Tensor:
-    """OpenAI's penalties; `counts` is [R, V] occurrences of each token in the output."""
-    counts = counts.to(logits.dtype)
-    logits -= presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
-    logits -= frequency.unsqueeze(1) * counts
-    return logits
+    """OpenAI's penalties on the (row, token) pairs of the output, each listed once with its
+    `counts` [E] occurrences and its row's `presence` / `frequency` [E]."""
+    penalty = presence + frequency * counts.to(logits.dtype)  # [E]; counts > 0 for every pair
+    return logits.index_put_((rows, token_ids), -penalty, accumulate=True)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -64,37 +72,60 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     return logits.div_(temperature.unsqueeze(1))
 
 
-def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def mask_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, probe: int = 256
+) -> torch.Tensor:
     """Masks to -inf what top-k (`top_k` [R] int64, values <= 0 mean off) then top-p
-    (`top_p` [R] float32, 1 means off) remove. Returns a new tensor."""
-    num_rows, vocab = logits.shape
+    (`top_p` [R] float32, 1 means off) remove, in place.
+
+    Never sorts a whole row when it can help it: top-k needs the `max(top_k)` largest, and the
+    top-p boundary is first looked for among the `probe` most probable tokens; only rows whose
+    nucleus is larger than that are sorted in full (same result either way).
+    """
+    vocab = logits.shape[1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [R]
-    if bool((top_p < 1.0).any()):
-        # [R, V] descending: the threshold of both filters is a value of this sorted row.
-        ordered = logits.sort(dim=-1, descending=True).values
-        kth = ordered.gather(1, (k - 1).unsqueeze(1))  # [R, 1]
-        ordered = ordered.masked_fill(ordered < kth, NEG_INF)
-        probs = ordered.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # exclusive prefix sum; 0 at the top token
-        kept = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)  # >= 1: a prefix
-        threshold = ordered.gather(1, kept - 1)  # [R, 1] smallest kept logit
-        # Rows with top_p == 1 keep all of top-k exactly (a float cumsum may not reach 1).
-        threshold = torch.where(top_p.unsqueeze(1) >= 1.0, kth, threshold)
-    elif bool((k < vocab).any()):
-        largest = logits.topk(int(k.max()), dim=-1).values  # [R, max_k], descending
-        threshold = largest.gather(1, (k - 1).unsqueeze(1))
-        threshold = torch.where((k >= vocab).unsqueeze(1), NEG_INF, threshold)
-    else:
-        return logits.clone()
-    return logits.masked_fill(logits < threshold, NEG_INF)
+    use_k, use_p = k < vocab, top_p < 1.0
+    if bool(use_k.any()):
+        k_max = int(k[use_k].max())
+        largest = logits.topk(k_max, dim=-1).values  # [R, k_max], descending
+        kth = largest.gather(1, (k.clamp(max=k_max) - 1).unsqueeze(1))  # [R, 1]
+        logits.masked_fill_(_only(logits < kth, use_k), NEG_INF)
+    if bool(use_p.any()):
+        probs = logits.softmax(dim=-1)  # [R, V], zero where top-k masked
+        floor = _top_p_floor(probs, top_p, min(probe, vocab))  # [R, 1]
+        logits.masked_fill_(_only(probs < floor, use_p), NEG_INF)
+    return logits
+
+
+def _only(mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`mask` [R, V] restricted to the rows flagged in `rows` [R] (no copy when all are)."""
+    return mask if bool(rows.all()) else mask & rows.unsqueeze(1)
+
+
+def _top_p_floor(probs: torch.Tensor, top_p: torch.Tensor, probe: int) -> torch.Tensor:
+    """[R, 1] the smallest probability top-p keeps in each row (see the module rule)."""
+
+    def floor_of(descending: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mass_before = descending.cumsum(dim=-1) - descending  # exclusive prefix sum; 0 at the top
+        kept = (mass_before < p.unsqueeze(1)).sum(dim=-1, keepdim=True)  # >= 1: a prefix
+        return descending.gather(1, kept - 1), kept
+
+    floor, kept = floor_of(probs.topk(probe, dim=-1).values, top_p)
+    if probe < probs.shape[1]:
+        # kept == probe: the boundary may lie beyond the probe, so sort those rows in full.
+        unresolved = torch.nonzero((kept.squeeze(1) == probe) & (top_p < 1.0)).squeeze(1)
+        if unresolved.numel():
+            full = probs[unresolved].sort(dim=-1, descending=True).values
+            floor[unresolved] = floor_of(full, top_p[unresolved])[0]
+    return floor
 
 
 def mask_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Masks tokens whose probability is below `min_p` ([R]) times the row's top probability.
-    Returns a new tensor; the top token always survives."""
+    In place; the top token always survives."""
     probs = logits.softmax(dim=-1)  # [R, V]
     floor = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [R, 1]
-    return logits.masked_fill(probs < floor, NEG_INF)
+    return logits.masked_fill_(probs < floor, NEG_INF)
 
 
 def filtered_probs(
@@ -108,7 +139,7 @@ def filtered_probs(
 
     Does not modify `logits`; returns `[R, V]` probabilities (zero where masked).
     """
-    scaled = apply_temperature(logits.clone(), temperature)
+    scaled = logits / temperature.unsqueeze(1)  # a new tensor: the caller's stays intact
     scaled = mask_top_k_top_p(scaled, top_k, top_p)
     if bool((min_p > 0).any()):
         scaled = mask_min_p(scaled, min_p)

@@ -3,9 +3,10 @@
 Contract: the engine hands the sampler one `SamplingRow` per logits row (the same order).
 `SamplingBatch.build` turns those rows into the tensors of one step, building only what some
 row actually uses (a batch of plain greedy rows builds nothing and is flagged `plain_greedy`).
-Token-history tensors (seen mask for the repetition penalty, output counts for presence and
-frequency) cost O(prompt + output) per row that asks for them; rows that do not ask get
-neutral values, so batching never changes a row's result.
+Token-history tensors (the distinct tokens seen, for the repetition penalty; output counts,
+for presence and frequency) cost O(prompt + output) per row that asks for them, built from the
+Python lists each step; rows that do not ask contribute nothing, so batching never changes a
+row's result.
 """
 
 from __future__ import annotations
@@ -47,17 +48,46 @@ class SamplingRow:
 
 
 @dataclass(frozen=True)
+class SamplingFilters:
+    """Parameters of the rows that sample (temperature > 0), in batch order."""
+
+    rows: list[int]  # [S] batch indices of the sampling rows
+    temperature: torch.Tensor  # [S] float32, > 0
+    top_k: torch.Tensor  # [S] int64, <= 0 means off
+    top_p: torch.Tensor  # [S] float32, 1 means off
+    min_p: torch.Tensor  # [S] float32, 0 means off
+
+    @classmethod
+    def build(
+        cls, params: Sequence[SamplingParams], device: torch.device
+    ) -> SamplingFilters | None:
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        if not rows:
+            return None
+        chosen = [params[i] for i in rows]
+        return cls(
+            rows=rows,
+            temperature=_floats([p.temperature for p in chosen], device),
+            top_k=torch.tensor([p.top_k for p in chosen], dtype=torch.int64, device=device),
+            top_p=_floats([p.top_p for p in chosen], device),
+            min_p=_floats([p.min_p for p in chosen], device),
+        )
+
+
+@dataclass(frozen=True)
 class SamplingBatch:
     """Per-step tensors; `None` means no row of this step needs that stage."""
 
     num_rows: int
     plain_greedy: bool  # every row greedy with nothing to apply: argmax of the raw logits
-    greedy: list[bool]  # [R]
+    filters: SamplingFilters | None  # None: every row is greedy
     max_logprobs: int | None  # largest top-N asked by any row; None: no row wants logprobs
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, values [E]
     banned: tuple[torch.Tensor, torch.Tensor] | None  # rows, token ids [B]
-    repetition: tuple[torch.Tensor, torch.Tensor] | None  # seen [R, V] bool, penalty [R]
-    presence_frequency: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # counts [R, V], presence [R], frequency [R]
+    # Penalties as distinct (row, token) pairs, [E] each: rows, token ids, then per pair the
+    # repetition penalty; or the output count, presence and frequency penalties.
+    repetition: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    presence_frequency: tuple[torch.Tensor, ...] | None
 
     @classmethod
     def build(
@@ -68,35 +98,53 @@ class SamplingBatch:
         eos_token_ids: Sequence[int] = (),
     ) -> SamplingBatch:
         params = [r.params for r in rows]
-        greedy = [p.greedy for p in params]
+        filters = SamplingFilters.build(params, device)
         asked = [p.logprobs for p in params if p.logprobs is not None]
-        bias = _pairs([(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items()], device)
-        banned = _pairs([(i, t, 0.0) for i, r in enumerate(rows) for t in r.banned_token_ids(eos_token_ids)], device)
+        bias = _pairs(
+            [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items()],
+            vocab_size,
+            device,
+        )
+        banned = _pairs(
+            [(i, t, 0.0) for i, r in enumerate(rows) for t in r.banned_token_ids(eos_token_ids)],
+            vocab_size,
+            device,
+        )
         repetition = None
         if any(p.repetition_penalty != 1.0 for p in params):
             histories = [
-                [*r.prompt_token_ids, *r.output_token_ids] if r.params.repetition_penalty != 1.0 else []
+                [*r.prompt_token_ids, *r.output_token_ids]
+                if r.params.repetition_penalty != 1.0
+                else []
                 for r in rows
             ]
-            seen = _token_counts(histories, vocab_size, device) > 0
-            repetition = (seen, _floats([p.repetition_penalty for p in params], device))
+            seen_rows, seen_ids, _ = _unique_pairs(histories, vocab_size, device)
+            penalty = _floats([p.repetition_penalty for p in params], device)
+            repetition = (seen_rows, seen_ids, penalty[seen_rows])
         presence_frequency = None
         if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
             outputs = [
-                r.output_token_ids if r.params.presence_penalty or r.params.frequency_penalty else []
+                r.output_token_ids
+                if r.params.presence_penalty or r.params.frequency_penalty
+                else []
                 for r in rows
             ]
+            out_rows, out_ids, counts = _unique_pairs(outputs, vocab_size, device)
+            presence = _floats([p.presence_penalty for p in params], device)
+            frequency = _floats([p.frequency_penalty for p in params], device)
             presence_frequency = (
-                _token_counts(outputs, vocab_size, device),
-                _floats([p.presence_penalty for p in params], device),
-                _floats([p.frequency_penalty for p in params], device),
+                out_rows,
+                out_ids,
+                counts,
+                presence[out_rows],
+                frequency[out_rows],
             )
-        plain = all(greedy) and not asked and bias is None and banned is None
+        plain = filters is None and not asked and bias is None and banned is None
         plain = plain and repetition is None and presence_frequency is None
         return cls(
             num_rows=len(rows),
             plain_greedy=plain,
-            greedy=greedy,
+            filters=filters,
             max_logprobs=max(asked) if asked else None,
             bias=bias,
             banned=None if banned is None else banned[:2],
@@ -110,10 +158,16 @@ def _floats(values: list[float], device: torch.device) -> torch.Tensor:
 
 
 def _pairs(
-    triples: list[tuple[int, int, float]], device: torch.device
+    triples: list[tuple[int, int, float]], vocab_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     if not triples:
         return None
+    for _, token_id, _ in triples:
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(
+                f"token id {token_id} (logit_bias, stop_token_ids or EOS) is outside the "
+                f"vocabulary (size {vocab_size}); check the request with validate_for_vocab"
+            )
     rows, ids, values = zip(*triples, strict=True)
     return (
         torch.tensor(rows, dtype=torch.int64, device=device),
@@ -122,17 +176,16 @@ def _pairs(
     )
 
 
-def _token_counts(histories: list[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[R, V] int32 occurrences of each token id in each row's history."""
-    counts = torch.zeros(len(histories), vocab_size, dtype=torch.int32, device=device)
+def _unique_pairs(
+    histories: list[Sequence[int]], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct (row, token) pairs of the histories and how often each occurs: [E] each."""
     lengths = [len(h) for h in histories]
-    if sum(lengths) == 0:
-        return counts
     flat = torch.tensor([t for h in histories for t in h], dtype=torch.int64, device=device)
-    if int(flat.min()) < 0 or int(flat.max()) >= vocab_size:
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= vocab_size):
         raise ValueError(f"a token id in the history is outside the vocabulary (size {vocab_size})")
     row_of = torch.repeat_interleave(
         torch.arange(len(histories), device=device), torch.tensor(lengths, device=device)
     )
-    ones = torch.ones_like(flat, dtype=torch.int32)
-    return counts.view(-1).index_add_(0, row_of * vocab_size + flat, ones).view_as(counts)
+    keys, counts = torch.unique(row_of * vocab_size + flat, return_counts=True)
+    return keys // vocab_size, keys % vocab_size, counts

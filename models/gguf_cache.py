@@ -59,7 +59,9 @@ def is_complete(folder: Path) -> bool:
     return (folder / CONFIG_NAME).is_file() and (folder / WEIGHTS_NAME).is_file()
 
 
-def write_cache_folder(folder: Path, hf_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+def write_cache_folder(
+    folder: Path, hf_config: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> None:
     """Writes atomically; raises OSError if the cache location is not writable."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))

@@ -30,6 +30,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
 # (factor is read from the tensor) low_freq_factor, high_freq_factor, original context: the
 # values every published Llama-3.1/3.2/3.3 uses.
 _LLAMA3_ROPE_CANDIDATES = ((1.0, 4.0, 8192),)
+_EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
 
 
 def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
@@ -52,13 +53,14 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
     if vocab is None:
         vocab = _embedding_rows(gguf)
     tied = "output.weight" not in gguf.tensor_names
-    eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    # End of turn (eot) ends generation too (Llama-3 chat: <|eot_id|> beside <|end_of_text|>).
+    eos = list(dict.fromkeys(meta[k] for k in _EOS_KEYS if k in meta))
     common: dict[str, Any] = {
         "architectures": [hf_arch],
         "vocab_size": int(vocab),
         "tie_word_embeddings": tied,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": list(dict.fromkeys(eos)) if len(set(eos)) > 1 else (eos[0] if eos else None),
+        "eos_token_id": eos if len(eos) > 1 else (eos[0] if eos else None),
     }
     hidden = int(key("embedding_length", required=True))
     heads = int(key("attention.head_count", required=True))
@@ -98,10 +100,10 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
 
 
 def _embedding_rows(gguf: GGUFFile) -> int:
-    rec = gguf.record("token_embd.weight")
-    if rec is None:
+    info = gguf.info("token_embd.weight")
+    if info is None:
         raise ValueError(f"{gguf.path}: no vocab size in metadata and no token_embd.weight tensor")
-    return int(rec.shape[-1])  # ggml order: [hidden, vocab]
+    return info.shape[0]  # [vocab, hidden]
 
 
 def _rope_scaling(gguf: GGUFFile, arch: str, key: Any) -> dict[str, Any] | None:
@@ -118,11 +120,13 @@ def _rope_scaling(gguf: GGUFFile, arch: str, key: Any) -> dict[str, Any] | None:
             "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
         }
     if kind not in (None, "none"):
-        raise ValueError(f"{gguf.path}: unsupported rope scaling type {kind!r} in {arch}.rope.scaling")
-    rec = gguf.record("rope_freqs.weight")
-    if rec is None:
+        raise ValueError(
+            f"{gguf.path}: unsupported rope scaling type {kind!r} in {arch}.rope.scaling"
+        )
+    info = gguf.info("rope_freqs.weight")
+    if info is None:
         return None
-    return _llama3_scaling_from_freqs(gguf, gguf.tensor(rec).float(), key)
+    return _llama3_scaling_from_freqs(gguf, gguf.tensor(info).float(), key)
 
 
 def _llama3_scaling_from_freqs(gguf: GGUFFile, stored: torch.Tensor, key: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """GGUF tensor names and layouts -> Hugging Face names and layouts.
 
-Contract: `gguf_to_hf_tensors(gguf, hf_config)` yields `(hf_name, tensor)` for every tensor of
+Contract: `gguf_to_hf_tensors(gguf, hf_config)` yields `(gguf_name, hf_name, tensor)` for every tensor of
 the file, named exactly as transformers' state_dict names them, in transformers' layout:
 - llama (also Mistral): llama.cpp permutes the rows of the Q and K projections (weight and
   bias) so that rotary pairs are interleaved (its "normal" rope); the permutation is undone here.
@@ -101,24 +101,22 @@ def _rotary_fixup(n_heads: int) -> Fixup:
 
 
 def gguf_to_hf_tensors(
-    gguf: GGUFFile, hf_config: dict[str, Any], on_tensor: Callable[[str], None] | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Maps and converts every tensor; `on_tensor(gguf_name)` is called after each (progress)."""
+    gguf: GGUFFile, hf_config: dict[str, Any]
+) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Yields (gguf_name, hf_name, tensor), checking every name and type before any work."""
     arch = gguf.architecture
     gguf.check_types()
     plan = []
-    for rec in gguf.records:
-        if rec.name in _SKIPPED:
+    for info in gguf.infos:
+        if info.name in _SKIPPED:
             continue
         try:
-            plan.append((rec, *_hf_name_and_fixup(rec.name, arch, hf_config)))
+            plan.append((info, *_hf_name_and_fixup(info.name, arch, hf_config)))
         except KeyError:
             raise ValueError(
-                f"{gguf.path}: tensor {rec.name!r} is not one tgserve knows for GGUF "
+                f"{gguf.path}: tensor {info.name!r} is not one tgserve knows for GGUF "
                 f"architecture {arch!r}"
             ) from None
-    for rec, hf_name, fixup in plan:
-        tensor = gguf.tensor(rec)
-        yield hf_name, fixup(tensor) if fixup else tensor
-        if on_tensor is not None:
-            on_tensor(rec.name)
+    for info, hf_name, fixup in plan:
+        tensor = gguf.tensor(info)
+        yield info.name, hf_name, fixup(tensor) if fixup else tensor

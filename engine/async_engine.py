@@ -1,0 +1,414 @@
+"""AsyncEngine: the asyncio seam in front of the synchronous Engine.
+
+Contract:
+- The sync step loop runs in ONE background thread; the event loop never runs a model step and
+  never touches the engine's mutable state (only `check_request`, which is pure validation).
+- Adds and aborts go through a thread-safe inbox, drained between steps, in arrival order.
+- Each request owns one output slot holding only the newest cumulative `RequestOutput` (outputs
+  are cumulative snapshots, so merging is "keep the newer one"): a slow reader never grows a queue.
+- `generate()` validates and admits synchronously (raises `ValueError`, `Overloaded` or
+  `EngineUnavailable` before anything is queued) and returns a `RequestStream`; awaiting
+  `stream.admitted()` waits until the engine took the request (or re-raises why it refused:
+  the engine's ValueError, or `Overloaded` for its QueueFullError).
+  The stream ends after the finished output; closing or cancelling it early aborts the request.
+- Admission bound: admitted-but-unfinished requests (running + waiting + inbox) <= `max_pending`.
+- A deadline (a `time.monotonic()` value) aborts the request at the next step, even when queued.
+- An exception in `step()` ends every in-flight request with finish_reason "error"; the loop
+  goes on, and declares itself dead after `MAX_CONSECUTIVE_FAILURES` failing steps in a row.
+- `is_healthy()` is False when the loop is dead or work is pending and no loop iteration
+  completed for `stall_timeout` seconds.
+- `shutdown(timeout)` stops admission, lets in-flight work finish for `timeout` seconds, aborts
+  the rest (their streams end with finish_reason "abort") and stops the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import QueueFullError
+
+logger = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_FAILURES = 3
+ABORT_GRACE_SECONDS = 5.0  # how long shutdown waits for the aborted requests to report back
+
+
+class Overloaded(Exception):
+    """Too many requests are admitted already; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineUnavailable(Exception):
+    """The engine is shutting down or its loop has died; no new request is taken."""
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    slot: OutputSlot
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str | None  # None: abort everything in flight
+
+
+class OutputSlot:
+    """One request's mailbox: the newest cumulative output plus an asyncio wake-up.
+
+    Written by the loop thread (`admit`, `put`), read on the event loop (`get`).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._lock = threading.Lock()
+        self._newest: RequestOutput | None = None
+        self._admitted = False
+        self._refusal: Exception | None = None
+        self.last: RequestOutput | None = None  # loop thread only: the last output put
+
+    def admit(self, refusal: Exception | None) -> None:
+        with self._lock:
+            self._admitted, self._refusal = True, refusal
+        self._wake()
+
+    def put(self, output: RequestOutput) -> None:
+        self.last = output
+        with self._lock:
+            self._newest = output  # newer cumulative snapshot supersedes an unread one
+        self._wake()
+
+    def _wake(self) -> None:
+        # RuntimeError: the event loop is closed, so nobody is waiting any more
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait_admitted(self) -> None:
+        while True:
+            with self._lock:
+                admitted, refusal = self._admitted, self._refusal
+            if refusal is not None:
+                raise refusal
+            if admitted:
+                return
+            self._event.clear()  # no await since the check: a wake-up cannot be lost
+            await self._event.wait()
+
+    async def get(self) -> RequestOutput:
+        while True:
+            with self._lock:
+                output, self._newest = self._newest, None
+                refusal = self._refusal
+            if output is not None:
+                return output
+            if refusal is not None:
+                raise refusal
+            self._event.clear()
+            await self._event.wait()
+
+
+class RequestStream:
+    """Async iterator over one request's cumulative outputs; ends after the finished one.
+
+    Closing it (or cancelling the task iterating it, or dropping it) before the end aborts
+    the request.
+    """
+
+    def __init__(self, request_id: str, slot: OutputSlot, abort: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self._slot = slot
+        self._abort = abort
+        self._done = False
+
+    async def admitted(self) -> None:
+        """Returns once the engine took the request; re-raises its refusal otherwise."""
+        try:
+            await self._slot.wait_admitted()
+        except BaseException:
+            self.close()
+            raise
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            output = await self._slot.get()
+        except BaseException:  # cancelled (client gone) or refused
+            self.close()
+            raise
+        if output.finished:
+            self._done = True
+        return output
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to abort
+            self.close()
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        engine: Any,
+        max_pending: int,
+        stall_timeout: float = 60.0,
+        retry_after: float = 1.0,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
+        self.engine = engine
+        self.max_pending = max_pending
+        self.stall_timeout = stall_timeout
+        self.retry_after = retry_after
+        self.last_progress_time = time.monotonic()
+        self._cond = threading.Condition()
+        self._inbox: deque[_Add | _Abort] = deque()  # bounded: adds are counted in _pending
+        self._pending = 0  # admitted and not yet finished; guarded by _cond
+        self._accepting = True
+        self._stopping = False
+        self._dead_reason: str | None = None
+        self._thread: threading.Thread | None = None
+        # Owned by the loop thread only:
+        self._slots: dict[str, OutputSlot] = {}
+        self._deadlines: dict[str, float] = {}
+        self._stats = engine.stats()
+
+    # ---- event-loop side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine.start() was called twice")
+        self._thread = threading.Thread(target=self._run, name="tgserve-engine", daemon=True)
+        self._thread.start()
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        deadline: float | None = None,
+    ) -> RequestStream:
+        if not self._accepting:
+            raise EngineUnavailable("the server is shutting down")
+        if self._dead_reason is not None:
+            raise EngineUnavailable(f"the engine has stopped: {self._dead_reason}")
+        self.engine.check_request(prompt_token_ids, params)  # ValueError: never servable
+        slot = OutputSlot(asyncio.get_running_loop())
+        with self._cond:
+            if self._pending >= self.max_pending:
+                raise Overloaded(
+                    f"the server has {self._pending} requests in flight (limit {self.max_pending})",
+                    self.retry_after,
+                )
+            self._pending += 1
+            self._inbox.append(_Add(request_id, list(prompt_token_ids), params, slot, deadline))
+            self._cond.notify()
+        return RequestStream(request_id, slot, self.abort)
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; takes effect at the next step (the stream then ends with "abort")."""
+        self._post(_Abort(request_id))
+
+    def num_pending(self) -> int:
+        with self._cond:
+            return self._pending
+
+    def stats(self) -> Any:
+        """The engine's stats as of the last loop iteration (a frozen snapshot)."""
+        return self._stats
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def is_healthy(self) -> bool:
+        if self._dead_reason is not None:
+            return False
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping:
+            return False
+        stalled = time.monotonic() - self.last_progress_time > self.stall_timeout
+        return not (stalled and self.num_pending() > 0)
+
+    async def shutdown(self, timeout: float) -> None:
+        """Drain for `timeout` seconds, abort what is left, then stop the loop thread."""
+        self._accepting = False
+        if self._thread is None:
+            return
+        await self._wait_until_idle(timeout)
+        if self.num_pending():
+            logger.info("aborting %d request(s) still in flight after draining", self.num_pending())
+            self._post(_Abort(None))
+            await self._wait_until_idle(ABORT_GRACE_SECONDS)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        await asyncio.to_thread(self._thread.join, ABORT_GRACE_SECONDS)
+
+    async def _wait_until_idle(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while self.num_pending() and time.monotonic() < end and self._thread.is_alive():
+            await asyncio.sleep(0.02)
+
+    def _post(self, item: _Add | _Abort) -> None:
+        with self._cond:
+            self._inbox.append(item)
+            self._cond.notify()
+
+    # ---- loop thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                while not (self._stopping or self._inbox or self.engine.has_unfinished_requests()):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                items = list(self._inbox)
+                self._inbox.clear()
+            self.last_progress_time = time.monotonic()  # woke up: a stall is counted from here
+            try:
+                self._apply(items)
+                self._expire_deadlines()
+                if self.engine.has_unfinished_requests():
+                    self._dispatch(self.engine.step())
+                failures = 0
+            except Exception as exc:  # the engine failed; the loop itself goes on
+                failures += 1
+                logger.exception("engine step failed (%d in a row)", failures)
+                self._fail_in_flight(exc)
+                if failures >= MAX_CONSECUTIVE_FAILURES:
+                    self._dead_reason = f"{failures} engine steps failed in a row"
+                    logger.error("engine loop stops: %s", self._dead_reason)
+                    self._accepting = False
+                    return
+            self._refresh_stats()
+            self.last_progress_time = time.monotonic()
+
+    def _apply(self, items: list[_Add | _Abort]) -> None:
+        for item in items:
+            if isinstance(item, _Add):
+                self._add(item)
+            else:
+                targets = list(self._slots) if item.request_id is None else [item.request_id]
+                for request_id in targets:
+                    if request_id in self._slots:
+                        self._abort_in_engine(request_id)
+
+    def _add(self, item: _Add) -> None:
+        try:
+            self.engine.add_request(item.request_id, item.prompt_token_ids, item.params)
+        except QueueFullError as exc:  # admission bound looser than the engine's queue
+            self._release(1)
+            item.slot.admit(Overloaded(str(exc), self.retry_after))
+            return
+        except Exception as exc:  # refused as invalid: the caller re-raises it
+            self._release(1)
+            item.slot.admit(exc)
+            return
+        self._slots[item.request_id] = item.slot
+        if item.deadline is not None:
+            self._deadlines[item.request_id] = item.deadline
+        item.slot.admit(None)
+
+    def _expire_deadlines(self) -> None:
+        now = time.monotonic()
+        for request_id, deadline in list(self._deadlines.items()):
+            if now >= deadline:
+                logger.info("request %s passed its deadline; aborting it", request_id)
+                del self._deadlines[request_id]
+                self._abort_in_engine(request_id)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        finished = 0
+        for output in outputs:
+            slot = self._slots.get(output.request_id)
+            if slot is None:  # already failed or unknown: nobody is listening
+                continue
+            slot.put(output)
+            if output.finished:
+                del self._slots[output.request_id]
+                self._deadlines.pop(output.request_id, None)
+                finished += 1
+        self._release(finished)
+
+    def _fail_in_flight(self, exc: Exception) -> None:
+        message = f"the engine failed while generating ({type(exc).__name__}); please retry"
+        for request_id, slot in list(self._slots.items()):
+            slot.put(_error_output(request_id, slot.last, message))
+            self._abort_in_engine(request_id)
+        self._release(len(self._slots))
+        self._slots.clear()
+        self._deadlines.clear()
+
+    def _abort_in_engine(self, request_id: str) -> None:
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:  # best effort: the engine may be in a bad state after a failure
+            logger.exception("aborting %s failed", request_id)
+
+    def _release(self, count: int) -> None:
+        if count:
+            with self._cond:
+                self._pending -= count
+
+    def _refresh_stats(self) -> None:
+        try:
+            self._stats = self.engine.stats()
+        except Exception:
+            logger.exception("engine.stats() failed")
+
+
+def _error_output(request_id: str, last: RequestOutput | None, message: str) -> RequestOutput:
+    """A finished snapshot that keeps what was generated so far and says "error"."""
+    if last is None:
+        outputs = (CompletionOutput(index=0, text="", token_ids=(), finish_reason="error"),)
+        return RequestOutput(request_id, (), outputs, finished=True, error=message)
+    outputs = tuple(
+        CompletionOutput(
+            index=o.index,
+            text=o.text,
+            token_ids=o.token_ids,
+            cumulative_logprob=o.cumulative_logprob,
+            logprobs=o.logprobs,
+            finish_reason=o.finish_reason or "error",
+            stop_reason=o.stop_reason,
+        )
+        for o in last.outputs
+    )
+    return RequestOutput(
+        request_id,
+        last.prompt_token_ids,
+        outputs,
+        finished=True,
+        prompt_logprobs=last.prompt_logprobs,
+        metrics=last.metrics,
+        error=message,
+    )

@@ -1,0 +1,291 @@
+"""BlockManager: which KV blocks each sequence owns, with ref counts, copy-on-write and prefix caching.
+
+Contract (pure Python, no torch):
+- Block ids are 0..num_blocks-1. Every block is exactly one of: referenced (ref count > 0, in
+  one or more `Sequence.block_table`s), parked (ref 0 but registered in the prefix cache, so a
+  later request may reuse it), or truly free. `num_free_blocks` counts free + parked: parked
+  blocks are evicted, least recently parked first, when the free list runs dry.
+- A sequence's table covers the tokens it has computed plus those scheduled this step: token t
+  lives in block `block_table[t // block_size]` at offset `t % block_size`.
+- `admit` gives a waiting sequence its table (prefix-cache hit + fresh blocks), `append` grows a
+  running one's table for this step's chunk, `fork` shares a table (ref + 1 per block), `free`
+  drops one (ref - 1). Before a sequence writes into a block that others share, `append` gives it
+  a fresh block and returns the (src, dst) copy the runner must apply before the forward.
+  `blocks_to_admit` / `blocks_to_append` count exactly what those calls will take, copies
+  included, so the scheduler checks before it acts.
+- Prefix caching: `mark_computed(seq)` registers the sequence's full, computed blocks
+  (hash of parent hash + block tokens; see prefix_cache.py). If an equal block is already
+  registered the sequence switches to it and its own copy is released (dedup). `match_prefix`
+  returns the longest confirmed chain of cached blocks for a token list, leaving at least one token
+  uncomputed so the model still produces logits.
+- Usage figures: `usage()`; prefix-cache queries and hits are counted in TOKENS, once per
+  admission (queried = the sequence's tokens, hits = tokens served from the cache).
+- `check_invariants()` re-derives every ref count from the tables; tests call it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from engine.prefix_cache import HashFn, PrefixCache, block_hash
+from engine.request import Sequence
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    block_ids: tuple[int, ...]  # cached blocks holding the first len(block_ids) full blocks
+    num_tokens: int  # tokens they hold (len(block_ids) * block_size)
+    num_queried_tokens: int  # tokens of the sequence that was looked up
+
+
+@dataclass(frozen=True)
+class BlockUsage:
+    num_blocks: int
+    num_free: int  # truly free + parked (evictable) cached blocks
+    num_used: int  # referenced by at least one sequence
+    num_cached: int  # parked: free for use, still reusable by a prefix hit
+    prefix_cache_queries: int  # tokens looked up at admission
+    prefix_cache_hits: int  # of those, tokens served from the cache
+
+
+@dataclass
+class _SeqState:
+    num_registered: int = 0  # leading blocks of the table known to the prefix cache
+    broken: bool = False  # a hash collision stopped registration for this sequence
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        hash_fn: HashFn = block_hash,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cache = PrefixCache(hash_fn)
+        self._seqs: dict[Sequence, _SeqState] = {}
+        self._queries = 0
+        self._hits = 0
+
+    # ----- figures -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + self._cache.num_parked
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def usage(self) -> BlockUsage:
+        return BlockUsage(
+            num_blocks=self.num_blocks,
+            num_free=self.num_free_blocks,
+            num_used=self.num_used_blocks,
+            num_cached=self._cache.num_parked,
+            prefix_cache_queries=self._queries,
+            prefix_cache_hits=self._hits,
+        )
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    # ----- admission -----------------------------------------------------------------------
+    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+        """Longest chain of cached blocks equal to the start of `token_ids`; no side effects."""
+        found: list[int] = []
+        if self.enable_prefix_caching:
+            parent = None
+            bs = self.block_size
+            for i in range((len(token_ids) - 1) // bs):  # keep >= 1 token to compute
+                entry = self._cache.lookup(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+                if entry is None:
+                    break
+                found.append(entry.block_id)
+                parent = entry
+        return PrefixMatch(tuple(found), len(found) * self.block_size, len(token_ids))
+
+    def blocks_to_admit(self, matches: list[PrefixMatch], num_tokens: list[int]) -> int:
+        """Free-pool blocks `admit` takes: parked hits leave the pool, plus fresh blocks."""
+        parked = {b for m in matches for b in m.block_ids if self._ref[b] == 0}
+        fresh = sum(
+            max(0, self.blocks_for(n) - len(m.block_ids))
+            for m, n in zip(matches, num_tokens, strict=True)
+        )
+        return len(parked) + fresh
+
+    def admit(
+        self, seqs: list[Sequence], matches: list[PrefixMatch], num_tokens: list[int]
+    ) -> None:
+        """Gives each waiting sequence its matched blocks plus fresh ones covering `num_tokens`.
+        All hits are pinned before any fresh block is taken, so none is evicted under us. The
+        caller sets `num_computed_tokens = match.num_tokens`."""
+        if self.blocks_to_admit(matches, num_tokens) > self.num_free_blocks:
+            raise RuntimeError("admit without enough free blocks; check blocks_to_admit first")
+        for seq, match in zip(seqs, matches, strict=True):
+            if seq in self._seqs or seq.block_table:
+                raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
+            for b in match.block_ids:
+                if self._ref[b] == 0:
+                    self._cache.unpark(b)
+                self._ref[b] += 1
+            seq.block_table = list(match.block_ids)
+            self._seqs[seq] = _SeqState(num_registered=len(match.block_ids))
+            self._queries += match.num_queried_tokens
+            self._hits += match.num_tokens
+        for seq, n in zip(seqs, num_tokens, strict=True):
+            while len(seq.block_table) < self.blocks_for(n):
+                seq.block_table.append(self._take_block())
+
+    # ----- running sequences ---------------------------------------------------------------
+    def blocks_to_append(self, chunks: list[tuple[Sequence, int]]) -> int:
+        """Blocks `append` takes for these (sequence, new tokens) chunks of one group, in that
+        order: fresh table blocks plus copy-on-write blocks (the last of a block's sharers to
+        write keeps it when all its sharers write this step)."""
+        need = 0
+        writers: Counter[int] = Counter()
+        for seq, n in chunks:
+            if n <= 0:
+                continue
+            end_blocks = self.blocks_for(seq.num_computed_tokens + n)
+            need += max(0, end_blocks - len(seq.block_table))
+            for idx in range(
+                seq.num_computed_tokens // self.block_size, min(end_blocks, len(seq.block_table))
+            ):
+                if self._ref[seq.block_table[idx]] > 1:
+                    writers[seq.block_table[idx]] += 1
+        for b, w in writers.items():
+            need += w - 1 if w == self._ref[b] else w
+        return need
+
+    def append(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Covers tokens up to num_computed + num_new_tokens; returns (src, dst) block copies."""
+        if seq not in self._seqs:
+            raise RuntimeError(f"sequence {seq.seq_id} holds no blocks; admit it first")
+        table = seq.block_table
+        end_blocks = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        copies: list[tuple[int, int]] = []
+        for idx in range(seq.num_computed_tokens // self.block_size, min(end_blocks, len(table))):
+            src = table[idx]
+            if self._ref[src] > 1:  # shared: writing would change what the sharers read
+                dst = self._take_block()
+                self._ref[src] -= 1
+                table[idx] = dst
+                copies.append((src, dst))
+        while len(table) < end_blocks:
+            table.append(self._take_block())
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares all the parent's blocks (ref + 1 each); no block is taken."""
+        if parent not in self._seqs:
+            raise RuntimeError(f"sequence {parent.seq_id} holds no blocks to fork")
+        if child in self._seqs or child.block_table:
+            raise RuntimeError(f"sequence {child.seq_id} already holds blocks")
+        for b in parent.block_table:
+            self._ref[b] += 1
+        child.block_table = list(parent.block_table)
+        state = self._seqs[parent]
+        self._seqs[child] = _SeqState(state.num_registered, state.broken)
+
+    def free(self, seq: Sequence) -> None:
+        """Drops the sequence's blocks, tail first so a chain's tail is evicted before its head."""
+        if self._seqs.pop(seq, None) is None:
+            return
+        for b in reversed(seq.block_table):
+            self._release(b)
+        seq.block_table = []
+
+    def mark_computed(self, seq: Sequence) -> None:
+        """Registers the sequence's full computed blocks in the prefix cache (after a step)."""
+        state = self._seqs.get(seq)
+        if not self.enable_prefix_caching or state is None or state.broken:
+            return
+        table, bs = seq.block_table, self.block_size
+        for idx in range(state.num_registered, min(seq.num_computed_tokens // bs, len(table))):
+            parent = self._cache.entry(table[idx - 1]) if idx > 0 else None
+            entry = None
+            if idx == 0 or parent is not None:
+                entry = self._cache.register(
+                    table[idx], parent, tuple(seq.token_ids[idx * bs : (idx + 1) * bs])
+                )
+            if entry is None:  # collision: later blocks have no registered parent either
+                state.broken = True
+                return
+            if entry.block_id != table[idx]:  # same content cached elsewhere: share that one
+                if self._ref[entry.block_id] == 0:
+                    self._cache.unpark(entry.block_id)
+                self._ref[entry.block_id] += 1
+                self._release(table[idx])
+                table[idx] = entry.block_id
+            state.num_registered = idx + 1
+
+    # ----- internals -----------------------------------------------------------------------
+    def _take_block(self) -> int:
+        if self._free:
+            b = self._free.popleft()
+        elif self._cache.num_parked:
+            b = self._cache.evict_lru()
+        else:
+            raise RuntimeError("out of KV blocks; the scheduler must check before allocating")
+        self._ref[b] = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        self._ref[b] -= 1
+        if self._ref[b] == 0:
+            if self._cache.entry(b) is not None:
+                self._cache.park(b)
+            else:
+                self._free.append(b)
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError if the bookkeeping is inconsistent (used by tests)."""
+        counts = Counter(b for seq in self._seqs for b in seq.block_table)
+        for b in range(self.num_blocks):
+            if self._ref[b] != counts[b]:
+                raise AssertionError(
+                    f"block {b}: ref count {self._ref[b]} but {counts[b]} table references"
+                )
+        free, parked = set(self._free), set(self._cache.parked_blocks())
+        if len(free) != len(self._free):
+            raise AssertionError("a block is on the free list twice")
+        if free & parked or (free | parked) & set(counts):
+            raise AssertionError("a block is both free and referenced (or free and parked)")
+        if len(free) + len(parked) + len(counts) != self.num_blocks:
+            raise AssertionError("some block is neither free, parked nor referenced")
+        if any(self._cache.entry(b) is not None for b in free):
+            raise AssertionError("a truly free block is still registered in the prefix cache")
+        if any(self._cache.entry(b) is None for b in parked):
+            raise AssertionError("a parked block is not registered in the prefix cache")
+        for seq, state in self._seqs.items():
+            table = seq.block_table
+            if len(set(table)) != len(table):
+                raise AssertionError(f"sequence {seq.seq_id} holds a block twice")
+            if len(table) < self.blocks_for(seq.num_computed_tokens):
+                raise AssertionError(f"sequence {seq.seq_id}: table does not cover computed tokens")
+            full = seq.num_computed_tokens // self.block_size
+            for idx, b in enumerate(table):
+                entry = self._cache.entry(b)
+                if entry is not None and (
+                    idx >= full
+                    or entry.tokens
+                    != tuple(seq.token_ids[idx * self.block_size : (idx + 1) * self.block_size])
+                ):
+                    raise AssertionError(
+                        f"sequence {seq.seq_id}: cached block {b} at {idx} does not hold its tokens"
+                    )
+            if any(self._cache.entry(b) is None for b in table[: state.num_registered]):
+                raise AssertionError(f"sequence {seq.seq_id}: a registered block lost its entry")

@@ -1,0 +1,188 @@
+"""EngineConfig: the knobs of one engine, plus pure helpers that turn them into run-time values.
+
+Contract: `EngineConfig` is frozen and validated on construction; every rejection is a
+`ValueError` naming the field and what to do instead. This module never imports torch and never
+reads the environment: facts about the machine (is CUDA there, how much memory is free, what the
+model's context length is) come in as arguments of the `resolve_*` helpers, and what they return
+(device, dtype, KV budget, number of KV blocks, max_model_len) is passed on by the engine, never
+written back into the config.
+
+KV cache sizing: one block holds `block_size` tokens of K and V for every layer, KV heads only
+(GQA caches are never repeated per query head), so
+`bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes`.
+The budget is `kv_cache_memory_bytes` when given, else `kv_cache_memory_fraction` of the memory
+free after the weights are loaded (default 0.3: room for activations and for a CPU host that
+other processes share; raise it on a dedicated GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPES = (*DTYPE_BYTES, "auto")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory_bytes: int | None = None  # explicit KV budget; wins over the fraction
+    kv_cache_memory_fraction: float = 0.3  # of the memory free after loading weights
+    max_num_seqs: int = 64  # sequences (batch rows) running at once; n>1/beams count each
+    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
+    max_model_len: int | None = None  # None: the model's own context length
+    dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto"
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    enable_prefix_caching: bool = True
+    max_queued_requests: int = 256  # bound on the waiting queue (beyond it: QueueFullError)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str, value: object, hint: str) -> None:
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}; {hint}")
+
+        positive_int("block_size", self.block_size, "16 is a good default")
+        if self.block_size > 1024:
+            raise ValueError(
+                f"block_size must be at most 1024, got {self.block_size}; use 16 or 32"
+            )
+        if self.kv_cache_memory_bytes is not None:
+            positive_int(
+                "kv_cache_memory_bytes",
+                self.kv_cache_memory_bytes,
+                "give a byte count, or leave it None to use kv_cache_memory_fraction",
+            )
+        fraction = self.kv_cache_memory_fraction
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not 0.0 < fraction <= 1.0
+        ):
+            raise ValueError(
+                f"kv_cache_memory_fraction must be in (0, 1], got {fraction!r}; "
+                "it is the share of free memory given to the KV cache"
+            )
+        positive_int("max_num_seqs", self.max_num_seqs, "it bounds the running batch")
+        positive_int(
+            "max_num_batched_tokens", self.max_num_batched_tokens, "it is the per-step token budget"
+        )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode in each step; "
+                "raise the token budget or lower max_num_seqs"
+            )
+        if self.max_model_len is not None:
+            positive_int(
+                "max_model_len", self.max_model_len, "or None for the model's context length"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not _valid_device(self.device):
+            raise ValueError(
+                f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
+            )
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
+            )
+        positive_int("max_queued_requests", self.max_queued_requests, "it bounds the waiting queue")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+def _valid_device(device: object) -> bool:
+    if not isinstance(device, str):
+        return False
+    if device in ("auto", "cpu", "cuda"):
+        return True
+    prefix, _, index = device.partition(":")
+    return prefix == "cuda" and index.isdigit()
+
+
+def resolve_device(device: str, cuda_available: bool) -> str:
+    """ "auto" -> "cuda" when CUDA is present, else "cpu"; an explicit CUDA device needs CUDA."""
+    if device == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if device.startswith("cuda") and not cuda_available:
+        raise ValueError(
+            f"device {device!r} was asked for but CUDA is not available; use 'cpu' or 'auto'"
+        )
+    return device
+
+
+def resolve_dtype(dtype: str, device: str, bf16_supported: bool = True) -> str:
+    """ "auto" -> float32 on CPU (fast and exact there), bfloat16 on CUDA (float16 if no bf16)."""
+    if dtype != "auto":
+        return dtype
+    if not device.startswith("cuda"):
+        return "float32"
+    return "bfloat16" if bf16_supported else "float16"
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(
+            f"dtype must be resolved to one of {', '.join(DTYPE_BYTES)}, got {dtype!r}"
+        )
+    return DTYPE_BYTES[dtype]
+
+
+def resolve_max_model_len(config: EngineConfig, model_max_len: int) -> int:
+    """The context length the engine admits requests against (prompt + max_tokens)."""
+    if config.max_model_len is None:
+        return model_max_len
+    if config.max_model_len > model_max_len:
+        raise ValueError(
+            f"max_model_len ({config.max_model_len}) exceeds the model's context length "
+            f"({model_max_len}); lower it or leave it None"
+        )
+    return config.max_model_len
+
+
+def kv_cache_budget_bytes(config: EngineConfig, free_memory_bytes: int) -> int:
+    """Bytes given to the KV cache: the explicit budget, else a fraction of free memory."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if free_memory_bytes < 0:
+        raise ValueError(f"free_memory_bytes must be >= 0, got {free_memory_bytes}")
+    return int(free_memory_bytes * config.kv_cache_memory_fraction)
+
+
+def kv_bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
+) -> int:
+    for name, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("dtype_bytes", dtype_bytes),
+        ("block_size", block_size),
+    ):
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
+
+
+def num_kv_blocks(
+    budget_bytes: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    block_size: int,
+) -> int:
+    """How many whole KV blocks fit in `budget_bytes` (at least one, else a ValueError)."""
+    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
+    blocks = budget_bytes // per_block if budget_bytes > 0 else 0
+    if blocks < 1:
+        raise ValueError(
+            f"the KV cache budget ({budget_bytes} bytes) holds no block of {per_block} bytes; "
+            "raise kv_cache_memory_bytes / kv_cache_memory_fraction or lower block_size"
+        )
+    return blocks

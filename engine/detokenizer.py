@@ -1,0 +1,170 @@
+"""Incremental, byte-exact detokenization with stop strings, one instance per sequence.
+
+Contract: feed each generated token with `add(token_id)`; `text` is the cumulative text that
+may be shown so far and only ever grows (nothing is retracted); `finish()` returns the final
+text, and `text` equals it afterwards. Guarantees:
+- Bytes are decoded with Python's incremental UTF-8 decoder (`errors="replace"`): a character
+  is released only once all its bytes are in, and byte sequences that can never complete
+  become U+FFFD exactly as `bytes.decode(errors="replace")` of the whole output would;
+  `finish()` decodes an incomplete trailing character the same way.
+- Stop strings are matched on the decoded text, across token boundaries. The first stop to
+  complete ends the text: it is cut at the start of that occurrence (after it with
+  `include_stop_str_in_output`), `stop_string` names it and later `add` calls are refused.
+  When several stops complete on the same character the longest (earliest-starting) wins.
+- Stop strings are armed only from token `min_tokens + 1` on: an occurrence completed by an
+  earlier token is ordinary text (the rule EOS and stop_token_ids follow in the sampler).
+- Any tail of the text that could still grow into a stop string is held back until it
+  cannot; `finish()` releases it.
+- With `skip_special_tokens`, special tokens add no text (they still count for min_tokens).
+Per-token cost is O(token bytes * number of stop strings), independent of the text so far:
+each stop string runs a Knuth-Morris-Pratt automaton over the characters.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Protocol
+
+from engine.sampling_params import SamplingParams
+
+
+class TokenBytes(Protocol):
+    """What the detokenizer needs of a tokenizer (models/tokenizer.Tokenizer has both)."""
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def is_special(self, token_id: int) -> bool: ...
+
+
+class StopStringMatcher:
+    """Tracks, for each stop string, the longest prefix of it that ends the text fed so far."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        self._stops = stops
+        self._borders = [_border_table(s) for s in stops]
+        self._state = [0] * len(stops)  # matched prefix length per stop string
+
+    def feed(self, ch: str) -> str | None:
+        """Advances by one character; returns the longest stop string completed by it."""
+        hit: str | None = None
+        for i, stop in enumerate(self._stops):
+            q = self._state[i]
+            while q > 0 and stop[q] != ch:
+                q = self._borders[i][q - 1]
+            if stop[q] == ch:
+                q += 1
+            if q == len(stop):
+                if hit is None or len(stop) > len(hit):
+                    hit = stop
+                q = self._borders[i][q - 1]  # keep matching overlapping occurrences
+            self._state[i] = q
+        return hit
+
+    @property
+    def held(self) -> int:
+        """Characters at the end of the text that may still start a stop string."""
+        return max(self._state, default=0)
+
+
+def _border_table(s: str) -> list[int]:
+    """border[i] = length of the longest proper prefix of s[: i + 1] that is also its suffix."""
+    border = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k > 0 and s[i] != s[k]:
+            k = border[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        border[i] = k
+    return border
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: TokenBytes,
+        *,
+        stop: tuple[str, ...] = (),
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+        min_tokens: int = 0,
+    ) -> None:
+        if min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
+        self._tokenizer = tokenizer
+        self._include_stop = include_stop_str_in_output
+        self._skip_special = skip_special_tokens
+        self._min_tokens = min_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._matcher = StopStringMatcher(tuple(stop)) if stop else None
+        self._pieces: list[str] = []  # emitted text, joined lazily by `text`
+        self._held = ""  # decoded text not yet emitted: a possible start of a stop string
+        self._num_tokens = 0
+        self._done = False
+        self.stop_string: str | None = None  # the stop string that ended the text, if any
+
+    @classmethod
+    def from_params(cls, tokenizer: TokenBytes, params: SamplingParams) -> IncrementalDetokenizer:
+        return cls(
+            tokenizer,
+            stop=params.stop,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
+            min_tokens=params.min_tokens,
+        )
+
+    @property
+    def text(self) -> str:
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def add(self, token_id: int) -> None:
+        if self._done:
+            raise ValueError(
+                "add() after the text was finished (stop string hit or finish() called)"
+            )
+        self._num_tokens += 1
+        if self._skip_special and self._tokenizer.is_special(token_id):
+            return
+        chunk = self._decoder.decode(self._tokenizer.token_bytes(token_id))
+        if chunk:
+            self._consume(chunk)
+
+    def finish(self) -> str:
+        """Ends the text: decodes a dangling partial character, releases held-back text."""
+        if not self._done:
+            rest = self._decoder.decode(b"", final=True)
+            if rest:
+                self._consume(rest)
+            if not self._done:
+                self._pieces.append(self._held)
+                self._held = ""
+                self._done = True
+        return self.text
+
+    def _consume(self, chunk: str) -> None:
+        if self._matcher is None:
+            self._pieces.append(chunk)
+            return
+        armed = self._num_tokens > self._min_tokens
+        pending = self._held + chunk
+        offset = len(self._held)
+        for i, ch in enumerate(chunk):
+            hit = self._matcher.feed(ch)
+            if hit is not None and armed:
+                end = offset + i + 1
+                self._pieces.append(pending[: end if self._include_stop else end - len(hit)])
+                self._held = ""
+                self.stop_string = hit
+                self._done = True
+                return
+        keep = self._matcher.held  # <= len(pending): states only grow by the chars fed
+        self._pieces.append(pending[: len(pending) - keep])
+        self._held = pending[len(pending) - keep :]

@@ -1,0 +1,216 @@
+"""Engine: the synchronous heart. `step()` = schedule -> execute -> sample -> update.
+
+Contract:
+- `add_request(request_id, prompt_token_ids, params)` validates (ValueError with a message a
+  user can act on; `QueueFullError` when the queue is full) and queues; `abort_request(id)`
+  takes effect at the next step.
+- `step()` returns one cumulative `RequestOutput` per request that moved (new tokens, finished,
+  aborted, failed). Every admitted request ends with exactly one finished output.
+- `generate(prompts, params)` runs an offline batch to completion.
+Per-request text state (detokenizer, stop criteria, seeded generators) lives here; the token
+and block bookkeeping lives in the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence as Seq
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestOutput
+from engine.request import Request
+from engine.request_state import RequestState
+from engine.sampler import Sampler
+from engine.sampling_batch import SamplingRow
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from engine.stats import EngineStats
+from engine.stop_checker import append_token
+
+log = logging.getLogger("tgserve.engine")
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        tokenizer,
+        config: EngineConfig,
+        model_name: str,
+        eos_token_ids: tuple[int, ...],
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer  # None: the model's vocabulary has no tiktoken form
+        self.config = config
+        self.model_config = runner.config
+        self.model_name = model_name
+        self.max_model_len = scheduler.max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.sampler = Sampler(eos_token_ids, seed=config.seed, device=runner.device)
+        self._states: dict[str, RequestState] = {}
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._num_steps = 0
+
+    @classmethod
+    def from_model(
+        cls, model_path: str | None = None, config: EngineConfig | None = None, progress: bool = False
+    ) -> Engine:
+        from engine.engine_factory import build_engine
+
+        return build_engine(cls, model_path, config or EngineConfig(), progress)
+
+    # ----- intake ---------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: Seq[int], params: SamplingParams) -> None:
+        """Raises ValueError if this request could never be served; adds nothing."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt must hold at least one token")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (size {vocab})")
+        params.validate_for_vocab(vocab)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
+        if params.num_sequences > 1 or params.use_beam_search:
+            raise ValueError("n > 1, best_of and beam search are not supported yet")
+        self.scheduler.check_admissible(len(prompt_token_ids), params)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.check_request(prompt_token_ids, params)
+        request = Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
+        self.scheduler.add_request(request)  # raises QueueFullError when the queue is full
+        self._states[request_id] = RequestState(request, self.tokenizer, self.eos_token_ids, self.runner.device)
+        self._prompt_tokens_total += len(prompt_token_ids)
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ----- the step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
+        sched = self.scheduler.schedule()
+        self._num_steps += 1
+        outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
+        if sched.is_empty:
+            return outputs
+        try:
+            moved = self._execute_and_update(sched)
+        except Exception as exc:  # a failed forward ends its requests, never the engine
+            log.exception("engine step failed")
+            return outputs + self._fail(sched, exc)
+        for state in moved:
+            outputs.append(state.output())
+            if state.request.is_finished:
+                del self._states[state.request.request_id]
+        return outputs
+
+    def _execute_and_update(self, sched: SchedulerOutput) -> list[RequestState]:
+        now = time.time()
+        full_rows = frozenset(
+            i for i, c in enumerate(sched.chunks) if self._states[c.request.request_id].wants_prompt_logprobs(c)
+        )
+        logits = self.runner.execute(sched.chunks, sched.block_copies, full_rows)
+        self.scheduler.on_step_done(sched)
+        moved: dict[str, RequestState] = {}
+        for i in full_rows:
+            chunk = sched.chunks[i]
+            state = self._states[chunk.request.request_id]
+            state.record_prompt_logprobs(chunk, logits.all_rows[i])
+            moved[chunk.request.request_id] = state
+        sampling = [c for c in sched.chunks if c.sample]
+        rows = [self._sampling_row(c) for c in sampling]
+        result = self.sampler(logits.sampling, rows)
+        for chunk, token, entry in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            state = self._states[chunk.request.request_id]
+            state.mark_scheduled(now)
+            self._append(state, chunk, token, entry)
+            moved[chunk.request.request_id] = state
+        for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
+            self._states[chunk.request.request_id].mark_scheduled(now)
+        return list(moved.values())
+
+    def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
+        seq = chunk.seq
+        return SamplingRow(
+            params=chunk.request.params,
+            prompt_token_ids=seq.prompt_token_ids,
+            output_token_ids=seq.output_token_ids,
+            generator=self._states[chunk.request.request_id].generator(seq.seq_id),
+        )
+
+    def _append(self, state: RequestState, chunk: ScheduledChunk, token: int, entry) -> None:
+        seq = chunk.seq
+        seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
+        self._generation_tokens_total += 1
+        state.mark_token(time.time())
+        finish = append_token(state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens)
+        if finish is not None:
+            self.scheduler.finish_seq(chunk.request, seq, finish.reason, finish.stop_reason)
+            if chunk.request.is_finished:
+                state.mark_finished(time.time())
+
+    def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        failed = []
+        for rid in dict.fromkeys(c.request.request_id for c in sched.chunks):
+            self.scheduler.finish(rid, "error")
+            state = self._states.pop(rid)
+            state.error = f"internal error during generation: {type(exc).__name__}"
+            state.mark_finished(time.time())
+            failed.append(state.output())
+        return failed
+
+    # ----- offline and stats ----------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Seq[str] | Seq[Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs a batch to completion; outputs in prompt order."""
+        params_list = list(params) if isinstance(params, list | tuple) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        ids = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ValueError("text prompts need a tokenizer; pass token ids")
+                prompt = self.tokenizer.encode(prompt, add_special_tokens=True)
+            rid = f"offline-{self._num_steps}-{i}"
+            self.add_request(rid, prompt, p)
+            ids.append(rid)
+        finals: dict[str, RequestOutput] = {}
+        while len(finals) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        return [finals[rid] for rid in ids]
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=s.blocks.num_used,
+            kv_blocks_total=s.blocks.num_blocks,
+            kv_block_size=self.config.block_size,
+            prefix_cache_queries=s.blocks.prefix_cache_queries,
+            prefix_cache_hits=s.blocks.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            num_steps=self._num_steps,
+        )

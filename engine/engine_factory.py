@@ -1,0 +1,75 @@
+"""Building an Engine from a model path and an EngineConfig: resolve device and dtype, load
+weights and tokenizer, size the KV cache from the memory budget, wire runner and scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import (
+    EngineConfig,
+    dtype_bytes,
+    kv_cache_budget_bytes,
+    num_kv_blocks,
+    resolve_device,
+    resolve_dtype,
+    resolve_max_model_len,
+)
+from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
+from engine.model_runner import ModelRunner
+from engine.scheduler import Scheduler
+
+log = logging.getLogger("tgserve.engine")
+
+
+def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
+    from models.default_model import default_model_path
+    from models.loader import DTYPES, load_model
+    from models.tokenizer import load_tokenizer
+
+    device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
+    dtype_name = resolve_dtype(config.dtype, device.type, _bf16_supported(device))
+    path = Path(model_path) if model_path else default_model_path()
+    model, model_config = load_model(path, dtype_name, device, progress)
+    try:
+        tokenizer = load_tokenizer(path)
+    except ValueError as exc:
+        log.warning("no tokenizer: %s (token-id prompts still work)", exc)
+        tokenizer = None
+    max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
+    num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
+    runner = ModelRunner(model, model_config, num_blocks, config.block_size, DTYPES[dtype_name], device)
+    scheduler = Scheduler(
+        config, BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), max_model_len
+    )
+    eos = tuple(dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids))
+    name = path.stem if path.is_file() else path.name
+    log.info(
+        "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d",
+        name, model_config.architecture, dtype_name, device, num_blocks, config.block_size,
+        num_blocks * config.block_size, max_model_len,
+    )
+    return cls(runner, scheduler, tokenizer, config, name, eos)
+
+
+def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: torch.device, max_model_len: int) -> int:
+    budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
+    if config.kv_cache_memory_bytes is None and device.type == "cpu":
+        budget = min(budget, CPU_DEFAULT_CAP_BYTES)
+    blocks = num_kv_blocks(
+        budget, model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
+        dtype_bytes(dtype_name), config.block_size,
+    )
+    # More blocks than every running sequence at full length can use is memory wasted.
+    useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
+    return min(blocks, useful)
+
+
+def _bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return True

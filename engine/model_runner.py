@@ -1,0 +1,91 @@
+"""ModelRunner: turns one step's scheduled chunks into tensors, runs ONE forward over all of
+them (prefill chunks and decodes mixed), and returns logits only for the rows that sample.
+
+Contract: `execute(chunks, block_copies)` where each chunk has `.seq` (with `token_ids` and
+`block_table`), `.start` (tokens already in the cache), `.num_new_tokens` and `.sample`.
+Returns `[num_sampling_chunks, vocab]` float32 logits in chunk order, plus, when asked,
+the logits of every new row (for prompt logprobs). The KV cache is owned here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models import allocate_kv_cache
+from models.attention import AttentionMetadata
+from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    sampling: torch.Tensor  # [num_sampling_chunks, vocab] float32, in chunk order
+    all_rows: dict[int, torch.Tensor]  # chunk index -> [num_new_tokens, vocab] when asked
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.device = device
+        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        full_logits_for: frozenset[int] = frozenset(),
+    ) -> StepLogits:
+        if block_copies:
+            self._copy_blocks(block_copies)
+        ids: list[int] = []
+        positions: list[int] = []
+        tables, seq_lens, query_lens = [], [], []
+        sample_rows: list[int] = []
+        row_starts: list[int] = []
+        for chunk in chunks:
+            start, end = chunk.start, chunk.start + chunk.num_new_tokens
+            row_starts.append(len(ids))
+            ids.extend(chunk.seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            tables.append(chunk.seq.block_table)
+            seq_lens.append(end)
+            query_lens.append(chunk.num_new_tokens)
+            if chunk.sample:
+                sample_rows.append(len(ids) - 1)
+        meta = AttentionMetadata.build(tables, seq_lens, query_lens, self.block_size, self.device)
+        hidden = self.model(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            meta,
+            self.kv_caches,
+        )
+        sampling = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
+        all_rows = {
+            i: self.model.compute_logits(
+                hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]
+            )
+            for i in full_logits_for
+        }
+        return StepLogits(sampling=sampling, all_rows=all_rows)
+
+    def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(0, dst, k_cache[src])
+            v_cache.index_copy_(0, dst, v_cache[src])

@@ -1,0 +1,110 @@
+"""PrefixCache: which full, computed KV blocks hold which token prefix, and which may be evicted.
+
+Contract: a full block is registered under `hash_fn(parent_hash, tokens)` where `parent_hash` is
+the hash of the block before it in its sequence (None for the first block). A hash is only an
+index: `lookup` confirms a hit by comparing the block's own tokens AND the identity of its parent
+entry (a serial number unique to each registration), so a hash collision can only cost a miss,
+never return a wrong block. At most one block is registered per hash; a second block with the
+same content is deduplicated by the caller.
+
+Registered blocks with no owner are "parked": still reusable by a later lookup, and evicted
+least recently parked first when the block manager runs out of truly free blocks. Reference
+counts live in the BlockManager; this class only knows registered vs parked.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HashFn = Callable[[int | None, tuple[int, ...]], int]
+
+
+def block_hash(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
+    """Chained block hash; Python's tuple hash of ints is stable across processes."""
+    return hash((parent_hash, tokens))
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    block_id: int
+    hash: int
+    tokens: tuple[int, ...]
+    parent_serial: int | None  # serial of the entry of the previous block; None for block 0
+    serial: int  # unique per registration: a recycled block id gets a new serial
+
+
+class PrefixCache:
+    def __init__(self, hash_fn: HashFn = block_hash) -> None:
+        self._hash_fn = hash_fn
+        self._by_hash: dict[int, CacheEntry] = {}
+        self._by_block: dict[int, CacheEntry] = {}
+        self._parked: OrderedDict[int, None] = OrderedDict()  # LRU order: oldest first
+        self._next_serial = 0
+
+    def __len__(self) -> int:
+        return len(self._by_block)
+
+    @property
+    def num_parked(self) -> int:
+        return len(self._parked)
+
+    def entry(self, block_id: int) -> CacheEntry | None:
+        return self._by_block.get(block_id)
+
+    def is_parked(self, block_id: int) -> bool:
+        return block_id in self._parked
+
+    def parked_blocks(self) -> list[int]:
+        return list(self._parked)
+
+    def lookup(self, parent: CacheEntry | None, tokens: tuple[int, ...]) -> CacheEntry | None:
+        """The registered block holding `tokens` right after `parent`, confirmed, or None."""
+        parent_hash = parent.hash if parent is not None else None
+        entry = self._by_hash.get(self._hash_fn(parent_hash, tokens))
+        if entry is None or entry.tokens != tokens:
+            return None
+        if entry.parent_serial != (parent.serial if parent is not None else None):
+            return None
+        return entry
+
+    def register(
+        self, block_id: int, parent: CacheEntry | None, tokens: tuple[int, ...]
+    ) -> CacheEntry | None:
+        """Registers an owned, computed full block. Returns the entry that now holds this
+        content: the new one, an equal one registered before (the caller switches to it), or
+        None when a different block already holds the hash (a collision: not cacheable)."""
+        existing = self.lookup(parent, tokens)
+        if existing is not None:
+            return existing
+        parent_hash = parent.hash if parent is not None else None
+        h = self._hash_fn(parent_hash, tokens)
+        if h in self._by_hash or block_id in self._by_block:
+            return None
+        entry = CacheEntry(
+            block_id=block_id,
+            hash=h,
+            tokens=tokens,
+            parent_serial=parent.serial if parent is not None else None,
+            serial=self._next_serial,
+        )
+        self._next_serial += 1
+        self._by_hash[h] = entry
+        self._by_block[block_id] = entry
+        return entry
+
+    def park(self, block_id: int) -> None:
+        """The last owner let go of a registered block: keep it, most recently used last."""
+        self._parked[block_id] = None
+
+    def unpark(self, block_id: int) -> None:
+        """A lookup hit reuses a parked block."""
+        del self._parked[block_id]
+
+    def evict_lru(self) -> int:
+        """Forgets the least recently parked block and returns its id (now truly free)."""
+        block_id, _ = self._parked.popitem(last=False)
+        entry = self._by_block.pop(block_id)
+        del self._by_hash[entry.hash]
+        return block_id

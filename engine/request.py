@@ -1,0 +1,147 @@
+"""Request and Sequence: the per-request state the scheduler and block manager keep (no torch).
+
+The one token-accounting rule: a `Sequence` knows `num_tokens` (prompt + generated, i.e.
+`len(token_ids)`) and `num_computed_tokens` (how many of them already have K/V in the cache).
+Every step the scheduler gives it a chunk of `num_tokens - num_computed_tokens` to compute; once
+all known tokens are computed the engine samples one more, which `append_token` adds. Prefill,
+chunked prefill, decode, prefix-cache hits (start with computed > 0) and preemption by recompute
+(computed reset to 0) are all that one rule.
+
+A `Request` is a sequence group: one prompt, its `SamplingParams`, and `seqs`. It starts with one
+sequence; for n > 1 / best_of / beam search the engine forks more after the prompt is computed
+(`Scheduler.fork_seq`), and they share KV blocks. The group is admitted, scheduled and preempted
+as one unit. Sequences compare by identity (`eq=False`): the block manager keys on them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.outputs import TokenLogprob
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int  # unique within its request; never reused
+    token_ids: list[int]  # prompt + generated
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
+    block_table: list[int] = field(default_factory=list)  # owned by the BlockManager
+    cumulative_logprob: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when asked
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" once finished
+    stop_reason: int | str | None = None  # the stop token id or stop string
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.token_ids[: self.num_prompt_tokens])
+
+    @property
+    def output_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.token_ids[self.num_prompt_tokens :])
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append_token(
+        self, token_id: int, logprob: float = 0.0, entry: TokenLogprob | None = None
+    ) -> None:
+        """Adds the token sampled from this sequence's last row (after `on_step_done`)."""
+        if self.num_computed_tokens != len(self.token_ids):
+            raise RuntimeError(
+                f"sequence {self.seq_id}: append_token before all {len(self.token_ids)} known "
+                f"tokens are computed ({self.num_computed_tokens}); call "
+                "Scheduler.on_step_done(output) first"
+            )
+        self.token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+        if entry is not None:
+            self.logprobs.append(entry)
+
+    def clone(self, seq_id: int) -> Sequence:
+        """A copy of the token state without blocks (the block manager shares them on fork)."""
+        return Sequence(
+            seq_id=seq_id,
+            token_ids=list(self.token_ids),
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_computed_tokens=self.num_computed_tokens,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=list(self.logprobs),
+        )
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_time: float = 0.0
+    status: RequestStatus = RequestStatus.WAITING
+    seqs: list[Sequence] = field(default_factory=list)
+    num_preemptions: int = 0  # times this request was preempted by recompute
+    num_cached_prompt_tokens: int = 0  # prefix-cache hit of the first admission
+    _next_seq_id: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = tuple(self.prompt_token_ids)
+        if not self.prompt_token_ids:
+            raise ValueError(
+                f"request {self.request_id!r}: the prompt must hold at least one token"
+            )
+        if not self.seqs:
+            self.seqs.append(
+                Sequence(
+                    seq_id=self.new_seq_id(),
+                    token_ids=list(self.prompt_token_ids),
+                    num_prompt_tokens=len(self.prompt_token_ids),
+                )
+            )
+
+    def new_seq_id(self) -> int:
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        return seq_id
+
+    @property
+    def live_seqs(self) -> list[Sequence]:
+        """The sequences still generating, in creation order (scheduled together each step)."""
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_seq_slots(self) -> int:
+        """Batch rows this group may occupy: its planned width until it has forked."""
+        num_finished = sum(1 for s in self.seqs if s.is_finished)
+        return max(len(self.seqs) - num_finished, self.params.num_sequences - num_finished)
+
+    def max_kv_tokens(self) -> int:
+        """K/V slots one sequence can need: the last sampled token is never computed."""
+        return len(self.prompt_token_ids) + self.params.max_tokens - 1

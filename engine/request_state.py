@@ -1,0 +1,120 @@
+"""RequestState: what the engine keeps per request beside the scheduler's token bookkeeping —
+stop criteria, one incremental detokenizer and (for seeded requests) one generator per
+sequence, prompt logprobs, timings — and how it becomes a `RequestOutput` snapshot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from engine.request import Request
+from engine.sampler import gather_logprobs, seeded_generator
+from engine.scheduler import ScheduledChunk
+from engine.stop_checker import StopCriteria
+
+
+class RequestState:
+    def __init__(self, request: Request, tokenizer, eos_token_ids: tuple[int, ...], device) -> None:
+        self.request = request
+        self.tokenizer = tokenizer
+        self.device = device
+        self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}
+        self._generators: dict[int, torch.Generator] = {}
+        # Position p -> logprob of prompt token p given tokens < p (p >= 1).
+        self._prompt_logprobs: dict[int, TokenLogprob] = {}
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.error: str | None = None
+
+    def detokenizer(self, seq_id: int) -> IncrementalDetokenizer | None:
+        if self.tokenizer is None:
+            return None
+        if seq_id not in self._detokenizers:
+            self._detokenizers[seq_id] = IncrementalDetokenizer.from_params(self.tokenizer, self.request.params)
+        return self._detokenizers[seq_id]
+
+    def generator(self, seq_id: int) -> torch.Generator | None:
+        """Seeded requests draw from their own generator: kept across steps and preemptions."""
+        seed = self.request.params.seed
+        if seed is None:
+            return None
+        if seq_id not in self._generators:
+            self._generators[seq_id] = seeded_generator(seed, seq_id, self.device)
+        return self._generators[seq_id]
+
+    # ----- prompt logprobs ------------------------------------------------------------------
+    def wants_prompt_logprobs(self, chunk: ScheduledChunk) -> bool:
+        k = self.request.params.prompt_logprobs
+        return k is not None and chunk.start < chunk.seq.num_prompt_tokens - 1 and chunk.seq.seq_id == 0
+
+    def record_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
+        """logits: [num_new_tokens, V]; row r predicts the token at position start + r + 1."""
+        prompt = self.request.prompt_token_ids
+        last = min(chunk.start + chunk.num_new_tokens, len(prompt) - 1)  # rows predicting prompt tokens
+        rows = last - chunk.start
+        if rows <= 0:
+            return
+        logprobs = torch.log_softmax(logits[:rows].float(), dim=-1)
+        targets = torch.tensor(prompt[chunk.start + 1 : last + 1], device=logprobs.device)
+        top_n = self.request.params.prompt_logprobs or 0
+        chosen, top_ids, top_vals = gather_logprobs(logprobs, targets, max(top_n, 1))
+        for r in range(rows):
+            top = tuple(zip(top_ids[r, :top_n].tolist(), top_vals[r, :top_n].tolist(), strict=True))
+            pos = chunk.start + r + 1
+            self._prompt_logprobs[pos] = TokenLogprob(prompt[pos], float(chosen[r]), top)
+
+    # ----- timings --------------------------------------------------------------------------
+    def mark_scheduled(self, now: float) -> None:
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
+
+    def mark_token(self, now: float) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = now
+
+    def mark_finished(self, now: float) -> None:
+        self.finished_time = now
+
+    # ----- the snapshot ---------------------------------------------------------------------
+    def output(self) -> RequestOutput:
+        request = self.request
+        completions = []
+        for index, seq in enumerate(request.seqs):
+            detok = self._detokenizers.get(seq.seq_id)
+            if detok is not None and seq.is_finished and not detok.finished:
+                detok.finish()  # aborted / failed: release the held-back text
+            completions.append(
+                CompletionOutput(
+                    index=index,
+                    text=detok.text if detok is not None else "",
+                    token_ids=seq.output_token_ids,
+                    cumulative_logprob=seq.cumulative_logprob,
+                    logprobs=tuple(seq.logprobs) if request.params.logprobs is not None else None,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+        prompt_logprobs = None
+        if request.params.prompt_logprobs is not None:
+            prompt_logprobs = (None,) + tuple(
+                self._prompt_logprobs.get(p) for p in range(1, len(request.prompt_token_ids))
+            )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=tuple(completions),
+            finished=request.is_finished,
+            prompt_logprobs=prompt_logprobs,
+            metrics=RequestMetrics(
+                arrival_time=request.arrival_time,
+                first_scheduled_time=self.first_scheduled_time,
+                first_token_time=self.first_token_time,
+                finished_time=self.finished_time,
+                num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+            ),
+            error=self.error,
+        )

@@ -1,0 +1,244 @@
+"""Loading weights: a Hugging Face folder or a GGUF file -> (ModelConfig, tensors) -> model.
+
+Contract:
+- `load_checkpoint(path)` returns the config and every tensor under transformers' state_dict
+  names for LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel (GPT-2
+  keeps HF's Conv1D [in, out] layout). `path` is a folder with config.json and model.safetensors
+  or a sharded model.safetensors.index.json, or a .gguf file (F32/F16/BF16 kept, Q8_0/Q4_0/Q4_1
+  dequantised to float32, llama.cpp's Q/K row permutation undone). With tied embeddings the
+  result has no `lm_head.weight`, as in the saved files. Every tensor the config implies is
+  checked for presence and shape.
+- A GGUF file is converted once into a cache folder (models/gguf_cache.py) and later loads read
+  that folder; `cache_dir` overrides the location, `use_cache=False` skips it. If the cache is not
+  writable the GGUF is still loaded (with a warning).
+- `load_model(path, dtype, device, progress)` builds the model (`models.build_model`) and copies
+  the tensors in; dtype is "float32" | "bfloat16" | "float16" (float16 only on CUDA).
+Errors: FileNotFoundError for a missing path or shard, ValueError for everything else, each
+naming the file (and the tensor when one is at fault).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from models.checkpoint_shapes import check_checkpoint
+from models.config import ModelConfig
+from models.gguf_cache import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    cache_folder_for,
+    is_complete,
+    write_cache_folder,
+)
+from models.gguf_config import gguf_to_hf_config
+from models.gguf_file import open_gguf
+from models.gguf_names import gguf_to_hf_tensors
+
+INDEX_NAME = "model.safetensors.index.json"
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+_GPT2_TOP_LEVEL = ("wte.", "wpe.", "h.", "ln_f.")
+
+Tensors = dict[str, torch.Tensor]
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    progress: bool = False,
+) -> tuple[ModelConfig, Tensors]:
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path not found: {path}")
+    if path.is_dir():
+        return _load_hf_folder(path)
+    if _is_gguf(path):
+        return (
+            _load_gguf_cached(path, cache_dir, progress)
+            if use_cache
+            else _load_gguf(path, progress)[1:]
+        )
+    if path.suffix == ".safetensors" or path.name == INDEX_NAME:
+        return _load_hf_folder(path.parent)
+    raise ValueError(
+        f"{path}: not a model; pass a folder holding config.json and model.safetensors "
+        "(or model.safetensors.index.json), or a .gguf file"
+    )
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    *,
+    cache_dir: str | Path | None = None,
+) -> tuple[torch.nn.Module, ModelConfig]:
+    from models import build_model  # models/__init__ imports the model classes
+
+    torch_dtype = resolve_dtype(dtype, device)
+    config, tensors = load_checkpoint(path, cache_dir=cache_dir, progress=progress)
+    model = build_model(config, torch_dtype, device)
+    # Hand tensors over one by one and drop our reference, so the float32 copies are freed as the
+    # (possibly smaller) parameters fill up.
+    names = list(tensors)
+    stream = ((name, tensors.pop(name)) for name in names)
+    bar = tqdm(
+        stream,
+        total=len(names),
+        desc="loading weights",
+        unit="tensor",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    with torch.no_grad():
+        model.load_weights(bar)
+    bar.close()
+    return model, config
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        name = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
+    else:
+        name = dtype
+    if name not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if name == "float16" and torch.device(device).type != "cuda":
+        raise ValueError("dtype float16 is only supported on CUDA; on CPU use float32 or bfloat16")
+    return DTYPES[name]
+
+
+def _is_gguf(path: Path) -> bool:
+    if path.suffix.lower() == ".gguf":
+        return True
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _load_hf_folder(folder: Path) -> tuple[ModelConfig, Tensors]:
+    config_file = folder / CONFIG_NAME
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"no {CONFIG_NAME} in {folder}; a Hugging Face model folder needs config.json next to "
+            "its weights (for a GGUF model pass the .gguf file itself)"
+        )
+    try:
+        hf_config = json.loads(config_file.read_text())
+        config = ModelConfig.from_hf_dict(hf_config)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{config_file}: {exc}") from exc
+    tensors, origin = _read_safetensors(folder)
+    tensors = _canonical_names(config, tensors)
+
+    def where(name: str | None) -> str:
+        return str(origin.get(name, folder)) if name else str(folder)
+
+    check_checkpoint(config, tensors, where)
+    return config, tensors
+
+
+def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
+    single, index = folder / WEIGHTS_NAME, folder / INDEX_NAME
+    if single.is_file():
+        files = {single: None}
+    elif index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+        files = {folder / f: None for f in dict.fromkeys(weight_map.values())}
+    else:
+        found = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
+        raise FileNotFoundError(
+            f"no {WEIGHTS_NAME} or {INDEX_NAME} in {folder} (found: {found}); tgserve reads "
+            "safetensors only (convert pytorch_model.bin with transformers' save_pretrained)"
+        )
+    tensors: Tensors = {}
+    origin: dict[str, Path] = {}
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"{index}: lists shard {file.name}, which is missing from {folder}"
+            )
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = f.get_tensor(name)
+                origin[name] = file
+    if not single.is_file():
+        listed = set(weight_map)
+        if listed - tensors.keys():
+            name = sorted(listed - tensors.keys())[0]
+            raise ValueError(
+                f"{index}: tensor {name!r} is listed in {weight_map[name]} but not stored there"
+            )
+    return tensors, origin
+
+
+def _canonical_names(config: ModelConfig, tensors: Tensors) -> Tensors:
+    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix."""
+    if config.family != "gpt2":
+        return tensors
+    return {
+        ("transformer." + n if n.startswith(_GPT2_TOP_LEVEL) else n): t for n, t in tensors.items()
+    }
+
+
+def _load_gguf(path: Path, progress: bool) -> tuple[dict[str, Any], ModelConfig, Tensors]:
+    if progress:
+        print(f"reading {path} ...", file=sys.stderr, flush=True)
+    gguf = open_gguf(path)
+    hf_config = gguf_to_hf_config(gguf)
+    try:
+        config = ModelConfig.from_hf_dict(hf_config)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    bar = tqdm(
+        total=len(gguf.infos),
+        desc="dequantising GGUF",
+        unit="tensor",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    gguf_names: dict[str, str] = {}
+    tensors: Tensors = {}
+    for gguf_name, hf_name, tensor in gguf_to_hf_tensors(gguf, hf_config):
+        tensors[hf_name] = tensor
+        gguf_names[hf_name] = gguf_name
+        bar.update()
+    bar.close()
+
+    def where(name: str | None) -> str:
+        return f"{path} (GGUF tensor {gguf_names[name]!r})" if name in gguf_names else str(path)
+
+    check_checkpoint(config, tensors, where)
+    return hf_config, config, tensors
+
+
+def _load_gguf_cached(
+    path: Path, cache_dir: str | Path | None, progress: bool
+) -> tuple[ModelConfig, Tensors]:
+    folder = cache_folder_for(path, cache_dir)
+    if is_complete(folder):
+        return _load_hf_folder(folder)
+    hf_config, config, tensors = _load_gguf(path, progress)
+    hf_config = hf_config | {"tgserve_converted_from": str(path.resolve())}
+    try:
+        write_cache_folder(folder, hf_config, tensors)
+    except OSError as exc:
+        warnings.warn(
+            f"could not cache the converted {path.name} in {folder.parent} ({exc}); it will be "
+            "converted again next time (set TGSERVE_CACHE_DIR to a writable folder)",
+            stacklevel=3,
+        )
+    return config, tensors

@@ -1,0 +1,178 @@
+"""Prometheus metrics (prefix tgserve_); the only module that imports prometheus_client.
+
+Contract: `ServerMetrics(stats_source)` owns its own registry (no global state, so several apps
+can live in one process). Engine-level values (running / waiting, KV blocks, token, preemption
+and prefix-cache counters) are read from `stats_source()` — the AsyncEngine's latest
+EngineStats snapshot — at scrape time. Per-request values come from `RequestTimer`s: time to
+first token, inter-token latency, end-to-end latency and queue time histograms, finished
+requests by finish reason and aborts. Rejections are counted by reason via `reject(reason)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.outputs import RequestOutput
+
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+# (EngineStats field, metric name, help); gauges first, then cumulative counters
+_GAUGES = (
+    ("num_running", "tgserve_num_requests_running", "Requests in the running batch."),
+    ("num_waiting", "tgserve_num_requests_waiting", "Requests waiting to be scheduled."),
+    ("kv_blocks_used", "tgserve_kv_cache_blocks_used", "KV cache blocks in use."),
+    ("kv_blocks_total", "tgserve_kv_cache_blocks_total", "KV cache blocks in the pool."),
+)
+_COUNTERS = (
+    ("prompt_tokens_total", "tgserve_prompt_tokens", "Prompt tokens processed."),
+    ("generation_tokens_total", "tgserve_generation_tokens", "Tokens generated."),
+    ("num_preemptions", "tgserve_num_preemptions", "Requests preempted (recomputed later)."),
+    (
+        "prefix_cache_queries",
+        "tgserve_prefix_cache_queries",
+        "Prompt blocks looked up in the prefix cache.",
+    ),
+    ("prefix_cache_hits", "tgserve_prefix_cache_hits", "Prompt blocks found in the prefix cache."),
+)
+
+
+class _EngineStatsCollector(Collector):
+    def __init__(self, stats_source: Callable[[], Any]) -> None:
+        self._stats_source = stats_source
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats_source()
+        if stats is None:  # the model is still loading
+            return
+        for field, name, doc in _GAUGES:
+            yield GaugeMetricFamily(name, doc, value=getattr(stats, field))
+        for field, name, doc in _COUNTERS:
+            yield CounterMetricFamily(name, doc, value=getattr(stats, field))
+
+
+class ServerMetrics:
+    def __init__(self, stats_source: Callable[[], Any]) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.finished = Counter(
+            "tgserve_request_success",
+            "Requests finished, by finish reason.",
+            ["finish_reason"],
+            registry=reg,
+        )
+        self.aborts = Counter(
+            "tgserve_request_aborts",
+            "Requests aborted (client gone, deadline, shutdown).",
+            registry=reg,
+        )
+        self.rejected = Counter(
+            "tgserve_request_rejected",
+            "Requests refused before generation, by reason.",
+            ["reason"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "tgserve_time_to_first_token_seconds",
+            "Time to first token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            "tgserve_inter_token_latency_seconds",
+            "Time between generated tokens.",
+            buckets=_ITL_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "tgserve_e2e_request_latency_seconds",
+            "Arrival to last token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.queue_time = Histogram(
+            "tgserve_request_queue_time_seconds",
+            "Arrival to first scheduling.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        reg.register(_EngineStatsCollector(stats_source))
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason=reason).inc()
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestTimer:
+    """Observes one request's outputs as they are delivered; `close()` records how it ended."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._m = metrics
+        self._start = time.monotonic()
+        self._last_token_time: float | None = None
+        self._tokens = 0
+        self._finish_reason: str | None = None
+        self._queue_seen = False
+        self._closed = False
+
+    def observe(self, output: RequestOutput) -> None:
+        now = time.monotonic()
+        # per-sequence progress: n > 1 samples advance together, one token each per step
+        tokens = max((len(o.token_ids) for o in output.outputs), default=0)
+        new = tokens - self._tokens
+        if new > 0:
+            if self._last_token_time is None:
+                self._m.ttft.observe(now - self._start)
+            else:
+                gap = (now - self._last_token_time) / new  # a merged snapshot: spread the gap
+                for _ in range(new):
+                    self._m.itl.observe(gap)
+            self._tokens, self._last_token_time = tokens, now
+        times = output.metrics
+        if not self._queue_seen and times is not None and times.first_scheduled_time is not None:
+            self._queue_seen = True
+            self._m.queue_time.observe(max(0.0, times.first_scheduled_time - times.arrival_time))
+        if output.finished:
+            self._finish_reason = output.outputs[0].finish_reason if output.outputs else "abort"
+
+    def close(self) -> None:
+        """Records the end: the finish reason seen, or an abort when the stream stopped early."""
+        if self._closed:
+            return
+        self._closed = True
+        reason = self._finish_reason or "abort"
+        self._m.finished.labels(finish_reason=reason).inc()
+        if reason == "abort":
+            self._m.aborts.inc()
+        self._m.e2e.observe(time.monotonic() - self._start)

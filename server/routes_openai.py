@@ -1,0 +1,302 @@
+"""OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+
+Contract: each request is parsed (400 on any invalid field), tokenized off the event loop,
+admitted (400 / 429 / 503 before any byte), then answered as one JSON body or as SSE chunks
+ending with `data: [DONE]`. Streamed text is the concatenation of deltas of the engine's
+cumulative text, so it equals the non-streamed text; each choice gets exactly one chunk with a
+finish_reason; `stream_options.include_usage` adds a last chunk with `choices: []` and usage.
+Several prompts in one completion request run as separate engine requests; choice index =
+prompt_index * n + sample index. A client that disconnects aborts its requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from server.app import ServerState, get_state
+from server.errors import ApiError, parse_body
+from server.schemas import chat_params, completion_params
+from server.schemas_openai import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionLogprobs,
+    CompletionRequest,
+    chat_logprobs,
+    response_body,
+    usage,
+)
+from server.streaming import (
+    SSE_DONE,
+    EventStreamResponse,
+    final_output,
+    merge_streams,
+    run_until_disconnect,
+    sse,
+)
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class _Choice:
+    """What was already sent for one choice of a stream."""
+
+    chars: int = 0
+    tokens: int = 0
+    finished: bool = False
+    logprobs: CompletionLogprobs | None = None
+
+
+@dataclass
+class _Job:
+    """One OpenAI request in flight: its prompts, streams and how to render it."""
+
+    kind: str  # "text_completion" | "chat.completion"
+    state: ServerState
+    model: str
+    prompts: list[_Prompt]
+    params: list[SamplingParams]
+    n: int
+    echo: bool = False
+    logprobs: bool = False
+    include_usage: bool = False
+    timeout: float | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    choices: dict[int, _Choice] = field(default_factory=dict)
+
+    def choice(
+        self, prompt_index: int, out: CompletionOutput, delta_only: bool, prompt_lp: Any
+    ) -> dict[str, Any] | None:
+        """The choice dict for `out` (the delta since the last call when streaming)."""
+        index = prompt_index * self.n + out.index
+        seen = self.choices.setdefault(index, _Choice())
+        if seen.finished:
+            return None
+        first = seen.chars == 0 and seen.tokens == 0
+        text, new_ids = out.text[seen.chars :], out.token_ids[seen.tokens :]
+        entries = list(out.logprobs[seen.tokens :]) if out.logprobs is not None else []
+        if delta_only and not text and not new_ids and out.finish_reason is None:
+            return None
+        seen.chars, seen.tokens, seen.finished = (
+            len(out.text),
+            len(out.token_ids),
+            out.finish_reason is not None,
+        )
+        prompt = self.prompts[prompt_index]
+        if self.kind == "chat.completion":
+            lp = chat_logprobs(self.state.token_texts, entries) if self.logprobs else None
+            body = {"content": text} if delta_only else {"role": "assistant", "content": text}
+            key = "delta" if delta_only else "message"
+            return {
+                "index": index,
+                key: body if text or not delta_only else {},
+                "logprobs": lp,
+                "finish_reason": out.finish_reason,
+            }
+        lp = None
+        if self.logprobs:
+            seen.logprobs = seen.logprobs or CompletionLogprobs(self.state.token_texts)
+            ids = list(new_ids)
+            if self.echo and first:  # the prompt's own tokens come first, the first unscored
+                prompt_entries = list(prompt_lp or [None] * len(prompt.token_ids))
+                entries, ids = prompt_entries + entries, prompt.token_ids + ids
+            lp = seen.logprobs.render(entries, ids)
+        if self.echo and first:
+            text = prompt.text + text
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
+
+    def body(
+        self, choices: list[dict[str, Any]], usage_: dict[str, int] | None, chunk: bool
+    ) -> dict[str, Any]:
+        prefix = "chatcmpl-" if self.kind == "chat.completion" else "cmpl-"
+        return response_body(
+            self.kind, prefix + self.id, self.state.created, self.model, choices, usage_, chunk
+        )
+
+
+def _usage(job: _Job, finals: list[RequestOutput | None]) -> dict[str, int]:
+    completion = sum(len(o.token_ids) for f in finals if f is not None for o in f.outputs)
+    return usage(sum(len(p.token_ids) for p in job.prompts), completion)
+
+
+def _best(output: RequestOutput, n: int) -> list[CompletionOutput]:
+    """best_of > n: keep the n samples of highest cumulative logprob, re-indexed."""
+    if len(output.outputs) <= n:
+        return list(output.outputs)
+    ranked = sorted(output.outputs, key=lambda o: o.cumulative_logprob or 0.0, reverse=True)[:n]
+    return [
+        CompletionOutput(
+            i, o.text, o.token_ids, o.cumulative_logprob, o.logprobs, o.finish_reason, o.stop_reason
+        )
+        for i, o in enumerate(ranked)
+    ]
+
+
+async def _respond(request: Request, job: _Job, stream: bool) -> Response:
+    streams = await job.state.open([p.token_ids for p in job.prompts], job.params, job.timeout)
+    if stream:
+        return EventStreamResponse(_events(job, streams))
+    finals = await run_until_disconnect(
+        request.receive, asyncio.gather(*(final_output(s) for s in streams))
+    )
+    choices = [
+        job.choice(i, out, delta_only=False, prompt_lp=final.prompt_logprobs)
+        for i, final in enumerate(finals)
+        for out in _best(final, job.n)
+    ]
+    return JSONResponse(job.body(choices, _usage(job, finals), chunk=False))
+
+
+async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
+    finals: list[RequestOutput | None] = [None] * len(streams)
+    if job.kind == "chat.completion":  # the role comes first, once per choice
+        roles = [
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            for i in range(len(streams) * job.n)
+        ]
+        yield sse(job.body(roles, None, chunk=True))
+    async with aclosing(merge_streams(streams)) as merged:
+        async for prompt_index, output in merged:
+            finals[prompt_index] = output
+            for out in output.outputs:
+                choice = job.choice(
+                    prompt_index, out, delta_only=True, prompt_lp=output.prompt_logprobs
+                )
+                if choice is not None:
+                    yield sse(job.body([choice], None, chunk=True))
+    if job.include_usage:
+        yield sse(job.body([], _usage(job, finals), chunk=True))
+    yield SSE_DONE
+
+
+async def _completion_prompts(state: ServerState, prompt: Any, echo: bool) -> list[_Prompt]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty", param="prompt")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    if len(prompt) > state.admission_limit:
+        raise ApiError(400, f"at most {state.admission_limit} prompts fit in one request", param="prompt")
+    prompts = []
+    for item in prompt:
+        if not item:
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        if isinstance(item, str):
+            ids = await asyncio.to_thread(state.require_tokenizer().encode, item, True)
+            prompts.append(_Prompt(ids, item))
+            continue
+        vocab = state.tokenizer.vocab_size if state.tokenizer is not None else None
+        if vocab is not None and any(not 0 <= t < vocab for t in item):
+            raise ApiError(400, f"prompt token ids must be in [0, {vocab}) (the vocabulary)", param="prompt")
+        text = state.tokenizer.decode(item, skip_special_tokens=False) if echo and state.tokenizer else ""
+        prompts.append(_Prompt(list(item), text))
+    return prompts
+
+
+async def chat_prompt(
+    state: ServerState, messages: list[ChatMessage] | None, add_generation_prompt: bool
+) -> _Prompt:
+    """Messages through the model's chat template, then tokenized (off the event loop)."""
+    tokenizer = state.require_tokenizer()
+    if not messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+    dicts = [m.for_template() for m in messages]
+    try:
+        text = await asyncio.to_thread(tokenizer.apply_chat_template, dicts, add_generation_prompt)
+    except Exception as exc:  # template errors (e.g. roles out of order) are the caller's to fix
+        raise ApiError(
+            400, f"the chat template rejected these messages: {exc}", param="messages"
+        ) from None
+    return _Prompt(await asyncio.to_thread(tokenizer.encode, text, False), text)
+
+
+def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _check_logprobs(state: ServerState, wanted: bool) -> None:
+    if wanted and state.token_texts is None:
+        raise ApiError(400, "logprobs need a tokenizer, and this model has none", param="logprobs")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    state = get_state(request)
+    req = parse_body(CompletionRequest, await request.body())
+    model = state.model_name(req.model)
+    prompts = await _completion_prompts(state, req.prompt, bool(req.echo))
+    params = [completion_params(req, len(p.token_ids), state.max_model_len) for p in prompts]
+    _check_logprobs(state, req.logprobs is not None)
+    job = _Job(
+        "text_completion",
+        state,
+        model,
+        prompts,
+        params,
+        n=params[0].n,
+        echo=bool(req.echo),
+        logprobs=req.logprobs is not None,
+        include_usage=_include_usage(req),
+        timeout=req.timeout,
+    )
+    return await _respond(request, job, bool(req.stream))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = get_state(request)
+    req = parse_body(ChatCompletionRequest, await request.body())
+    model = state.model_name(req.model)
+    prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False)
+    params = chat_params(req, len(prompt.token_ids), state.max_model_len)
+    _check_logprobs(state, bool(req.logprobs))
+    job = _Job(
+        "chat.completion",
+        state,
+        model,
+        [prompt],
+        [params],
+        n=params.n,
+        logprobs=bool(req.logprobs),
+        include_usage=_include_usage(req),
+        timeout=req.timeout,
+    )
+    return await _respond(request, job, bool(req.stream))
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "tgserve",
+            "max_model_len": state.max_model_len,
+        }
+        for name in state.model_names
+    ]
+    return {"object": "list", "data": data}

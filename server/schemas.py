@@ -1,0 +1,151 @@
+"""API fields -> SamplingParams: the ONE place the HTTP edge maps onto engine parameters.
+
+Contract: `completion_params`, `chat_params` and `tgi_params` turn a parsed request body into a
+SamplingParams or raise `ApiError(400)` naming the field in the API's own vocabulary (e.g.
+`max_new_tokens` on TGI routes). Range checks live in SamplingParams; only rules that exist at
+the HTTP edge (TGI's stricter ranges, options we refuse, option combinations) are checked here.
+Defaults: completions `max_tokens` 16 (OpenAI's), chat `max_tokens` fills the context (as
+vLLM does), TGI `max_new_tokens` 100. TGI decodes greedily unless `do_sample` or a sampling
+knob asks otherwise, and always returns each token's logprob.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+from server.errors import ApiError
+from server.schemas_openai import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.schemas_tgi import TgiParameters
+
+TGI_DEFAULT_MAX_NEW_TOKENS = 100
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+_FIRST_WORD = re.compile(r"^([a-z_]+)\b")
+
+
+def to_api_error(exc: ValueError, renames: dict[str, str] | None = None) -> ApiError:
+    """A ValueError from SamplingParams or the engine, as a 400 naming the API field."""
+    message = str(exc)
+    match = _FIRST_WORD.match(message)
+    param = match.group(1) if match and match.group(1) in _FIELD_NAMES else None
+    if param and renames and param in renames:
+        message = renames[param] + message[len(param) :]
+        param = renames[param]
+    return ApiError(400, message, param=param)
+
+
+def _build(renames: dict[str, str] | None = None, **values: Any) -> SamplingParams:
+    try:
+        return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+    except ValueError as exc:
+        raise to_api_error(exc, renames) from None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    try:
+        return {int(key): value for key, value in bias.items()}
+    except ValueError:
+        raise ApiError(400, "logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
+
+
+def _stop(stop: str | list[str] | None) -> tuple[str, ...] | None:
+    if stop is None:
+        return None
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _shared(req: SamplingFields) -> dict[str, Any]:
+    if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
+        raise ApiError(400, "best_of > n cannot be streamed; set stream to false", param="best_of")
+    return {
+        "n": req.n,
+        "best_of": req.best_of,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "logit_bias": _logit_bias(req.logit_bias),
+        "seed": req.seed,
+        "stop": _stop(req.stop),
+        "stop_token_ids": tuple(req.stop_token_ids) if req.stop_token_ids is not None else None,
+        "ignore_eos": req.ignore_eos,
+        "min_tokens": req.min_tokens,
+        "use_beam_search": req.use_beam_search,
+        "length_penalty": req.length_penalty,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "skip_special_tokens": req.skip_special_tokens,
+    }
+
+
+def _fill_context(prompt_len: int, max_model_len: int) -> int:
+    return max(1, max_model_len - prompt_len)
+
+
+def completion_params(req: CompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+    if req.suffix:
+        raise ApiError(400, "suffix is not supported", param="suffix")
+    echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+    max_tokens = req.max_tokens if req.max_tokens is not None else _fill_context(prompt_len, max_model_len)
+    return _build(
+        max_tokens=max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs, **_shared(req)
+    )
+
+
+def chat_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+    if req.tools:
+        raise ApiError(400, "tools are not supported by this server", param="tools")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if max_tokens is None:
+        max_tokens = _fill_context(prompt_len, max_model_len)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _build({"logprobs": "top_logprobs"}, max_tokens=max_tokens, logprobs=logprobs, **_shared(req))
+
+
+_TGI_RENAMES = {"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"}
+
+
+def tgi_params(p: TgiParameters | None) -> SamplingParams:
+    p = p or TgiParameters()
+    for name in ("typical_p", "grammar", "adapter_id"):
+        if getattr(p, name) is not None:
+            raise ApiError(400, f"{name} is not supported by this server", param=name)
+    if p.watermark:
+        raise ApiError(400, "watermark is not supported by this server", param="watermark")
+    if p.temperature is not None and p.temperature <= 0:
+        raise ApiError(400, "temperature must be strictly positive", param="temperature")
+    if p.top_p is not None and not 0 < p.top_p < 1:
+        raise ApiError(400, "top_p must be > 0.0 and < 1.0", param="top_p")
+    if p.top_k is not None and p.top_k <= 0:
+        raise ApiError(400, "top_k must be strictly positive", param="top_k")
+    if p.truncate is not None and p.truncate <= 0:
+        raise ApiError(400, "truncate must be strictly positive", param="truncate")
+    sampling = bool(p.do_sample) or any(
+        (p.temperature not in (None, 1.0), p.top_k is not None, p.top_p is not None)
+    )
+    if p.best_of is not None and p.best_of > 1 and not sampling:
+        raise ApiError(400, "best_of > 1 needs sampling: set do_sample to true", param="best_of")
+    return _build(
+        _TGI_RENAMES,
+        max_tokens=p.max_new_tokens if p.max_new_tokens is not None else TGI_DEFAULT_MAX_NEW_TOKENS,
+        temperature=(p.temperature or 1.0) if sampling else 0.0,
+        top_k=p.top_k if sampling else None,
+        top_p=p.top_p if sampling else None,
+        repetition_penalty=p.repetition_penalty,
+        frequency_penalty=p.frequency_penalty,
+        stop=tuple(p.stop) if p.stop is not None else None,
+        seed=p.seed,
+        best_of=p.best_of if p.best_of and p.best_of > 1 else None,
+        logprobs=p.top_n_tokens or 0,
+        prompt_logprobs=0 if p.decoder_input_details else None,
+    )

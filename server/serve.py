@@ -1,0 +1,133 @@
+"""`tgserve serve`: build the engine config and the app, then run uvicorn with our own signals.
+
+Contract: `add_arguments(parser)` declares the flags (server/settings.py); `run(args) -> int`
+serves until SIGTERM / SIGINT and returns the exit code: 0 after a graceful drain, 1 when the
+model failed to load. Bad settings raise ValueError / FileNotFoundError before anything starts.
+`serve_app(app, settings)` is the uvicorn part alone (tests use it with a fake engine).
+
+Shutdown: the first SIGTERM or SIGINT makes /ready answer 503 and new requests 503, gives
+in-flight requests `--shutdown-timeout` seconds, aborts what is left (open streams end with a
+final `finish_reason: "abort"` chunk and `[DONE]`), then stops uvicorn. A second signal forces
+the exit. uvicorn's own handlers are not installed: they would re-raise the signal at exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from server import settings as settings_module
+from server.app import ServerState, create_app
+from server.settings import Settings
+
+logger = logging.getLogger("tgserve.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    settings_module.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig  # pure Python; the model code (torch) loads lazily
+
+    settings = Settings.resolve(args, os.environ)
+    if settings.model is not None and not Path(settings.model).exists():
+        raise FileNotFoundError(f"--model {settings.model!r} does not exist; give an HF folder or a GGUF file")
+    values = {
+        "block_size": settings.block_size,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "max_model_len": settings.max_model_len,
+        "dtype": settings.dtype,
+        "device": settings.device,
+        "kv_cache_memory_bytes": settings.kv_cache_memory,
+        "max_queued_requests": settings.max_queued_requests,
+        "enable_prefix_caching": not settings.disable_prefix_caching,
+    }
+    config = EngineConfig(**{k: v for k, v in values.items() if v is not None})
+
+    def load_engine() -> Any:
+        from engine.engine import Engine
+
+        logger.info("loading %s", settings.model or "the default model (SmolLM2-135M-Instruct)")
+        return Engine.from_model(settings.model, config, progress=True)
+
+    configure_logging(settings.log_level)
+    app = create_app(settings, load_engine, config.max_num_seqs + config.max_queued_requests, config.block_size)
+    return serve_app(app, settings)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve_app(app: Any, settings: Settings) -> int:
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,  # our logging configuration; uvicorn's loggers propagate to it
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=5,  # streams have ended by then: the drain ran first
+    )
+    server = _Server(config, app.state.tgserve, settings)
+    asyncio.run(server.serve())
+    return server.exit_code
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, settings: Settings) -> None:
+        super().__init__(config)
+        self.state = state
+        self.settings = settings
+        self.exit_code = 0
+        self._draining: asyncio.Task[None] | None = None
+        state.on_fatal = self._fatal
+
+    def _fatal(self) -> None:
+        self.exit_code = 1
+        self.should_exit = True
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        auth = f"{len(self.settings.api_key)} API key(s)" if self.settings.api_key else "no API key"
+        logger.info("listening on http://%s:%d (%s)", self.config.host, self.config.port, auth)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._draining is not None:
+            logger.warning("%s again: exiting now", sig.name)
+            self.force_exit = self.should_exit = True
+            return
+        timeout = self.settings.shutdown_timeout
+        logger.info("%s: draining (up to %.0fs for in-flight requests)", sig.name, timeout)
+        self._draining = asyncio.get_running_loop().create_task(self._drain(timeout))
+
+    async def _drain(self, timeout: float) -> None:
+        try:
+            await self.state.drain(timeout)
+        finally:
+            self.should_exit = True

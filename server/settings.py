@@ -1,0 +1,182 @@
+"""Settings of `tgserve serve`: one table of options, each a CLI flag and a TGSERVE_* variable.
+
+Contract: `add_arguments(parser)` declares every flag with no default, so `Settings.resolve(args,
+environ)` can tell "not given" apart: the flag wins, then the environment variable
+(TGSERVE_<DEST>, read when `resolve` is called, never at import), then the default. Every bad
+value is a `ValueError` naming the flag and its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "1073741824", "512MiB" (powers of 1024) or "2GB" / "2G" (powers of 1000)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"expected a size such as 2GiB, 512MiB or 1000000000, got {text!r}")
+    number, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+@dataclass(frozen=True)
+class _Option:
+    dest: str
+    parse: Callable[[str], Any]
+    help: str
+    repeatable: bool = False  # the flag may be given several times; the variable is a comma list
+    flag_is_switch: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "TGSERVE_" + self.dest.upper()
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option("model", str, "HF folder or GGUF file to serve (default: SmolLM2-135M-Instruct)"),
+    _Option("host", str, "address to listen on"),
+    _Option("port", int, "port to listen on"),
+    _Option("api_key", str, "accepted Bearer key (repeatable)", repeatable=True),
+    _Option("served_model_name", str, "model name(s) clients use (repeatable)", repeatable=True),
+    _Option("dtype", str, "auto | float32 | bfloat16 | float16"),
+    _Option("device", str, "auto | cpu | cuda | cuda:N"),
+    _Option("max_model_len", int, "context length admitted (default: the model's)"),
+    _Option("block_size", int, "tokens per KV cache block"),
+    _Option("max_num_seqs", int, "sequences running at once"),
+    _Option("max_num_batched_tokens", int, "token budget of one engine step"),
+    _Option(
+        "kv_cache_memory",
+        parse_size,
+        "KV cache budget, e.g. 2GiB (default: a share of free memory)",
+    ),
+    _Option("max_queued_requests", int, "bound on waiting requests (beyond it: 429)"),
+    _Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
+    _Option("shutdown_timeout", _positive_float, "seconds in-flight requests get after SIGTERM"),
+    _Option("request_timeout", _positive_float, "default per-request deadline in seconds"),
+    _Option(
+        "health_stall_timeout",
+        _positive_float,
+        "/health fails when no engine step ends for this long while work is pending",
+    ),
+    _Option("max_body_bytes", parse_size, "largest request body accepted (413 beyond)"),
+    _Option("public_routes", _words, "comma list of routes served without a key"),
+    _Option("log_level", str, "debug | info | warning | error"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8000
+    api_key: tuple[str, ...] = field(default=(), repr=False)  # secrets never reach a log
+    served_model_name: tuple[str, ...] = ()
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory: int | None = None
+    max_queued_requests: int | None = None
+    disable_prefix_caching: bool = False
+    shutdown_timeout: float = 30.0
+    request_timeout: float | None = None
+    health_stall_timeout: float = 120.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"--max-body-bytes must be at least 1KiB, got {self.max_body_bytes}")
+        if any(not key for key in self.api_key):
+            raise ValueError("--api-key must not be empty")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError(
+                f"--log-level must be debug, info, warning or error, got {self.log_level!r}"
+            )
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+        values: dict[str, Any] = {}
+        for option in OPTIONS:
+            given = getattr(args, option.dest, None)
+            if given is not None and given != [] and given is not False:
+                values[option.dest] = tuple(given) if option.repeatable else given
+            elif option.env in environ:
+                values[option.dest] = _from_env(option, environ[option.env])
+        return cls(**values)
+
+
+def _from_env(option: _Option, raw: str) -> Any:
+    try:
+        if option.repeatable:
+            return tuple(option.parse(w) for w in _words(raw))
+        return option.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"{option.env} (or {option.flag}): {exc}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = {f.name: f.default for f in fields(Settings)}
+    for option in OPTIONS:
+        help_text = f"{option.help} [env {option.env}; default {defaults[option.dest]!r}]"
+        if option.flag_is_switch:
+            parser.add_argument(
+                option.flag, dest=option.dest, action="store_true", default=None, help=help_text
+            )
+        elif option.repeatable:
+            parser.add_argument(
+                option.flag, dest=option.dest, action="append", type=option.parse, help=help_text
+            )
+        else:
+            parser.add_argument(
+                option.flag, dest=option.dest, type=_argparse_type(option), help=help_text
+            )
+
+
+def _argparse_type(option: _Option) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as exc:  # argparse prints ArgumentTypeError's message as is
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = option.dest
+    return convert

@@ -1,0 +1,142 @@
+"""Server-sent events and client-disconnect handling: the one place responses are streamed.
+
+Contract:
+- `sse(data)` frames one event as `data: <json>\\n\\n`; `SSE_DONE` is `data: [DONE]\\n\\n`.
+- `EventStreamResponse(events)` streams an async iterator of already framed bytes while it
+  watches the connection: when the client disconnects, the task pulling `events` is cancelled,
+  so the generator's cleanup (closing its RequestStream) aborts the engine request at once,
+  even while the request is still queued and produces nothing to write.
+- `run_until_disconnect(receive, awaitable)` does the same for non-streaming responses:
+  it raises `ClientDisconnected` after cancelling the work when the client goes away first.
+- `final_output(stream)` drains a stream and returns its finished output, or raises a 500
+  ApiError when the engine ended it with an error.
+- `merge_streams(streams)` interleaves several request streams (several prompts in one
+  completion request) with back-pressure, so a slow reader still never grows a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from engine.outputs import RequestOutput
+from server.errors import ApiError, ClientDisconnected
+
+T = TypeVar("T")
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
+
+
+def sse(data: Any) -> bytes:
+    return (
+        b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    )
+
+
+class EventStreamResponse(Response):
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+        # no Response.__init__: it would declare a Content-Length for an empty body
+        self.status_code = 200
+        self.background = None
+        self._events = events
+        merged = {**SSE_HEADERS, **(headers or {}), "content-type": "text/event-stream; charset=utf-8"}
+        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in merged.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async with anyio.create_task_group() as group:
+
+            async def pump() -> None:
+                try:
+                    async for chunk in self._events:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                except OSError:  # the transport broke mid-write: the client is gone
+                    pass
+                finally:
+                    with contextlib.suppress(Exception):
+                        await self._events.aclose()  # type: ignore[attr-defined]
+                group.cancel_scope.cancel()
+
+            async def watch() -> None:
+                await _wait_for_disconnect(receive)
+                group.cancel_scope.cancel()
+
+            group.start_soon(pump)
+            group.start_soon(watch)
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def final_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    last = None
+    async for output in stream:
+        last = output
+    if last is None or last.error is not None:
+        raise ApiError(
+            500, last.error if last else "the request ended without output", code="engine_error"
+        )
+    return last
+
+
+async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Yields (stream index, item) as items arrive; ends when every stream has ended."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    end = object()
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=len(streams))
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((index, item))  # waits while the reader is behind
+        except Exception as exc:  # handed to the reader, which re-raises it
+            await queue.put((index, exc))
+            return
+        await queue.put((index, end))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,47 @@
+"""Engines on tiny seeded checkpoints (token-id prompts: the folders carry no tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.sampling_params import SamplingParams
+from tests.checkpoints import VOCAB, save_checkpoint
+
+
+def tiny_engine(folder: Path, arch: str = "llama", **config) -> Engine:
+    if not (folder / "config.json").exists():
+        save_checkpoint(arch, folder)
+    defaults = dict(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4, max_num_seqs=16)
+    return Engine.from_model(str(folder), EngineConfig(**{**defaults, **config}))
+
+
+def random_prompts(n: int, lengths: tuple[int, int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=gen).tolist()
+    return [torch.randint(3, VOCAB, (s,), generator=gen).tolist() for s in sizes]
+
+
+def run_staggered(engine: Engine, prompts, params: list[SamplingParams], arrive_every: int = 1):
+    """Adds request i at step i * arrive_every; returns {index: final RequestOutput}."""
+    finals, step, next_i = {}, 0, 0
+    while next_i < len(prompts) or engine.has_unfinished_requests():
+        while next_i < len(prompts) and step >= next_i * arrive_every:
+            engine.add_request(str(next_i), prompts[next_i], params[next_i])
+            next_i += 1
+        for out in engine.step():
+            if out.finished:
+                finals[int(out.request_id)] = out
+        step += 1
+    return finals
+
+
+def assert_no_leaks(engine: Engine) -> None:
+    stats = engine.stats()
+    assert stats.num_running == 0 and stats.num_waiting == 0
+    assert stats.kv_blocks_used == 0, f"{stats.kv_blocks_used} KV blocks still held"
+    engine.scheduler.block_manager.check_invariants()
+    assert not engine.has_unfinished_requests()

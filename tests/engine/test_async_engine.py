@@ -1,0 +1,260 @@
+"""AsyncEngine guarantees, checked against a deterministic fake engine (tests/server/fake_engine.py).
+
+The oracle for texts is `expected_greedy_text`, a direct formula independent of the stepping
+machinery; everything else is observable behaviour (threads, counts, finish reasons, timings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
+from engine.sampling_params import SamplingParams
+from tests.server.fake_engine import FakeEngine, expected_greedy_text
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=20))
+
+
+async def started(fake: FakeEngine, **kwargs) -> AsyncEngine:
+    engine = AsyncEngine(fake, max_pending=kwargs.pop("max_pending", 32), **kwargs)
+    engine.start()
+    return engine
+
+
+async def collect(stream) -> list:
+    return [out async for out in stream]
+
+
+async def wait_for(predicate, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+def test_concurrent_greedy_requests_match_the_oracle_and_end_after_the_finished_output():
+    async def main():
+        engine = await started(FakeEngine())
+        prompts = [[65, 66], [70, 71, 72], [100]]
+        streams = [engine.generate(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        for prompt, outs in zip(prompts, results, strict=True):
+            assert outs[-1].finished and all(not o.finished for o in outs[:-1])
+            assert outs[-1].outputs[0].text == expected_greedy_text(prompt, 12)
+            assert outs[-1].outputs[0].finish_reason == "length"
+        assert engine.num_pending() == 0
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_model_step_never_runs_on_the_event_loop_thread():
+    fake = FakeEngine()
+    step_threads: set[int] = set()
+    original = fake.step
+
+    def recording_step():
+        step_threads.add(threading.get_ident())
+        return original()
+
+    fake.step = recording_step
+
+    async def main():
+        engine = await started(fake)
+        await collect(engine.generate("a", [1, 2], GREEDY))
+        await engine.shutdown(1.0)
+
+    run(main())
+    assert step_threads and threading.get_ident() not in step_threads
+    assert len(step_threads) == 1
+
+
+def test_slow_reader_gets_merged_snapshots_not_a_queue():
+    async def main():
+        engine = await started(FakeEngine(step_delay=0.001))
+        stream = engine.generate("slow", [5], SamplingParams(max_tokens=60, temperature=0.0))
+        seen = []
+        async for out in stream:
+            seen.append(out)
+            await asyncio.sleep(0.03)  # far slower than the engine
+        assert seen[-1].outputs[0].text == expected_greedy_text([5], 60)
+        assert len(seen) < 30  # 60 token steps were merged into a few snapshots
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_closing_a_stream_early_aborts_the_request_and_frees_its_blocks():
+    async def main():
+        fake = FakeEngine(step_delay=0.005)
+        engine = await started(fake)
+        stream = engine.generate("x", [1, 2, 3], SamplingParams(max_tokens=100, temperature=0.0))
+        await stream.__anext__()
+        await stream.aclose()
+        await wait_for(lambda: engine.num_pending() == 0)
+        await wait_for(lambda: engine.stats().num_running == 0 and engine.stats().kv_blocks_used == 0)
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_cancelling_the_consumer_task_aborts_the_request():
+    async def main():
+        fake = FakeEngine(step_delay=0.005)
+        engine = await started(fake)
+        stream = engine.generate("c", [9], SamplingParams(max_tokens=100, temperature=0.0))
+        task = asyncio.create_task(collect(stream))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_for(lambda: engine.num_pending() == 0 and not fake.has_unfinished_requests())
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_admission_bound_raises_overloaded_and_recovers():
+    async def main():
+        engine = await started(FakeEngine(step_delay=0.01), max_pending=2, retry_after=3.0)
+        long = SamplingParams(max_tokens=20, temperature=0.0)
+        a = engine.generate("a", [1], long)
+        b = engine.generate("b", [2], long)
+        with pytest.raises(Overloaded) as info:
+            engine.generate("c", [3], long)
+        assert info.value.retry_after == 3.0
+        await collect(a)
+        await collect(b)
+        assert (await collect(engine.generate("d", [4], GREEDY)))[-1].finished
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_invalid_request_is_refused_synchronously_without_being_counted():
+    async def main():
+        engine = await started(FakeEngine(max_model_len=16))
+        with pytest.raises(ValueError, match="context length"):
+            engine.generate("big", list(range(10)), SamplingParams(max_tokens=10))
+        assert engine.num_pending() == 0
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_engine_refusal_at_add_time_surfaces_from_admitted():
+    async def main():
+        fake = FakeEngine(max_num_seqs=1, max_queued_requests=1, step_delay=0.01)
+        engine = await started(fake, max_pending=10)
+        long = SamplingParams(max_tokens=50, temperature=0.0)
+        first = engine.generate("1", [1], long)
+        await first.admitted()
+        await first.__anext__()  # running now
+        second = engine.generate("2", [2], long)
+        await second.admitted()  # waiting
+        third = engine.generate("3", [3], long)
+        with pytest.raises(Overloaded, match="queue is full"):
+            await third.admitted()
+        await first.aclose()
+        await second.aclose()
+        await wait_for(lambda: engine.num_pending() == 0)
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_deadline_aborts_a_request_that_is_still_queued():
+    async def main():
+        fake = FakeEngine(max_num_seqs=1, step_delay=0.01)
+        engine = await started(fake)
+        blocker = engine.generate("block", [1], SamplingParams(max_tokens=40, temperature=0.0))
+        await blocker.__anext__()
+        queued = engine.generate("q", [2], GREEDY, deadline=time.monotonic() + 0.05)
+        outs = await collect(queued)
+        assert outs[-1].outputs[0].finish_reason == "abort"
+        assert outs[-1].outputs[0].token_ids == ()  # it never ran
+        assert (await collect(blocker))[-1].outputs[0].finish_reason == "length"
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_watchdog_reports_a_stalled_loop_only_while_work_is_pending():
+    async def main():
+        fake = FakeEngine()
+        engine = await started(fake, stall_timeout=0.2)
+        await asyncio.sleep(0.3)
+        assert engine.is_healthy()  # idle for longer than the timeout is fine
+        fake.stall.set()
+        stream = engine.generate("s", [1], GREEDY)
+        await asyncio.sleep(0.4)
+        assert not engine.is_healthy()
+        fake.stall.clear()
+        await collect(stream)
+        assert engine.is_healthy()
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_a_failing_step_ends_in_flight_requests_with_error_and_the_loop_goes_on():
+    async def main():
+        fake = FakeEngine(step_delay=0.005)
+        engine = await started(fake)
+        stream = engine.generate("e", [1], SamplingParams(max_tokens=50, temperature=0.0))
+        await stream.__anext__()
+        fake.fail_steps = 1
+        outs = await collect(stream)
+        assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "error"
+        assert outs[-1].error and "/secret" not in outs[-1].error
+        assert len(outs[-1].outputs[0].token_ids) >= 1  # what was generated is kept
+        assert engine.is_healthy()
+        after = await collect(engine.generate("ok", [4], GREEDY))
+        assert after[-1].outputs[0].text == expected_greedy_text([4], 12)
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_repeated_step_failures_stop_the_loop_and_refuse_new_work():
+    async def main():
+        fake = FakeEngine()
+        fake.fail_steps = 100
+        engine = await started(fake)
+        outs = await collect(engine.generate("f", [1], GREEDY))
+        assert outs[-1].outputs[0].finish_reason == "error"
+        await wait_for(lambda: not engine.is_healthy())
+        with pytest.raises(EngineUnavailable):
+            engine.generate("late", [1], GREEDY)
+        await engine.shutdown(0.1)
+
+    run(main())
+
+
+def test_shutdown_drains_short_work_and_aborts_what_outlives_the_timeout():
+    async def main():
+        fake = FakeEngine(step_delay=0.01)
+        engine = await started(fake)
+        short = engine.generate("short", [1], SamplingParams(max_tokens=3, temperature=0.0))
+        long = engine.generate("long", [2], SamplingParams(max_tokens=100, temperature=0.0))
+        short_task = asyncio.create_task(collect(short))
+        long_task = asyncio.create_task(collect(long))
+        await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await engine.shutdown(0.3)
+        assert time.monotonic() - t0 < 2.0
+        assert (await short_task)[-1].outputs[0].finish_reason == "length"
+        assert (await long_task)[-1].outputs[0].finish_reason == "abort"
+        with pytest.raises(EngineUnavailable):
+            engine.generate("after", [1], GREEDY)
+
+    run(main())

@@ -1,0 +1,269 @@
+"""A deterministic stand-in for engine.engine.Engine, for fast server and AsyncEngine tests.
+
+It implements exactly the API the server relies on (add_request, check_request, abort_request,
+step, has_unfinished_requests, stats, tokenizer, max_model_len, model_name, model_config) with
+a byte-level fake tokenizer. Generation is a pure function of (prompt, position, sequence index)
+for greedy requests, so expected texts can be computed independently by `expected_greedy_text`.
+Knobs for tests: `step_delay` (seconds per step), `fail_steps` (next N steps raise),
+`stall` (a threading.Event: while set, step() blocks), `num_blocks`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
+from engine.scheduler import QueueFullError
+
+BOS, EOS = 256, 257
+SPECIAL_TEXT = {BOS: "<s>", EOS: "</s>"}
+
+
+class FakeTokenizer:
+    """Token i < 256 is the byte i; 256/257 are BOS/EOS."""
+
+    vocab_size = 258
+    bos_token_id = BOS
+    eos_token_ids = (EOS,)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return ([BOS] if add_special_tokens else []) + list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return b"".join(
+            b"" if (i in SPECIAL_TEXT and skip_special_tokens) else self.token_bytes(i) for i in ids
+        ).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return SPECIAL_TEXT[token_id].encode() if token_id in SPECIAL_TEXT else bytes([token_id])
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in SPECIAL_TEXT
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
+        return text + ("[assistant]" if add_generation_prompt else "")
+
+
+def greedy_token(prompt: list[int], position: int, index: int = 0) -> int:
+    """The fake model's greedy choice: lowercase letters, a space every 5th token."""
+    if position % 5 == 4:
+        return ord(" ")
+    return ord("a") + (sum(prompt) + 7 * position + 3 * index) % 26
+
+
+def expected_greedy_text(prompt: list[int], max_tokens: int, index: int = 0) -> str:
+    """The oracle: what a greedy request of max_tokens must return (no stop strings, no EOS)."""
+    return "".join(chr(greedy_token(prompt, p, index)) for p in range(max_tokens))
+
+
+@dataclass(frozen=True)
+class FakeStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+
+
+@dataclass
+class _Seq:
+    index: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    text: str = ""
+
+
+@dataclass
+class _Req:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    arrival: float
+    seqs: list[_Seq]
+    rng: random.Random
+    aborted: bool = False
+    first_token_time: float | None = None
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        max_model_len: int = 128,
+        max_num_seqs: int = 8,
+        max_queued_requests: int = 16,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        step_delay: float = 0.002,
+    ) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.model_config = None
+        self.model_name = "fake-model"
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_queued_requests = max_queued_requests
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.step_delay = step_delay
+        self.fail_steps = 0
+        self.stall = threading.Event()
+        self.steps = 0
+        self._waiting: deque[_Req] = deque()
+        self._running: list[_Req] = []
+        self._aborts: set[str] = set()
+        self._prompt_total = 0
+        self._gen_total = 0
+
+    # ---- validation / admission ----
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        for t in prompt_token_ids:
+            if not 0 <= t < self.tokenizer.vocab_size:
+                raise ValueError(f"prompt token id {t} is outside the vocabulary")
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
+                f"exceeds the context length ({self.max_model_len}); shorten the prompt or lower max_tokens"
+            )
+        if params.use_beam_search:
+            raise ValueError("use_beam_search is not supported by this engine yet")
+        params.validate_for_vocab(self.tokenizer.vocab_size)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.check_request(prompt_token_ids, params)
+        if len(self._waiting) >= self.max_queued_requests:
+            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests})")
+        seqs = [_Seq(i) for i in range(params.n)]
+        rng = random.Random(params.seed)
+        self._waiting.append(_Req(request_id, list(prompt_token_ids), params, time.monotonic(), seqs, rng))
+
+    def abort_request(self, request_id: str) -> None:
+        self._aborts.add(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def _blocks(self, req: _Req) -> int:
+        return sum(math.ceil((len(req.prompt) + len(s.tokens) + 1) / self.block_size) for s in req.seqs)
+
+    def stats(self) -> FakeStats:
+        return FakeStats(
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            kv_blocks_used=sum(self._blocks(r) for r in self._running),
+            kv_blocks_total=self.num_blocks,
+            prompt_tokens_total=self._prompt_total,
+            generation_tokens_total=self._gen_total,
+        )
+
+    # ---- the step ----
+    def step(self) -> list[RequestOutput]:
+        while self.stall.is_set():
+            time.sleep(0.005)
+        self.steps += 1
+        if self.fail_steps > 0:
+            self.fail_steps -= 1
+            raise RuntimeError("fake engine failure in /secret/path/model.py")
+        time.sleep(self.step_delay)
+        outputs = self._take_aborts()
+        used = sum(self._blocks(r) for r in self._running)
+        while self._waiting and len(self._running) < self.max_num_seqs:
+            need = self._blocks(self._waiting[0])
+            if used + need > self.num_blocks:
+                break
+            req = self._waiting.popleft()
+            used += need
+            self._prompt_total += len(req.prompt)
+            self._running.append(req)
+        for req in list(self._running):
+            self._advance(req)
+            done = all(s.finish_reason for s in req.seqs)
+            outputs.append(self._snapshot(req, done))
+            if done:
+                self._running.remove(req)
+        return outputs
+
+    def _take_aborts(self) -> list[RequestOutput]:
+        out = []
+        for req in [*self._waiting, *self._running]:
+            if req.request_id in self._aborts:
+                for s in req.seqs:
+                    s.finish_reason = s.finish_reason or "abort"
+                out.append(self._snapshot(req, True))
+                if req in self._running:
+                    self._running.remove(req)
+                else:
+                    self._waiting.remove(req)
+        self._aborts.clear()
+        return out
+
+    def _advance(self, req: _Req) -> None:
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        p = req.params
+        for s in req.seqs:
+            if s.finish_reason:
+                continue
+            pos = len(s.tokens)
+            if p.greedy:
+                token = greedy_token(req.prompt, pos, s.index)
+            else:
+                token = req.rng.choice(range(ord("a"), ord("z") + 1))
+            if b"EOS" in bytes(t for t in req.prompt if t < 256) and pos == 3 and not p.ignore_eos:
+                token = EOS
+            s.tokens.append(token)
+            self._gen_total += 1
+            if p.logprobs is not None:
+                top = tuple((token + k if k else token, -0.5 - k) for k in range(p.logprobs))
+                s.logprobs.append(TokenLogprob(token, -0.5, top))
+            s.text = self.tokenizer.decode(s.tokens)
+            if token == EOS and not p.ignore_eos and pos + 1 >= p.min_tokens:
+                s.finish_reason, s.stop_reason = "stop", EOS
+            for stop in p.stop:
+                if stop in s.text:
+                    cut = s.text.index(stop) + (len(stop) if p.include_stop_str_in_output else 0)
+                    s.text, s.finish_reason, s.stop_reason = s.text[:cut], "stop", stop
+                    break
+            if s.finish_reason is None and len(s.tokens) >= p.max_tokens:
+                s.finish_reason = "length"
+
+    def _snapshot(self, req: _Req, finished: bool) -> RequestOutput:
+        p = req.params
+        prompt_lp = None
+        if p.prompt_logprobs is not None:
+            prompt_lp = (None,) + tuple(
+                TokenLogprob(t, -1.0) for t in req.prompt[1:]
+            )
+        outs = tuple(
+            CompletionOutput(
+                index=s.index,
+                text=s.text,
+                token_ids=tuple(s.tokens),
+                cumulative_logprob=-0.5 * len(s.tokens),
+                logprobs=tuple(s.logprobs) if p.logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+            for s in req.seqs
+        )
+        now = time.monotonic()
+        metrics = RequestMetrics(
+            arrival_time=req.arrival,
+            first_scheduled_time=req.first_token_time,
+            first_token_time=req.first_token_time,
+            finished_time=now if finished else None,
+        )
+        return RequestOutput(req.request_id, tuple(req.prompt), outs, finished, prompt_lp, metrics)
