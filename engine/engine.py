@@ -7,8 +7,11 @@ Contract:
 - `step()` returns one cumulative `RequestOutput` per request that moved (new tokens, finished,
   aborted, failed). Every admitted request ends with exactly one finished output.
 - `generate(prompts, params)` runs an offline batch to completion.
-Per-request text state (detokenizer, stop criteria, seeded generators) lives here; the token
-and block bookkeeping lives in the scheduler.
+- One request -> `n` `CompletionOutput`s with `index`: n > 1 / best_of sample independent
+  sequences forked from the prompt (parallel_sampling.py); `use_beam_search` runs best_of (or n)
+  beams and returns the n best hypotheses (beam_search.py). Both share KV blocks by fork.
+Per-request text state (detokenizer, stop criteria, seeded generators, beam state) lives here;
+the token and block bookkeeping lives in the scheduler.
 """
 
 from __future__ import annotations
@@ -17,15 +20,19 @@ import logging
 import time
 from collections.abc import Sequence as Seq
 
+import torch
+
+from engine.beam_search import check_beam_params
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, StepLogits
 from engine.outputs import RequestOutput
-from engine.request import Request
+from engine.parallel_sampling import SampleTarget, sample_targets
+from engine.request import Request, Sequence
 from engine.request_state import RequestState
 from engine.sampler import Sampler
 from engine.sampling_batch import SamplingRow
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats
 from engine.stop_checker import append_token
 
@@ -51,6 +58,8 @@ class Engine:
         self.max_model_len = scheduler.max_model_len
         self.eos_token_ids = eos_token_ids
         self.sampler = Sampler(eos_token_ids, seed=config.seed, device=runner.device)
+        # Unseeded beam sampling draws from this one (seeded requests own their generator).
+        self._beam_generator = torch.Generator(device=runner.device).manual_seed(config.seed)
         self._states: dict[str, RequestState] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -76,8 +85,8 @@ class Engine:
         params.validate_for_vocab(vocab)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
-        if params.num_sequences > 1 or params.use_beam_search:
-            raise ValueError("n > 1, best_of and beam search are not supported yet")
+        if params.use_beam_search:
+            check_beam_params(params)
         self.scheduler.check_admissible(len(prompt_token_ids), params)
 
     def add_request(
@@ -108,60 +117,94 @@ class Engine:
         if sched.is_empty:
             return outputs
         try:
-            moved = self._execute_and_update(sched)
+            logits = self._execute(sched)
+            moved = self._sample_and_update(sched, logits)
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._fail(sched, exc)
-        for state in moved:
-            outputs.append(state.output())
-            if state.request.is_finished:
-                del self._states[state.request.request_id]
-        return outputs
+        return outputs + self._emit(moved)
 
-    def _execute_and_update(self, sched: SchedulerOutput) -> list[RequestState]:
-        now = time.time()
+    def _execute(self, sched: SchedulerOutput) -> StepLogits:
+        """One forward over every scheduled chunk; afterwards their tokens are in the KV cache."""
         full_rows = frozenset(
             i for i, c in enumerate(sched.chunks) if self._states[c.request.request_id].wants_prompt_logprobs(c)
         )
         logits = self.runner.execute(sched.chunks, sched.block_copies, full_rows)
         self.scheduler.on_step_done(sched)
+        return logits
+
+    def _sample_and_update(self, sched: SchedulerOutput, logits: StepLogits) -> list[RequestState]:
+        """Prompt logprobs; one token per sampled sequence (parallel groups fork on their first
+        token); one beam-search step per beam group. Row i of `logits.sampling` belongs to the
+        i-th chunk with `sample=True`."""
+        now = time.time()
         moved: dict[str, RequestState] = {}
-        for i in full_rows:
-            chunk = sched.chunks[i]
-            state = self._states[chunk.request.request_id]
-            state.record_prompt_logprobs(chunk, logits.all_rows[i])
-            moved[chunk.request.request_id] = state
-        sampling = [c for c in sched.chunks if c.sample]
-        rows = [self._sampling_row(c) for c in sampling]
-        result = self.sampler(logits.sampling, rows)
-        for chunk, token, entry in zip(sampling, result.token_ids, result.logprobs, strict=True):
+        for i, rows in logits.all_rows.items():
+            state = self._states[sched.chunks[i].request.request_id]
+            state.record_prompt_logprobs(sched.chunks[i], rows)
+            moved[state.request.request_id] = state
+        targets: list[SampleTarget] = []
+        beam_groups: dict[str, list[tuple[Sequence, int]]] = {}
+        for row, chunk in enumerate(c for c in sched.chunks if c.sample):
+            if chunk.request.params.use_beam_search:
+                beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
+            else:
+                targets += sample_targets(self.scheduler, chunk, row)
+        self._sample(targets, logits.sampling)
+        for rid, group in beam_groups.items():
+            self._beam_step(self._states[rid], group, logits.sampling)
+        for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self._states[chunk.request.request_id]
             state.mark_scheduled(now)
-            self._append(state, chunk, token, entry)
-            moved[chunk.request.request_id] = state
-        for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
-            self._states[chunk.request.request_id].mark_scheduled(now)
+            if chunk.sample:
+                moved[chunk.request.request_id] = state
         return list(moved.values())
 
-    def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
-        seq = chunk.seq
+    def _sample(self, targets: list[SampleTarget], logits: torch.Tensor) -> None:
+        if not targets:
+            return
+        if [t.row for t in targets] != list(range(logits.shape[0])):  # forks reuse a row
+            logits = logits[torch.tensor([t.row for t in targets], device=logits.device)]
+        rows = [self._sampling_row(t) for t in targets]
+        result = self.sampler(logits, rows)
+        for target, token, entry in zip(targets, result.token_ids, result.logprobs, strict=True):
+            self._append(self._states[target.request.request_id], target.seq, token, entry)
+
+    def _sampling_row(self, target: SampleTarget) -> SamplingRow:
+        seq, state = target.seq, self._states[target.request.request_id]
         return SamplingRow(
-            params=chunk.request.params,
+            params=state.row_params,
             prompt_token_ids=seq.prompt_token_ids,
             output_token_ids=seq.output_token_ids,
-            generator=self._states[chunk.request.request_id].generator(seq.seq_id),
+            generator=state.generator(seq.seq_id),
         )
 
-    def _append(self, state: RequestState, chunk: ScheduledChunk, token: int, entry) -> None:
-        seq = chunk.seq
+    def _append(self, state: RequestState, seq: Sequence, token: int, entry) -> None:
         seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
         self._generation_tokens_total += 1
         state.mark_token(time.time())
         finish = append_token(state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens)
         if finish is not None:
-            self.scheduler.finish_seq(chunk.request, seq, finish.reason, finish.stop_reason)
-            if chunk.request.is_finished:
+            self.scheduler.finish_seq(state.request, seq, finish.reason, finish.stop_reason)
+            if state.request.is_finished:
                 state.mark_finished(time.time())
+
+    def _beam_step(self, state: RequestState, group: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        rows = torch.tensor([row for _, row in group], device=logits.device)
+        generator = state.generator(0) or self._beam_generator  # beam sampling draws per group
+        state.beam.step(self.scheduler, state.request, [seq for seq, _ in group], logits[rows], generator)
+        self._generation_tokens_total += len(group)
+        state.mark_token(time.time())
+        if state.request.is_finished:
+            state.mark_finished(time.time())
+
+    def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
+        outputs = []
+        for state in moved:
+            outputs.append(state.output())
+            if state.request.is_finished:
+                del self._states[state.request.request_id]
+        return outputs
 
     def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []

@@ -103,20 +103,24 @@ def _only(mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _top_p_floor(probs: torch.Tensor, top_p: torch.Tensor, probe: int) -> torch.Tensor:
-    """[R, 1] the smallest probability top-p keeps in each row (see the module rule)."""
+    """[R, 1] the smallest probability top-p keeps in each row (0 where top_p is off).
 
-    def floor_of(descending: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mass_before = descending.cumsum(dim=-1) - descending  # exclusive prefix sum; 0 at the top
-        kept = (mass_before < p.unsqueeze(1)).sum(dim=-1, keepdim=True)  # >= 1: a prefix
-        return descending.gather(1, kept - 1), kept
-
-    floor, kept = floor_of(probs.topk(probe, dim=-1).values, top_p)
-    if probe < probs.shape[1]:
-        # kept == probe: the boundary may lie beyond the probe, so sort those rows in full.
-        unresolved = torch.nonzero((kept.squeeze(1) == probe) & (top_p < 1.0)).squeeze(1)
-        if unresolved.numel():
-            full = probs[unresolved].sort(dim=-1, descending=True).values
-            floor[unresolved] = floor_of(full, top_p[unresolved])[0]
+    The boundary is looked for among the `probe` most probable tokens; rows whose nucleus is
+    larger try 16 times as many, and so on up to a full sort. The top-n values are exactly the
+    head of the sorted row, so every probe size gives the same answer."""
+    vocab = probs.shape[1]
+    floor = torch.zeros(probs.shape[0], 1, dtype=probs.dtype, device=probs.device)
+    todo = torch.nonzero(top_p < 1.0).squeeze(1)  # rows still to resolve
+    while todo.numel():
+        probe = min(probe, vocab)
+        head = probs[todo]
+        head = head.sort(dim=-1, descending=True) if probe == vocab else head.topk(probe, dim=-1)
+        mass_before = head.values.cumsum(dim=-1) - head.values  # exclusive prefix sum
+        kept = (mass_before < top_p[todo].unsqueeze(1)).sum(dim=-1, keepdim=True)  # >= 1
+        # kept == probe: the boundary may lie beyond the probe (unless it is the whole row).
+        done = (kept.squeeze(1) < probe) | (probe == vocab)
+        floor[todo[done]] = head.values.gather(1, kept - 1)[done]
+        todo, probe = todo[~done], probe * 16
     return floor
 
 

@@ -66,7 +66,9 @@ class ModelRunner:
             query_lens.append(chunk.num_new_tokens)
             if chunk.sample:
                 sample_rows.append(len(ids) - 1)
-        meta = AttentionMetadata.build(tables, seq_lens, query_lens, self.block_size, self.device)
+        meta = AttentionMetadata.build(
+            tables, seq_lens, query_lens, self.block_size, self.device, self.config.sliding_window
+        )
         hidden = self.model(
             torch.tensor(ids, device=self.device),
             torch.tensor(positions, device=self.device),

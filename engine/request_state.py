@@ -1,15 +1,19 @@
 """RequestState: what the engine keeps per request beside the scheduler's token bookkeeping —
 stop criteria, one incremental detokenizer and (for seeded requests) one generator per
-sequence, prompt logprobs, timings — and how it becomes a `RequestOutput` snapshot.
+sequence, the beam-search state of a beam request, prompt logprobs, timings — and how it
+becomes a `RequestOutput` snapshot: one `CompletionOutput` per returned sequence, with `index`
+(see parallel_sampling.select_outputs and BeamSearch.completions for n > 1 and beams).
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.beam_search import BeamSearch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from engine.request import Request
+from engine.parallel_sampling import row_params, select_outputs
+from engine.request import Request, Sequence
 from engine.sampler import gather_logprobs, seeded_generator
 from engine.scheduler import ScheduledChunk
 from engine.stop_checker import StopCriteria
@@ -21,6 +25,10 @@ class RequestState:
         self.tokenizer = tokenizer
         self.device = device
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
+        self.row_params = row_params(request.params)  # what the sampler sees for its rows
+        self.beam: BeamSearch | None = None
+        if request.params.use_beam_search:
+            self.beam = BeamSearch(request.params, self.criteria, tokenizer, eos_token_ids)
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}
         self._generators: dict[int, torch.Generator] = {}
         # Position p -> logprob of prompt token p given tokens < p (p >= 1).
@@ -82,22 +90,11 @@ class RequestState:
     # ----- the snapshot ---------------------------------------------------------------------
     def output(self) -> RequestOutput:
         request = self.request
-        completions = []
-        for index, seq in enumerate(request.seqs):
-            detok = self._detokenizers.get(seq.seq_id)
-            if detok is not None and seq.is_finished and not detok.finished:
-                detok.finish()  # aborted / failed: release the held-back text
-            completions.append(
-                CompletionOutput(
-                    index=index,
-                    text=detok.text if detok is not None else "",
-                    token_ids=seq.output_token_ids,
-                    cumulative_logprob=seq.cumulative_logprob,
-                    logprobs=tuple(seq.logprobs) if request.params.logprobs is not None else None,
-                    finish_reason=seq.finish_reason,
-                    stop_reason=seq.stop_reason,
-                )
-            )
+        if self.beam is not None:
+            completions = self.beam.completions(request)
+        else:
+            sampled = [self._completion(i, seq) for i, seq in enumerate(request.seqs)]
+            completions = select_outputs(sampled, request.params, request.is_finished)
         prompt_logprobs = None
         if request.params.prompt_logprobs is not None:
             prompt_logprobs = (None,) + tuple(
@@ -106,7 +103,7 @@ class RequestState:
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
-            outputs=tuple(completions),
+            outputs=completions,
             finished=request.is_finished,
             prompt_logprobs=prompt_logprobs,
             metrics=RequestMetrics(
@@ -117,4 +114,18 @@ class RequestState:
                 num_cached_prompt_tokens=request.num_cached_prompt_tokens,
             ),
             error=self.error,
+        )
+
+    def _completion(self, index: int, seq: Sequence) -> CompletionOutput:
+        detok = self._detokenizers.get(seq.seq_id)
+        if detok is not None and seq.is_finished and not detok.finished:
+            detok.finish()  # aborted / failed: release the held-back text
+        return CompletionOutput(
+            index=index,
+            text=detok.text if detok is not None else "",
+            token_ids=seq.output_token_ids,
+            cumulative_logprob=seq.cumulative_logprob,
+            logprobs=tuple(seq.logprobs) if self.request.params.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
         )

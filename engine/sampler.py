@@ -72,6 +72,24 @@ def gather_logprobs(
     return chosen, top.indices, top.values
 
 
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Steps 1-3 (bias, min_tokens masks, penalties). Returns `logits` itself when no row needs
+    any of them, else a processed copy: either way the caller's tensor is left intact."""
+    stages = (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)
+    if all(stage is None for stage in stages):
+        return logits
+    out = logits.clone()
+    if batch.bias is not None:
+        apply_logit_bias(out, *batch.bias)
+    if batch.banned is not None:
+        mask_tokens(out, *batch.banned)
+    if batch.repetition is not None:
+        apply_repetition_penalty(out, *batch.repetition)
+    if batch.presence_frequency is not None:
+        apply_presence_frequency(out, *batch.presence_frequency)
+    return out
+
+
 class Sampler:
     """Holds what is the same for every step: EOS ids and the shared (unseeded) generator."""
 
@@ -97,7 +115,7 @@ class Sampler:
         batch = SamplingBatch.build(rows, logits.shape[1], logits.device, self.eos_token_ids)
         if batch.plain_greedy:
             return SamplerOutput(tuple(logits.argmax(dim=-1).tolist()), (None,) * len(rows))
-        processed = self._process(logits, batch)
+        processed = process_logits(logits, batch)
         filters = batch.filters
         if filters is None:
             tokens = processed.argmax(dim=-1)  # [R]
@@ -111,22 +129,6 @@ class Sampler:
         return SamplerOutput(
             tuple(tokens.tolist()), self._logprobs(logits, tokens, rows, batch.max_logprobs)
         )
-
-    def _process(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Steps 1-3, on a copy when there is anything to do (the result is only read)."""
-        stages = (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)
-        if all(stage is None for stage in stages):
-            return logits
-        out = logits.clone()
-        if batch.bias is not None:
-            apply_logit_bias(out, *batch.bias)
-        if batch.banned is not None:
-            mask_tokens(out, *batch.banned)
-        if batch.repetition is not None:
-            apply_repetition_penalty(out, *batch.repetition)
-        if batch.presence_frequency is not None:
-            apply_presence_frequency(out, *batch.presence_frequency)
-        return out
 
     def _sample(
         self, logits: torch.Tensor, filters: SamplingFilters, rows: Sequence[SamplingRow]

@@ -10,12 +10,33 @@ token t of a sequence sits in block `block_table[t // block_size]` at offset
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_blocks, block_size, kv_heads, head_dim]
+
+
+@dataclass
+class DecodePlan:
+    """What every layer needs for the batched decode rows; built once per step."""
+
+    rows: torch.Tensor  # [B] rows of the decode tokens in the flat batch
+    tables: torch.Tensor  # [B, nb] block ids covering the longest decode context
+    mask: torch.Tensor  # [B, 1, 1, L] bool: key visible to the query
+    max_len: int  # L
+
+
+@dataclass
+class PrefillPlan:
+    """One sequence with several new tokens (a prefill chunk)."""
+
+    row_start: int
+    q_len: int
+    seq_len: int
+    table: torch.Tensor  # [nb] block ids covering seq_len tokens
+    mask: torch.Tensor | None  # [q_len, seq_len] bool, None when plainly causal from 0
 
 
 @dataclass
@@ -25,6 +46,10 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int64: context length once this step's tokens are in
     query_lens: list[int]  # host copy: new tokens per sequence
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
+    block_size: int = 16
+    sliding_window: int | None = None
+    _decode: DecodePlan | None = field(default=None, init=False, repr=False)
+    _prefills: list[PrefillPlan] | None = field(default=None, init=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -42,6 +67,7 @@ class AttentionMetadata:
         query_lens: list[int],
         block_size: int,
         device: torch.device | str = "cpu",
+        sliding_window: int | None = None,
     ) -> AttentionMetadata:
         """Builds the tensors from host lists (what the model runner does each step)."""
         slots: list[int] = []
@@ -56,7 +82,52 @@ class AttentionMetadata:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
             query_lens=list(query_lens),
             seq_lens_list=list(seq_lens),
+            block_size=block_size,
+            sliding_window=sliding_window,
         )
+
+    def decode_plan(self) -> DecodePlan | None:
+        """The decode rows' gather tables and mask, computed by the first layer only."""
+        if self._decode is None:
+            decode = [i for i, n in enumerate(self.query_lens) if n == 1]
+            if not decode:
+                return None
+            device = self.block_tables.device
+            starts = _query_starts(self.query_lens)
+            max_len = max(self.seq_lens_list[i] for i in decode)
+            num_blocks = -(-max_len // self.block_size)
+            if len(decode) == self.num_seqs:  # decode-only: rows and sequences are 0..B-1
+                rows = torch.arange(len(decode), device=device)
+                tables = self.block_tables[:, :num_blocks]
+                seq_len = self.seq_lens
+            else:
+                seqs = torch.tensor(decode, device=device)
+                rows = torch.tensor([starts[i] for i in decode], device=device)
+                tables = self.block_tables[seqs, :num_blocks]
+                seq_len = self.seq_lens[seqs]
+            seq_len = seq_len.view(-1, 1, 1, 1)
+            key_pos = torch.arange(max_len, device=device).view(1, 1, 1, -1)
+            mask = _attend_mask(seq_len - 1, key_pos, seq_len, self.sliding_window)
+            self._decode = DecodePlan(rows, tables.contiguous(), mask, max_len)
+        return self._decode
+
+    def prefill_plans(self) -> list[PrefillPlan]:
+        if self._prefills is None:
+            device = self.block_tables.device
+            plans, start = [], 0
+            for i, q_len in enumerate(self.query_lens):
+                if q_len > 1:
+                    seq_len = self.seq_lens_list[i]
+                    mask = None
+                    if seq_len != q_len or self.sliding_window is not None:
+                        key_pos = torch.arange(seq_len, device=device).view(1, -1)
+                        query_pos = torch.arange(seq_len - q_len, seq_len, device=device).view(-1, 1)
+                        mask = _attend_mask(query_pos, key_pos, seq_len, self.sliding_window)
+                    table = self.block_tables[i, : -(-seq_len // self.block_size)]
+                    plans.append(PrefillPlan(start, q_len, seq_len, table, mask))
+                start += q_len
+            self._prefills = plans
+        return self._prefills
 
 
 def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -67,9 +138,7 @@ def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _attend_mask(
-    query_pos: torch.Tensor, key_pos: torch.Tensor, seq_len: torch.Tensor, window: int | None
-) -> torch.Tensor:
+def _attend_mask(query_pos, key_pos, seq_len, window: int | None) -> torch.Tensor:
     """True where a query may look at a key: causal, inside the sequence, inside the window."""
     mask = (key_pos <= query_pos) & (key_pos < seq_len)
     if window is not None:
@@ -82,63 +151,62 @@ def paged_attention(
     cache: KVCache,
     meta: AttentionMetadata,
     scale: float,
-    sliding_window: int | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
 
     Decode rows (one new token) of all sequences go through one batched SDPA call over their
     gathered blocks; sequences with several new tokens (prefill chunks) go one at a time,
-    since padding them to a common length would waste most of the work.
+    since padding them to a common length would waste most of the work. A chunk that starts
+    the sequence attends straight to this step's `new_kv` ([num_tokens, kv_heads, head_dim]
+    each) instead of reading it back from the cache.
     """
     k_cache, v_cache = cache
-    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    num_heads = q.shape[1]
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    gqa = q.shape[1] != kv_heads
+    decode = meta.decode_plan()
+    if decode is not None and len(decode.rows) == q.shape[0]:
+        return _decode_attention(q, cache, decode, scale, gqa)
     out = torch.empty_like(q)
-    decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
-    if decode:
-        # Rows of decode sequences in the flat batch; for decode-only batches this is arange.
-        starts = _query_starts(meta.query_lens)
-        rows = torch.tensor([starts[i] for i in decode], device=q.device)
-        seqs = torch.tensor(decode, device=q.device)
-        max_len = max(meta.seq_lens_list[i] for i in decode)
-        num_blocks = (max_len + block_size - 1) // block_size
-        tables = meta.block_tables[seqs, :num_blocks]  # [B, nb]
-        k = k_cache[tables].reshape(len(decode), -1, kv_heads, head_dim)[:, :max_len]
-        v = v_cache[tables].reshape(len(decode), -1, kv_heads, head_dim)[:, :max_len]
-        seq_len = meta.seq_lens[seqs].view(-1, 1, 1, 1)  # [B, 1, 1, 1]
-        key_pos = torch.arange(max_len, device=q.device).view(1, 1, 1, -1)
-        mask = _attend_mask(seq_len - 1, key_pos, seq_len, sliding_window)  # [B, 1, 1, L]
+    if decode is not None:
+        out[decode.rows] = _decode_attention(q[decode.rows], cache, decode, scale, gqa)
+    for plan in meta.prefill_plans():
+        rows = slice(plan.row_start, plan.row_start + plan.q_len)
+        if plan.q_len == plan.seq_len and new_kv is not None:
+            k, v = new_kv[0][rows], new_kv[1][rows]
+        else:
+            k = k_cache[plan.table].reshape(-1, kv_heads, head_dim)[: plan.seq_len]
+            v = v_cache[plan.table].reshape(-1, kv_heads, head_dim)[: plan.seq_len]
         o = F.scaled_dot_product_attention(
-            q[rows].unsqueeze(2),  # [B, H, 1, D]
-            k.transpose(1, 2).to(q.dtype),  # [B, KVH, L, D]
-            v.transpose(1, 2).to(q.dtype),
-            attn_mask=mask,
+            q[rows].transpose(0, 1),  # [H, q_len, D]
+            k.transpose(0, 1).to(q.dtype),  # [KVH, seq_len, D]
+            v.transpose(0, 1).to(q.dtype),
+            attn_mask=plan.mask,
+            is_causal=plan.mask is None,
             scale=scale,
-            enable_gqa=num_heads != kv_heads,
+            enable_gqa=gqa,
         )
-        out[rows] = o.squeeze(2)
-    start = 0
-    for i, q_len in enumerate(meta.query_lens):
-        if q_len > 1:
-            seq_len = meta.seq_lens_list[i]
-            num_blocks = (seq_len + block_size - 1) // block_size
-            table = meta.block_tables[i, :num_blocks]
-            k = k_cache[table].reshape(-1, kv_heads, head_dim)[:seq_len]
-            v = v_cache[table].reshape(-1, kv_heads, head_dim)[:seq_len]
-            key_pos = torch.arange(seq_len, device=q.device).view(1, -1)
-            query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device).view(-1, 1)
-            mask = _attend_mask(query_pos, key_pos, torch.tensor(seq_len), sliding_window)
-            o = F.scaled_dot_product_attention(
-                q[start : start + q_len].transpose(0, 1),  # [H, q_len, D]
-                k.transpose(0, 1).to(q.dtype),  # [KVH, seq_len, D]
-                v.transpose(0, 1).to(q.dtype),
-                attn_mask=mask,
-                scale=scale,
-                enable_gqa=num_heads != kv_heads,
-            )
-            out[start : start + q_len] = o.transpose(0, 1)
-        start += q_len
+        out[rows] = o.transpose(0, 1)
     return out
+
+
+def _decode_attention(
+    q: torch.Tensor, cache: KVCache, plan: DecodePlan, scale: float, gqa: bool
+) -> torch.Tensor:
+    """q: [B, H, D], one query per sequence -> [B, H, D]."""
+    k_cache, v_cache = cache
+    b, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+    k = k_cache[plan.tables].view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
+    v = v_cache[plan.tables].view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [B, H, 1, D]
+        k.transpose(1, 2),  # [B, KVH, L, D]
+        v.transpose(1, 2),
+        attn_mask=plan.mask,
+        scale=scale,
+        enable_gqa=gqa,
+    )
+    return o.squeeze(2)
 
 
 def _query_starts(query_lens: list[int]) -> list[int]:
@@ -169,7 +237,7 @@ def reference_attention(
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
     query_pos = torch.arange(seq_len - q_len, seq_len).view(-1, 1)
     key_pos = torch.arange(seq_len).view(1, -1)
-    mask = _attend_mask(query_pos, key_pos, torch.tensor(seq_len), sliding_window)
+    mask = _attend_mask(query_pos, key_pos, seq_len, sliding_window)
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)

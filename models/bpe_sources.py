@@ -1,9 +1,9 @@
 """Readers that turn a tokenizer file into a `BpeVocab`: the byte-level BPE vocabulary, its merge
 order, the added tokens and the pre-tokenizer regex a tiktoken Encoding is built from.
 
-Contract: `read_tokenizer_json(data, source)`, `read_tiktoken_model(path)` and `read_gguf_vocab(metadata,
-path)` return a frozen `BpeVocab` (token bytes -> id, merges in priority order, added tokens,
-regex). Each raises `ValueError` naming the file for what tiktoken cannot express exactly: above
+Contract: `read_tokenizer_json(data, source)`, `read_tiktoken_model(path, pattern)` and
+`read_gguf_vocab(metadata, source)` return a frozen `BpeVocab` (token bytes -> id, merges in
+priority order, added tokens, regex). Each raises `ValueError` naming the file for what tiktoken cannot express exactly: above
 all SentencePiece vocabularies (Llama 2, Mistral v0.1), whose tokens are not byte-level BPE and so
 cannot become tiktoken ranks (token-id prompts still work for those models), but also unknown
 pre-tokenizers. `read_gguf_metadata(path)` reads only the key/value header of a GGUF file.
@@ -18,17 +18,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-__all__ = [
-    "AddedToken",
-    "BpeVocab",
-    "byte_decoder",
-    "read_gguf_metadata",
-    "read_gguf_vocab",
-    "read_tiktoken_model",
-    "read_tokenizer_json",
-    "sentencepiece_error",
-]
 
 # GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 _GGUF_CONTROL = 3
@@ -52,17 +41,10 @@ QWEN2_PATTERN = (
 )
 # llama.cpp's `tokenizer.ggml.pre` names -> regex (llama-vocab.cpp groups them the same way).
 GGUF_PRE_PATTERNS: dict[str, str] = {
-    "gpt-2": GPT2_PATTERN,
-    "phi-2": GPT2_PATTERN,
-    "smollm": DIGITS_GPT2_PATTERN,
-    "starcoder": DIGITS_GPT2_PATTERN,
-    "refact": DIGITS_GPT2_PATTERN,
-    "llama3": LLAMA3_PATTERN,
-    "llama-v3": LLAMA3_PATTERN,
-    "llama-bpe": LLAMA3_PATTERN,
-    "smaug-bpe": LLAMA3_PATTERN,
-    "qwen2": QWEN2_PATTERN,
-    "deepseek-r1-qwen": QWEN2_PATTERN,
+    **dict.fromkeys(("gpt-2", "phi-2"), GPT2_PATTERN),
+    **dict.fromkeys(("smollm", "starcoder", "refact"), DIGITS_GPT2_PATTERN),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "smaug-bpe"), LLAMA3_PATTERN),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), QWEN2_PATTERN),
 }
 
 
@@ -79,7 +61,8 @@ class AddedToken:
 class BpeVocab:
     source: str  # the file it came from, for error messages
     tokens: dict[bytes, int]  # every mergeable token's bytes -> its id (added tokens excluded)
-    merges: tuple[tuple[bytes, bytes], ...]  # priority order; () when the file gives ranks (tiktoken)
+    # The merges in priority order; () when the file gives ranks itself (tiktoken format).
+    merges: tuple[tuple[bytes, bytes], ...]
     added: tuple[AddedToken, ...]
     pattern: str  # the pre-tokenizer regex, in the syntax tiktoken (fancy-regex) accepts
     nfc: bool = False  # the text is NFC-normalised before tokenizing (Qwen2)
@@ -132,7 +115,7 @@ def _vocab_bytes(spelled: dict[str, int], added_ids: set[int], source: str) -> d
             continue
         raw = _spelled_bytes(token, unspell)
         if raw in tokens:
-            raise ValueError(f"{source}: tokens {tokens[raw]} and {token_id} spell the same bytes {raw!r}")
+            raise ValueError(f"{source}: tokens {tokens[raw]} and {token_id} are the same bytes")
         tokens[raw] = token_id
     return tokens
 
@@ -151,12 +134,12 @@ def read_tokenizer_json(data: dict[str, Any], source: str) -> BpeVocab:
     decoder_types = _component_types(data.get("decoder"))
     if kind == "Unigram":
         raise sentencepiece_error(source, "the model is Unigram")
-    if kind == "BPE" and (model.get("byte_fallback") or {"Metaspace", "ByteFallback"} & decoder_types):
+    if model.get("byte_fallback") or {"Metaspace", "ByteFallback"} & decoder_types:
         raise sentencepiece_error(source, "the BPE model uses byte fallback / Metaspace pieces")
     if "Metaspace" in _component_types(pre):
         raise sentencepiece_error(source, "the pre-tokenizer is Metaspace")
     if kind != "BPE":
-        raise ValueError(f"{source}: model type {kind!r} is not byte-level BPE; tgserve cannot tokenize it")
+        raise ValueError(f"{source}: a {kind!r} model is not byte-level BPE (all tgserve reads)")
     if "ByteLevel" not in _component_types(pre):
         raise ValueError(f"{source}: BPE without a ByteLevel pre-tokenizer is not byte-level BPE")
 
@@ -207,7 +190,8 @@ def pattern_from_hf_pre_tokenizer(pre: dict[str, Any] | None, source: str) -> st
     kinds = [s.get("type") for s in steps]
     if kinds == ["ByteLevel"] and last.get("use_regex", True):
         return GPT2_PATTERN
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and last.get("use_regex", True):
+    digits = kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
+    if digits and last.get("use_regex", True):
         return DIGITS_GPT2_PATTERN
     if kinds == ["Split", "ByteLevel"] and not last.get("use_regex", True):
         split = steps[0]
@@ -218,13 +202,6 @@ def pattern_from_hf_pre_tokenizer(pre: dict[str, Any] | None, source: str) -> st
         f"{source}: pre_tokenizer {json.dumps(pre)[:300]} has no single-regex equivalent that "
         "tgserve knows; supported: ByteLevel, Split(Regex, Isolated)+ByteLevel, Digits+ByteLevel"
     )
-
-
-def pattern_for_gguf_pre(name: str | None, source: str) -> str:
-    if name not in GGUF_PRE_PATTERNS:
-        known = ", ".join(sorted(GGUF_PRE_PATTERNS))
-        raise ValueError(f"{source}: tokenizer.ggml.pre {name!r} is not supported; known: {known}")
-    return GGUF_PRE_PATTERNS[name]
 
 
 def read_tiktoken_model(path: Path, pattern: str) -> BpeVocab:
@@ -258,7 +235,13 @@ def read_gguf_vocab(metadata: dict[str, Any], source: str) -> BpeVocab:
         raise sentencepiece_error(source, 'tokenizer.ggml.model is "llama"')
     if model != "gpt2":
         raise ValueError(f'{source}: tokenizer.ggml.model {model!r} is not supported (only "gpt2")')
-    names: list[str] = metadata["tokenizer.ggml.tokens"]
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre not in GGUF_PRE_PATTERNS:
+        known = ", ".join(sorted(GGUF_PRE_PATTERNS))
+        raise ValueError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported; known: {known}")
+    names: list[str] = metadata.get("tokenizer.ggml.tokens") or []
+    if not names:
+        raise ValueError(f"{source}: no tokenizer.ggml.tokens (the file carries no vocabulary)")
     types: list[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(names)
     added = tuple(
         AddedToken(i, name, special=kind == _GGUF_CONTROL)
@@ -273,12 +256,12 @@ def read_gguf_vocab(metadata: dict[str, Any], source: str) -> BpeVocab:
         tokens=_vocab_bytes(spelled, {t.token_id for t in added}, source),
         merges=_split_merges(metadata.get("tokenizer.ggml.merges") or []),
         added=added,
-        pattern=pattern_for_gguf_pre(metadata.get("tokenizer.ggml.pre"), source),
+        pattern=GGUF_PRE_PATTERNS[pre],
     )
 
 
 # GGUF value type -> struct format of a scalar (gguf's GGUFValueType); 8 = string, 9 = array.
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
 
 
 def read_gguf_metadata(path: Path) -> dict[str, Any]:
@@ -292,7 +275,7 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
             raise ValueError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
         (version,) = struct.unpack_from("<I", buf, 4)
         if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} unsupported (little-endian v2/v3 only)")
+            raise ValueError(f"{path}: GGUF version {version} unsupported (little-endian v2/v3)")
         (count,) = struct.unpack_from("<Q", buf, 16)
         pos, metadata = 24, {}
         try:

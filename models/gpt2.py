@@ -29,16 +29,13 @@ class GPT2Block(nn.Module):
             config.head_dim,
             qkv_bias=True,
             out_bias=True,
-            rotary=None,
-            sliding_window=None,
+            rotary=False,
         )
         self.ln_2 = nn.LayerNorm(hidden, eps=config.norm_eps)
         self.mlp = GeluMLP(hidden, config.intermediate_size, config.hidden_act)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: KVCache
-    ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), positions, meta, cache)
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), None, meta, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -71,7 +68,7 @@ class GPT2LMHeadModel(nn.Module):
     ) -> torch.Tensor:
         x = self.transformer.wte(input_ids) + self.transformer.wpe(positions)  # [T, hidden]
         for block, cache in zip(self.transformer.h, kv_caches, strict=True):
-            x = block(x, positions, meta, cache)
+            x = block(x, meta, cache)
         return self.transformer.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,8 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates q and k by position, in the rotate-half (non-interleaved) layout of HF."""
+    """cos/sin tables for a step's positions, in the rotate-half (non-interleaved) layout of
+    HF; computed once per forward and shared by every layer."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
@@ -62,15 +63,19 @@ class RotaryEmbedding(nn.Module):
             "inv_freq", rope_inverse_frequencies(head_dim, theta, scaling), persistent=False
         )
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [T, H, D], k: [T, KVH, D], positions: [T]
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos().to(q.dtype).unsqueeze(1)  # [T, 1, D]
-        sin = emb.sin().to(q.dtype).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)  # [T, 1, D]
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [T, 1, head_dim]
+
+
+def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x: [T, heads, head_dim] rotated by position."""
+    cos, sin = rope
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -120,8 +125,7 @@ class PagedSelfAttention(nn.Module):
         head_dim: int,
         qkv_bias: bool,
         out_bias: bool,
-        rotary: RotaryEmbedding | None,
-        sliding_window: int | None,
+        rotary: bool,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -131,18 +135,17 @@ class PagedSelfAttention(nn.Module):
         self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, hidden, bias=out_bias)
         self.rotary = rotary
-        self.sliding_window = sliding_window
         self.scale = head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: KVCache
+        self, x: torch.Tensor, rope: Rope | None, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.rotary is not None:
-            q, k = self.rotary(positions, q, k)
+        if self.rotary:
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         write_kv(cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, cache, meta, self.scale, self.sliding_window)
+        out = paged_attention(q, cache, meta, self.scale, new_kv=(k, v))
         return self.o_proj(out.reshape(-1, self.q_size))

@@ -15,12 +15,12 @@ from torch import nn
 
 from models.attention import AttentionMetadata, KVCache
 from models.config import ModelConfig
-from models.layers import GatedMLP, PagedSelfAttention, RMSNorm, RotaryEmbedding
+from models.layers import GatedMLP, PagedSelfAttention, RMSNorm, Rope, RotaryEmbedding
 from models.weights import WeightLoader
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.self_attn = PagedSelfAttention(
@@ -30,25 +30,22 @@ class LlamaDecoderLayer(nn.Module):
             config.head_dim,
             qkv_bias=config.attention_bias,
             out_bias=False,
-            rotary=rotary,
-            sliding_window=config.sliding_window,
+            rotary=True,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, cache: KVCache
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, cache)
+    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
 
 
@@ -72,8 +69,9 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        rope = self.model.rotary_emb(positions, x.dtype)
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, positions, meta, cache)
+            x = layer(x, rope, meta, cache)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

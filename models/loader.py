@@ -86,11 +86,14 @@ def load_model(
     progress: bool = False,
     *,
     cache_dir: str | Path | None = None,
+    use_cache: bool = True,
 ) -> tuple[torch.nn.Module, ModelConfig]:
     from models import build_model  # models/__init__ imports the model classes
 
     torch_dtype = resolve_dtype(dtype, device)
-    config, tensors = load_checkpoint(path, cache_dir=cache_dir, progress=progress)
+    config, tensors = load_checkpoint(
+        path, cache_dir=cache_dir, use_cache=use_cache, progress=progress
+    )
     model = build_model(config, torch_dtype, device)
     # Hand tensors over one by one and drop our reference, so the float32 copies are freed as the
     # (possibly smaller) parameters fill up.

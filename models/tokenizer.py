@@ -10,6 +10,9 @@ SentencePiece vocabularies raise ValueError at load (see models/bpe_sources.py).
 
 tiktoken ranks are the token ids when the file's merge order agrees with id order (true for every
 real byte-level BPE we know); otherwise ranks are derived from the merges and mapped back to ids.
+Known gaps to HF: a byte with no token (SmolLM2 lacks b"\\x16") is left out of the ids as HF
+does, but HF removes it before BPE, so its neighbours may merge (" \\x16{" -> "Ġ{"), and we after;
+added tokens' lstrip/rstrip/single_word flags are ignored.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class SpecialTokens:
 
 
 class Tokenizer:
+    """Thread-safe and immutable after construction; see the module docstring for the contract."""
+
     def __init__(self, vocab: BpeVocab, specials: SpecialTokens, chat_template: str | None) -> None:
         ranks, rank_to_id = _mergeable_ranks(vocab)
         added = {t.content: t.token_id for t in vocab.added}
@@ -62,7 +67,7 @@ class Tokenizer:
                 mergeable_ranks=ranks,
                 special_tokens=added,
             )
-        except BaseException as exc:  # the Rust side panics (not an Exception) on a bad regex
+        except ValueError as exc:  # e.g. a pre-tokenizer regex fancy-regex cannot parse
             raise ValueError(f"{vocab.source}: tiktoken rejected the vocabulary: {exc}") from exc
         self._rank_to_id = rank_to_id
         self._nfc = vocab.nfc
@@ -73,7 +78,8 @@ class Tokenizer:
         self.vocab_size: int = max(self._bytes) + 1
         self.bos_token_id: int | None = specials.bos_token_id
         self.eos_token_ids: tuple[int, ...] = specials.eos_token_ids
-        self.special_token_ids: frozenset[int] = frozenset(t.token_id for t in vocab.added if t.special)
+        special = frozenset(t.token_id for t in vocab.added if t.special)
+        self.special_token_ids: frozenset[int] = special
         names = dict(specials.names)
         self._chat_template = ChatTemplate(chat_template, names) if chat_template else None
 
@@ -121,9 +127,7 @@ class Tokenizer:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
         if self._chat_template is None:
-            raise ValueError(
-                "this model has no chat template; send a plain prompt (completions) instead"
-            )
+            raise ValueError("this model has no chat template; send a plain prompt instead")
         return self._chat_template.render(messages, add_generation_prompt, **kwargs)
 
 
@@ -136,7 +140,7 @@ def _mergeable_ranks(vocab: BpeVocab) -> tuple[dict[bytes, int], list[int] | Non
     for left, right in vocab.merges:
         for part in (left, right, left + right):
             if part not in vocab.tokens:
-                raise ValueError(f"{vocab.source}: merge '{left!r} {right!r}' uses unknown token {part!r}")
+                raise ValueError(f"{vocab.source}: a merge uses the unknown token {part!r}")
         products.append(vocab.tokens[left + right])
     if all(a < b for a, b in zip(products, products[1:], strict=False)):
         return _with_all_bytes(dict(vocab.tokens), limit), None
@@ -166,7 +170,7 @@ def _with_all_bytes(ranks: dict[bytes, int], first_free: int) -> dict[bytes, int
 def _overlap_splitter(added: tuple[AddedToken, ...]) -> re.Pattern[str] | None:
     """A longest-first regex over the added tokens when one is a prefix of another (tiktoken's
     own matching would then pick either); None when tiktoken's matching is already exact."""
-    ordered = sorted({t.content for t in added})
+    ordered = sorted({t.content for t in added if t.content})
     # In sorted order a token and any token it prefixes are adjacent-or-chained, so pairs suffice.
     if not any(b.startswith(a) for a, b in zip(ordered, ordered[1:], strict=False)):
         return None
@@ -191,7 +195,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 def _from_gguf(path: Path) -> Tokenizer:
     meta = read_gguf_metadata(path)
     vocab = read_gguf_vocab(meta, str(path))
-    names: list[str] = meta["tokenizer.ggml.tokens"]
+    names: list[str] = meta["tokenizer.ggml.tokens"]  # present: read_gguf_vocab checked
 
     def token_id(key: str) -> int | None:
         value = meta.get(f"tokenizer.ggml.{key}")
@@ -203,13 +207,8 @@ def _from_gguf(path: Path) -> Tokenizer:
     suffix = (eos[0],) if eos[0] is not None and meta.get("tokenizer.ggml.add_eos_token") else ()
     roles = {"bos_token": bos, "eos_token": eos[0], "unk_token": token_id("unknown_token_id")}
     roles["pad_token"] = token_id("padding_token_id")
-    specials = SpecialTokens(
-        bos_token_id=bos,
-        eos_token_ids=_unique(eos),
-        prefix_ids=prefix,
-        suffix_ids=suffix,
-        names=tuple((role, names[i]) for role, i in roles.items() if i is not None),
-    )
+    role_names = tuple((role, names[i]) for role, i in roles.items() if i is not None)
+    specials = SpecialTokens(bos, _unique(eos), prefix, suffix, role_names)
     return Tokenizer(vocab, specials, meta.get("tokenizer.chat_template"))
 
 
@@ -229,7 +228,7 @@ def _from_folder(folder: Path) -> Tokenizer:
         vocab = BpeVocab(vocab.source, vocab.tokens, (), added, vocab.pattern)
         prefix = suffix = ()
     else:
-        raise ValueError(f"{folder}: no tokenizer.json or tokenizer.model to build a tokenizer from")
+        raise ValueError(f"{folder}: no tokenizer.json or tokenizer.model to build a tokenizer")
 
     by_text = {t.content: t.token_id for t in vocab.added}
     legacy = _read_json(folder / "special_tokens_map.json")  # older folders keep the roles here

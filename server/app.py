@@ -1,7 +1,7 @@
 """The FastAPI application: runtime state, lifespan (load + warm-up), guard middleware, routes.
 
 Contract:
-- `create_app(settings, engine_factory, admission_limit, block_size)` returns a FastAPI app
+- `create_app(settings, engine_factory, admission_limit)` returns a FastAPI app
   whose lifespan loads the engine in a worker thread (`engine_factory()`, the process keeps
   answering /health meanwhile), starts the AsyncEngine, runs one warm-up request and only
   then turns ready. A failed load is logged and `ServerState.on_fatal` is called.
@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded, RequestStream
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from server.errors import ApiError, error_response, install_error_handlers
+from server.errors import ApiError, error_response, install_error_handlers, rejection_reason
 from server.metrics import RequestTimer, ServerMetrics
 from server.schemas import to_api_error
 from server.schemas_openai import TokenTexts
@@ -49,12 +49,10 @@ class ServerState:
         settings: Settings,
         engine_factory: Callable[[], Any],
         admission_limit: int,
-        block_size: int,
     ):
         self.settings = settings
         self.engine_factory = engine_factory
         self.admission_limit = admission_limit
-        self.block_size = block_size
         self.engine: AsyncEngine | None = None
         self.tokenizer: Any = None
         self.token_texts: TokenTexts | None = None
@@ -88,8 +86,8 @@ class ServerState:
             ", ".join(self.model_names),
             self.max_model_len,
             stats.kv_blocks_total,
-            self.block_size,
-            stats.kv_blocks_total * self.block_size,
+            stats.kv_block_size,
+            stats.kv_blocks_total * stats.kv_block_size,
         )
         await self._warm_up()
         if not self.draining:
@@ -163,10 +161,8 @@ class ServerState:
         except Overloaded as exc:
             raise self._overloaded(exc) from None
         except EngineUnavailable as exc:
-            self.metrics.reject("unavailable")
             raise ApiError(503, str(exc), code="unavailable") from None
         except ValueError as exc:
-            self.metrics.reject("invalid")
             raise to_api_error(exc) from None
 
     async def _admitted(self, stream: RequestStream) -> None:
@@ -175,11 +171,10 @@ class ServerState:
         except Overloaded as exc:
             raise self._overloaded(exc) from None
         except ValueError as exc:
-            self.metrics.reject("invalid")
             raise to_api_error(exc) from None
 
-    def _overloaded(self, exc: Overloaded) -> ApiError:
-        self.metrics.reject("overloaded")
+    @staticmethod
+    def _overloaded(exc: Overloaded) -> ApiError:
         retry = str(max(1, math.ceil(exc.retry_after)))
         return ApiError(
             429,
@@ -240,11 +235,9 @@ class Guard:
                     headers={"Retry-After": "5"},
                 )
         if error is not None:
-            state.metrics.reject(
-                {401: "unauthorized", 413: "body_too_large"}.get(error.status, "unavailable")
-            )
+            state.metrics.reject(rejection_reason(error.status))
             return await error_response(path, error)(scope, receive, send)
-        await self.app(scope, _limited(receive, limit, state), send)
+        await self.app(scope, _limited(receive, limit), send)
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
@@ -262,7 +255,7 @@ def _content_length(headers: dict[str, str]) -> int:
         return 0  # malformed: the streamed byte count still enforces the limit
 
 
-def _limited(receive: Receive, limit: int, state: ServerState) -> Receive:
+def _limited(receive: Receive, limit: int) -> Receive:
     seen = 0
 
     async def wrapped() -> Message:
@@ -270,8 +263,7 @@ def _limited(receive: Receive, limit: int, state: ServerState) -> Receive:
         message = await receive()
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
-            if seen > limit:
-                state.metrics.reject("body_too_large")
+            if seen > limit:  # raised inside the route: the error handlers render and count it
                 raise ApiError(
                     413, f"the request body is larger than {limit} bytes", code="request_too_large"
                 )
@@ -281,11 +273,11 @@ def _limited(receive: Receive, limit: int, state: ServerState) -> Receive:
 
 
 def create_app(
-    settings: Settings, engine_factory: Callable[[], Any], admission_limit: int, block_size: int
+    settings: Settings, engine_factory: Callable[[], Any], admission_limit: int
 ) -> FastAPI:
     from server import routes_misc, routes_openai, routes_tgi  # routes import get_state from here
 
-    state = ServerState(settings, engine_factory, admission_limit, block_size)
+    state = ServerState(settings, engine_factory, admission_limit)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -299,7 +291,7 @@ def create_app(
         title="tgserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.tgserve = state
-    install_error_handlers(app)
+    install_error_handlers(app, state.metrics.reject)
     for module in (routes_openai, routes_tgi, routes_misc):
         app.include_router(module.router)
     app.add_middleware(Guard, state=state)

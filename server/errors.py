@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -41,6 +41,15 @@ _TGI_TYPES = {
     429: "overloaded",
     503: "unhealthy",
 }
+_REJECTION_REASONS = {
+    400: "invalid",
+    401: "unauthorized",
+    404: "not_found",
+    405: "not_found",
+    413: "body_too_large",
+    429: "overloaded",
+    503: "unavailable",
+}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
@@ -67,6 +76,11 @@ class ApiError(Exception):
 
 class ClientDisconnected(Exception):
     """The client went away before the response; its request was aborted."""
+
+
+def rejection_reason(status: int) -> str:
+    """The metrics label of a refused request."""
+    return _REJECTION_REASONS.get(status, "error")
 
 
 def is_tgi_path(path: str) -> bool:
@@ -107,8 +121,12 @@ def validation_error(exc: ValidationError) -> ApiError:
     where = f"'{param}'" if param else "the request"
     if len(path) < len(first["loc"]):  # a union: say what each accepted type wanted
         head = first["loc"][0]
-        wanted = dict.fromkeys(e["msg"] for e in exc.errors(include_url=False) if e["loc"][:1] == (head,))
-        return ApiError(400, f"invalid value for '{head}': " + "; or ".join(wanted), param=str(head))
+        wanted = dict.fromkeys(
+            e["msg"] for e in exc.errors(include_url=False) if e["loc"][:1] == (head,)
+        )
+        return ApiError(
+            400, f"invalid value for '{head}': " + "; or ".join(wanted), param=str(head)
+        )
     return ApiError(400, f"invalid value for {where}: {first['msg']}", param=param)
 
 
@@ -125,8 +143,11 @@ def parse_body(model: type[ModelT], body: bytes) -> ModelT:
         raise validation_error(exc) from None
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_rejection: Callable[[str], None]) -> None:
+    """`on_rejection(reason)` is told about every ApiError a route raised."""
+
     async def on_api_error(request: Request, exc: ApiError) -> Response:
+        on_rejection(rejection_reason(exc.status))
         return error_response(request.url.path, exc)
 
     async def on_http_exception(request: Request, exc: StarletteHTTPException) -> Response:

@@ -225,6 +225,8 @@ async def chat_prompt(
     dicts = [m.for_template() for m in messages]
     try:
         text = await asyncio.to_thread(tokenizer.apply_chat_template, dicts, add_generation_prompt)
+    except ValueError as exc:  # e.g. the model has no chat template
+        raise ApiError(400, str(exc), param="messages") from None
     except Exception as exc:  # template errors (e.g. roles out of order) are the caller's to fix
         raise ApiError(
             400, f"the chat template rejected these messages: {exc}", param="messages"

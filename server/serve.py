@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return Engine.from_model(settings.model, config, progress=True)
 
     configure_logging(settings.log_level)
-    app = create_app(settings, load_engine, config.max_num_seqs + config.max_queued_requests, config.block_size)
+    app = create_app(settings, load_engine, config.max_num_seqs + config.max_queued_requests)
     return serve_app(app, settings)
 
 

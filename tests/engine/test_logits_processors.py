@@ -24,6 +24,8 @@ from engine.logits_processors import (
     mask_tokens,
     mask_top_k_top_p,
 )
+from engine.sampling_batch import SamplingBatch, SamplingRow
+from engine.sampling_params import SamplingParams
 
 INF = float("inf")
 
@@ -121,42 +123,55 @@ def test_filters_match_transformers_warpers_on_random_logits():
         torch.testing.assert_close(ours[i], theirs, rtol=1e-5, atol=1e-7)
 
 
+def penalty_batch(rows: list[SamplingRow], vocab: int) -> SamplingBatch:
+    return SamplingBatch.build(rows, vocab, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("penalty", [1.3, 0.7])
 def test_repetition_penalty_matches_transformers(penalty):
     torch.manual_seed(1)
-    logits = torch.randn(3, 50) * 2
-    histories = [[1, 2, 2, 7, 49], [0], list(range(10, 40))]
-    seen = torch.zeros(3, 50, dtype=torch.bool)
-    for i, h in enumerate(histories):
-        seen[i, h] = True
-    ours = apply_repetition_penalty(logits.clone(), seen, torch.full((3,), penalty))
+    logits = torch.randn(4, 50) * 2
+    prompts, outputs = (
+        [[1, 2], [], [10, 11, 12], [5]],
+        [[2, 2, 7, 49], [0, 0], list(range(12, 40)), []],
+    )
+    params = SamplingParams(temperature=0.0, repetition_penalty=penalty)
+    rows = [SamplingRow(params, p, o) for p, o in zip(prompts, outputs, strict=True)]
+    ours = apply_repetition_penalty(logits.clone(), *penalty_batch(rows, 50).repetition)
     oracle = RepetitionPenaltyLogitsProcessor(penalty)
-    for i, h in enumerate(histories):
-        theirs = oracle(torch.tensor([h]), logits[i : i + 1].clone())[0]
+    for i, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
+        theirs = oracle(torch.tensor([p + o]), logits[i : i + 1].clone())[0]
         torch.testing.assert_close(ours[i], theirs, rtol=0, atol=0)
 
 
-def test_repetition_penalty_of_one_leaves_a_row_bit_identical():
-    logits = torch.randn(2, 30)
-    seen = torch.ones(2, 30, dtype=torch.bool)
-    ours = apply_repetition_penalty(logits.clone(), seen, torch.tensor([1.0, 1.5]))
-    assert torch.equal(ours[0], logits[0]) and not torch.equal(ours[1], logits[1])
+def test_rows_without_penalties_are_left_bit_identical():
+    torch.manual_seed(4)
+    logits = torch.randn(3, 30)
+    rows = [
+        SamplingRow(SamplingParams(repetition_penalty=1.5, frequency_penalty=1.0), [1, 2], [3, 3]),
+        SamplingRow(SamplingParams(), [1, 2], [3, 3]),
+        SamplingRow(
+            SamplingParams(repetition_penalty=1.0, presence_penalty=0.0), list(range(30)), [4]
+        ),
+    ]
+    batch = penalty_batch(rows, 30)
+    ours = apply_repetition_penalty(logits.clone(), *batch.repetition)
+    ours = apply_presence_frequency(ours, *batch.presence_frequency)
+    assert torch.equal(ours[1:], logits[1:]) and not torch.equal(ours[0], logits[0])
 
 
 def test_presence_and_frequency_penalties_follow_openai_formula():
     torch.manual_seed(2)
-    logits = torch.randn(2, 20)
-    outputs = [[3, 3, 3, 5, 19], [0, 1, 1]]
-    presence, frequency = [0.5, -1.0], [0.25, 1.5]
-    counts = torch.zeros(2, 20, dtype=torch.int32)
+    logits = torch.randn(3, 20)
+    outputs = [[3, 3, 3, 5, 19], [0, 1, 1], []]
+    presence, frequency = [0.5, -1.0, 2.0], [0.25, 1.5, 2.0]
+    rows = [
+        SamplingRow(SamplingParams(presence_penalty=p, frequency_penalty=f), [3, 4], o)
+        for p, f, o in zip(presence, frequency, outputs, strict=True)
+    ]
+    ours = apply_presence_frequency(logits.clone(), *penalty_batch(rows, 20).presence_frequency)
     for i, out in enumerate(outputs):
-        for t in out:
-            counts[i, t] += 1
-    ours = apply_presence_frequency(
-        logits.clone(), counts, torch.tensor(presence), torch.tensor(frequency)
-    )
-    for i, out in enumerate(outputs):
-        c = Counter(out)
+        c = Counter(out)  # the output only: prompt tokens 3 and 4 are not counted
         for token in range(20):
             # mu[j] -> mu[j] - c[j] * alpha_frequency - float(c[j] > 0) * alpha_presence
             want = (

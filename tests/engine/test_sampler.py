@@ -145,7 +145,8 @@ def _seeded_run(
                     SamplingParams(temperature=1.0),
                     GREEDY,
                     SamplingParams(temperature=0.5, seed=i),
-                ][i % 3]
+                    SamplingParams(temperature=1.2, top_k=200, top_p=0.5, min_p=0.1, logprobs=3),
+                ][i % 4]
                 rows.append(
                     SamplingRow(
                         other, [], [], seeded_generator(i) if other.seed is not None else None

@@ -37,11 +37,11 @@ def run_case(num_heads: int, kv_heads: int, block_size: int, cases: list[tuple[i
         full_k.append(k)
         full_v.append(v)
         qs.append(torch.randn(new, num_heads, HEAD_DIM))
-    meta = AttentionMetadata.build(tables, seq_lens, query_lens, block_size)
+    meta = AttentionMetadata.build(tables, seq_lens, query_lens, block_size, sliding_window=window)
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)])
     write_kv((k_cache, v_cache), new_k, new_v, meta.slot_mapping)
-    out = paged_attention(torch.cat(qs), (k_cache, v_cache), meta, HEAD_DIM**-0.5, window)
+    out = paged_attention(torch.cat(qs), (k_cache, v_cache), meta, HEAD_DIM**-0.5, new_kv=(new_k, new_v))
     expected = torch.cat(
         [
             reference_attention(q, k, v, HEAD_DIM**-0.5, window)

@@ -133,16 +133,23 @@ def test_tokenizer_config_template_renders_as_transformers(rich_pair):
 
 def test_chat_template_jinja_file_takes_precedence_as_in_transformers(tmp_path):
     config = {"bos_token": SPECIALS[0], "eos_token": SPECIALS[1], "chat_template": "config {{ 1 }}"}
-    jinja_file = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{{ eos_token }}"
+    jinja_file = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{{ eos_token }}"
+    )
     folder = _folder(tmp_path / "tok", config, jinja_file)
     ours, hf = load_tokenizer(folder), PreTrainedTokenizerFast.from_pretrained(str(folder))
     for messages in CONVERSATIONS:
-        assert ours.apply_chat_template(messages) == _hf_render(hf, messages, add_generation_prompt=True)
+        assert ours.apply_chat_template(messages) == _hf_render(
+            hf, messages, add_generation_prompt=True
+        )
         assert "config" not in ours.apply_chat_template(messages)
 
 
 def test_named_templates_use_the_default_as_in_transformers(tmp_path):
-    named = [{"name": "default", "template": "D{{ messages | length }}"}, {"name": "rag", "template": "R"}]
+    named = [
+        {"name": "default", "template": "D{{ messages | length }}"},
+        {"name": "rag", "template": "R"},
+    ]
     folder = _folder(tmp_path / "tok", {"chat_template": named})
     ours, hf = load_tokenizer(folder), PreTrainedTokenizerFast.from_pretrained(str(folder))
     messages = CONVERSATIONS[2]
@@ -172,7 +179,9 @@ def test_template_runs_sandboxed(tmp_path):
         with pytest.raises(ValueError, match="chat template error: .* is unsafe"):
             ours.apply_chat_template(messages)
     assert messages == CONVERSATIONS[0]
-    hidden = load_tokenizer(_folder(tmp_path / "g", {"chat_template": "{{ raise_exception.__globals__ }}"}))
+    hidden = load_tokenizer(
+        _folder(tmp_path / "g", {"chat_template": "{{ raise_exception.__globals__ }}"})
+    )
     assert hidden.apply_chat_template(messages) == ""  # an unsafe attribute is undefined
 
 

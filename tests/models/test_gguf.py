@@ -8,6 +8,7 @@ transformers' own GGUF loader reading the same file back is the check that the w
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -300,6 +301,56 @@ def test_not_a_gguf_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"NOPE" + bytes(64))
     with pytest.raises(ValueError, match=r"bad\.gguf"):
         load_checkpoint(bad, use_cache=False)
+
+
+# ---------- the conversion cache ----------
+
+
+def _tiny_gguf(tmp_path: Path) -> Path:
+    model, meta = _tiny("llama", tied=True)
+    return _to_gguf(model, tmp_path / "tiny.gguf", "llama", True, meta)
+
+
+def test_cached_folder_gives_the_same_tensors_without_reading_the_gguf(tmp_path, monkeypatch):
+    path = _tiny_gguf(tmp_path)
+    direct_config, direct = load_checkpoint(path, use_cache=False)
+    first_config, first = load_checkpoint(path, cache_dir=tmp_path / "cache")
+    (folder,) = (tmp_path / "cache").iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+
+    def no_gguf(_path):
+        raise AssertionError("the GGUF was read although a converted folder exists")
+
+    monkeypatch.setattr("models.loader.open_gguf", no_gguf)
+    cached_config, cached = load_checkpoint(path, cache_dir=tmp_path / "cache")
+    assert direct_config == first_config == cached_config
+    for name, tensor in direct.items():
+        assert torch.equal(first[name], tensor) and torch.equal(cached[name], tensor), name
+    assert first.keys() == cached.keys() == direct.keys()
+
+
+def test_cache_location_comes_from_the_environment_at_call_time(tmp_path, monkeypatch):
+    path = _tiny_gguf(tmp_path)
+    monkeypatch.setenv("TGSERVE_CACHE_DIR", str(tmp_path / "from-env"))
+    load_checkpoint(path)
+    assert [p.name.startswith("tiny-") for p in (tmp_path / "from-env").iterdir()] == [True]
+
+
+def test_a_changed_gguf_is_converted_again(tmp_path):
+    path = _tiny_gguf(tmp_path)
+    load_checkpoint(path, cache_dir=tmp_path / "c")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    load_checkpoint(path, cache_dir=tmp_path / "c")
+    assert len(list((tmp_path / "c").iterdir())) == 2
+
+
+def test_unwritable_cache_warns_and_still_loads(tmp_path):
+    path = _tiny_gguf(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.warns(UserWarning, match="could not cache"):
+        _, tensors = load_checkpoint(path, cache_dir=blocker / "cache")
+    assert "model.embed_tokens.weight" in tensors
 
 
 # ---------- the real SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0 + F32) ----------

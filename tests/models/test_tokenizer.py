@@ -261,7 +261,9 @@ def test_trained_bpe_ids_match_transformers(trained_pairs, style):
         assert ours.encode(text, add_special_tokens=True) == hf.encode(text), text
         ids = ours.encode(text)
         for skip in (True, False):
-            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(
+                ids, skip_special_tokens=skip
+            )
     assert ours.vocab_size == len(hf)
     assert ours.special_token_ids == {i for i, t in hf.added_tokens_decoder.items() if t.special}
     assert ours.bos_token_id == hf.bos_token_id and ours.eos_token_ids == (hf.eos_token_id,)
@@ -288,7 +290,9 @@ def test_ranks_are_derived_from_merges_when_ids_are_not_in_merge_order(trained, 
         assert ours.encode(text) == hf.encode(text, add_special_tokens=False), text
         ids = ours.encode(text)
         for skip in (True, False):
-            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(
+                ids, skip_special_tokens=skip
+            )
 
 
 def test_tiktoken_format_tokenizer_model_matches_tokenizer_json(trained, tmp_path):
@@ -316,7 +320,10 @@ def test_tiktoken_format_tokenizer_model_matches_tokenizer_json(trained, tmp_pat
     for text in _texts():
         assert ours.encode(text) == hf.encode(text, add_special_tokens=False), text
         assert ours.encode(text, add_special_tokens=True) == hf.encode(text), text
-    assert ours.eos_token_ids == (hf.convert_tokens_to_ids("<|eot_id|>"), 1)  # config, then generation
+    assert ours.eos_token_ids == (
+        hf.convert_tokens_to_ids("<|eot_id|>"),
+        1,
+    )  # config, then generation
 
 
 def test_gguf_vocab_with_llama3_pre_tokenizer_matches_transformers(trained, tmp_path):
@@ -331,7 +338,9 @@ def test_gguf_vocab_with_llama3_pre_tokenizer_matches_transformers(trained, tmp_
     writer.add_tokenizer_pre("llama-bpe")
     writer.add_token_list([tokens[i] for i in order])
     writer.add_token_types([types[i] for i in order])
-    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]])
+    writer.add_token_merges(
+        [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
+    )
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
@@ -353,7 +362,9 @@ def test_gguf_vocab_with_llama3_pre_tokenizer_matches_transformers(trained, tmp_
 def _sentencepiece_folders(root: Path) -> list[Path]:
     corpus = stdlib_paragraphs()[:60]
     llama2 = HfBackend(models.BPE(byte_fallback=True, unk_token="<unk>"))  # Llama 2's shape
-    llama2.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    llama2.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
     llama2.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback()])
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False)
     llama2.train_from_iterator(corpus, trainer)
@@ -361,7 +372,9 @@ def _sentencepiece_folders(root: Path) -> list[Path]:
     metaspace.pre_tokenizer = pre_tokenizers.Metaspace()
     metaspace.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, show_progress=False))
     unigram = HfBackend(models.Unigram())
-    unigram.train_from_iterator(corpus, trainers.UnigramTrainer(vocab_size=100, show_progress=False))
+    unigram.train_from_iterator(
+        corpus, trainers.UnigramTrainer(vocab_size=100, show_progress=False)
+    )
     folders = []
     for name, backend in (("llama2", llama2), ("metaspace", metaspace), ("unigram", unigram)):
         (root / name).mkdir()

@@ -69,11 +69,13 @@ class FakeStats:
     num_waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    kv_block_size: int
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    num_steps: int = 0
 
 
 @dataclass
@@ -165,8 +167,10 @@ class FakeEngine:
             num_waiting=len(self._waiting),
             kv_blocks_used=sum(self._blocks(r) for r in self._running),
             kv_blocks_total=self.num_blocks,
+            kv_block_size=self.block_size,
             prompt_tokens_total=self._prompt_total,
             generation_tokens_total=self._gen_total,
+            num_steps=self.steps,
         )
 
     # ---- the step ----

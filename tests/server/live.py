@@ -33,13 +33,12 @@ class LiveServer:
         self,
         engine_factory: Callable[[], Any],
         admission_limit: int = 32,
-        block_size: int = 4,
         wait_ready: bool = True,
         **settings: Any,
     ) -> None:
         self.port = free_port()
         self.settings = Settings(host="127.0.0.1", port=self.port, **settings)
-        self.app = create_app(self.settings, engine_factory, admission_limit, block_size)
+        self.app = create_app(self.settings, engine_factory, admission_limit)
         self.state = self.app.state.tgserve
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready = wait_ready

@@ -1,0 +1,282 @@
+"""Beam search inside the engine: a request's beams are its sequences, on forked block tables.
+
+API mapping (vLLM's legacy fields): `use_beam_search=True`; the beam width W is `best_of`, or
+`n` when best_of is unset; the request returns the `n` <= W best hypotheses, best first.
+`temperature == 0` is plain beam search (deterministic); `temperature > 0` is beam sampling
+(transformers' `do_sample=True` with `num_beams`): candidates are drawn without replacement, by
+the request's own generator, from the softmax of the accumulated scores, each beam's
+distribution first shaped by temperature / top-k / top-p / min-p. In both modes logit_bias,
+min_tokens and the penalties apply to each beam's logits first, as in the sampler. A sequence
+ends on EOS or a stop token id, or at max_tokens; stop strings are refused (`check_beam_params`).
+
+One step of a group whose live beams just had their last token computed (the loop body of
+transformers' `_beam_search`, generation/utils.py, with the same constants):
+1. candidate score = beam score + the token's search log-prob (log of the shaped, renormalised
+   distribution; with nothing to shape, `log_softmax(logits)`). The best K = max(2, 1 + number
+   of stop ids) * W candidates over all beams are taken, best first (sampled ones are sorted).
+2. A candidate that ends its sequence and ranks among the first W becomes a hypothesis scored
+   `score / num_generated_tokens ** length_penalty` (the prompt does not count, the ending token
+   does): transformers' `sequences_scores`. The W best hypotheses are kept.
+3. The first W candidates that do not end are the next beams (forked from their parents).
+4. The search is over when no beam is left; with `early_stopping=True` as soon as W hypotheses
+   are kept; otherwise once W are kept and the best beam's score / L ** length_penalty cannot
+   beat the worst of them, with L its current length (max_tokens when early_stopping="never"
+   and length_penalty > 0).
+`CompletionOutput.cumulative_logprob` is the raw model log-prob sum (as for sampling); for plain
+beam search without penalties it equals score * len ** length_penalty.
+
+Streaming: while running, every returned index shows the tokens on which all live beams and all
+kept hypotheses agree. The final best is one of those or a descendant of a live beam, so this
+prefix only grows and the final texts start with it; at the end the n hypotheses are shown whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.logits_processors import (
+    apply_logit_bias,
+    apply_presence_frequency,
+    apply_repetition_penalty,
+    filtered_probs,
+    mask_tokens,
+)
+from engine.outputs import CompletionOutput, TokenLogprob
+from engine.request import Request, Sequence
+from engine.sampling_batch import SamplingBatch, SamplingRow
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.stop_checker import StopCriteria, append_token, check_stop
+
+EARLY_STOPPING = (False, True, "never")
+
+
+def check_beam_params(params: SamplingParams) -> None:
+    """Raises ValueError for beam-search settings this engine cannot honour."""
+    if params.stop:
+        raise ValueError("stop strings are not supported with beam search; use stop_token_ids")
+    if params.early_stopping not in EARLY_STOPPING or not isinstance(params.early_stopping, bool | str):
+        raise ValueError(f"early_stopping must be true, false or \"never\", got {params.early_stopping!r}")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    token_ids: tuple[int, ...]  # generated tokens, the ending one included
+    score: float  # search log-prob sum / len(token_ids) ** length_penalty
+    cumulative_logprob: float  # raw model log-prob sum
+    logprobs: tuple[TokenLogprob, ...]  # one per token when the request asked, else ()
+    finish_reason: str  # "stop" | "length"
+    stop_reason: int | None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    parent: Sequence
+    token_id: int
+    score: float  # the parent's beam score + this token's search log-prob
+    logprob: float  # the token's raw model log-prob
+    entry: TokenLogprob | None  # when the request asked for logprobs
+
+
+def beam_logprobs(
+    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(raw, search) log-probs [B, V] of a group's beams: raw = log_softmax(logits); search =
+    the log of the distribution after bias / masks / penalties and, when sampling, temperature
+    and the top-k / top-p / min-p filters (the sampler's pipeline, steps 1-4)."""
+    raw = logits.log_softmax(dim=-1)
+    batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids)
+    processed = logits
+    if any(s is not None for s in (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)):
+        processed = logits.clone()
+        if batch.bias is not None:
+            apply_logit_bias(processed, *batch.bias)
+        if batch.banned is not None:
+            mask_tokens(processed, *batch.banned)
+        if batch.repetition is not None:
+            apply_repetition_penalty(processed, *batch.repetition)
+        if batch.presence_frequency is not None:
+            apply_presence_frequency(processed, *batch.presence_frequency)
+    f = batch.filters
+    if f is None:
+        return raw, raw if processed is logits else processed.log_softmax(dim=-1)
+    return raw, filtered_probs(processed, f.temperature, f.top_k, f.top_p, f.min_p).log()
+
+
+class BeamSearch:
+    """The beam state of one request: beam scores, kept hypotheses, the agreed stream."""
+
+    def __init__(
+        self, params: SamplingParams, criteria: StopCriteria, tokenizer, eos_token_ids: tuple[int, ...]
+    ) -> None:
+        self.params = params
+        self.width = params.num_sequences
+        self.criteria = criteria
+        self.eos_token_ids = eos_token_ids
+        self.num_candidates = max(2, 1 + len(criteria.stop_token_ids | criteria.eos_token_ids)) * self.width
+        self.hypotheses: list[Hypothesis] = []  # best first, at most `width`
+        self.done = False
+        self._tokenizer = tokenizer
+        self._scores: dict[int, float] = {}  # live beam seq_id -> beam score (0 for the prompt)
+        self._agreed: list[int] = []  # tokens every live beam and hypothesis starts with
+        self._agreed_logprobs: list[TokenLogprob] = []
+        self._stream = IncrementalDetokenizer.from_params(tokenizer, params) if tokenizer else None
+        self._final: tuple[CompletionOutput, ...] | None = None
+
+    # ----- one step -------------------------------------------------------------------------
+    def step(
+        self,
+        scheduler: Scheduler,
+        request: Request,
+        beams: list[Sequence],
+        logits: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> None:
+        """`logits` [B, V]: the rows of `beams` (the group's live sequences, all just computed).
+        Chooses the next beams and hypotheses and applies them to the request's sequences."""
+        rows = [SamplingRow(self.params, s.prompt_token_ids, s.output_token_ids) for s in beams]
+        raw, search = beam_logprobs(logits, rows, self.eos_token_ids)
+        next_beams = self._choose(beams, raw, search, generator)
+        if self.done:
+            for seq in request.live_seqs:
+                scheduler.remove_seq(request, seq)  # the last removal retires the request
+        else:
+            self._advance(scheduler, request, next_beams)
+
+    def _choose(
+        self, beams: list[Sequence], raw: torch.Tensor, search: torch.Tensor, generator
+    ) -> list[Candidate]:
+        base = torch.tensor([self._scores.get(s.seq_id, 0.0) for s in beams], dtype=torch.float64)
+        scores = (search.to(torch.float64) + base.unsqueeze(1)).flatten()  # [B * V]
+        k = min(self.num_candidates, int(torch.isfinite(scores).sum()))
+        if self.params.greedy:
+            picked = scores.topk(k).indices
+        else:  # beam sampling: without replacement, then best first
+            probs = scores.softmax(dim=0).to(torch.float32)
+            picked = torch.multinomial(probs, k, replacement=False, generator=generator)
+            picked = picked[scores[picked].argsort(descending=True, stable=True)]
+        vocab = raw.shape[1]
+        num_out = beams[0].num_output_tokens + 1  # the lockstep group's new length
+        top_n = self.params.logprobs
+        tops: dict[int, tuple[tuple[int, float], ...]] = {}
+        next_beams: list[Candidate] = []
+        for rank, (idx, score) in enumerate(zip(picked.tolist(), scores[picked].tolist(), strict=True)):
+            b, token = divmod(idx, vocab)
+            finish = check_stop(self.criteria, token, num_out)
+            if (finish is None and len(next_beams) == self.width) or (finish and rank >= self.width):
+                continue
+            entry = None
+            if top_n is not None:
+                if b not in tops:
+                    top = raw[b].topk(top_n) if top_n else None
+                    tops[b] = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else ()
+                entry = TokenLogprob(token, float(raw[b, token]), tops[b])
+            cand = Candidate(beams[b], token, score, float(raw[b, token]), entry)
+            if finish is None:
+                next_beams.append(cand)
+            else:
+                self._keep(cand, num_out, finish.reason, finish.stop_reason)
+        self.done = self._is_done(next_beams, num_out)
+        return next_beams
+
+    def _keep(self, cand: Candidate, length: int, reason: str, stop_reason) -> None:
+        parent = cand.parent
+        hyp = Hypothesis(
+            token_ids=(*parent.output_token_ids, cand.token_id),
+            score=cand.score / length**self.params.length_penalty,
+            cumulative_logprob=parent.cumulative_logprob + cand.logprob,
+            logprobs=(*parent.logprobs, cand.entry) if cand.entry is not None else (),
+            finish_reason=reason,
+            stop_reason=stop_reason,
+        )
+        self.hypotheses.append(hyp)
+        self.hypotheses.sort(key=lambda h: h.score, reverse=True)  # stable: earlier wins ties
+        del self.hypotheses[self.width :]
+
+    def _is_done(self, next_beams: list[Candidate], length: int) -> bool:
+        if not next_beams:
+            return True
+        if len(self.hypotheses) < self.width:
+            return False
+        if self.params.early_stopping is True:
+            return True
+        penalty = self.params.length_penalty
+        if self.params.early_stopping == "never" and penalty > 0.0:
+            length = self.params.max_tokens
+        return next_beams[0].score / length**penalty <= self.hypotheses[-1].score
+
+    def _advance(self, scheduler: Scheduler, request: Request, next_beams: list[Candidate]) -> None:
+        """Scheduler protocol: fork the surviving parents, drop the others, then append."""
+        children: dict[Sequence, list[Candidate]] = {}
+        for cand in next_beams:
+            children.setdefault(cand.parent, []).append(cand)
+        dropped = [s for s in request.live_seqs if s not in children]
+        pairs = []
+        for parent, cands in children.items():
+            pairs += [(scheduler.fork_seq(request, parent), c) for c in cands[1:]]
+            pairs.append((parent, cands[0]))
+        for seq in dropped:
+            scheduler.remove_seq(request, seq)
+        self._scores = {}
+        for seq, cand in pairs:
+            seq.append_token(cand.token_id, cand.logprob, cand.entry)
+            self._scores[seq.seq_id] = cand.score
+        self._extend_agreed(request.live_seqs)
+
+    def _extend_agreed(self, beams: list[Sequence]) -> None:
+        members = [(s.token_ids, s.num_prompt_tokens) for s in beams]
+        members += [(h.token_ids, 0) for h in self.hypotheses]
+        end = min(len(t) - off for t, off in members)
+        n = len(self._agreed)
+        first, first_off = members[0]
+        while n < end and all(t[off + n] == first[first_off + n] for t, off in members):
+            token = first[first_off + n]
+            self._agreed.append(token)
+            if self.params.logprobs is not None:
+                self._agreed_logprobs.append(beams[0].logprobs[n])
+            if self._stream is not None:
+                self._stream.add(token)  # never a stop token: live beams hold none
+            n += 1
+
+    # ----- outputs ---------------------------------------------------------------------------
+    def completions(self, request: Request) -> tuple[CompletionOutput, ...]:
+        """The n outputs: the agreed prefix while running (or when aborted / failed), the n
+        best hypotheses once the search is done."""
+        if self.done:
+            if self._final is None:
+                self._final = tuple(self._completion(i, h) for i, h in enumerate(self.hypotheses[: self.params.n]))
+            return self._final
+        reason = next((s.finish_reason for s in request.seqs if s.is_finished), None)
+        if request.is_finished and self._stream is not None and not self._stream.finished:
+            self._stream.finish()
+        return tuple(
+            CompletionOutput(
+                index=i,
+                text=self._stream.text if self._stream is not None else "",
+                token_ids=tuple(self._agreed),
+                cumulative_logprob=None,
+                logprobs=tuple(self._agreed_logprobs) if self.params.logprobs is not None else None,
+                finish_reason=reason or ("abort" if request.is_finished else None),
+            )
+            for i in range(self.params.n)
+        )
+
+    def _completion(self, index: int, hyp: Hypothesis) -> CompletionOutput:
+        text = ""
+        if self._tokenizer is not None:  # the same rules as a sampled sequence's text
+            detok = IncrementalDetokenizer.from_params(self._tokenizer, self.params)
+            for k, token in enumerate(hyp.token_ids, start=1):
+                append_token(self.criteria, detok, token, k)
+            text = detok.finish()
+        return CompletionOutput(
+            index=index,
+            text=text,
+            token_ids=hyp.token_ids,
+            cumulative_logprob=hyp.cumulative_logprob,
+            logprobs=hyp.logprobs if self.params.logprobs is not None else None,
+            finish_reason=hyp.finish_reason,
+            stop_reason=hyp.stop_reason,
+        )

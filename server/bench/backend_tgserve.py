@@ -1,0 +1,98 @@
+"""tgserve's own engine as a benchmark backend.
+
+Contract (see backends.py): requests go through `Engine.add_request` / `step()` exactly as the
+server drives them, greedy, `ignore_eos=True` and `max_tokens = output_len`, so every request
+decodes its full count. Latency times engine steps directly: prefill is submission until the step
+that samples the first token, decode is the remaining steps. Throughput submits every request at
+once and steps until all finish (what `Engine.generate` does, stepped here so the block manager
+can be read at peak usage for the KV cache figures).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from itertools import count
+
+from server.bench.backends import BackendOptions, LatencySample, ThroughputSample, count_tokens
+from server.bench.kv_usage import KvPeakTracker
+from server.bench.model_source import ModelSource
+from server.bench.workload import BenchRequest
+
+
+class TgserveBackend:
+    name = "tgserve"
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.note = f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
+        self._ids = count()
+
+    def _params(self, output_len: int):
+        from engine.sampling_params import SamplingParams
+
+        return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+
+    def run_latency(self, request: BenchRequest) -> LatencySample:
+        engine = self.engine
+        start = time.perf_counter()
+        engine.add_request(f"bench-{next(self._ids)}", request.prompt_token_ids, self._params(request.output_len))
+        first = None
+        final = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.outputs[0].token_ids:
+                    first = time.perf_counter()
+                if out.finished:
+                    final = out
+        end = time.perf_counter()
+        generated = len(final.outputs[0].token_ids) if final is not None else 0
+        if final is None or final.error or first is None:
+            raise RuntimeError(f"tgserve failed the latency request: {final.error if final else 'no output'}")
+        return LatencySample(len(request.prompt_token_ids), generated, first - start, end - first)
+
+    def run_throughput(
+        self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None]
+    ) -> ThroughputSample:
+        engine = self.engine
+        ids = [f"bench-{next(self._ids)}" for _ in requests]
+        tracker = KvPeakTracker(engine, ids)
+        start = time.perf_counter()
+        for rid, request in zip(ids, requests, strict=True):
+            engine.add_request(rid, request.prompt_token_ids, self._params(request.output_len))
+        output_tokens = 0
+        finished = 0
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            tracker.observe()
+            for out in outputs:
+                if out.finished:
+                    if out.error:
+                        raise RuntimeError(f"tgserve failed request {out.request_id}: {out.error}")
+                    output_tokens += len(out.outputs[0].token_ids)
+                    finished += 1
+                    on_finished(finished)
+        elapsed = time.perf_counter() - start
+        prompt_tokens, expected = count_tokens(requests)
+        if output_tokens != expected:
+            raise RuntimeError(f"tgserve decoded {output_tokens} tokens, {expected} were asked for")
+        return ThroughputSample(len(requests), prompt_tokens, output_tokens, elapsed, tracker.figures())
+
+    def close(self) -> None:
+        self.engine = None
+        gc.collect()
+
+
+def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    config = EngineConfig(
+        dtype=options.dtype,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        enable_prefix_caching=options.enable_prefix_caching,
+        max_queued_requests=max(256, options.num_requests),
+    )
+    return TgserveBackend(Engine.from_model(str(source.path), config))

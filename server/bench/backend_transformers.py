@@ -1,0 +1,124 @@
+"""transformers `generate` as a benchmark backend: the baseline a user gets without a server.
+
+Contract (see backends.py): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
+bench dtype (for a GGUF, the converted copy in tgserve's cache: the same tensors). Greedy, with
+`min_new_tokens = max_new_tokens` so EOS never ends a row early and every backend decodes the same
+counts. Latency: one request, batch 1; a streamer timestamps the first generated token (generate
+hands it the prompt first, then each new token). Throughput: static batches of `hf_batch_size`
+requests in workload order, left-padded with a pad token; a batch decodes as many tokens as its
+longest request asks for (the rows that asked for fewer waste the rest: that is static
+batching), and only the asked-for tokens count as output.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+
+from server.bench.backends import (
+    BackendOptions,
+    BackendUnavailable,
+    LatencySample,
+    ThroughputSample,
+    count_tokens,
+)
+from server.bench.model_source import ModelSource
+from server.bench.workload import BenchRequest
+
+
+class _FirstTokenClock:
+    """A generate() streamer: put #1 is the prompt, put #2 the first new token."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model, batch_size: int) -> None:
+        import torch
+
+        self.model = model
+        self.batch_size = batch_size
+        self.torch = torch
+        config = model.config
+        eos = config.eos_token_id if isinstance(config.eos_token_id, int) else (config.eos_token_id or [0])[0]
+        self.pad_id = config.pad_token_id if config.pad_token_id is not None else eos
+        self.note = f"generate(), static batches of {batch_size}, {config._attn_implementation} attention"
+
+    def _generate(self, ids, mask, new_tokens: int, streamer=None):
+        return self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=self.pad_id,
+            streamer=streamer,
+        )
+
+    def run_latency(self, request: BenchRequest) -> LatencySample:
+        torch = self.torch
+        ids = torch.tensor([request.prompt_token_ids])
+        clock = _FirstTokenClock()
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = self._generate(ids, torch.ones_like(ids), request.output_len, clock)
+            end = time.perf_counter()
+        generated = out.shape[1] - ids.shape[1]
+        first = clock.first_token_at if clock.first_token_at is not None else end
+        return LatencySample(ids.shape[1], generated, first - start, end - first)
+
+    def run_throughput(
+        self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None]
+    ) -> ThroughputSample:
+        torch = self.torch
+        start = time.perf_counter()
+        done = 0
+        for i in range(0, len(requests), self.batch_size):
+            batch = requests[i : i + self.batch_size]
+            width = max(len(r.prompt_token_ids) for r in batch)
+            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, r in enumerate(batch):  # left padding: every prompt ends at the last column
+                n = len(r.prompt_token_ids)
+                ids[row, width - n :] = torch.tensor(r.prompt_token_ids)
+                mask[row, width - n :] = 1
+            new_tokens = max(r.output_len for r in batch)
+            with torch.inference_mode():
+                out = self._generate(ids, mask, new_tokens)
+            if out.shape[1] - width != new_tokens:
+                raise RuntimeError(f"transformers decoded {out.shape[1] - width} tokens, {new_tokens} were asked for")
+            done += len(batch)
+            on_finished(done)
+        elapsed = time.perf_counter() - start
+        prompt_tokens, output_tokens = count_tokens(requests)
+        return ThroughputSample(len(requests), prompt_tokens, output_tokens, elapsed)
+
+    def close(self) -> None:
+        self.model = None
+        gc.collect()
+
+
+def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"the transformers backend needs transformers ({exc}); install it with "
+            "`pip install transformers accelerate` (a test extra of tgserve, never a runtime dependency)"
+        ) from exc
+    model = AutoModelForCausalLM.from_pretrained(source.hf_folder, dtype=getattr(torch, options.dtype))
+    return TransformersBackend(model.eval(), options.hf_batch_size)

@@ -1,0 +1,88 @@
+"""The seam between the benchmarks and the engines they measure (tgserve and its peers).
+
+Contract: `load_backend(name, source, options)` imports the backend's module only then (peers are
+optional extras, never dependencies) and returns a `Backend`; a peer that is not installed raises
+`BackendUnavailable` (a ValueError) saying how to install it. Every backend:
+- decodes exactly `request.output_len` tokens per request whatever the model samples (EOS is
+  ignored), greedily, so all backends do the same work on the same token ids;
+- `run_latency(request)` runs one request alone and times its prefill (submission to first
+  token) and its decode (first to last token);
+- `run_throughput(requests, on_finished)` submits all requests the way that backend serves best
+  and times the whole run; `on_finished(n)` is called as requests complete (progress bars);
+- `close()` frees the model, so the next backend in the same command has the memory.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from server.bench.kv_usage import KvCacheFigures
+from server.bench.model_source import ModelSource
+from server.bench.workload import BenchRequest
+
+BACKENDS: dict[str, str] = {
+    "tgserve": "server.bench.backend_tgserve",
+    "transformers": "server.bench.backend_transformers",
+    "vllm": "server.bench.backend_vllm",
+    "llamacpp": "server.bench.backend_llamacpp",
+}
+
+
+class BackendUnavailable(ValueError):
+    """A peer backend's package is not installed here."""
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    max_num_seqs: int  # tgserve / vLLM running batch
+    max_num_batched_tokens: int  # tgserve / vLLM token budget per step
+    hf_batch_size: int  # transformers static batch
+    enable_prefix_caching: bool
+    max_model_len: int  # the longest request (prompt + output) this run holds
+    num_requests: int  # so queues are sized for the whole run
+
+
+@dataclass(frozen=True)
+class LatencySample:
+    prompt_tokens: int
+    output_tokens: int
+    prefill_s: float  # submission -> first generated token
+    decode_s: float  # first -> last generated token (output_tokens - 1 steps)
+
+
+@dataclass(frozen=True)
+class ThroughputSample:
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    elapsed_s: float
+    kv_cache: KvCacheFigures | None = None  # tgserve only: read from its block manager
+
+
+class Backend(Protocol):
+    name: str
+    note: str  # what this backend really runs (e.g. quantised weights), shown in the report
+
+    def run_latency(self, request: BenchRequest) -> LatencySample: ...
+
+    def run_throughput(
+        self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None]
+    ) -> ThroughputSample: ...
+
+    def close(self) -> None: ...
+
+
+def load_backend(name: str, source: ModelSource, options: BackendOptions) -> Backend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    module = importlib.import_module(BACKENDS[name])
+    return module.load(source, options)
+
+
+def count_tokens(requests: Sequence[BenchRequest]) -> tuple[int, int]:
+    """(prompt tokens, output tokens) the requests ask for."""
+    return sum(len(r.prompt_token_ids) for r in requests), sum(r.output_len for r in requests)

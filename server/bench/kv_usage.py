@@ -1,0 +1,79 @@
+"""KV cache figures of a tgserve run: bytes per token and allocation waste at peak usage.
+
+Contract: `KvPeakTracker(engine, request_ids)` is told `observe()` after every engine step; it
+keeps the step where the most KV blocks were in use and, at that step, walks the live sequences
+of the tracked requests through the public `scheduler.get_request`: a sequence holding
+`len(block_table)` blocks for `num_computed_tokens` cached tokens wastes
+`len(block_table) * block_size - num_computed_tokens` slots. Paged allocation promises at most
+one partial block per sequence (waste <= block_size - 1); `figures()` reports the total, the
+worst sequence and whether the promise held. Bytes per token are measured on the cache tensors
+the runner allocated (their bytes / slots), next to what a cache repeating the KV heads for every
+query head would take, so the GQA saving is visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from server.bench.model_shapes import kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class KvCacheFigures:
+    bytes_per_token: int  # measured: cache tensor bytes / token slots
+    bytes_per_token_all_heads: int  # if K/V were repeated per query head (no GQA)
+    block_size: int
+    num_blocks: int
+    peak_blocks_used: int
+    peak_num_seqs: int  # live sequences at the peak
+    peak_cached_tokens: int  # K/V slots holding a token at the peak
+    peak_waste_slots: int  # allocated but unused slots at the peak, all sequences
+    max_waste_slots_per_seq: int
+    waste_within_one_block: bool  # every sequence wasted <= block_size - 1 slots
+
+
+class KvPeakTracker:
+    def __init__(self, engine: Any, request_ids: Iterable[str]) -> None:
+        self._engine = engine
+        self._ids = list(request_ids)
+        self._peak_blocks = -1
+        self._peak_seqs: list[tuple[int, int]] = []  # (allocated slots, cached tokens) per sequence
+
+    def observe(self) -> None:
+        used = self._engine.stats().kv_blocks_used
+        if used <= self._peak_blocks:
+            return
+        self._peak_blocks = used
+        block_size = self._engine.config.block_size
+        seqs = []
+        for rid in self._ids:
+            request = self._engine.scheduler.get_request(rid)
+            if request is None:
+                continue
+            for seq in request.live_seqs:
+                if seq.block_table:
+                    seqs.append((len(seq.block_table) * block_size, seq.num_computed_tokens))
+        self._peak_seqs = seqs
+
+    def figures(self) -> KvCacheFigures:
+        engine = self._engine
+        block_size = engine.config.block_size
+        caches = engine.runner.kv_caches  # per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim]
+        num_blocks = caches[0][0].shape[0]
+        cache_bytes = sum(t.numel() * t.element_size() for layer in caches for t in layer)
+        itemsize = caches[0][0].element_size()
+        waste = [allocated - cached for allocated, cached in self._peak_seqs]
+        return KvCacheFigures(
+            bytes_per_token=cache_bytes // (num_blocks * block_size),
+            bytes_per_token_all_heads=kv_bytes_per_token(engine.model_config, itemsize, all_heads=True),
+            block_size=block_size,
+            num_blocks=num_blocks,
+            peak_blocks_used=max(self._peak_blocks, 0),
+            peak_num_seqs=len(self._peak_seqs),
+            peak_cached_tokens=sum(cached for _, cached in self._peak_seqs),
+            peak_waste_slots=sum(waste),
+            max_waste_slots_per_seq=max(waste, default=0),
+            waste_within_one_block=all(0 <= w <= block_size - 1 for w in waste),
+        )

@@ -1,0 +1,135 @@
+"""What this machine can do at best, measured now, and the bounds that follow for one model.
+
+Contract:
+- `measure_machine_limits(config, dtype, ms)` measures (1) memory bandwidth: the best of a few
+  copies (read + write) and sums (read only) of a tensor much larger than any CPU cache, and
+  (2) for each M in `ms`, the matmul rate of the model's own projections in its dtype: X[M, in]
+  times every layer's weights and the LM head, through `F.linear` as the models call it, on
+  enough distinct layer copies that the weights stream from memory rather than sit in cache.
+  Best-of timings: a limit is what the machine reaches, not what it usually reaches.
+- Bounds (used to report each result as a fraction of what the hardware allows):
+  `decode_bound_tok_s`: batch-1 decode streams every weight once per token, so at most
+  bandwidth / weight bytes per token; `min_compute_seconds`: the matmul FLOPs of a run's prompt
+  and output tokens at the measured rates (prompt tokens at the prefill M, output tokens at the
+  decode batch M). Torch is imported inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from models.config import ModelConfig
+from server.bench.model_shapes import flops_per_token, layer_linears, lm_head, weight_bytes_per_token
+
+CACHE_BUSTER_BYTES = 64 * 1024**2  # more weights than the largest last-level cache we expect
+DEFAULT_BANDWIDTH_BYTES = 256 * 1024**2
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class MatmulRate:
+    m: int  # rows of X: tokens in one forward
+    gflops: float  # measured over the model's projection shapes
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    dtype: str
+    threads: int
+    bandwidth_copy_gb_s: float  # (read + write bytes) / time of a large copy
+    bandwidth_read_gb_s: float  # bytes / time of a large sum
+    matmul: tuple[MatmulRate, ...]
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        return max(self.bandwidth_copy_gb_s, self.bandwidth_read_gb_s)
+
+    def gflops_at(self, m: int) -> float:
+        for rate in self.matmul:
+            if rate.m == m:
+                return rate.gflops
+        raise ValueError(f"no matmul rate was measured at M={m}; measured: {[r.m for r in self.matmul]}")
+
+
+def measure_machine_limits(
+    config: ModelConfig,
+    dtype: str,
+    ms: tuple[int, ...],
+    bandwidth_bytes: int = DEFAULT_BANDWIDTH_BYTES,
+    min_time: float = 0.2,
+) -> MachineLimits:
+    import torch
+
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)} to measure limits, got {dtype!r}")
+    torch_dtype = getattr(torch, dtype)
+    copy_gb_s, read_gb_s = _bandwidth(bandwidth_bytes)
+    rates = tuple(MatmulRate(m, _matmul_gflops(config, torch_dtype, m, min_time)) for m in sorted(set(ms)))
+    return MachineLimits(dtype, torch.get_num_threads(), copy_gb_s, read_gb_s, rates)
+
+
+def decode_bound_tok_s(limits: MachineLimits, config: ModelConfig, dtype_bytes: int) -> float:
+    return limits.bandwidth_gb_s * 1e9 / weight_bytes_per_token(config, dtype_bytes)
+
+
+def min_compute_seconds(
+    limits: MachineLimits, config: ModelConfig, prompt_tokens: int, output_tokens: int, prefill_m: int, decode_m: int
+) -> float:
+    prefill = prompt_tokens * flops_per_token(config, with_lm_head=False) / (limits.gflops_at(prefill_m) * 1e9)
+    decode = output_tokens * flops_per_token(config, with_lm_head=True) / (limits.gflops_at(decode_m) * 1e9)
+    return prefill + decode
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _bandwidth(num_bytes: int) -> tuple[float, float]:
+    import torch
+
+    n = max(1, num_bytes // 4)
+    src = torch.ones(n, dtype=torch.float32)  # ones, not empty: every page is really mapped
+    dst = torch.zeros_like(src)
+    dst.copy_(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), 5)
+    read_s = _best_seconds(lambda: src.sum(), 5)
+    return 2 * n * 4 / copy_s / 1e9, n * 4 / read_s / 1e9
+
+
+def _matmul_gflops(config: ModelConfig, dtype, m: int, min_time: float) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    layer = layer_linears(config)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    layer_bytes = sum(lin.params for lin in layer) * itemsize
+    copies = max(1, min(config.num_layers, math.ceil(CACHE_BUSTER_BYTES / layer_bytes)))
+    gen = torch.Generator().manual_seed(0)
+    weights = [
+        [torch.randn(lin.out_features, lin.in_features, generator=gen).to(dtype) for lin in layer]
+        for _ in range(copies)
+    ]
+    head = lm_head(config)
+    head_w = torch.randn(head.out_features, head.in_features, generator=gen).to(dtype)
+    xs = {k: torch.randn(m, k, generator=gen).to(dtype) for k in {lin.in_features for lin in layer} | {head.in_features}}
+
+    def one_pass() -> None:
+        with torch.inference_mode():
+            for layer_weights in weights:
+                for lin, w in zip(layer, layer_weights, strict=True):
+                    F.linear(xs[lin.in_features], w)
+            F.linear(xs[head.in_features], head_w)
+
+    flops = 2 * m * (copies * sum(lin.params for lin in layer) + head.params)
+    one_pass()  # warm-up: oneDNN picks and caches its kernels on the first call
+    per_pass = _best_seconds(one_pass, 1)
+    reps = max(1, int(min_time / 3 / max(per_pass, 1e-9)))
+    best = min(_best_seconds(lambda: [one_pass() for _ in range(reps)], 3) / reps, per_pass)
+    return flops / best / 1e9

@@ -1,0 +1,63 @@
+"""Which weights a benchmark runs, as every backend needs them: path, architecture, HF folder.
+
+Contract: `resolve_model(path_or_None)` returns a `ModelSource` for a Hugging Face folder or a
+GGUF file (None: the default model, SmolLM2-135M-Instruct). `config` is the architecture read
+from config.json (or the GGUF metadata); `hf_folder` is a folder transformers and vLLM can load
+directly: the folder itself, or for a GGUF the converted copy tgserve's loader keeps in its cache
+(made on first use), so peers run the very same tensors tgserve does. `gguf_file` is set only for
+GGUF inputs (llama.cpp needs it). Torch is imported only when a GGUF must be converted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path  # what the user gave (or the default model)
+    name: str  # for the report
+    config: ModelConfig
+    hf_folder: Path  # config.json + safetensors with Hugging Face tensor names
+    gguf_file: Path | None  # the original GGUF, when the weights came from one
+
+
+def resolve_model(path: str | Path | None) -> ModelSource:
+    from models.default_model import default_model_path
+
+    model_path = Path(path).expanduser() if path else default_model_path()
+    if not model_path.exists():
+        raise FileNotFoundError(f"--model {model_path}: no such file or folder")
+    if model_path.is_dir():
+        return ModelSource(model_path, model_path.name, _read_config(model_path), model_path, None)
+    with model_path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"--model {model_path}: pass a Hugging Face folder or a .gguf file")
+    folder = _converted_folder(model_path)
+    return ModelSource(model_path, model_path.stem, _read_config(folder), folder, model_path)
+
+
+def _read_config(folder: Path) -> ModelConfig:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json; pass a Hugging Face model folder")
+    return ModelConfig.from_hf_dict(json.loads(config_file.read_text()))
+
+
+def _converted_folder(gguf: Path) -> Path:
+    from models.gguf_cache import cache_folder_for, is_complete
+    from models.loader import load_checkpoint
+
+    folder = cache_folder_for(gguf)
+    if not is_complete(folder):
+        load_checkpoint(gguf, progress=True)  # converts and writes the cache folder
+    if not is_complete(folder):
+        raise ValueError(
+            f"could not cache the converted {gguf.name} in {folder.parent}; set "
+            "TGSERVE_CACHE_DIR to a writable folder so the peers can load the same weights"
+        )
+    return folder

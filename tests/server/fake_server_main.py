@@ -1,0 +1,26 @@
+"""The real `serve_app` (uvicorn with tgserve's signal handling) on the fake engine, as a
+process the shutdown tests can signal:
+
+    python -m tests.server.fake_server_main PORT SHUTDOWN_TIMEOUT STEP_DELAY
+"""
+
+from __future__ import annotations
+
+import sys
+
+from server.app import create_app
+from server.serve import configure_logging, serve_app
+from server.settings import Settings
+from tests.server.fake_engine import FakeEngine
+
+
+def main() -> int:
+    port, shutdown_timeout, step_delay = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    settings = Settings(host="127.0.0.1", port=port, shutdown_timeout=shutdown_timeout)
+    configure_logging("info")
+    app = create_app(settings, lambda: FakeEngine(step_delay=step_delay, max_model_len=4096), admission_limit=16)
+    return serve_app(app, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
