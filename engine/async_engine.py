@@ -215,13 +215,13 @@ class AsyncEngine:
         params: SamplingParams,
         deadline: float | None = None,
     ) -> RequestStream:
-        if not self._accepting:
-            raise EngineUnavailable("the server is shutting down")
-        if self._dead_reason is not None:
-            raise EngineUnavailable(f"the engine has stopped: {self._dead_reason}")
         self.engine.check_request(prompt_token_ids, params)  # ValueError: never servable
         slot = OutputSlot(asyncio.get_running_loop())
-        with self._cond:
+        with self._cond:  # checked under the lock the loop closes under: no add is stranded
+            if self._dead_reason is not None:
+                raise EngineUnavailable(f"the engine has stopped: {self._dead_reason}")
+            if not self._accepting:
+                raise EngineUnavailable("the server is shutting down")
             if self._pending >= self.max_pending:
                 raise Overloaded(
                     f"the server has {self._pending} requests in flight (limit {self.max_pending})",
@@ -244,10 +244,6 @@ class AsyncEngine:
         """The engine's stats as of the last loop iteration (a frozen snapshot)."""
         return self._stats
 
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
-
     def is_healthy(self) -> bool:
         if self._dead_reason is not None:
             return False
@@ -258,7 +254,8 @@ class AsyncEngine:
 
     async def shutdown(self, timeout: float) -> None:
         """Drain for `timeout` seconds, abort what is left, then stop the loop thread."""
-        self._accepting = False
+        with self._cond:
+            self._accepting = False
         if self._thread is None:
             return
         await self._wait_until_idle(timeout)
@@ -290,7 +287,7 @@ class AsyncEngine:
                 while not (self._stopping or self._inbox or self.engine.has_unfinished_requests()):
                     self._cond.wait()
                 if self._stopping:
-                    return
+                    break
                 items = list(self._inbox)
                 self._inbox.clear()
             self.last_progress_time = time.monotonic()  # woke up: a stall is counted from here
@@ -305,12 +302,28 @@ class AsyncEngine:
                 logger.exception("engine step failed (%d in a row)", failures)
                 self._fail_in_flight(exc)
                 if failures >= MAX_CONSECUTIVE_FAILURES:
-                    self._dead_reason = f"{failures} engine steps failed in a row"
-                    logger.error("engine loop stops: %s", self._dead_reason)
-                    self._accepting = False
-                    return
+                    logger.error("engine loop stops: %d engine steps failed in a row", failures)
+                    break
             self._refresh_stats()
             self.last_progress_time = time.monotonic()
+        self._close_out(f"{failures} engine steps failed in a row" if failures else None)
+
+    def _close_out(self, dead_reason: str | None) -> None:
+        """The loop ends: refuse adds still queued, end every open stream (nobody else will)."""
+        with self._cond:
+            self._dead_reason = dead_reason
+            self._accepting = False
+            items = list(self._inbox)
+            self._inbox.clear()
+        refusal = EngineUnavailable(dead_reason or "the server is shutting down")
+        for item in items:
+            if isinstance(item, _Add):
+                self._release(1)
+                item.slot.admit(refusal)
+        for request_id, slot in self._slots.items():
+            slot.put(_final_output(request_id, slot.last, "abort", None))
+        self._release(len(self._slots))
+        self._slots.clear()
 
     def _apply(self, items: list[_Add | _Abort]) -> None:
         for item in items:
@@ -362,7 +375,7 @@ class AsyncEngine:
     def _fail_in_flight(self, exc: Exception) -> None:
         message = f"the engine failed while generating ({type(exc).__name__}); please retry"
         for request_id, slot in list(self._slots.items()):
-            slot.put(_error_output(request_id, slot.last, message))
+            slot.put(_final_output(request_id, slot.last, "error", message))
             self._abort_in_engine(request_id)
         self._release(len(self._slots))
         self._slots.clear()
@@ -386,11 +399,13 @@ class AsyncEngine:
             logger.exception("engine.stats() failed")
 
 
-def _error_output(request_id: str, last: RequestOutput | None, message: str) -> RequestOutput:
-    """A finished snapshot that keeps what was generated so far and says "error"."""
+def _final_output(
+    request_id: str, last: RequestOutput | None, finish_reason: str, error: str | None
+) -> RequestOutput:
+    """A finished snapshot that keeps what was generated so far and says how it ended."""
     if last is None:
-        outputs = (CompletionOutput(index=0, text="", token_ids=(), finish_reason="error"),)
-        return RequestOutput(request_id, (), outputs, finished=True, error=message)
+        outputs = (CompletionOutput(index=0, text="", token_ids=(), finish_reason=finish_reason),)
+        return RequestOutput(request_id, (), outputs, finished=True, error=error)
     outputs = tuple(
         CompletionOutput(
             index=o.index,
@@ -398,7 +413,7 @@ def _error_output(request_id: str, last: RequestOutput | None, message: str) -> 
             token_ids=o.token_ids,
             cumulative_logprob=o.cumulative_logprob,
             logprobs=o.logprobs,
-            finish_reason=o.finish_reason or "error",
+            finish_reason=o.finish_reason or finish_reason,
             stop_reason=o.stop_reason,
         )
         for o in last.outputs
@@ -410,5 +425,5 @@ def _error_output(request_id: str, last: RequestOutput | None, message: str) -> 
         finished=True,
         prompt_logprobs=last.prompt_logprobs,
         metrics=last.metrics,
-        error=message,
+        error=error,
     )

@@ -151,11 +151,11 @@ class BeamSearch:
     ) -> list[Candidate]:
         base = torch.tensor([self._scores.get(s.seq_id, 0.0) for s in beams], dtype=torch.float64)
         scores = (search.to(torch.float64) + base.unsqueeze(1)).flatten()  # [B * V]
-        k = min(self.num_candidates, int(torch.isfinite(scores).sum()))
         if self.params.greedy:
-            picked = scores.topk(k).indices
-        else:  # beam sampling: without replacement, then best first
+            picked = scores.topk(min(self.num_candidates, int(torch.isfinite(scores).sum()))).indices
+        else:  # beam sampling: without replacement (never a token of probability 0), best first
             probs = scores.softmax(dim=0).to(torch.float32)
+            k = min(self.num_candidates, int((probs > 0).sum()))
             picked = torch.multinomial(probs, k, replacement=False, generator=generator)
             picked = picked[scores[picked].argsort(descending=True, stable=True)]
         vocab = raw.shape[1]
@@ -164,17 +164,19 @@ class BeamSearch:
         tops: dict[int, tuple[tuple[int, float], ...]] = {}
         next_beams: list[Candidate] = []
         for rank, (idx, score) in enumerate(zip(picked.tolist(), scores[picked].tolist(), strict=True)):
+            if rank >= self.width and len(next_beams) == self.width:
+                break  # nothing later can become a beam or a hypothesis
             b, token = divmod(idx, vocab)
             finish = check_stop(self.criteria, token, num_out)
             if (finish is None and len(next_beams) == self.width) or (finish and rank >= self.width):
                 continue
-            entry = None
+            logprob, entry = float(raw[b, token]), None
             if top_n is not None:
-                if b not in tops:
-                    top = raw[b].topk(top_n) if top_n else None
-                    tops[b] = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else ()
-                entry = TokenLogprob(token, float(raw[b, token]), tops[b])
-            cand = Candidate(beams[b], token, score, float(raw[b, token]), entry)
+                if b not in tops:  # the beam's top-N, shared by its candidates
+                    top = raw[b].topk(top_n)
+                    tops[b] = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+                entry = TokenLogprob(token, logprob, tops[b])
+            cand = Candidate(beams[b], token, score, logprob, entry)
             if finish is None:
                 next_beams.append(cand)
             else:

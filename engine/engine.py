@@ -191,7 +191,9 @@ class Engine:
 
     def _beam_step(self, state: RequestState, group: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
         rows = torch.tensor([row for _, row in group], device=logits.device)
-        generator = state.generator(0) or self._beam_generator  # beam sampling draws per group
+        generator = state.generator(0)  # beam sampling draws once per group and step
+        if generator is None:
+            generator = self._beam_generator
         state.beam.step(self.scheduler, state.request, [seq for seq, _ in group], logits[rows], generator)
         self._generation_tokens_total += len(group)
         state.mark_token(time.time())

@@ -35,6 +35,10 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
     dtype_name = resolve_dtype(config.dtype, device.type, _bf16_supported(device))
     path = Path(model_path) if model_path else default_model_path()
     model, model_config = load_model(path, dtype_name, device, progress)
+    if config.quantization == "int8":
+        from models.quantization import quantize_int8_weight_only
+
+        quantize_int8_weight_only(model)
     try:
         tokenizer = load_tokenizer(path)
     except ValueError as exc:

@@ -8,7 +8,7 @@ import torch
 
 # On CPU the cache shares RAM with everything else on the host, and zero-filling it touches
 # every page: give it at most this much unless the user asks for more explicitly.
-CPU_DEFAULT_CAP_BYTES = 4 * 1024**3
+CPU_DEFAULT_CAP_BYTES = 2 * 1024**3
 
 
 def free_memory_bytes(device: torch.device) -> int:

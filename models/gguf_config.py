@@ -3,7 +3,7 @@
 Contract: `gguf_to_hf_config(gguf)` reads `general.architecture` ("llama", "qwen2", "gpt2") and
 that architecture's keys (`<arch>.block_count`, `.embedding_length`, `.feed_forward_length`,
 `.attention.head_count(_kv)`, `.rope.freq_base`, `.attention.layer_norm_rms_epsilon`,
-`.context_length`, `.vocab_size` or the length of `tokenizer.ggml.tokens`, rope scaling keys)
+`.context_length`, `.vocab_size` (else the rows of `token_embd.weight`), rope scaling keys)
 plus `tokenizer.ggml.bos/eos/eot_token_id`, and returns the dict transformers would find in the
 model's config.json. `tie_word_embeddings` is set when the file has no `output.weight`. Llama-3
 rope scaling, which llama.cpp stores as a `rope_freqs.weight` tensor rather than as keys, is
@@ -49,9 +49,8 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
             raise ValueError(f"{gguf.path}: GGUF metadata lacks {full!r}")
         return meta.get(full, default)
 
-    vocab = key("vocab_size") or gguf.array_lengths.get("tokenizer.ggml.tokens")
-    if vocab is None:
-        vocab = _embedding_rows(gguf)
+    # The embedding's rows are what the weights need (some vocabularies are padded).
+    vocab = key("vocab_size") or _embedding_rows(gguf)
     tied = "output.weight" not in gguf.tensor_names
     # End of turn (eot) ends generation too (Llama-3 chat: <|eot_id|> beside <|end_of_text|>).
     eos = list(dict.fromkeys(meta[k] for k in _EOS_KEYS if k in meta))
@@ -101,9 +100,12 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
 
 def _embedding_rows(gguf: GGUFFile) -> int:
     info = gguf.info("token_embd.weight")
-    if info is None:
+    if info is not None:
+        return info.shape[0]  # [vocab, hidden]
+    tokens = gguf.array_lengths.get("tokenizer.ggml.tokens")
+    if tokens is None:
         raise ValueError(f"{gguf.path}: no vocab size in metadata and no token_embd.weight tensor")
-    return info.shape[0]  # [vocab, hidden]
+    return tokens
 
 
 def _rope_scaling(gguf: GGUFFile, arch: str, key: Any) -> dict[str, Any] | None:

@@ -20,13 +20,14 @@ naming the file (and the tensor when one is at fault).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from models.checkpoint_shapes import check_checkpoint
@@ -156,11 +157,12 @@ def _load_hf_folder(folder: Path) -> tuple[ModelConfig, Tensors]:
 
 def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
     single, index = folder / WEIGHTS_NAME, folder / INDEX_NAME
+    weight_map: dict[str, str] = {}  # tensor -> shard file, for a sharded checkpoint
     if single.is_file():
-        files = {single: None}
+        files = [single]
     elif index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
-        files = {folder / f: None for f in dict.fromkeys(weight_map.values())}
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = [folder / f for f in dict.fromkeys(weight_map.values())]
     else:
         found = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
         raise FileNotFoundError(
@@ -171,20 +173,19 @@ def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
     origin: dict[str, Path] = {}
     for file in files:
         if not file.is_file():
-            raise FileNotFoundError(
-                f"{index}: lists shard {file.name}, which is missing from {folder}"
-            )
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensors[name] = f.get_tensor(name)
-                origin[name] = file
-    if not single.is_file():
-        listed = set(weight_map)
-        if listed - tensors.keys():
-            name = sorted(listed - tensors.keys())[0]
-            raise ValueError(
-                f"{index}: tensor {name!r} is listed in {weight_map[name]} but not stored there"
-            )
+            raise FileNotFoundError(f"{index}: lists shard {file.name}, which is missing")
+        try:
+            # Memory-mapped: pages are read when load_weights copies them into the model.
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    tensors[name] = f.get_tensor(name)
+                    origin[name] = file
+        except SafetensorError as exc:
+            raise ValueError(f"{file}: not a readable safetensors file ({exc})") from exc
+    unstored = sorted(weight_map.keys() - tensors.keys())
+    if unstored:
+        name = unstored[0]
+        raise ValueError(f"{index}: tensor {name!r} is listed in {weight_map[name]} but not there")
     return tensors, origin
 
 
@@ -233,12 +234,18 @@ def _load_gguf_cached(
 ) -> tuple[ModelConfig, Tensors]:
     folder = cache_folder_for(path, cache_dir)
     if is_complete(folder):
-        return _load_hf_folder(folder)
+        try:
+            return _load_hf_folder(folder)
+        except (ValueError, OSError) as exc:
+            warnings.warn(
+                f"converting {path.name} again: its cached copy is damaged ({exc})", stacklevel=3
+            )
+            shutil.rmtree(folder, ignore_errors=True)
     hf_config, config, tensors = _load_gguf(path, progress)
     hf_config = hf_config | {"tgserve_converted_from": str(path.resolve())}
     try:
         write_cache_folder(folder, hf_config, tensors)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:
         warnings.warn(
             f"could not cache the converted {path.name} in {folder.parent} ({exc}); it will be "
             "converted again next time (set TGSERVE_CACHE_DIR to a writable folder)",

@@ -57,6 +57,7 @@ class ServerState:
         self.tokenizer: Any = None
         self.token_texts: TokenTexts | None = None
         self.max_model_len = 0
+        self.context_tokens = 0  # min(max_model_len, KV cache tokens)
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
         self.draining = False
@@ -65,12 +66,21 @@ class ServerState:
         self.on_fatal: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
+        """Load, start the loop, warm up, turn ready; any failure is fatal (logged, no trace)."""
         try:
             engine = await asyncio.to_thread(self.engine_factory)
+            self._adopt(engine)
+            t0 = time.monotonic()
+            await self._warm_up()
         except Exception as exc:
-            logger.error("loading the model failed: %s", exc)
+            logger.error("starting the engine failed: %s: %s", type(exc).__name__, exc)
             self.on_fatal()
             return
+        if not self.draining:
+            self.ready = True
+            logger.info("ready (warm-up took %.2fs)", time.monotonic() - t0)
+
+    def _adopt(self, engine: Any) -> None:
         self.tokenizer = engine.tokenizer
         self.token_texts = TokenTexts(engine.tokenizer) if engine.tokenizer is not None else None
         self.max_model_len = engine.max_model_len
@@ -80,6 +90,9 @@ class ServerState:
         )
         self.engine.start()
         stats = self.engine.stats()
+        kv_tokens = stats.kv_blocks_total * stats.kv_block_size
+        # a request that omits max_tokens gets the room left in the context AND the KV cache
+        self.context_tokens = min(self.max_model_len, kv_tokens)
         logger.info(
             "loaded %s (served as %s); context %d tokens; KV cache %d blocks x %d = %d tokens",
             engine.model_name,
@@ -87,20 +100,17 @@ class ServerState:
             self.max_model_len,
             stats.kv_blocks_total,
             stats.kv_block_size,
-            stats.kv_blocks_total * stats.kv_block_size,
+            kv_tokens,
         )
-        await self._warm_up()
-        if not self.draining:
-            self.ready = True
-            logger.info("ready")
 
     async def _warm_up(self) -> None:
         token = getattr(self.tokenizer, "bos_token_id", None) or 0
         stream = self.engine.generate(
             "warm-up", [token], SamplingParams(max_tokens=1, temperature=0.0)
         )
-        async for _ in stream:
-            pass
+        async for output in stream:
+            if output.error is not None:
+                raise RuntimeError(f"the warm-up request failed: {output.error}")
 
     async def drain(self, timeout: float) -> None:
         """Not ready any more; in-flight work gets `timeout` seconds, then is aborted."""

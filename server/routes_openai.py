@@ -12,6 +12,7 @@ prompt_index * n + sample index. A client that disconnects aborts its requests.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -78,6 +79,7 @@ class _Job:
     include_usage: bool = False
     timeout: float | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, _Choice] = field(default_factory=dict)
 
     def choice(
@@ -126,7 +128,7 @@ class _Job:
     ) -> dict[str, Any]:
         prefix = "chatcmpl-" if self.kind == "chat.completion" else "cmpl-"
         return response_body(
-            self.kind, prefix + self.id, self.state.created, self.model, choices, usage_, chunk
+            self.kind, prefix + self.id, self.created, self.model, choices, usage_, chunk
         )
 
 
@@ -198,7 +200,9 @@ async def _completion_prompts(state: ServerState, prompt: Any, echo: bool) -> li
     if isinstance(prompt[0], int):
         prompt = [prompt]
     if len(prompt) > state.admission_limit:
-        raise ApiError(400, f"at most {state.admission_limit} prompts fit in one request", param="prompt")
+        raise ApiError(
+            400, f"at most {state.admission_limit} prompts fit in one request", param="prompt"
+        )
     prompts = []
     for item in prompt:
         if not item:
@@ -209,8 +213,14 @@ async def _completion_prompts(state: ServerState, prompt: Any, echo: bool) -> li
             continue
         vocab = state.tokenizer.vocab_size if state.tokenizer is not None else None
         if vocab is not None and any(not 0 <= t < vocab for t in item):
-            raise ApiError(400, f"prompt token ids must be in [0, {vocab}) (the vocabulary)", param="prompt")
-        text = state.tokenizer.decode(item, skip_special_tokens=False) if echo and state.tokenizer else ""
+            raise ApiError(
+                400, f"prompt token ids must be in [0, {vocab}) (the vocabulary)", param="prompt"
+            )
+        text = (
+            state.tokenizer.decode(item, skip_special_tokens=False)
+            if echo and state.tokenizer
+            else ""
+        )
         prompts.append(_Prompt(list(item), text))
     return prompts
 
@@ -249,7 +259,7 @@ async def completions(request: Request) -> Response:
     req = parse_body(CompletionRequest, await request.body())
     model = state.model_name(req.model)
     prompts = await _completion_prompts(state, req.prompt, bool(req.echo))
-    params = [completion_params(req, len(p.token_ids), state.max_model_len) for p in prompts]
+    params = [completion_params(req, len(p.token_ids), state.context_tokens) for p in prompts]
     _check_logprobs(state, req.logprobs is not None)
     job = _Job(
         "text_completion",
@@ -272,7 +282,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_body(ChatCompletionRequest, await request.body())
     model = state.model_name(req.model)
     prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False)
-    params = chat_params(req, len(prompt.token_ids), state.max_model_len)
+    params = chat_params(req, len(prompt.token_ids), state.context_tokens)
     _check_logprobs(state, bool(req.logprobs))
     job = _Job(
         "chat.completion",

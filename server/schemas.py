@@ -5,7 +5,7 @@ SamplingParams or raise `ApiError(400)` naming the field in the API's own vocabu
 `max_new_tokens` on TGI routes). Range checks live in SamplingParams; only rules that exist at
 the HTTP edge (TGI's stricter ranges, options we refuse, option combinations) are checked here.
 Defaults: completions `max_tokens` 16 (OpenAI's), chat `max_tokens` fills the context (as
-vLLM does), TGI `max_new_tokens` 100. TGI decodes greedily unless `do_sample` or a sampling
+vLLM does; `context_tokens` = min(max_model_len, KV cache tokens), so it always fits), TGI `max_new_tokens` 100. TGI decodes greedily unless `do_sample` or a sampling
 knob asks otherwise, and always returns each token's logprob.
 """
 
@@ -49,7 +49,9 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     try:
         return {int(key): value for key, value in bias.items()}
     except ValueError:
-        raise ApiError(400, "logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
+        raise ApiError(
+            400, "logit_bias keys must be token ids (integers as strings)", param="logit_bias"
+        ) from None
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...] | None:
@@ -84,32 +86,43 @@ def _shared(req: SamplingFields) -> dict[str, Any]:
     }
 
 
-def _fill_context(prompt_len: int, max_model_len: int) -> int:
-    return max(1, max_model_len - prompt_len)
+def _fill_context(prompt_len: int, context_tokens: int) -> int:
+    """max_tokens when the request leaves it out: what is left of the context (and cache)."""
+    return max(1, context_tokens - prompt_len)
 
 
-def completion_params(req: CompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+def completion_params(
+    req: CompletionRequest, prompt_len: int, context_tokens: int
+) -> SamplingParams:
     if req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
-    max_tokens = req.max_tokens if req.max_tokens is not None else _fill_context(prompt_len, max_model_len)
+    max_tokens = (
+        req.max_tokens if req.max_tokens is not None else _fill_context(prompt_len, context_tokens)
+    )
     return _build(
         max_tokens=max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs, **_shared(req)
     )
 
 
-def chat_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, prompt_len: int, context_tokens: int) -> SamplingParams:
     if req.tools:
         raise ApiError(400, "tools are not supported by this server", param="tools")
     if req.response_format and req.response_format.get("type", "text") != "text":
-        raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+        raise ApiError(
+            400, "only response_format {'type': 'text'} is supported", param="response_format"
+        )
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
     if max_tokens is None:
-        max_tokens = _fill_context(prompt_len, max_model_len)
+        max_tokens = _fill_context(prompt_len, context_tokens)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _build({"logprobs": "top_logprobs"}, max_tokens=max_tokens, logprobs=logprobs, **_shared(req))
+    return _build(
+        {"logprobs": "top_logprobs"}, max_tokens=max_tokens, logprobs=logprobs, **_shared(req)
+    )
 
 
 _TGI_RENAMES = {"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"}

@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
-        raise FileNotFoundError(f"--model {settings.model!r} does not exist; give an HF folder or a GGUF file")
+        raise FileNotFoundError(
+            f"--model {settings.model!r} does not exist; give an HF folder or a GGUF file"
+        )
     values = {
         "block_size": settings.block_size,
         "max_num_seqs": settings.max_num_seqs,
@@ -68,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def serve_app(app: Any, settings: Settings) -> int:

@@ -46,8 +46,14 @@ class EventStreamResponse(Response):
         self.status_code = 200
         self.background = None
         self._events = events
-        merged = {**SSE_HEADERS, **(headers or {}), "content-type": "text/event-stream; charset=utf-8"}
-        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in merged.items()]
+        merged = {
+            **SSE_HEADERS,
+            **(headers or {}),
+            "content-type": "text/event-stream; charset=utf-8",
+        }
+        self.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in merged.items()
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(

@@ -43,7 +43,9 @@ class LlamaCppBackend:
         """(first token time, end time, tokens) after `start`, for one request."""
         got = 0
         first = None
-        for _token in self.llm.generate(list(request.prompt_token_ids), temp=0.0, top_k=1, reset=True):
+        for _token in self.llm.generate(
+            list(request.prompt_token_ids), temp=0.0, top_k=1, reset=True
+        ):
             got += 1
             if first is None:
                 first = time.perf_counter()
@@ -68,7 +70,9 @@ class LlamaCppBackend:
         elapsed = time.perf_counter() - start
         prompt_tokens, expected = count_tokens(requests)
         if output_tokens != expected:
-            raise RuntimeError(f"llama.cpp decoded {output_tokens} tokens, {expected} were asked for")
+            raise RuntimeError(
+                f"llama.cpp decoded {output_tokens} tokens, {expected} were asked for"
+            )
         return ThroughputSample(len(requests), prompt_tokens, output_tokens, elapsed)
 
     def close(self) -> None:
@@ -85,7 +89,9 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
     try:
         from llama_cpp import Llama
     except ImportError as exc:
-        raise BackendUnavailable(f"the llamacpp backend needs llama-cpp-python ({exc}); {INSTALL_HINT}") from exc
+        raise BackendUnavailable(
+            f"the llamacpp backend needs llama-cpp-python ({exc}); {INSTALL_HINT}"
+        ) from exc
     import torch
 
     threads = torch.get_num_threads() or os.cpu_count() or 1

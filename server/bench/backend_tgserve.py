@@ -26,7 +26,9 @@ class TgserveBackend:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.note = f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
+        self.note = (
+            f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
+        )
         self._ids = count()
 
     def _params(self, output_len: int):
@@ -37,7 +39,9 @@ class TgserveBackend:
     def run_latency(self, request: BenchRequest) -> LatencySample:
         engine = self.engine
         start = time.perf_counter()
-        engine.add_request(f"bench-{next(self._ids)}", request.prompt_token_ids, self._params(request.output_len))
+        engine.add_request(
+            f"bench-{next(self._ids)}", request.prompt_token_ids, self._params(request.output_len)
+        )
         first = None
         final = None
         while engine.has_unfinished_requests():
@@ -49,7 +53,9 @@ class TgserveBackend:
         end = time.perf_counter()
         generated = len(final.outputs[0].token_ids) if final is not None else 0
         if final is None or final.error or first is None:
-            raise RuntimeError(f"tgserve failed the latency request: {final.error if final else 'no output'}")
+            raise RuntimeError(
+                f"tgserve failed the latency request: {final.error if final else 'no output'}"
+            )
         return LatencySample(len(request.prompt_token_ids), generated, first - start, end - first)
 
     def run_throughput(
@@ -77,7 +83,9 @@ class TgserveBackend:
         prompt_tokens, expected = count_tokens(requests)
         if output_tokens != expected:
             raise RuntimeError(f"tgserve decoded {output_tokens} tokens, {expected} were asked for")
-        return ThroughputSample(len(requests), prompt_tokens, output_tokens, elapsed, tracker.figures())
+        return ThroughputSample(
+            len(requests), prompt_tokens, output_tokens, elapsed, tracker.figures()
+        )
 
     def close(self) -> None:
         self.engine = None
@@ -94,5 +102,7 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         max_num_batched_tokens=options.max_num_batched_tokens,
         enable_prefix_caching=options.enable_prefix_caching,
         max_queued_requests=max(256, options.num_requests),
+        # the longest request of the run: the KV cache is sized for it, not for the full context
+        max_model_len=min(options.max_model_len, source.config.max_position_embeddings),
     )
     return TgserveBackend(Engine.from_model(str(source.path), config))

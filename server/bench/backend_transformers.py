@@ -53,9 +53,15 @@ class TransformersBackend:
         self.batch_size = batch_size
         self.torch = torch
         config = model.config
-        eos = config.eos_token_id if isinstance(config.eos_token_id, int) else (config.eos_token_id or [0])[0]
+        eos = (
+            config.eos_token_id
+            if isinstance(config.eos_token_id, int)
+            else (config.eos_token_id or [0])[0]
+        )
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else eos
-        self.note = f"generate(), static batches of {batch_size}, {config._attn_implementation} attention"
+        self.note = f"generate(), {config._attn_implementation} attention" + (
+            f", static batches of {batch_size}" if batch_size > 1 else ""
+        )
 
     def _generate(self, ids, mask, new_tokens: int, streamer=None):
         return self.model.generate(
@@ -99,7 +105,9 @@ class TransformersBackend:
             with torch.inference_mode():
                 out = self._generate(ids, mask, new_tokens)
             if out.shape[1] - width != new_tokens:
-                raise RuntimeError(f"transformers decoded {out.shape[1] - width} tokens, {new_tokens} were asked for")
+                raise RuntimeError(
+                    f"transformers decoded {out.shape[1] - width} tokens, {new_tokens} were asked for"
+                )
             done += len(batch)
             on_finished(done)
         elapsed = time.perf_counter() - start
@@ -120,5 +128,7 @@ def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
             f"the transformers backend needs transformers ({exc}); install it with "
             "`pip install transformers accelerate` (a test extra of tgserve, never a runtime dependency)"
         ) from exc
-    model = AutoModelForCausalLM.from_pretrained(source.hf_folder, dtype=getattr(torch, options.dtype))
+    model = AutoModelForCausalLM.from_pretrained(
+        source.hf_folder, dtype=getattr(torch, options.dtype)
+    )
     return TransformersBackend(model.eval(), options.hf_batch_size)

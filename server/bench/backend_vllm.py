@@ -43,7 +43,11 @@ class VllmBackend:
 
     def _params(self, output_len: int):
         return self._params_cls(
-            max_tokens=output_len, min_tokens=output_len, ignore_eos=True, temperature=0.0, detokenize=False
+            max_tokens=output_len,
+            min_tokens=output_len,
+            ignore_eos=True,
+            temperature=0.0,
+            detokenize=False,
         )
 
     def _run(self, requests: Sequence[BenchRequest], output_lens: Sequence[int]) -> list:
@@ -59,7 +63,9 @@ class VllmBackend:
         outputs = self._run([request], [request.output_len])
         total = time.perf_counter() - start
         generated = len(outputs[0].outputs[0].token_ids)
-        return LatencySample(len(request.prompt_token_ids), generated, prefill, max(total - prefill, 0.0))
+        return LatencySample(
+            len(request.prompt_token_ids), generated, prefill, max(total - prefill, 0.0)
+        )
 
     def run_throughput(
         self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None]

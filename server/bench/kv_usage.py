@@ -60,14 +60,18 @@ class KvPeakTracker:
     def figures(self) -> KvCacheFigures:
         engine = self._engine
         block_size = engine.config.block_size
-        caches = engine.runner.kv_caches  # per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim]
+        caches = (
+            engine.runner.kv_caches
+        )  # per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim]
         num_blocks = caches[0][0].shape[0]
         cache_bytes = sum(t.numel() * t.element_size() for layer in caches for t in layer)
         itemsize = caches[0][0].element_size()
         waste = [allocated - cached for allocated, cached in self._peak_seqs]
         return KvCacheFigures(
             bytes_per_token=cache_bytes // (num_blocks * block_size),
-            bytes_per_token_all_heads=kv_bytes_per_token(engine.model_config, itemsize, all_heads=True),
+            bytes_per_token_all_heads=kv_bytes_per_token(
+                engine.model_config, itemsize, all_heads=True
+            ),
             block_size=block_size,
             num_blocks=num_blocks,
             peak_blocks_used=max(self._peak_blocks, 0),

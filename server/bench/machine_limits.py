@@ -21,7 +21,12 @@ import time
 from dataclasses import dataclass
 
 from models.config import ModelConfig
-from server.bench.model_shapes import flops_per_token, layer_linears, lm_head, weight_bytes_per_token
+from server.bench.model_shapes import (
+    flops_per_token,
+    layer_linears,
+    lm_head,
+    weight_bytes_per_token,
+)
 
 CACHE_BUSTER_BYTES = 64 * 1024**2  # more weights than the largest last-level cache we expect
 DEFAULT_BANDWIDTH_BYTES = 256 * 1024**2
@@ -50,7 +55,9 @@ class MachineLimits:
         for rate in self.matmul:
             if rate.m == m:
                 return rate.gflops
-        raise ValueError(f"no matmul rate was measured at M={m}; measured: {[r.m for r in self.matmul]}")
+        raise ValueError(
+            f"no matmul rate was measured at M={m}; measured: {[r.m for r in self.matmul]}"
+        )
 
 
 def measure_machine_limits(
@@ -63,10 +70,14 @@ def measure_machine_limits(
     import torch
 
     if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)} to measure limits, got {dtype!r}")
+        raise ValueError(
+            f"dtype must be one of {', '.join(TORCH_DTYPES)} to measure limits, got {dtype!r}"
+        )
     torch_dtype = getattr(torch, dtype)
     copy_gb_s, read_gb_s = _bandwidth(bandwidth_bytes)
-    rates = tuple(MatmulRate(m, _matmul_gflops(config, torch_dtype, m, min_time)) for m in sorted(set(ms)))
+    rates = tuple(
+        MatmulRate(m, _matmul_gflops(config, torch_dtype, m, min_time)) for m in sorted(set(ms))
+    )
     return MachineLimits(dtype, torch.get_num_threads(), copy_gb_s, read_gb_s, rates)
 
 
@@ -75,10 +86,23 @@ def decode_bound_tok_s(limits: MachineLimits, config: ModelConfig, dtype_bytes: 
 
 
 def min_compute_seconds(
-    limits: MachineLimits, config: ModelConfig, prompt_tokens: int, output_tokens: int, prefill_m: int, decode_m: int
+    limits: MachineLimits,
+    config: ModelConfig,
+    prompt_tokens: int,
+    output_tokens: int,
+    prefill_m: int,
+    decode_m: int,
 ) -> float:
-    prefill = prompt_tokens * flops_per_token(config, with_lm_head=False) / (limits.gflops_at(prefill_m) * 1e9)
-    decode = output_tokens * flops_per_token(config, with_lm_head=True) / (limits.gflops_at(decode_m) * 1e9)
+    prefill = (
+        prompt_tokens
+        * flops_per_token(config, with_lm_head=False)
+        / (limits.gflops_at(prefill_m) * 1e9)
+    )
+    decode = (
+        output_tokens
+        * flops_per_token(config, with_lm_head=True)
+        / (limits.gflops_at(decode_m) * 1e9)
+    )
     return prefill + decode
 
 
@@ -118,7 +142,10 @@ def _matmul_gflops(config: ModelConfig, dtype, m: int, min_time: float) -> float
     ]
     head = lm_head(config)
     head_w = torch.randn(head.out_features, head.in_features, generator=gen).to(dtype)
-    xs = {k: torch.randn(m, k, generator=gen).to(dtype) for k in {lin.in_features for lin in layer} | {head.in_features}}
+    xs = {
+        k: torch.randn(m, k, generator=gen).to(dtype)
+        for k in {lin.in_features for lin in layer} | {head.in_features}
+    }
 
     def one_pass() -> None:
         with torch.inference_mode():

@@ -53,18 +53,30 @@ class WorkloadSpec:
         for name in ("num_requests", "input_len", "output_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be a positive integer, got {value!r}"
+                )
         if self.dist not in DISTRIBUTIONS:
             raise ValueError(f"--dist must be one of {', '.join(DISTRIBUTIONS)}, got {self.dist!r}")
         if not 0.0 <= self.range_ratio < 1.0:
             raise ValueError(f"--range-ratio must be in [0, 1), got {self.range_ratio}")
         if self.dist == "text" and self.dataset is None:
-            raise ValueError("--dist text needs --dataset FILE (a UTF-8 text file, one prompt per line)")
+            raise ValueError(
+                "--dist text needs --dataset FILE (a UTF-8 text file, one prompt per line)"
+            )
         if self.long_prompt_every < 0 or (self.long_prompt_every and self.long_prompt_len < 1):
             raise ValueError(
                 "--long-prompt-every K needs K >= 1 and a positive --long-prompt-len L "
                 f"(got K={self.long_prompt_every}, L={self.long_prompt_len})"
             )
+
+    def max_request_len(self) -> int:
+        """An upper bound on prompt + output tokens of any request this spec makes."""
+        scale = 1 + self.range_ratio if self.dist == "uniform" else 1
+        prompt = max(
+            int(self.input_len * scale), self.long_prompt_len if self.long_prompt_every else 0
+        )
+        return prompt + int(self.output_len * scale)
 
 
 def make_workload(
@@ -77,7 +89,10 @@ def make_workload(
         requests = _text_requests(spec, rng, tokenizer)
     else:
         requests = [
-            BenchRequest(_random_ids(rng, _length(rng, spec, spec.input_len), vocab_size), _length(rng, spec, spec.output_len))
+            BenchRequest(
+                _random_ids(rng, _length(rng, spec, spec.input_len), vocab_size),
+                _length(rng, spec, spec.output_len),
+            )
             for _ in range(spec.num_requests)
         ]
     if spec.long_prompt_every:
@@ -103,7 +118,9 @@ def _random_ids(rng: random.Random, length: int, vocab_size: int) -> tuple[int, 
     return tuple(rng.randrange(vocab_size) for _ in range(length))
 
 
-def _text_requests(spec: WorkloadSpec, rng: random.Random, tokenizer: _Encoder | None) -> list[BenchRequest]:
+def _text_requests(
+    spec: WorkloadSpec, rng: random.Random, tokenizer: _Encoder | None
+) -> list[BenchRequest]:
     if tokenizer is None:
         raise ValueError("--dist text needs the model's tokenizer, and this model has none")
     path = Path(spec.dataset or "")

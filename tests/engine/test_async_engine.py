@@ -101,7 +101,9 @@ def test_closing_a_stream_early_aborts_the_request_and_frees_its_blocks():
         await stream.__anext__()
         await stream.aclose()
         await wait_for(lambda: engine.num_pending() == 0)
-        await wait_for(lambda: engine.stats().num_running == 0 and engine.stats().kv_blocks_used == 0)
+        await wait_for(
+            lambda: engine.stats().num_running == 0 and engine.stats().kv_blocks_used == 0
+        )
         await engine.shutdown(1.0)
 
     run(main())
@@ -235,6 +237,28 @@ def test_repeated_step_failures_stop_the_loop_and_refuse_new_work():
         await wait_for(lambda: not engine.is_healthy())
         with pytest.raises(EngineUnavailable):
             engine.generate("late", [1], GREEDY)
+        await engine.shutdown(0.1)
+
+    run(main())
+
+
+def test_when_the_loop_dies_every_request_ends_and_none_hangs():
+    async def main():
+        fake = FakeEngine(step_delay=0.005)
+        fake.fail_steps = 100
+        engine = await started(fake)
+
+        async def one(i: int) -> str:
+            try:
+                stream = engine.generate(f"r{i}", [i + 1], GREEDY)
+                await stream.admitted()
+                return (await collect(stream))[-1].outputs[0].finish_reason
+            except EngineUnavailable:
+                return "refused"
+
+        outcomes = await asyncio.gather(*(one(i) for i in range(10)))
+        assert set(outcomes) <= {"error", "refused"} and "error" in outcomes
+        assert engine.num_pending() == 0 and not engine.is_healthy()
         await engine.shutdown(0.1)
 
     run(main())

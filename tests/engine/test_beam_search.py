@@ -118,12 +118,12 @@ def test_beams_share_prompt_blocks_and_free_them(tmp_path) -> None:
 
 
 def test_preempted_beam_group_equals_uninterrupted_run(tmp_path) -> None:
-    other, prompt = random_prompts(1, (60, 60), seed=14)[0], random_prompts(1, (24, 24), seed=15)[0]
+    other, prompt = random_prompts(1, (120, 120), seed=14)[0], random_prompts(1, (24, 24), seed=15)[0]
     params = beam_params(4, 2, max_tokens=20)
     # tiny llama: 2 layers, 2 KV heads, head_dim 16, fp32, block 4 -> 2 KiB per block. 46 blocks
-    # hold the beam group's worst case (4 x 11) but not it beside the 25 of the other request.
-    small = tiny_engine(tmp_path / "m", kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=64)
-    small.add_request("other", other, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    # hold the beam group's worst case (4 x 11) but not it beside the 45 of the other request.
+    small = tiny_engine(tmp_path / "m", kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
+    small.add_request("other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
     small.add_request("beam", prompt, params)  # admitted last: the one preempted
     preemptions, final = 0, None
     while small.has_unfinished_requests():
@@ -198,6 +198,23 @@ def test_streamed_beam_text_is_append_only_and_ends_as_the_best(tmp_path) -> Non
         shown = o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids  # stop id hidden
         assert o.text == engine.tokenizer.decode(shown)
     assert sum(1 for d in streamed[0][:-1] if d) >= 1, "nothing was streamed before the end"
+    assert_no_leaks(engine)
+
+
+def test_beam_logprobs_are_the_models_and_add_up(tmp_path) -> None:
+    engine = tiny_engine(tmp_path)
+    hf = make_hf_model("llama")
+    prompt = random_prompts(1, (6, 6), seed=19)[0]
+    out = engine.generate([prompt], beam_params(3, 2, max_tokens=8, logprobs=2))[0]
+    for o in out.outputs:
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + list(o.token_ids)])).logits[0, len(prompt) - 1 : -1]
+        ref = logits.log_softmax(-1)
+        assert [e.token_id for e in o.logprobs] == list(o.token_ids)
+        for row, e in zip(ref, o.logprobs, strict=True):
+            assert e.logprob == pytest.approx(float(row[e.token_id]), abs=1e-4)
+            assert [t for t, _ in e.top] == row.topk(2).indices.tolist()
+        assert sum(e.logprob for e in o.logprobs) == pytest.approx(o.cumulative_logprob, abs=1e-5)
     assert_no_leaks(engine)
 
 

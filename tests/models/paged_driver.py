@@ -43,7 +43,11 @@ class PagedDriver:
             seq_lens.append(end)
             query_lens.append(len(toks))
         meta = AttentionMetadata.build(
-            tables, seq_lens, query_lens, self.block_size, sliding_window=self.model.config.sliding_window
+            tables,
+            seq_lens,
+            query_lens,
+            self.block_size,
+            sliding_window=self.model.config.sliding_window,
         )
         with torch.no_grad():
             hidden = self.model(torch.tensor(ids), torch.tensor(positions), meta, self.kv)

@@ -41,7 +41,9 @@ def run_case(num_heads: int, kv_heads: int, block_size: int, cases: list[tuple[i
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)])
     write_kv((k_cache, v_cache), new_k, new_v, meta.slot_mapping)
-    out = paged_attention(torch.cat(qs), (k_cache, v_cache), meta, HEAD_DIM**-0.5, new_kv=(new_k, new_v))
+    out = paged_attention(
+        torch.cat(qs), (k_cache, v_cache), meta, HEAD_DIM**-0.5, new_kv=(new_k, new_v)
+    )
     expected = torch.cat(
         [
             reference_attention(q, k, v, HEAD_DIM**-0.5, window)

@@ -9,6 +9,7 @@ transformers' own GGUF loader reading the same file back is the check that the w
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -233,7 +234,7 @@ def _tiny(arch: str, tied: bool) -> tuple[torch.nn.Module, dict]:
 )
 def test_tiny_gguf_loads_to_transformers_state_dict(tmp_path, arch, tied):
     model, meta = _tiny(arch, tied)
-    # GPT-2 GGUFs carry no vocab_size key: the vocabulary length is the token list's.
+    # GPT-2 GGUFs carry no vocab_size key (transformers then counts the token list).
     tokens = [f"t{i}" for i in range(96)] if arch == "gpt2" else None
     path = _to_gguf(model, tmp_path / f"{arch}.gguf", arch, tied, meta, tokens=tokens)
     config, tensors = load_checkpoint(path, use_cache=False)
@@ -257,10 +258,10 @@ def test_tiny_gguf_loads_to_transformers_state_dict(tmp_path, arch, tied):
         assert torch.equal(theirs[name], tensor), name
 
 
-def test_missing_vocab_size_falls_back_to_the_token_list(tmp_path):
+def test_missing_vocab_size_is_taken_from_the_embedding(tmp_path):
     model, meta = _tiny("llama", tied=True)
     del meta["llama.vocab_size"]
-    tokens = [f"t{i}" for i in range(96)]
+    tokens = [f"t{i}" for i in range(90)]  # a shorter token list must not win
     path = _to_gguf(model, tmp_path / "v.gguf", "llama", True, meta, tokens=tokens)
     config, _ = load_checkpoint(path, use_cache=False)
     assert config.vocab_size == 96
@@ -301,6 +302,21 @@ def test_not_a_gguf_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"NOPE" + bytes(64))
     with pytest.raises(ValueError, match=r"bad\.gguf"):
         load_checkpoint(bad, use_cache=False)
+
+
+def test_gguf_errors_name_the_file_and_the_tensor(tmp_path):
+    model, meta = _tiny("llama", tied=True)
+    wrong = meta | {"llama.feed_forward_length": 81}
+    path = _to_gguf(model, tmp_path / "wrong.gguf", "llama", True, wrong)
+    with pytest.raises(ValueError, match=r"wrong\.gguf \(GGUF tensor 'blk\.0\.ffn_\w+\.weight'\)"):
+        load_checkpoint(path, use_cache=False)
+    extra = {"blk.0.mystery.weight": np.zeros(4, dtype=np.float32)}
+    path = _to_gguf(model, tmp_path / "odd.gguf", "llama", True, meta, extra=extra)
+    with pytest.raises(ValueError, match=r"odd\.gguf: tensor 'blk\.0\.mystery\.weight'"):
+        load_checkpoint(path, use_cache=False)
+    path = _write(tmp_path / "phi.gguf", {"x": (np.zeros(4, dtype=np.float32), None)}, arch="phi3")
+    with pytest.raises(ValueError, match=r"phi\.gguf: unsupported GGUF architecture 'phi3'"):
+        load_checkpoint(path, use_cache=False)
 
 
 # ---------- the conversion cache ----------
@@ -344,6 +360,18 @@ def test_a_changed_gguf_is_converted_again(tmp_path):
     assert len(list((tmp_path / "c").iterdir())) == 2
 
 
+def test_a_damaged_cache_folder_is_converted_again(tmp_path):
+    path = _tiny_gguf(tmp_path)
+    _, want = load_checkpoint(path, cache_dir=tmp_path / "c")
+    (folder,) = (tmp_path / "c").iterdir()
+    (folder / "model.safetensors").write_bytes(b"\x08\x00")  # truncated
+    with pytest.warns(UserWarning, match="damaged"):
+        _, got = load_checkpoint(path, cache_dir=tmp_path / "c")
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    _, again = load_checkpoint(path, cache_dir=tmp_path / "c")  # repaired: no warning now
+    assert again.keys() == want.keys()
+
+
 def test_unwritable_cache_warns_and_still_loads(tmp_path):
     path = _tiny_gguf(tmp_path)
     blocker = tmp_path / "a-file"
@@ -365,7 +393,8 @@ def smollm2(tmp_path_factory):
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
     config, tensors = load_checkpoint(path, cache_dir=cache)  # converts and fills the cache
-    return path, cache, theirs, config, tensors
+    yield path, cache, theirs, config, tensors
+    shutil.rmtree(cache, ignore_errors=True)  # 538 MB of float32
 
 
 def test_smollm2_tensors_equal_transformers_gguf_loading(smollm2):

@@ -73,6 +73,12 @@ def test_gpt2_folder_keeps_hf_names_and_conv1d_layout(tmp_path):
     assert config.tie_word_embeddings
 
 
+def test_a_weights_file_path_loads_its_folder(tmp_path):
+    model, folder = _llama(tmp_path)
+    _, tensors = load_checkpoint(folder / "model.safetensors")
+    _assert_state_dict(tensors, model, tied=False)
+
+
 def test_sharded_folder_loads_the_same_tensors(tmp_path):
     model, folder = _llama(tmp_path, max_shard_size="40KB")
     shards = list(folder.glob("model-*.safetensors"))

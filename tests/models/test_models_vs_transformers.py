@@ -43,7 +43,9 @@ def test_logits_equal_transformers_prefill_then_decode(arch: str) -> None:
         logits = driver.step(nxt)
         for s in seqs:
             tokens[s] += nxt[s]
-            torch.testing.assert_close(logits[s][-1], hf_logits(hf, tokens[s])[-1], atol=TOL, rtol=0)
+            torch.testing.assert_close(
+                logits[s][-1], hf_logits(hf, tokens[s])[-1], atol=TOL, rtol=0
+            )
 
 
 def test_mixed_prefill_chunks_and_decodes_in_one_forward() -> None:

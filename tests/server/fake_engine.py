@@ -144,13 +144,17 @@ class FakeEngine:
             raise ValueError("use_beam_search is not supported by this engine yet")
         params.validate_for_vocab(self.tokenizer.vocab_size)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
         self.check_request(prompt_token_ids, params)
         if len(self._waiting) >= self.max_queued_requests:
             raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests})")
         seqs = [_Seq(i) for i in range(params.n)]
         rng = random.Random(params.seed)
-        self._waiting.append(_Req(request_id, list(prompt_token_ids), params, time.monotonic(), seqs, rng))
+        self._waiting.append(
+            _Req(request_id, list(prompt_token_ids), params, time.monotonic(), seqs, rng)
+        )
 
     def abort_request(self, request_id: str) -> None:
         self._aborts.add(request_id)
@@ -159,7 +163,9 @@ class FakeEngine:
         return bool(self._waiting or self._running)
 
     def _blocks(self, req: _Req) -> int:
-        return sum(math.ceil((len(req.prompt) + len(s.tokens) + 1) / self.block_size) for s in req.seqs)
+        return sum(
+            math.ceil((len(req.prompt) + len(s.tokens) + 1) / self.block_size) for s in req.seqs
+        )
 
     def stats(self) -> FakeStats:
         return FakeStats(
@@ -248,9 +254,7 @@ class FakeEngine:
         p = req.params
         prompt_lp = None
         if p.prompt_logprobs is not None:
-            prompt_lp = (None,) + tuple(
-                TokenLogprob(t, -1.0) for t in req.prompt[1:]
-            )
+            prompt_lp = (None,) + tuple(TokenLogprob(t, -1.0) for t in req.prompt[1:])
         outs = tuple(
             CompletionOutput(
                 index=s.index,

@@ -18,7 +18,9 @@ def main() -> int:
     port, shutdown_timeout, step_delay = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     settings = Settings(host="127.0.0.1", port=port, shutdown_timeout=shutdown_timeout)
     configure_logging("info")
-    app = create_app(settings, lambda: FakeEngine(step_delay=step_delay, max_model_len=4096), admission_limit=16)
+    app = create_app(
+        settings, lambda: FakeEngine(step_delay=step_delay, max_model_len=4096), admission_limit=16
+    )
     return serve_app(app, settings)
 
 

@@ -42,7 +42,13 @@ class LiveServer:
         self.state = self.app.state.tgserve
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready = wait_ready
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+        )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -53,7 +59,9 @@ class LiveServer:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the test server did not start")
             time.sleep(0.01)
-        auth = {"Authorization": f"Bearer {self.settings.api_key[0]}"} if self.settings.api_key else {}
+        auth = (
+            {"Authorization": f"Bearer {self.settings.api_key[0]}"} if self.settings.api_key else {}
+        )
         while self._wait_ready and httpx.get(self.url + "/ready", headers=auth).status_code != 200:
             if time.monotonic() > deadline:
                 raise RuntimeError("the test server never became ready")

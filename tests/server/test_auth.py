@@ -27,7 +27,12 @@ def bearer(key: str) -> dict[str, str]:
 
 def test_missing_or_wrong_key_is_401_in_the_route_family_shape(server):
     body = {"prompt": "hi", "max_tokens": 2}
-    for headers in ({}, bearer("nope"), bearer(KEYS[0][:-1]), {"Authorization": f"Basic {KEYS[0]}"}):
+    for headers in (
+        {},
+        bearer("nope"),
+        bearer(KEYS[0][:-1]),
+        {"Authorization": f"Basic {KEYS[0]}"},
+    ):
         response = httpx.post(server.url + "/v1/completions", json=body, headers=headers)
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
@@ -39,7 +44,11 @@ def test_missing_or_wrong_key_is_401_in_the_route_family_shape(server):
 
 def test_every_configured_key_is_accepted(server):
     for key in KEYS:
-        response = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers=bearer(key))
+        response = httpx.post(
+            server.url + "/v1/completions",
+            json={"prompt": "hi", "max_tokens": 2},
+            headers=bearer(key),
+        )
         assert response.status_code == 200
     assert httpx.get(server.url + "/info", headers=bearer(KEYS[1])).status_code == 200
 
@@ -59,8 +68,16 @@ def test_the_openai_client_sends_its_key_as_bearer(server):
 
 def test_keys_never_appear_in_logs_or_in_the_settings_repr(server, caplog):
     caplog.set_level(logging.DEBUG)
-    httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=bearer(KEYS[0]))
-    httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=bearer("guess"))
+    httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": "x", "max_tokens": 1},
+        headers=bearer(KEYS[0]),
+    )
+    httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": "x", "max_tokens": 1},
+        headers=bearer("guess"),
+    )
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert all(key not in logged for key in KEYS)
     assert all(key not in repr(Settings(api_key=KEYS)) for key in KEYS)

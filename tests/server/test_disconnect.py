@@ -32,7 +32,11 @@ def wait_idle(server, within: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < within:
         text = scrape(server)
-        names = ("tgserve_num_requests_running", "tgserve_num_requests_waiting", "tgserve_kv_cache_blocks_used")
+        names = (
+            "tgserve_num_requests_running",
+            "tgserve_num_requests_waiting",
+            "tgserve_kv_cache_blocks_used",
+        )
         if all(metric(text, name) == 0 for name in names):
             return time.monotonic() - t0
         time.sleep(0.02)
@@ -49,7 +53,9 @@ def wait_busy(server) -> None:
 def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
     aborts_before = metric(scrape(server), "tgserve_request_aborts_total")
     generated_before = metric(scrape(server), "tgserve_generation_tokens_total")
-    with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}) as response:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json={**LONG, "stream": True}
+    ) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
         assert metric(scrape(server), "tgserve_kv_cache_blocks_used") > 0
@@ -68,13 +74,19 @@ def test_a_client_leaving_a_non_streaming_request_aborts_it(server):
 
 
 def test_a_client_leaving_while_queued_is_removed_from_the_queue(server):
-    with httpx.stream("POST", server.url + "/generate_stream", json={"inputs": "run", "parameters": {"max_new_tokens": 40}}) as running:
+    with httpx.stream(
+        "POST",
+        server.url + "/generate_stream",
+        json={"inputs": "run", "parameters": {"max_new_tokens": 40}},
+    ) as running:
         lines = running.iter_lines()  # keep a reference: a dropped iterator closes the connection
         next(lines)
         wait_busy(server)
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/generate", json={"inputs": "queued"}, timeout=0.2)
         time.sleep(0.1)
-        assert metric(scrape(server), "tgserve_num_requests_waiting") == 0  # gone while the first runs
+        assert (
+            metric(scrape(server), "tgserve_num_requests_waiting") == 0
+        )  # gone while the first runs
         assert metric(scrape(server), "tgserve_num_requests_running") == 1
     wait_idle(server, within=1.0)

@@ -4,6 +4,8 @@ path in the body, and the server goes on serving afterwards.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -30,7 +32,13 @@ OPENAI_CASES = [
     ("/v1/completions", {**OK_COMPLETION, "n": 1000}, 400, "n", "n must be"),
     ("/v1/completions", {**OK_COMPLETION, "best_of": 1, "n": 2}, 400, "best_of", "best_of"),
     ("/v1/completions", {**OK_COMPLETION, "stop": ["x" * 1000]}, 400, "stop", "stop"),
-    ("/v1/completions", {**OK_COMPLETION, "logit_bias": {"abc": 1}}, 400, "logit_bias", "token ids"),
+    (
+        "/v1/completions",
+        {**OK_COMPLETION, "logit_bias": {"abc": 1}},
+        400,
+        "logit_bias",
+        "token ids",
+    ),
     ("/v1/completions", {**OK_COMPLETION, "logit_bias": {"99999": 1}}, 400, None, "vocabulary"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt", "empty"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt", "empty"),
@@ -40,11 +48,29 @@ OPENAI_CASES = [
     ("/v1/completions", {**OK_COMPLETION, "suffix": "tail"}, 400, "suffix", "not supported"),
     ("/v1/completions", {**OK_COMPLETION, "timeout": -3}, 400, "timeout", "positive"),
     ("/v1/chat/completions", {"model": "fake-model", "messages": []}, 400, "messages", "empty"),
-    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role", ""),
+    (
+        "/v1/chat/completions",
+        {**OK_CHAT, "messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        "messages.0.role",
+        "",
+    ),
     ("/v1/chat/completions", {**OK_CHAT, "messages": "hello"}, 400, "messages", "array"),
     ("/v1/chat/completions", {**OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs", "logprobs"),
-    ("/v1/chat/completions", {**OK_CHAT, "logprobs": True, "top_logprobs": 99}, 400, "top_logprobs", "top_logprobs"),
-    ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    (
+        "/v1/chat/completions",
+        {**OK_CHAT, "logprobs": True, "top_logprobs": 99},
+        400,
+        "top_logprobs",
+        "top_logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {**OK_CHAT, "tools": [{"type": "function"}]},
+        400,
+        "tools",
+        "not supported",
+    ),
     ("/v1/chat/completions", {**OK_CHAT, "use_beam_search": True}, 400, None, "beam"),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 10_000}, 400, None, "context length"),
     ("/tokenize", {}, 400, "prompt", "exactly one"),
@@ -73,7 +99,9 @@ def server():
 
 def post(server, route: str, body) -> httpx.Response:
     if isinstance(body, bytes):
-        return httpx.post(server.url + route, content=body, headers={"content-type": "application/json"})
+        return httpx.post(
+            server.url + route, content=body, headers={"content-type": "application/json"}
+        )
     return httpx.post(server.url + route, json=body)
 
 
@@ -132,3 +160,31 @@ def test_server_still_serves_after_all_the_bad_requests(server):
         post(server, route, body)
     assert post(server, "/v1/completions", OK_COMPLETION).status_code == 200
     assert post(server, "/generate", {"inputs": "ok"}).status_code == 200
+
+
+def test_an_engine_failure_is_a_clean_500_or_an_error_finish_in_streams(server):
+    fake = server.state.engine.engine  # the FakeEngine behind the AsyncEngine
+
+    def fail_next_step() -> None:
+        deadline = time.monotonic() + 5
+        while fake.has_unfinished_requests():  # let the previous failure's cleanup step run
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        fake.fail_steps = 1
+
+    fail_next_step()
+    failed = post(server, "/v1/completions", OK_COMPLETION)
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_error"
+    assert_clean(failed)
+    fail_next_step()
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json={**OK_COMPLETION, "stream": True}
+    ) as r:
+        body = r.read().decode()
+    assert '"finish_reason":"error"' in body and body.endswith("data: [DONE]\n\n")
+    assert "Traceback" not in body and ".py" not in body
+    fail_next_step()
+    with httpx.stream("POST", server.url + "/generate_stream", json={"inputs": "x"}) as r:
+        body = r.read().decode()
+    assert '"error_type":"generation"' in body
+    assert post(server, "/v1/completions", OK_COMPLETION).status_code == 200  # and it goes on

@@ -38,7 +38,12 @@ def test_ready_waits_for_loading_and_warm_up_while_health_stays_up():
         release.set()
         wait_for(lambda: httpx.get(live.url + "/ready").status_code == 200)
         assert engines[0].steps >= 1  # the warm-up request went through the engine first
-        assert httpx.post(live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+        assert (
+            httpx.post(
+                live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}
+            ).status_code
+            == 200
+        )
 
 
 def test_health_fails_while_the_loop_is_stalled_with_work_pending_and_recovers():
@@ -50,7 +55,9 @@ def test_health_fails_while_the_loop_is_stalled_with_work_pending_and_recovers()
         with httpx.Client(base_url=live.url, timeout=20) as client:
             result: list[httpx.Response] = []
             worker = threading.Thread(
-                target=lambda: result.append(client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3}))
+                target=lambda: result.append(
+                    client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+                )
             )
             worker.start()
             wait_for(lambda: httpx.get(live.url + "/health").status_code == 503)

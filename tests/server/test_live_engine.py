@@ -30,7 +30,9 @@ def folder(tiny_model_folder):
 
 @pytest.fixture(scope="module")
 def server(folder):
-    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4, max_num_seqs=8)
+    config = EngineConfig(
+        dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4, max_num_seqs=8
+    )
     with LiveServer(lambda: Engine.from_model(str(folder), config), admission_limit=16) as live:
         yield live
 
@@ -56,7 +58,10 @@ def hf_greedy(hf, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int]
             pad_token_id=0,
         )
     ids = out.sequences[0, len(prompt_ids) :].tolist()
-    logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, ids, strict=False)]
+    logprobs = [
+        torch.log_softmax(step[0].float(), -1)[t].item()
+        for step, t in zip(out.logits, ids, strict=False)
+    ]
     return ids, logprobs
 
 
@@ -66,7 +71,9 @@ def test_tgi_generate_returns_the_transformers_greedy_tokens_and_text(server, hf
     result = httpx.post(server.url + "/generate", json=body, timeout=60).json()
     expected_ids, expected_lps = hf_greedy(hf, tok.encode(PROMPT).ids, 6)
     assert [t["id"] for t in result["details"]["tokens"]] == expected_ids
-    assert [t["logprob"] for t in result["details"]["tokens"]] == pytest.approx(expected_lps, abs=1e-4)
+    assert [t["logprob"] for t in result["details"]["tokens"]] == pytest.approx(
+        expected_lps, abs=1e-4
+    )
     assert result["generated_text"] == tok.decode(expected_ids, skip_special_tokens=True)
 
 
@@ -85,20 +92,29 @@ def test_openai_completion_streamed_equals_non_streamed_with_one_finish_and_done
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == whole.choices[0].text
     assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]) == 1
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole.usage.model_dump(exclude_none=True)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole.usage.model_dump(
+        exclude_none=True
+    )
 
 
 def test_chat_through_the_template_streams_the_same_text(server, hf):
     _, tok = hf
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
     messages = [{"role": "user", "content": "Say hi"}]
-    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+    whole = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0
+    )
     rendered = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
     assert whole.usage.prompt_tokens == len(tok.encode(rendered).ids)
     expected_ids, _ = hf_greedy(hf, tok.encode(rendered).ids, 5)
     assert whole.choices[0].message.content == tok.decode(expected_ids, skip_special_tokens=True)
-    chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    chunks = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks)
+        == whole.choices[0].message.content
+    )
 
 
 def test_inference_client_stream_matches_non_stream(server, monkeypatch):
@@ -107,7 +123,11 @@ def test_inference_client_stream_matches_non_stream(server, monkeypatch):
     client = huggingface_hub.InferenceClient(model=server.url, timeout=60)
     whole = client.text_generation(PROMPT, max_new_tokens=5, details=True)
     streamed = list(client.text_generation(PROMPT, max_new_tokens=5, stream=True, details=True))
-    assert "".join(e.token.text for e in streamed) == whole.generated_text == streamed[-1].generated_text
+    assert (
+        "".join(e.token.text for e in streamed)
+        == whole.generated_text
+        == streamed[-1].generated_text
+    )
     assert [e.token.id for e in streamed] == [t.id for t in whole.details.tokens]
 
 
@@ -120,7 +140,10 @@ def test_a_disconnected_stream_frees_its_blocks_on_the_real_engine(server):
     t0 = time.monotonic()
     while True:
         text = httpx.get(server.url + "/metrics").text
-        if metric(text, "tgserve_num_requests_running") == 0 and metric(text, "tgserve_kv_cache_blocks_used") == 0:
+        if (
+            metric(text, "tgserve_num_requests_running") == 0
+            and metric(text, "tgserve_kv_cache_blocks_used") == 0
+        ):
             break
         assert time.monotonic() - t0 < 10, "blocks still held after the client left"
         time.sleep(0.05)

@@ -36,7 +36,12 @@ def test_metrics_parse_and_count_what_the_requests_imply():
         for prompt, max_tokens in (("abc", 5), ("hello", 7)):
             body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
             assert httpx.post(start + "/v1/completions", json=body).status_code == 200
-        assert httpx.post(start + "/generate", json={"inputs": "EOS", "parameters": {"max_new_tokens": 9}}).status_code == 200
+        assert (
+            httpx.post(
+                start + "/generate", json={"inputs": "EOS", "parameters": {"max_new_tokens": 9}}
+            ).status_code
+            == 200
+        )
         httpx.post(start + "/v1/completions", json={"prompt": "x" * 500})  # too long: 400
         httpx.post(start + "/v1/completions", json={"prompt": "x", "model": "other"})  # 404
         text = httpx.get(start + "/metrics").text

@@ -46,7 +46,9 @@ def sse_events(response: httpx.Response) -> list[str]:
 
 
 def test_completion_text_usage_and_finish_reason_match_the_oracle(client):
-    result = client.completions.create(model="fake-model", prompt="Hello", max_tokens=9, temperature=0)
+    result = client.completions.create(
+        model="fake-model", prompt="Hello", max_tokens=9, temperature=0
+    )
     assert result.choices[0].text == expected_greedy_text(completion_ids("Hello"), 9)
     assert result.choices[0].finish_reason == "length"
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (6, 9)
@@ -56,13 +58,17 @@ def test_completion_text_usage_and_finish_reason_match_the_oracle(client):
 def test_streamed_completion_equals_non_streamed_and_ends_with_one_finish_then_done(server, client):
     body = {"model": "fake-model", "prompt": "stream me", "max_tokens": 17, "temperature": 0}
     whole = client.completions.create(**body).choices[0].text
-    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}) as response:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json={**body, "stream": True}
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole
-    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
+    finishes = [
+        c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]
+    ]
     assert finishes == ["length"] and chunks[-1]["choices"][0]["finish_reason"] == "length"
     streamed = "".join(c.choices[0].text for c in client.completions.create(**body, stream=True))
     assert streamed == whole
@@ -70,7 +76,9 @@ def test_streamed_completion_equals_non_streamed_and_ends_with_one_finish_then_d
 
 def test_streamed_chat_equals_non_streamed_with_role_first_and_usage_last(client):
     messages = [{"role": "user", "content": "Tell me"}]
-    whole = client.chat.completions.create(model="fake-model", messages=messages, max_tokens=11, temperature=0)
+    whole = client.chat.completions.create(
+        model="fake-model", messages=messages, max_tokens=11, temperature=0
+    )
     assert whole.choices[0].message.content == expected_greedy_text(chat_ids("Tell me"), 11)
     assert whole.choices[0].message.role == "assistant"
     chunks = list(
@@ -84,14 +92,21 @@ def test_streamed_chat_equals_non_streamed_with_role_first_and_usage_last(client
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == whole.choices[0].message.content
+    )
+    assert [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ] == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 11
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens == len(chat_ids("Tell me"))
 
 
 def test_n_samples_and_several_prompts_get_their_own_choice_indices(client):
-    result = client.completions.create(model="fake-model", prompt=["ab", "cd"], n=2, max_tokens=5, temperature=0)
+    result = client.completions.create(
+        model="fake-model", prompt=["ab", "cd"], n=2, max_tokens=5, temperature=0
+    )
     by_index = {c.index: c.text for c in result.choices}
     assert sorted(by_index) == [0, 1, 2, 3]
     for prompt_index, prompt in enumerate(["ab", "cd"]):
@@ -112,12 +127,16 @@ def test_n_samples_and_several_prompts_get_their_own_choice_indices(client):
 
 def test_token_id_prompts_are_accepted(client):
     ids = [72, 105]
-    result = client.completions.create(model="fake-model", prompt=[ids, ids], max_tokens=4, temperature=0)
+    result = client.completions.create(
+        model="fake-model", prompt=[ids, ids], max_tokens=4, temperature=0
+    )
     assert [c.text for c in result.choices] == [expected_greedy_text(ids, 4)] * 2
 
 
 def test_completion_logprobs_have_openai_shape_and_consistent_offsets(client):
-    result = client.completions.create(model="fake-model", prompt="lp", max_tokens=6, temperature=0, logprobs=2)
+    result = client.completions.create(
+        model="fake-model", prompt="lp", max_tokens=6, temperature=0, logprobs=2
+    )
     choice = result.choices[0]
     lp = choice.logprobs
     assert "".join(lp.tokens) == choice.text
@@ -150,13 +169,18 @@ def test_chat_logprobs_list_tokens_with_bytes_and_top_alternatives(client):
     assert "".join(t.token for t in content) == result.choices[0].message.content
     for item in content:
         assert bytes(item.bytes) == item.token.encode()
-        assert len(item.top_logprobs) == 3 and item.top_logprobs[0].logprob >= item.top_logprobs[-1].logprob
+        assert (
+            len(item.top_logprobs) == 3
+            and item.top_logprobs[0].logprob >= item.top_logprobs[-1].logprob
+        )
 
 
 def test_stop_string_ends_with_finish_reason_stop_and_is_removed(client):
     full = expected_greedy_text(completion_ids("stop"), 12)
     stop = full[3:5]
-    result = client.completions.create(model="fake-model", prompt="stop", max_tokens=12, temperature=0, stop=[stop])
+    result = client.completions.create(
+        model="fake-model", prompt="stop", max_tokens=12, temperature=0, stop=[stop]
+    )
     assert result.choices[0].finish_reason == "stop"
     assert result.choices[0].text == full[: full.index(stop)]
 
@@ -171,5 +195,7 @@ def test_tokenize_and_detokenize_round_trip(server):
     assert tokens["tokens"] == completion_ids("héllo") and tokens["count"] == len(tokens["tokens"])
     text = httpx.post(server.url + "/detokenize", json={"tokens": tokens["tokens"][1:]}).json()
     assert text == {"prompt": "héllo"}
-    chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "x"}]}).json()
+    chat = httpx.post(
+        server.url + "/tokenize", json={"messages": [{"role": "user", "content": "x"}]}
+    ).json()
     assert chat["tokens"] == chat_ids("x")

@@ -24,7 +24,9 @@ from tests.server.live import free_port, metric
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(args: list[str], port: int, env: dict[str, str] | None = None, headers=None) -> subprocess.Popen:
+def start(
+    args: list[str], port: int, env: dict[str, str] | None = None, headers=None
+) -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
@@ -70,11 +72,17 @@ def test_signal_drains_then_aborts_open_streams_and_exits_zero(sig):
     try:
         events: list[str] = []
         long_body = {"prompt": "long", "max_tokens": 3000, "temperature": 0, "stream": True}
-        reader = threading.Thread(target=read_stream, args=(url + "/v1/completions", long_body, events))
+        reader = threading.Thread(
+            target=read_stream, args=(url + "/v1/completions", long_body, events)
+        )
         reader.start()
         short: list[httpx.Response] = []
         short_body = {"prompt": "short", "max_tokens": 40, "temperature": 0}
-        asker = threading.Thread(target=lambda: short.append(httpx.post(url + "/v1/completions", json=short_body, timeout=60)))
+        asker = threading.Thread(
+            target=lambda: short.append(
+                httpx.post(url + "/v1/completions", json=short_body, timeout=60)
+            )
+        )
         while len(events) < 3:
             time.sleep(0.01)
         asker.start()
@@ -106,9 +114,30 @@ def test_cli_serve_reads_flags_and_environment_and_stops_cleanly_on_sigterm(tiny
     port = free_port()
     key = "cli-secret-key"
     auth = {"Authorization": f"Bearer {key}"}
-    env = {"TGSERVE_API_KEY": key, "TGSERVE_MAX_MODEL_LEN": "64", "TGSERVE_PORT": "1"}  # flag wins over env
-    args = ["-m", "server.cli", "serve", "--model", str(folder), "--host", "127.0.0.1", "--port", str(port),
-            "--kv-cache-memory", "4MB", "--block-size", "4", "--dtype", "float32", "--served-model-name", "tiny-llama"]
+    env = {
+        "TGSERVE_API_KEY": key,
+        "TGSERVE_MAX_MODEL_LEN": "64",
+        "TGSERVE_PORT": "1",
+    }  # flag wins over env
+    args = [
+        "-m",
+        "server.cli",
+        "serve",
+        "--model",
+        str(folder),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kv-cache-memory",
+        "4MB",
+        "--block-size",
+        "4",
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        "tiny-llama",
+    ]
     process = start(args, port, env=env, headers=auth)
     try:
         url = f"http://127.0.0.1:{port}"

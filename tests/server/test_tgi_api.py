@@ -63,15 +63,28 @@ def test_generate_and_compat_route_share_one_answer_and_full_text_is_optional(se
     assert generated == {"generated_text": expected_greedy_text(ids_of("abc"), 4)}
     assert httpx.post(server.url + "/", json=body).json() == [generated]
     full = {"inputs": "abc", "parameters": {"max_new_tokens": 4, "return_full_text": True}}
-    assert httpx.post(server.url + "/generate", json=full).json()["generated_text"] == "abc" + generated["generated_text"]
+    assert (
+        httpx.post(server.url + "/generate", json=full).json()["generated_text"]
+        == "abc" + generated["generated_text"]
+    )
 
 
 def test_eos_and_stop_sequences_map_to_tgi_finish_reasons(server):
-    eos = httpx.post(server.url + "/generate", json={"inputs": "EOS", "parameters": {"details": True}}).json()
+    eos = httpx.post(
+        server.url + "/generate", json={"inputs": "EOS", "parameters": {"details": True}}
+    ).json()
     assert eos["details"]["finish_reason"] == "eos_token"
-    assert eos["details"]["tokens"][-1] == {"id": EOS, "text": "</s>", "logprob": -0.5, "special": True}
+    assert eos["details"]["tokens"][-1] == {
+        "id": EOS,
+        "text": "</s>",
+        "logprob": -0.5,
+        "special": True,
+    }
     full = expected_greedy_text(ids_of("seq"), 10)
-    body = {"inputs": "seq", "parameters": {"max_new_tokens": 10, "stop": [full[4:6]], "details": True}}
+    body = {
+        "inputs": "seq",
+        "parameters": {"max_new_tokens": 10, "stop": [full[4:6]], "details": True},
+    }
     stopped = httpx.post(server.url + "/generate", json=body).json()
     assert stopped["details"]["finish_reason"] == "stop_sequence"
     assert stopped["generated_text"] == full[: full.index(full[4:6])]
@@ -88,7 +101,10 @@ def test_generate_stream_events_carry_final_text_only_at_the_end(server):
 
 
 def test_decoder_input_details_return_the_prompt_tokens(server):
-    body = {"inputs": "pf", "parameters": {"max_new_tokens": 2, "details": True, "decoder_input_details": True}}
+    body = {
+        "inputs": "pf",
+        "parameters": {"max_new_tokens": 2, "details": True, "decoder_input_details": True},
+    }
     details = httpx.post(server.url + "/generate", json=body).json()["details"]
     assert [p["id"] for p in details["prefill"]] == ids_of("pf")
     assert details["prefill"][0]["logprob"] is None

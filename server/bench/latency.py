@@ -1,0 +1,164 @@
+"""`tgserve bench latency`: batch-1 prefill and decode speed, per backend, on the same prompts.
+
+Contract: `run_latency_bench(names, source, options, spec, limits, show_progress)` loads each
+backend in turn, runs `warmup_runs` requests it does not time, then `runs` requests (each with
+its own seeded prompt of `input_len` tokens, the same for every backend, decoding `output_len`
+tokens), and reports the medians: prefill tok/s = prompt tokens / time to first token; decode
+tok/s = (generated - 1) / time from first to last token. With `limits`, decode is compared with
+the memory-bandwidth bound (every weight read once per token) and prefill with the matmul bound at
+M = input_len. Ratios are against the first backend named. Load averages are taken just before
+and after each backend's timed runs: figures from a busy machine say so.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, replace
+
+from engine.config import dtype_bytes
+from server.bench.backends import BackendOptions, LatencySample, load_backend
+from server.bench.machine_limits import MachineLimits, decode_bound_tok_s
+from server.bench.model_shapes import flops_per_token
+from server.bench.model_source import ModelSource
+from server.bench.progress import ProgressBar
+from server.bench.workload import WorkloadSpec, make_workload
+
+
+@dataclass(frozen=True)
+class LatencySpec:
+    input_len: int
+    output_len: int
+    runs: int = 3
+    warmup_runs: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.runs < 1 or self.warmup_runs < 0:
+            raise ValueError(
+                f"--runs must be >= 1 and --warmup-runs >= 0, got {self.runs}, {self.warmup_runs}"
+            )
+        if self.output_len < 2:
+            raise ValueError(
+                "--output-len must be >= 2: decode speed is timed after the first token"
+            )
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    kind: str  # "latency"
+    backend: str
+    model: str
+    dtype: str
+    input_len: int
+    output_len: int
+    runs: int
+    prefill_tok_s: float  # median over runs
+    decode_tok_s: float  # median over runs
+    prefill_tok_s_runs: tuple[float, ...]
+    decode_tok_s_runs: tuple[float, ...]
+    prefill_ratio_vs_first: float
+    decode_ratio_vs_first: float
+    decode_bound_tok_s: float | None  # bandwidth / weight bytes per token
+    decode_fraction_of_bound: float | None
+    prefill_bound_tok_s: float | None  # matmul FLOP/s at M = input_len / FLOPs per token
+    prefill_fraction_of_bound: float | None
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    note: str
+
+
+def run_latency_bench(
+    names: list[str],
+    source: ModelSource,
+    options: BackendOptions,
+    spec: LatencySpec,
+    limits: MachineLimits | None,
+    show_progress: bool,
+) -> list[LatencyResult]:
+    workload = WorkloadSpec(
+        spec.warmup_runs + spec.runs, spec.input_len, spec.output_len, "fixed", spec.seed
+    )
+    requests = make_workload(workload, source.config.vocab_size)
+    warmup, timed = requests[: spec.warmup_runs], requests[spec.warmup_runs :]
+    results: list[LatencyResult] = []
+    for name in names:
+        backend = load_backend(name, source, options)
+        try:
+            with ProgressBar(f"latency {name}", len(requests), show_progress) as bar:
+                for i, request in enumerate(warmup):
+                    backend.run_latency(request)
+                    bar.update(i + 1)
+                load_before = os.getloadavg()
+                samples = []
+                for request in timed:
+                    samples.append(backend.run_latency(request))
+                    bar.update(len(warmup) + len(samples))
+                load_after = os.getloadavg()
+            results.append(
+                _result(
+                    name,
+                    source,
+                    options,
+                    spec,
+                    samples,
+                    limits,
+                    load_before,
+                    load_after,
+                    backend.note,
+                )
+            )
+        finally:
+            backend.close()
+    first = results[0]
+    return [
+        replace(
+            r,
+            prefill_ratio_vs_first=r.prefill_tok_s / first.prefill_tok_s,
+            decode_ratio_vs_first=r.decode_tok_s / first.decode_tok_s,
+        )
+        for r in results
+    ]
+
+
+def _result(
+    name, source, options, spec, samples: list[LatencySample], limits, load_before, load_after, note
+) -> LatencyResult:
+    for s in samples:
+        if s.output_tokens != spec.output_len:
+            raise RuntimeError(
+                f"{name} generated {s.output_tokens} tokens, {spec.output_len} were asked for"
+            )
+    prefill = tuple(s.prompt_tokens / s.prefill_s for s in samples)
+    decode = tuple((s.output_tokens - 1) / s.decode_s for s in samples)
+    prefill_med, decode_med = statistics.median(prefill), statistics.median(decode)
+    decode_bound = prefill_bound = None
+    if limits is not None:
+        decode_bound = decode_bound_tok_s(limits, source.config, dtype_bytes(options.dtype))
+        prefill_bound = (
+            limits.gflops_at(spec.input_len)
+            * 1e9
+            / flops_per_token(source.config, with_lm_head=False)
+        )
+    return LatencyResult(
+        kind="latency",
+        backend=name,
+        model=source.name,
+        dtype=options.dtype,
+        input_len=spec.input_len,
+        output_len=spec.output_len,
+        runs=spec.runs,
+        prefill_tok_s=prefill_med,
+        decode_tok_s=decode_med,
+        prefill_tok_s_runs=prefill,
+        decode_tok_s_runs=decode,
+        prefill_ratio_vs_first=1.0,
+        decode_ratio_vs_first=1.0,
+        decode_bound_tok_s=decode_bound,
+        decode_fraction_of_bound=decode_med / decode_bound if decode_bound else None,
+        prefill_bound_tok_s=prefill_bound,
+        prefill_fraction_of_bound=prefill_med / prefill_bound if prefill_bound else None,
+        load_before=load_before,
+        load_after=load_after,
+        note=note,
+    )

@@ -1,0 +1,154 @@
+"""`tgserve bench serve`: Poisson arrivals, percentiles, and the streaming load generator against a
+fake OpenAI-compatible server whose delays are known (so TTFT, ITL and TPOT have an oracle)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from server.bench.serve_load import LoadSpec, arrival_gaps, run_load
+from server.bench.serve_metrics import percentile, summarize, summarize_run
+from server.bench.workload import BenchRequest
+from server.cli import main
+
+
+def _json_lines(capsys) -> list[dict]:
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+SERVE_ARGS = "--num-requests 4 --concurrency 2 --input-len 6 --output-len 5 --vocab-size 7 --json"
+
+
+def test_poisson_arrivals_are_seeded_with_the_requested_mean_rate():
+    gaps = arrival_gaps(4001, request_rate=20.0, seed=1)
+    assert gaps[0] == 0.0 and gaps == arrival_gaps(4001, 20.0, seed=1)
+    assert abs(sum(gaps[1:]) / 4000 - 1 / 20) < 0.005  # mean gap 1 / rate (std error ~0.0008)
+    assert arrival_gaps(3, math.inf, seed=1) == [0.0, 0.0, 0.0]
+
+
+# ----- percentiles -------------------------------------------------------------------------------
+def test_percentiles_match_hand_worked_values():
+    values = [4.0, 1.0, 3.0, 2.0]  # sorted 1 2 3 4: rank = p/100 * 3
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 90) == pytest.approx(3.7)
+    assert percentile(values, 100) == 4.0
+    assert percentile([7.0], 99) == 7.0
+    summary = summarize([0.001, 0.002, 0.003])  # seconds in, milliseconds out
+    assert summary.mean_ms == pytest.approx(2.0) and summary.p50_ms == pytest.approx(2.0)
+    assert summarize([]).p99_ms is None
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_percentiles_agree_with_numpy_on_random_data():
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 17, 100):
+        data = rng.exponential(size=n).tolist()
+        for p in (1, 50, 90, 99):
+            assert percentile(data, p) == pytest.approx(float(np.percentile(data, p)))
+
+
+# ----- serving load against a fake streaming server ------------------------------------------------
+@contextmanager
+def fake_streaming_server(ttft: float, itl: float) -> Iterator[str]:
+    """An OpenAI-style /v1/completions on raw asyncio streams, yielding its URL: the first token
+    after `ttft` seconds, then one every `itl` seconds, a finish-only chunk, a usage chunk, [DONE].
+    Prompts starting with token 7 get HTTP 503; starting with 8, a stream cut before [DONE]."""
+    fake = _FakeHandler(ttft, itl)
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(fake.handle, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+class _FakeHandler:
+    def __init__(self, ttft: float, itl: float) -> None:
+        self.ttft, self.itl = ttft, itl
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request_line = (await reader.readline()).decode()
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            key, _, value = line.decode().partition(":")
+            headers[key.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", 0)))
+        if request_line.split(" ")[1] == "/v1/models":
+            payload = json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
+            writer.write(_head("200 OK", f"Content-Length: {len(payload)}") + payload)
+        else:
+            await self._complete(json.loads(body), writer)
+        await writer.drain()
+        writer.close()
+
+    async def _complete(self, req: dict, writer: asyncio.StreamWriter) -> None:
+        if req["prompt"][0] == 7:
+            writer.write(_head("503 Service Unavailable", "Content-Length: 4") + b"busy")
+            return
+        writer.write(
+            _head("200 OK", "Content-Type: text/event-stream\r\nTransfer-Encoding: chunked")
+        )
+
+        async def event(data: object) -> None:
+            frame = f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+            writer.write(f"{len(frame):x}\r\n".encode() + frame + b"\r\n")
+            await writer.drain()
+
+        n = req["max_tokens"]
+        for i in range(n):
+            await asyncio.sleep(self.ttft if i == 0 else self.itl)
+            await event({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]})
+        if req["prompt"][0] != 8:  # 8: the stream is cut, no usage and no [DONE]
+            await event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+            await event(
+                {
+                    "choices": [],
+                    "usage": {"prompt_tokens": len(req["prompt"]), "completion_tokens": n},
+                }
+            )
+            await event("[DONE]")
+        writer.write(b"0\r\n\r\n")
+
+
+def _head(status: str, headers: str) -> bytes:
+    return f"HTTP/1.1 {status}\r\n{headers}\r\nConnection: close\r\n\r\n".encode()
+
+
+def test_serve_measures_ttft_itl_and_tpot_from_known_delays(capsys):
+    with fake_streaming_server(ttft=0.30, itl=0.10) as url:
+        argv = ["bench", "serve", "--url", url, *SERVE_ARGS.split()]  # ids < 7: none fail
+        assert main(argv) == 0
+    (result,) = _json_lines(capsys)
+    assert result["kind"] == "serve" and result["completed"] == 4 and result["failed"] == 0
+    assert result["output_tokens"] == 4 * 5 and result["prompt_tokens"] == 4 * 6
+    assert 300 <= result["ttft"]["p50_ms"] < 400
+    assert 90 <= result["itl"]["p50_ms"] < 150 and 90 <= result["tpot"]["p50_ms"] < 150
+    assert 700 <= result["e2e"]["p50_ms"] < 900  # 0.3 + 4 * 0.1
+    assert 1.4 <= result["duration_s"] < 2.2  # two waves of two concurrent requests
+    assert result["output_tok_s"] == pytest.approx(20 / result["duration_s"])
+
+
+def test_serve_counts_failed_and_cut_streams_without_their_figures():
+    requests = [BenchRequest((1, 2, 3), 3), BenchRequest((7, 2, 3), 3), BenchRequest((8, 2, 3), 3)]
+    with fake_streaming_server(ttft=0.05, itl=0.02) as url:
+        spec = LoadSpec(url, concurrency=3)
+        records, duration = run_load(spec, requests, lambda _n: None)
+    assert [r.ok for r in records] == [True, False, False]
+    assert "503" in records[1].error and "[DONE]" in records[2].error
+    # three token chunks; the finish-only chunk carries no token
+    assert records[0].output_tokens == 3 and len(records[0].itl_s) == 2
+    result = summarize_run(spec, records, duration, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    assert (result.completed, result.failed, result.output_tokens) == (1, 2, 3)
+    assert len(result.errors) == 2

@@ -1,0 +1,101 @@
+"""`tgserve serve` settings: every flag also comes from TGSERVE_*, the flag wins, the variable is
+read when settings are resolved (not at import), and bad values name the flag and variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import pytest
+
+from server import serve
+from server.settings import OPTIONS, Settings, parse_size
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    return p
+
+
+def test_every_setting_has_a_flag_and_an_environment_variable():
+    assert {o.dest for o in OPTIONS} == {f.name for f in fields(Settings)}
+    help_text = parser().format_help()
+    for option in OPTIONS:
+        assert option.flag in help_text and option.env in help_text
+
+
+def test_flag_beats_environment_beats_default():
+    args = parser().parse_args(["--port", "9001", "--max-num-seqs", "4"])
+    env = {"TGSERVE_PORT": "7000", "TGSERVE_MAX_NUM_SEQS": "99", "TGSERVE_SHUTDOWN_TIMEOUT": "2.5"}
+    settings = Settings.resolve(args, env)
+    assert (settings.port, settings.max_num_seqs, settings.shutdown_timeout) == (9001, 4, 2.5)
+    assert settings.host == "0.0.0.0" and settings.max_model_len is None
+
+
+def test_environment_is_read_at_resolve_time(monkeypatch):
+    import os
+
+    args = parser().parse_args([])
+    monkeypatch.setenv("TGSERVE_MODEL", "/models/late")
+    assert Settings.resolve(args, os.environ).model == "/models/late"
+
+
+def test_repeatable_flags_and_comma_separated_variables():
+    args = parser().parse_args(["--api-key", "a", "--api-key", "b"])
+    assert Settings.resolve(args, {"TGSERVE_API_KEY": "x,y"}).api_key == ("a", "b")
+    from_env = Settings.resolve(
+        parser().parse_args([]), {"TGSERVE_API_KEY": "x, y", "TGSERVE_SERVED_MODEL_NAME": "m1"}
+    )
+    assert from_env.api_key == ("x", "y") and from_env.served_model_name == ("m1",)
+
+
+def test_switches_from_flag_or_boolean_variable():
+    assert Settings.resolve(
+        parser().parse_args(["--disable-prefix-caching"]), {}
+    ).disable_prefix_caching
+    assert Settings.resolve(
+        parser().parse_args([]), {"TGSERVE_DISABLE_PREFIX_CACHING": "true"}
+    ).disable_prefix_caching
+    assert not Settings.resolve(
+        parser().parse_args([]), {"TGSERVE_DISABLE_PREFIX_CACHING": "0"}
+    ).disable_prefix_caching
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1000", 1000),
+        ("512MiB", 512 * 2**20),
+        ("2GB", 2 * 10**9),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("64k", 64_000),
+        ("3 G", 3 * 10**9),
+    ],
+)
+def test_sizes_accept_binary_and_decimal_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "12XB", "-5MiB"])
+def test_bad_sizes_are_refused(text):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+def test_bad_values_name_the_flag_and_variable():
+    with pytest.raises(ValueError, match="TGSERVE_PORT.*--port"):
+        Settings.resolve(parser().parse_args([]), {"TGSERVE_PORT": "eighty"})
+    with pytest.raises(ValueError, match="TGSERVE_KV_CACHE_MEMORY"):
+        Settings.resolve(parser().parse_args([]), {"TGSERVE_KV_CACHE_MEMORY": "big"})
+    with pytest.raises(ValueError, match="--port"):
+        Settings(port=70000)
+    with pytest.raises(SystemExit):  # argparse reports a bad flag value itself
+        parser().parse_args(["--shutdown-timeout", "-1"])
+
+
+def test_run_refuses_a_missing_model_path_before_starting(tmp_path):
+    args = parser().parse_args(["--model", str(tmp_path / "nowhere")])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        serve.run(args)
