@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         "max_model_len": settings.max_model_len,
         "dtype": settings.dtype,
         "device": settings.device,
+        "quantization": None if settings.quantization in (None, "none") else settings.quantization,
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
         "enable_prefix_caching": not settings.disable_prefix_caching,

@@ -73,6 +73,7 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("served_model_name", str, "model name(s) clients use (repeatable)", repeatable=True),
     _Option("dtype", str, "auto | float32 | bfloat16 | float16"),
     _Option("device", str, "auto | cpu | cuda | cuda:N"),
+    _Option("quantization", str, "none | int8 (weight-only int8 linears, opt-in)"),
     _Option("max_model_len", int, "context length admitted (default: the model's)"),
     _Option("block_size", int, "tokens per KV cache block"),
     _Option("max_num_seqs", int, "sequences running at once"),
@@ -106,6 +107,7 @@ class Settings:
     served_model_name: tuple[str, ...] = ()
     dtype: str = "auto"
     device: str = "auto"
+    quantization: str | None = None
     max_model_len: int | None = None
     block_size: int | None = None
     max_num_seqs: int | None = None
