@@ -32,7 +32,9 @@ class RMSNorm(nn.Module):
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies, with Llama-3 or linear scaling applied."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # Computed on the CPU even under a meta-device context: meta math would pull in dynamo.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
     if kind is None or kind == "default":
         return inv_freq

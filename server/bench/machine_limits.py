@@ -19,14 +19,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from models.config import ModelConfig
 from server.bench.model_shapes import (
     flops_per_token,
     layer_linears,
     lm_head,
     weight_bytes_per_token,
 )
+
+if TYPE_CHECKING:  # the models package imports torch: keep `tgserve --help` fast
+    from models.config import ModelConfig
 
 CACHE_BUSTER_BYTES = 64 * 1024**2  # more weights than the largest last-level cache we expect
 DEFAULT_BANDWIDTH_BYTES = 256 * 1024**2

@@ -15,8 +15,10 @@ Contract (pure arithmetic, no torch):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from models.config import ModelConfig
+if TYPE_CHECKING:  # the models package imports torch: keep `tgserve --help` fast
+    from models.config import ModelConfig
 
 
 @dataclass(frozen=True)

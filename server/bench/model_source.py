@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from models.config import ModelConfig
+if TYPE_CHECKING:  # the models package imports torch: keep `tgserve --help` fast
+    from models.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ def resolve_model(path: str | Path | None) -> ModelSource:
 
 
 def _read_config(folder: Path) -> ModelConfig:
+    from models.config import ModelConfig
+
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder}: no config.json; pass a Hugging Face model folder")
