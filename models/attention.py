@@ -26,6 +26,13 @@ class DecodePlan:
     tables: torch.Tensor  # [B, nb] block ids covering the longest decode context
     mask: torch.Tensor  # [B, 1, 1, L] bool: key visible to the query
     max_len: int  # L
+    _additive: torch.Tensor | None = field(default=None, repr=False)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """0 / -inf in the compute dtype, made once per step (SDPA converts bool masks per call)."""
+        if self._additive is None or self._additive.dtype != dtype:
+            self._additive = _additive(self.mask, dtype)
+        return self._additive
 
 
 @dataclass
@@ -37,6 +44,12 @@ class PrefillPlan:
     seq_len: int
     table: torch.Tensor  # [nb] block ids covering seq_len tokens
     mask: torch.Tensor | None  # [q_len, seq_len] bool, None when plainly causal from 0
+    _additive: torch.Tensor | None = field(default=None, repr=False)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        if self._additive is None or self._additive.dtype != dtype:
+            self._additive = _additive(self.mask, dtype)
+        return self._additive
 
 
 @dataclass
@@ -130,6 +143,11 @@ class AttentionMetadata:
         return self._prefills
 
 
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask, float("-inf"))
+
+
 def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Stores this step's keys/values ([num_tokens, kv_heads, head_dim]) at their slots."""
     k_cache, v_cache = cache
@@ -177,16 +195,17 @@ def paged_attention(
         else:
             k = k_cache[plan.table].reshape(-1, kv_heads, head_dim)[: plan.seq_len]
             v = v_cache[plan.table].reshape(-1, kv_heads, head_dim)[: plan.seq_len]
+        # 4-D inputs: with 3-D ones torch's CPU SDPA falls back to its slow math kernel.
         o = F.scaled_dot_product_attention(
-            q[rows].transpose(0, 1),  # [H, q_len, D]
-            k.transpose(0, 1).to(q.dtype),  # [KVH, seq_len, D]
-            v.transpose(0, 1).to(q.dtype),
-            attn_mask=plan.mask,
+            q[rows].transpose(0, 1).unsqueeze(0),  # [1, H, q_len, D]
+            k.transpose(0, 1).unsqueeze(0),  # [1, KVH, seq_len, D]
+            v.transpose(0, 1).unsqueeze(0),
+            attn_mask=None if plan.mask is None else plan.additive_mask(q.dtype),
             is_causal=plan.mask is None,
             scale=scale,
             enable_gqa=gqa,
         )
-        out[rows] = o.transpose(0, 1)
+        out[rows] = o[0].transpose(0, 1)
     return out
 
 
@@ -202,7 +221,7 @@ def _decode_attention(
         q.unsqueeze(2),  # [B, H, 1, D]
         k.transpose(1, 2),  # [B, KVH, L, D]
         v.transpose(1, 2),
-        attn_mask=plan.mask,
+        attn_mask=plan.additive_mask(q.dtype),
         scale=scale,
         enable_gqa=gqa,
     )
