@@ -41,6 +41,7 @@ class EngineConfig:
     max_queued_requests: int = 256  # bound on the waiting queue (beyond it: QueueFullError)
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
+    compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -93,6 +94,8 @@ class EngineConfig:
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
         positive_int("max_queued_requests", self.max_queued_requests, "it bounds the waiting queue")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not _is_int(self.seed) or self.seed < 0:

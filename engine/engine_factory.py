@@ -39,6 +39,10 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         from models.quantization import quantize_int8_weight_only
 
         quantize_int8_weight_only(model)
+    if config.compile:
+        from models.compiled_layers import compile_dense_halves
+
+        compile_dense_halves(model)
     try:
         tokenizer = load_tokenizer(path)
     except ValueError as exc:

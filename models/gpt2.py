@@ -13,11 +13,11 @@ from torch import nn
 
 from models.attention import AttentionMetadata, KVCache
 from models.config import ModelConfig
-from models.layers import GeluMLP, PagedSelfAttention
+from models.layers import DecoderBlock, GeluMLP, PagedSelfAttention, Rope
 from models.weights import WeightLoader
 
 
-class GPT2Block(nn.Module):
+class GPT2Block(DecoderBlock):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
@@ -34,8 +34,11 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(hidden, eps=config.norm_eps)
         self.mlp = GeluMLP(hidden, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), None, meta, cache)
+    def dense_in(self, x: torch.Tensor, rope: Rope | None) -> tuple[torch.Tensor, ...]:
+        return self.attn.project(self.ln_1(x), None)
+
+    def dense_out(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn.o_proj(attn_out)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -68,7 +71,7 @@ class GPT2LMHeadModel(nn.Module):
     ) -> torch.Tensor:
         x = self.transformer.wte(input_ids) + self.transformer.wpe(positions)  # [T, hidden]
         for block, cache in zip(self.transformer.h, kv_caches, strict=True):
-            x = block(x, meta, cache)
+            x = block(x, None, meta, cache)
         return self.transformer.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -117,7 +117,11 @@ class GeluMLP(nn.Module):
 
 
 class PagedSelfAttention(nn.Module):
-    """qkv projection -> (rotary) -> write K/V to the paged cache -> attention -> out projection."""
+    """qkv projection (+ rotary) | write K/V to the paged cache and attend | out projection.
+
+    `project` and the out projection are dense math a compiler may fuse; `attend` reads the
+    per-step metadata (Python lists) and always runs eagerly.
+    """
 
     def __init__(
         self,
@@ -139,15 +143,44 @@ class PagedSelfAttention(nn.Module):
         self.rotary = rotary
         self.scale = head_dim**-0.5
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope | None, meta: AttentionMetadata, cache: KVCache
-    ) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, rope: Rope | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> q [T, H, D], k [T, KVH, D], v [T, KVH, D]."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.rotary:
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        return q, k, v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache,
+    ) -> torch.Tensor:
+        """Stores k/v at their slots, attends over the cache: [T, H * D] (before o_proj)."""
         write_kv(cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, cache, meta, self.scale, new_kv=(k, v))
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return paged_attention(q, cache, meta, self.scale, new_kv=(k, v)).reshape(-1, self.q_size)
+
+
+class DecoderBlock(nn.Module):
+    """A pre-norm transformer block split at the attention: `dense_in` (norm, qkv, rotary)
+    and `dense_out` (out projection, residual, norm, MLP, residual) are plain tensor math;
+    the paged attention between them is not. Subclasses define the two halves."""
+
+    attn: PagedSelfAttention
+
+    def dense_in(self, x: torch.Tensor, rope: Rope | None) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def dense_out(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, rope: Rope | None, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
+        q, k, v = self.dense_in(x, rope)
+        return self.dense_out(x, self.attn.attend(q, k, v, meta, cache))

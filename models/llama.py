@@ -15,11 +15,11 @@ from torch import nn
 
 from models.attention import AttentionMetadata, KVCache
 from models.config import ModelConfig
-from models.layers import GatedMLP, PagedSelfAttention, RMSNorm, Rope, RotaryEmbedding
+from models.layers import DecoderBlock, GatedMLP, PagedSelfAttention, RMSNorm, Rope, RotaryEmbedding
 from models.weights import WeightLoader
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(DecoderBlock):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
@@ -35,8 +35,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
+    @property
+    def attn(self) -> PagedSelfAttention:
+        return self.self_attn
+
+    def dense_in(self, x: torch.Tensor, rope: Rope | None) -> tuple[torch.Tensor, ...]:
+        return self.self_attn.project(self.input_layernorm(x), rope)
+
+    def dense_out(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.o_proj(attn_out)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
