@@ -29,8 +29,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded, RequestStream
+from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
 from engine.outputs import RequestOutput
+from engine.request_stream import RequestStream
 from engine.sampling_params import SamplingParams
 from server.errors import ApiError, error_response, install_error_handlers, rejection_reason
 from server.metrics import RequestTimer, ServerMetrics
