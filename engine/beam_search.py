@@ -22,12 +22,9 @@ transformers' `_beam_search`, generation/utils.py, with the same constants):
    are kept; otherwise once W are kept and the best beam's score / L ** length_penalty cannot
    beat the worst of them, with L its current length (max_tokens when early_stopping="never"
    and length_penalty > 0).
-`CompletionOutput.cumulative_logprob` is the raw model log-prob sum (as for sampling); for plain
-beam search without penalties it equals score * len ** length_penalty.
-
-Streaming: while running, every returned index shows the tokens on which all live beams and all
-kept hypotheses agree. The final best is one of those or a descendant of a live beam, so this
-prefix only grows and the final texts start with it; at the end the n hypotheses are shown whole.
+A hypothesis' `cumulative_logprob` is the raw model log-prob sum (as for sampling); for plain
+beam search without penalties it equals score * len ** length_penalty. What a beam request shows
+while it runs and at the end is beam_stream.py's business.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_processors import (
     apply_logit_bias,
     apply_presence_frequency,
@@ -44,12 +40,12 @@ from engine.logits_processors import (
     filtered_probs,
     mask_tokens,
 )
-from engine.outputs import CompletionOutput, TokenLogprob
+from engine.outputs import TokenLogprob
 from engine.request import Request, Sequence
 from engine.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.stop_checker import StopCriteria, append_token, check_stop
+from engine.stop_checker import StopCriteria, check_stop
 
 EARLY_STOPPING = (False, True, "never")
 
@@ -58,8 +54,12 @@ def check_beam_params(params: SamplingParams) -> None:
     """Raises ValueError for beam-search settings this engine cannot honour."""
     if params.stop:
         raise ValueError("stop strings are not supported with beam search; use stop_token_ids")
-    if params.early_stopping not in EARLY_STOPPING or not isinstance(params.early_stopping, bool | str):
-        raise ValueError(f"early_stopping must be true, false or \"never\", got {params.early_stopping!r}")
+    if params.early_stopping not in EARLY_STOPPING or not isinstance(
+        params.early_stopping, bool | str
+    ):
+        raise ValueError(
+            f'early_stopping must be true, false or "never", got {params.early_stopping!r}'
+        )
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,10 @@ def beam_logprobs(
     raw = logits.log_softmax(dim=-1)
     batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids)
     processed = logits
-    if any(s is not None for s in (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)):
+    if any(
+        s is not None
+        for s in (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)
+    ):
         processed = logits.clone()
         if batch.bias is not None:
             apply_logit_bias(processed, *batch.bias)
@@ -107,24 +110,21 @@ def beam_logprobs(
 
 
 class BeamSearch:
-    """The beam state of one request: beam scores, kept hypotheses, the agreed stream."""
+    """The search state of one request: beam scores and the kept hypotheses."""
 
     def __init__(
-        self, params: SamplingParams, criteria: StopCriteria, tokenizer, eos_token_ids: tuple[int, ...]
+        self, params: SamplingParams, criteria: StopCriteria, eos_token_ids: tuple[int, ...]
     ) -> None:
         self.params = params
         self.width = params.num_sequences
         self.criteria = criteria
         self.eos_token_ids = eos_token_ids
-        self.num_candidates = max(2, 1 + len(criteria.stop_token_ids | criteria.eos_token_ids)) * self.width
+        self.num_candidates = (
+            max(2, 1 + len(criteria.stop_token_ids | criteria.eos_token_ids)) * self.width
+        )
         self.hypotheses: list[Hypothesis] = []  # best first, at most `width`
         self.done = False
-        self._tokenizer = tokenizer
         self._scores: dict[int, float] = {}  # live beam seq_id -> beam score (0 for the prompt)
-        self._agreed: list[int] = []  # tokens every live beam and hypothesis starts with
-        self._agreed_logprobs: list[TokenLogprob] = []
-        self._stream = IncrementalDetokenizer.from_params(tokenizer, params) if tokenizer else None
-        self._final: tuple[CompletionOutput, ...] | None = None
 
     # ----- one step -------------------------------------------------------------------------
     def step(
@@ -150,25 +150,18 @@ class BeamSearch:
         self, beams: list[Sequence], raw: torch.Tensor, search: torch.Tensor, generator
     ) -> list[Candidate]:
         base = torch.tensor([self._scores.get(s.seq_id, 0.0) for s in beams], dtype=torch.float64)
-        scores = (search.to(torch.float64) + base.unsqueeze(1)).flatten()  # [B * V]
-        if self.params.greedy:
-            picked = scores.topk(min(self.num_candidates, int(torch.isfinite(scores).sum()))).indices
-        else:  # beam sampling: without replacement (never a token of probability 0), best first
-            probs = scores.softmax(dim=0).to(torch.float32)
-            k = min(self.num_candidates, int((probs > 0).sum()))
-            picked = torch.multinomial(probs, k, replacement=False, generator=generator)
-            picked = picked[scores[picked].argsort(descending=True, stable=True)]
-        vocab = raw.shape[1]
+        picked = self._candidates(search, base.unsqueeze(1), generator)
         num_out = beams[0].num_output_tokens + 1  # the lockstep group's new length
         top_n = self.params.logprobs
         tops: dict[int, tuple[tuple[int, float], ...]] = {}
         next_beams: list[Candidate] = []
-        for rank, (idx, score) in enumerate(zip(picked.tolist(), scores[picked].tolist(), strict=True)):
+        for rank, (b, token, score) in enumerate(picked):
             if rank >= self.width and len(next_beams) == self.width:
                 break  # nothing later can become a beam or a hypothesis
-            b, token = divmod(idx, vocab)
             finish = check_stop(self.criteria, token, num_out)
-            if (finish is None and len(next_beams) == self.width) or (finish and rank >= self.width):
+            if (finish is None and len(next_beams) == self.width) or (
+                finish and rank >= self.width
+            ):
                 continue
             logprob, entry = float(raw[b, token]), None
             if top_n is not None:
@@ -183,6 +176,29 @@ class BeamSearch:
                 self._keep(cand, num_out, finish.reason, finish.stop_reason)
         self.done = self._is_done(next_beams, num_out)
         return next_beams
+
+    def _candidates(
+        self, search: torch.Tensor, base: torch.Tensor, generator
+    ) -> list[tuple[int, int, float]]:
+        """The K candidates (beam, token, score), best first. `search` [B, V], `base` [B, 1]."""
+        vocab = search.shape[1]
+        if self.params.greedy:  # the global top K lie within each beam's own top K
+            top = search.topk(min(self.num_candidates, vocab), dim=-1)  # [B, k] float32
+            scores = (top.values.to(torch.float64) + base).flatten()  # [B * k]
+            k = min(self.num_candidates, int(torch.isfinite(scores).sum()))
+            best = scores.topk(k).indices
+            beams, tokens = best // top.values.shape[1], top.indices.flatten()[best]
+            return list(zip(beams.tolist(), tokens.tolist(), scores[best].tolist(), strict=True))
+        # Beam sampling: K draws without replacement (never a token of probability 0).
+        scores = (search.to(torch.float64) + base).flatten()  # [B * V]
+        probs = scores.softmax(dim=0).to(torch.float32)
+        k = min(self.num_candidates, int((probs > 0).sum()))
+        drawn = torch.multinomial(probs, k, replacement=False, generator=generator)
+        drawn = drawn[scores[drawn].argsort(descending=True, stable=True)]
+        return [
+            (i // vocab, i % vocab, s)
+            for i, s in zip(drawn.tolist(), scores[drawn].tolist(), strict=True)
+        ]
 
     def _keep(self, cand: Candidate, length: int, reason: str, stop_reason) -> None:
         parent = cand.parent
@@ -226,59 +242,3 @@ class BeamSearch:
         for seq, cand in pairs:
             seq.append_token(cand.token_id, cand.logprob, cand.entry)
             self._scores[seq.seq_id] = cand.score
-        self._extend_agreed(request.live_seqs)
-
-    def _extend_agreed(self, beams: list[Sequence]) -> None:
-        members = [(s.token_ids, s.num_prompt_tokens) for s in beams]
-        members += [(h.token_ids, 0) for h in self.hypotheses]
-        end = min(len(t) - off for t, off in members)
-        n = len(self._agreed)
-        first, first_off = members[0]
-        while n < end and all(t[off + n] == first[first_off + n] for t, off in members):
-            token = first[first_off + n]
-            self._agreed.append(token)
-            if self.params.logprobs is not None:
-                self._agreed_logprobs.append(beams[0].logprobs[n])
-            if self._stream is not None:
-                self._stream.add(token)  # never a stop token: live beams hold none
-            n += 1
-
-    # ----- outputs ---------------------------------------------------------------------------
-    def completions(self, request: Request) -> tuple[CompletionOutput, ...]:
-        """The n outputs: the agreed prefix while running (or when aborted / failed), the n
-        best hypotheses once the search is done."""
-        if self.done:
-            if self._final is None:
-                self._final = tuple(self._completion(i, h) for i, h in enumerate(self.hypotheses[: self.params.n]))
-            return self._final
-        reason = next((s.finish_reason for s in request.seqs if s.is_finished), None)
-        if request.is_finished and self._stream is not None and not self._stream.finished:
-            self._stream.finish()
-        return tuple(
-            CompletionOutput(
-                index=i,
-                text=self._stream.text if self._stream is not None else "",
-                token_ids=tuple(self._agreed),
-                cumulative_logprob=None,
-                logprobs=tuple(self._agreed_logprobs) if self.params.logprobs is not None else None,
-                finish_reason=reason or ("abort" if request.is_finished else None),
-            )
-            for i in range(self.params.n)
-        )
-
-    def _completion(self, index: int, hyp: Hypothesis) -> CompletionOutput:
-        text = ""
-        if self._tokenizer is not None:  # the same rules as a sampled sequence's text
-            detok = IncrementalDetokenizer.from_params(self._tokenizer, self.params)
-            for k, token in enumerate(hyp.token_ids, start=1):
-                append_token(self.criteria, detok, token, k)
-            text = detok.finish()
-        return CompletionOutput(
-            index=index,
-            text=text,
-            token_ids=hyp.token_ids,
-            cumulative_logprob=hyp.cumulative_logprob,
-            logprobs=hyp.logprobs if self.params.logprobs is not None else None,
-            finish_reason=hyp.finish_reason,
-            stop_reason=hyp.stop_reason,
-        )

@@ -75,7 +75,9 @@ class ModelRunner:
             meta,
             self.kv_caches,
         )
-        sampling = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
+        sampling = self.model.compute_logits(
+            hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+        )
         all_rows = {
             i: self.model.compute_logits(
                 hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]

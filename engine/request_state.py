@@ -2,7 +2,7 @@
 stop criteria, one incremental detokenizer and (for seeded requests) one generator per
 sequence, the beam-search state of a beam request, prompt logprobs, timings — and how it
 becomes a `RequestOutput` snapshot: one `CompletionOutput` per returned sequence, with `index`
-(see parallel_sampling.select_outputs and BeamSearch.completions for n > 1 and beams).
+(see parallel_sampling.select_outputs and beam_stream.BeamStream for n > 1 and beams).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.beam_search import BeamSearch
+from engine.beam_stream import BeamStream
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from engine.parallel_sampling import row_params, select_outputs
@@ -27,8 +28,10 @@ class RequestState:
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
         self.beam: BeamSearch | None = None
+        self._beam_stream: BeamStream | None = None
         if request.params.use_beam_search:
-            self.beam = BeamSearch(request.params, self.criteria, tokenizer, eos_token_ids)
+            self.beam = BeamSearch(request.params, self.criteria, eos_token_ids)
+            self._beam_stream = BeamStream(request.params, self.criteria, tokenizer)
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}
         self._generators: dict[int, torch.Generator] = {}
         # Position p -> logprob of prompt token p given tokens < p (p >= 1).
@@ -90,8 +93,8 @@ class RequestState:
     # ----- the snapshot ---------------------------------------------------------------------
     def output(self) -> RequestOutput:
         request = self.request
-        if self.beam is not None:
-            completions = self.beam.completions(request)
+        if self.beam is not None and self._beam_stream is not None:
+            completions = self._beam_stream.outputs(request, self.beam)
         else:
             sampled = [self._completion(i, seq) for i, seq in enumerate(request.seqs)]
             completions = select_outputs(sampled, request.params, request.is_finished)

@@ -66,7 +66,8 @@ def _shared(req: SamplingFields) -> dict[str, Any]:
     return {
         "n": req.n,
         "best_of": req.best_of,
-        "temperature": req.temperature,
+        # Beam search without an explicit temperature is plain (deterministic) beam search.
+        "temperature": 0.0 if req.use_beam_search and req.temperature is None else req.temperature,
         "top_p": req.top_p,
         "top_k": req.top_k,
         "min_p": req.min_p,

@@ -23,10 +23,18 @@ COMBOS = [
 ]
 
 
-def beam_params(width: int, n: int, lp: float = 1.0, es: bool | str = False, **kw) -> SamplingParams:
+def beam_params(
+    width: int, n: int, lp: float = 1.0, es: bool | str = False, **kw
+) -> SamplingParams:
     kw.setdefault("max_tokens", MAX_TOKENS)
     return SamplingParams(
-        temperature=0.0, n=n, best_of=width, use_beam_search=True, length_penalty=lp, early_stopping=es, **kw
+        temperature=0.0,
+        n=n,
+        best_of=width,
+        use_beam_search=True,
+        length_penalty=lp,
+        early_stopping=es,
+        **kw,
     )
 
 
@@ -35,7 +43,9 @@ def likely_stops(hf, prompt: list[int]) -> tuple[int, ...]:
     token (so hypotheses end at several lengths)."""
     with torch.no_grad():
         first = hf(torch.tensor([prompt])).logits[0, -1].argsort(descending=True)
-        greedy = hf.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+        greedy = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0
+        )
     return tuple(dict.fromkeys([int(first[1]), int(greedy[0, len(prompt) + 3])]))
 
 
@@ -62,7 +72,12 @@ def hf_beams(hf, prompt, width, n, lp, es, stops) -> list[tuple[list[int], float
     result = []
     for i in range(n):
         length = int((out.beam_indices[i] != -1).sum())  # the rest is padding
-        result.append((out.sequences[i, len(prompt) : len(prompt) + length].tolist(), float(out.sequences_scores[i])))
+        result.append(
+            (
+                out.sequences[i, len(prompt) : len(prompt) + length].tolist(),
+                float(out.sequences_scores[i]),
+            )
+        )
     return result
 
 
@@ -80,7 +95,9 @@ def test_beam_search_equals_transformers(arch: str, tmp_path) -> None:
         assert [o.index for o in out.outputs] == list(range(n))
         for o, (tokens, score) in zip(out.outputs, expected, strict=True):
             assert list(o.token_ids) == tokens, f"{(w, n, lp, es)} hypothesis {o.index}"
-            assert o.cumulative_logprob / len(tokens) ** lp == pytest.approx(score, rel=1e-4, abs=1e-5)
+            assert o.cumulative_logprob / len(tokens) ** lp == pytest.approx(
+                score, rel=1e-4, abs=1e-5
+            )
             reasons.add((o.finish_reason, len(tokens) == MAX_TOKENS, len(tokens) == 1))
     # The cases are not trivial: hypotheses ended on a stop token early, later, and at max_tokens.
     assert {("stop", False, True), ("stop", False, False), ("length", True, False)} <= reasons
@@ -91,7 +108,9 @@ def test_width_one_equals_greedy(tmp_path) -> None:
     engine = tiny_engine(tmp_path)
     prompts = random_prompts(4, (2, 30), seed=12)
     stops = (7, 9, 11)  # some greedy runs end early on these
-    greedy = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=stops))
+    greedy = engine.generate(
+        prompts, SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=stops)
+    )
     beam = engine.generate(prompts, beam_params(1, 1, max_tokens=16, stop_token_ids=stops))
     for g, b in zip(greedy, beam, strict=True):
         assert b.outputs[0].token_ids == g.outputs[0].token_ids
@@ -118,12 +137,17 @@ def test_beams_share_prompt_blocks_and_free_them(tmp_path) -> None:
 
 
 def test_preempted_beam_group_equals_uninterrupted_run(tmp_path) -> None:
-    other, prompt = random_prompts(1, (120, 120), seed=14)[0], random_prompts(1, (24, 24), seed=15)[0]
+    other, prompt = (
+        random_prompts(1, (120, 120), seed=14)[0],
+        random_prompts(1, (24, 24), seed=15)[0],
+    )
     params = beam_params(4, 2, max_tokens=20)
     # tiny llama: 2 layers, 2 KV heads, head_dim 16, fp32, block 4 -> 2 KiB per block. 46 blocks
     # hold the beam group's worst case (4 x 11) but not it beside the 45 of the other request.
     small = tiny_engine(tmp_path / "m", kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
-    small.add_request("other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
+    small.add_request(
+        "other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    )
     small.add_request("beam", prompt, params)  # admitted last: the one preempted
     preemptions, final = 0, None
     while small.has_unfinished_requests():
@@ -142,7 +166,9 @@ def test_preempted_beam_group_equals_uninterrupted_run(tmp_path) -> None:
 def test_beam_sampling_is_seeded_and_honours_filters(tmp_path) -> None:
     engine = tiny_engine(tmp_path)
     prompt = random_prompts(1, (8, 8), seed=15)[0]
-    sampled = dict(temperature=1.0, n=2, best_of=4, use_beam_search=True, max_tokens=12, ignore_eos=True)
+    sampled = dict(
+        temperature=1.0, n=2, best_of=4, use_beam_search=True, max_tokens=12, ignore_eos=True
+    )
     first = engine.generate([prompt], SamplingParams(seed=5, **sampled))[0]
     again = engine.generate([prompt], SamplingParams(seed=5, **sampled))[0]
     other = engine.generate([prompt], SamplingParams(seed=6, **sampled))[0]
@@ -151,12 +177,16 @@ def test_beam_sampling_is_seeded_and_honours_filters(tmp_path) -> None:
     ids = {tuple(o.token_ids) for out in (first, other, plain) for o in out.outputs}
     assert len(ids) > 2  # the seed and sampling change the beams
     # top_k=1 leaves each beam one candidate: the search collapses onto the greedy path.
-    greedy = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    greedy = engine.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    )[0]
     top1 = engine.generate([prompt], SamplingParams(seed=5, top_k=1, **sampled))[0]
     assert top1.outputs[0].token_ids == greedy.outputs[0].token_ids
     # logit_bias applies to plain beam search too: the banned tokens never appear.
     banned = {t: -100.0 for t in plain.outputs[0].token_ids}
-    biased = engine.generate([prompt], beam_params(4, 2, max_tokens=12, ignore_eos=True, logit_bias=banned))[0]
+    biased = engine.generate(
+        [prompt], beam_params(4, 2, max_tokens=12, ignore_eos=True, logit_bias=banned)
+    )[0]
     assert all(not set(o.token_ids) & set(banned) for o in biased.outputs)
     assert_no_leaks(engine)
 
@@ -172,7 +202,9 @@ class HalfCharTokenizer:
         return token_id == 2
 
     def decode(self, ids) -> str:
-        return b"".join(self.token_bytes(t) for t in ids if not self.is_special(t)).decode(errors="replace")
+        return b"".join(self.token_bytes(t) for t in ids if not self.is_special(t)).decode(
+            errors="replace"
+        )
 
 
 def test_streamed_beam_text_is_append_only_and_ends_as_the_best(tmp_path) -> None:
@@ -220,7 +252,9 @@ def test_beam_logprobs_are_the_models_and_add_up(tmp_path) -> None:
 
 def test_aborted_beam_request_reports_every_index_and_frees_blocks(tmp_path) -> None:
     engine = tiny_engine(tmp_path)
-    engine.add_request("b", random_prompts(1, (10, 10), seed=17)[0], beam_params(4, 3, max_tokens=30))
+    engine.add_request(
+        "b", random_prompts(1, (10, 10), seed=17)[0], beam_params(4, 3, max_tokens=30)
+    )
     for _ in range(5):
         engine.step()
     engine.abort_request("b")
@@ -233,9 +267,13 @@ def test_aborted_beam_request_reports_every_index_and_frees_blocks(tmp_path) -> 
 def test_beam_search_rejects_what_it_cannot_honour(tmp_path) -> None:
     engine = tiny_engine(tmp_path)
     with pytest.raises(ValueError, match="stop strings"):
-        engine.check_request([5, 6], SamplingParams(use_beam_search=True, temperature=0.0, stop=("x",)))
+        engine.check_request(
+            [5, 6], SamplingParams(use_beam_search=True, temperature=0.0, stop=("x",))
+        )
     with pytest.raises(ValueError, match="early_stopping"):
-        engine.check_request([5, 6], SamplingParams(use_beam_search=True, early_stopping="sometimes"))
+        engine.check_request(
+            [5, 6], SamplingParams(use_beam_search=True, early_stopping="sometimes")
+        )
     with pytest.raises(ValueError, match="max_num_seqs"):
         tiny_engine(tmp_path, max_num_seqs=2).check_request([5, 6], beam_params(4, 1))
 
@@ -244,7 +282,9 @@ def test_beam_groups_run_beside_other_traffic(tmp_path) -> None:
     engine = tiny_engine(tmp_path, max_num_batched_tokens=40)
     prompts = random_prompts(6, (4, 30), seed=18)
     params = [
-        beam_params(3, 2, max_tokens=12) if i % 2 else SamplingParams(max_tokens=12, temperature=0.0)
+        beam_params(3, 2, max_tokens=12)
+        if i % 2
+        else SamplingParams(max_tokens=12, temperature=0.0)
         for i in range(6)
     ]
     batched = run_staggered(engine, prompts, params, arrive_every=2)

@@ -129,3 +129,15 @@ def test_impossible_requests_are_rejected_at_admission(tmp_path) -> None:
     with pytest.raises(ValueError, match="at least one token"):
         engine.add_request("empty", [], SamplingParams())
     assert not engine.has_unfinished_requests()
+
+
+def test_a_prompt_longer_than_the_step_budget_is_chunked_alone(tmp_path) -> None:
+    """Steps where no sequence samples yet (a lone prompt's early chunks) must work."""
+    engine = tiny_engine(tmp_path, max_num_batched_tokens=16)
+    prompt = random_prompts(1, (40, 40), seed=6)[0]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    out = engine.generate([prompt], params)[0]
+    assert out.outputs[0].finish_reason == "length"
+    whole = tiny_engine(tmp_path, max_num_batched_tokens=64).generate([prompt], params)[0]
+    assert out.outputs[0].token_ids == whole.outputs[0].token_ids
+    assert_no_leaks(engine)

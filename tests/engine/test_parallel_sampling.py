@@ -33,7 +33,9 @@ def test_seeded_n4_is_distinct_reproducible_and_independent_of_traffic(tmp_path)
     # The same request in the middle of other traffic (seeded and unseeded, staggered arrivals).
     others = random_prompts(5, (3, 40), seed=22)
     mix = [sampled(seed=i if i % 2 else None, max_tokens=5 + i) for i in range(5)]
-    batched = run_staggered(engine, [*others[:2], prompt, *others[2:]], [*mix[:2], params, *mix[2:]])
+    batched = run_staggered(
+        engine, [*others[:2], prompt, *others[2:]], [*mix[:2], params, *mix[2:]]
+    )
     assert token_ids(batched[2]) == token_ids(alone)
     # Child 0 draws from the request's seed itself: it is the n = 1 sample.
     one = engine.generate([prompt], sampled(seed=1234))[0]
@@ -81,11 +83,16 @@ def test_best_of_keeps_the_n_highest_logprob_samples(tmp_path) -> None:
 
 
 def test_preempted_sample_group_equals_uninterrupted_run(tmp_path) -> None:
-    other, prompt = random_prompts(1, (120, 120), seed=25)[0], random_prompts(1, (24, 24), seed=26)[0]
+    other, prompt = (
+        random_prompts(1, (120, 120), seed=25)[0],
+        random_prompts(1, (24, 24), seed=26)[0],
+    )
     params = sampled(n=4, seed=8, max_tokens=20)
     # 46 blocks of 2 KiB hold the group's worst case (4 x 11) but not beside the other's 45.
     small = tiny_engine(tmp_path / "m", kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
-    small.add_request("other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
+    small.add_request(
+        "other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    )
     small.add_request("n4", prompt, params)  # admitted last: the one preempted
     preemptions, final = 0, None
     while small.has_unfinished_requests():

@@ -140,8 +140,8 @@ class FakeEngine:
                 f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
                 f"exceeds the context length ({self.max_model_len}); shorten the prompt or lower max_tokens"
             )
-        if params.use_beam_search:
-            raise ValueError("use_beam_search is not supported by this engine yet")
+        if params.use_beam_search and params.stop:
+            raise ValueError("stop strings are not supported with beam search; use stop_token_ids")
         params.validate_for_vocab(self.tokenizer.vocab_size)
 
     def add_request(

@@ -71,7 +71,7 @@ OPENAI_CASES = [
         "tools",
         "not supported",
     ),
-    ("/v1/chat/completions", {**OK_CHAT, "use_beam_search": True}, 400, None, "beam"),
+    ("/v1/chat/completions", {**OK_CHAT, "use_beam_search": True, "stop": ["x"]}, 400, None, "beam"),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 10_000}, 400, None, "context length"),
     ("/tokenize", {}, 400, "prompt", "exactly one"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens", "vocabulary"),
