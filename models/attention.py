@@ -23,7 +23,7 @@ class DecodePlan:
     """What every layer needs for the batched decode rows; built once per step."""
 
     rows: torch.Tensor  # [B] rows of the decode tokens in the flat batch
-    tables: torch.Tensor  # [B, nb] block ids covering the longest decode context
+    tables: torch.Tensor  # [B * nb] block ids covering the longest decode context, row-major
     mask: torch.Tensor  # [B, 1, 1, L] bool: key visible to the query
     max_len: int  # L
     _additive: torch.Tensor | None = field(default=None, repr=False)
@@ -121,7 +121,7 @@ class AttentionMetadata:
             seq_len = seq_len.view(-1, 1, 1, 1)
             key_pos = torch.arange(max_len, device=device).view(1, 1, 1, -1)
             mask = _attend_mask(seq_len - 1, key_pos, seq_len, self.sliding_window)
-            self._decode = DecodePlan(rows, tables.contiguous(), mask, max_len)
+            self._decode = DecodePlan(rows, tables.reshape(-1), mask, max_len)
         return self._decode
 
     def prefill_plans(self) -> list[PrefillPlan]:
@@ -193,8 +193,8 @@ def paged_attention(
         if plan.q_len == plan.seq_len and new_kv is not None:
             k, v = new_kv[0][rows], new_kv[1][rows]
         else:
-            k = k_cache[plan.table].reshape(-1, kv_heads, head_dim)[: plan.seq_len]
-            v = v_cache[plan.table].reshape(-1, kv_heads, head_dim)[: plan.seq_len]
+            k = k_cache.index_select(0, plan.table).view(-1, kv_heads, head_dim)[: plan.seq_len]
+            v = v_cache.index_select(0, plan.table).view(-1, kv_heads, head_dim)[: plan.seq_len]
         # 4-D inputs: with 3-D ones torch's CPU SDPA falls back to its slow math kernel.
         o = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),  # [1, H, q_len, D]
@@ -215,8 +215,9 @@ def _decode_attention(
     """q: [B, H, D], one query per sequence -> [B, H, D]."""
     k_cache, v_cache = cache
     b, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
-    k = k_cache[plan.tables].view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
-    v = v_cache[plan.tables].view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
+    # index_select on whole blocks is a row memcpy, ~4x faster than advanced indexing on CPU.
+    k = k_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
+    v = v_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
     o = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, H, 1, D]
         k.transpose(1, 2),  # [B, KVH, L, D]
