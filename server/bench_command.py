@@ -131,6 +131,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="off by default: measure compute, not cache hits",
     )
+    p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
+    p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
     )
@@ -205,6 +207,8 @@ def _run_offline(args: argparse.Namespace, show_progress: bool):
         enable_prefix_caching=args.enable_prefix_caching,
         max_model_len=max_len,
         num_requests=num_requests,
+        quantization=args.quantization,
+        compile=args.compile,
     )
     limits = None
     if args.bench_command == "latency":

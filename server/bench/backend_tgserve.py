@@ -28,6 +28,8 @@ class TgserveBackend:
         self.engine = engine
         self.note = (
             f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
+            + (f", {engine.config.quantization}" if engine.config.quantization else "")
+            + (", compiled" if engine.config.compile else "")
         )
         self._ids = count()
 
@@ -104,5 +106,7 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         max_queued_requests=max(256, options.num_requests),
         # the longest request of the run: the KV cache is sized for it, not for the full context
         max_model_len=min(options.max_model_len, source.config.max_position_embeddings),
+        quantization=options.quantization,
+        compile=options.compile,
     )
     return TgserveBackend(Engine.from_model(str(source.path), config))

@@ -25,6 +25,7 @@ from server.bench.workload import BenchRequest
 
 BACKENDS: dict[str, str] = {
     "tgserve": "server.bench.backend_tgserve",
+    "tgserve-serial": "server.bench.backend_tgserve_serial",
     "transformers": "server.bench.backend_transformers",
     "vllm": "server.bench.backend_vllm",
     "llamacpp": "server.bench.backend_llamacpp",
@@ -44,6 +45,8 @@ class BackendOptions:
     enable_prefix_caching: bool
     max_model_len: int  # the longest request (prompt + output) this run holds
     num_requests: int  # so queues are sized for the whole run
+    quantization: str | None = None  # tgserve: None | "int8"
+    compile: bool = False  # tgserve: torch.compile the blocks' dense halves
 
 
 @dataclass(frozen=True)
