@@ -154,6 +154,11 @@ class RequestTimer:
         if new > 0:
             if self._last_token_time is None:
                 self._m.ttft.observe(now - self._start)
+                first = output.metrics.first_token_time if output.metrics else None
+                if new > 1 and first is not None:  # later tokens merged into the first snapshot
+                    gap = max(0.0, time.time() - first) / (new - 1)
+                    for _ in range(new - 1):
+                        self._m.itl.observe(gap)
             else:
                 gap = (now - self._last_token_time) / new  # a merged snapshot: spread the gap
                 for _ in range(new):
