@@ -42,6 +42,7 @@ class EngineConfig:
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
+    cpu_attention_kernel: bool = False  # decode attention by our C++ kernel (built at start-up)
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -94,6 +95,8 @@ class EngineConfig:
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
         positive_int("max_queued_requests", self.max_queued_requests, "it bounds the waiting queue")
+        if not isinstance(self.cpu_attention_kernel, bool):
+            raise ValueError(f"cpu_attention_kernel must be a bool, got {self.cpu_attention_kernel!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):

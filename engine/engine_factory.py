@@ -50,7 +50,10 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         tokenizer = None
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
-    runner = ModelRunner(model, model_config, num_blocks, config.block_size, DTYPES[dtype_name], device)
+    use_kernel = config.cpu_attention_kernel and _cpu_kernel_ready(device)
+    runner = ModelRunner(
+        model, model_config, num_blocks, config.block_size, DTYPES[dtype_name], device, use_kernel
+    )
     scheduler = Scheduler(
         config, BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), max_model_len
     )
@@ -75,6 +78,16 @@ def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: tor
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)
+
+
+def _cpu_kernel_ready(device: torch.device) -> bool:
+    """Builds (first run, ~45 s) or loads the C++ decode kernel now, not at the first step."""
+    from models.cpu_decode_kernel import is_available
+
+    if not is_available(device):
+        log.warning("cpu_attention_kernel asked for but unavailable on %s: using SDPA", device)
+        return False
+    return True
 
 
 def _bf16_supported(device: torch.device) -> bool:

@@ -35,11 +35,13 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        cpu_attention_kernel: bool = False,
     ) -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
+        self.cpu_attention_kernel = cpu_attention_kernel
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
 
     @torch.inference_mode()
@@ -67,7 +69,13 @@ class ModelRunner:
             if chunk.sample:
                 sample_rows.append(len(ids) - 1)
         meta = AttentionMetadata.build(
-            tables, seq_lens, query_lens, self.block_size, self.device, self.config.sliding_window
+            tables,
+            seq_lens,
+            query_lens,
+            self.block_size,
+            self.device,
+            self.config.sliding_window,
+            self.cpu_attention_kernel,
         )
         hidden = self.model(
             torch.tensor(ids, device=self.device),

@@ -26,6 +26,9 @@ class DecodePlan:
     tables: torch.Tensor  # [B * nb] block ids covering the longest decode context, row-major
     mask: torch.Tensor  # [B, 1, 1, L] bool: key visible to the query
     max_len: int  # L
+    seq_lens: torch.Tensor  # [B] int64 context lengths (for the CPU kernel)
+    window: int | None
+    use_cpu_kernel: bool
     _additive: torch.Tensor | None = field(default=None, repr=False)
 
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
@@ -61,6 +64,7 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
     block_size: int = 16
     sliding_window: int | None = None
+    use_cpu_kernel: bool = False  # decode rows through models/cpu_decode_kernel (opt-in)
     _decode: DecodePlan | None = field(default=None, init=False, repr=False)
     _prefills: list[PrefillPlan] | None = field(default=None, init=False, repr=False)
 
@@ -81,6 +85,7 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         sliding_window: int | None = None,
+        use_cpu_kernel: bool = False,
     ) -> AttentionMetadata:
         """Builds the tensors from host lists (what the model runner does each step)."""
         slots: list[int] = []
@@ -97,6 +102,7 @@ class AttentionMetadata:
             seq_lens_list=list(seq_lens),
             block_size=block_size,
             sliding_window=sliding_window,
+            use_cpu_kernel=use_cpu_kernel,
         )
 
     def decode_plan(self) -> DecodePlan | None:
@@ -118,10 +124,12 @@ class AttentionMetadata:
                 rows = torch.tensor([starts[i] for i in decode], device=device)
                 tables = self.block_tables[seqs, :num_blocks]
                 seq_len = self.seq_lens[seqs]
-            seq_len = seq_len.view(-1, 1, 1, 1)
+            lens = seq_len.view(-1, 1, 1, 1)
             key_pos = torch.arange(max_len, device=device).view(1, 1, 1, -1)
-            mask = _attend_mask(seq_len - 1, key_pos, seq_len, self.sliding_window)
-            self._decode = DecodePlan(rows, tables.reshape(-1), mask, max_len)
+            mask = _attend_mask(lens - 1, key_pos, lens, self.sliding_window)
+            self._decode = DecodePlan(
+                rows, tables.reshape(-1), mask, max_len, seq_len, self.sliding_window, self.use_cpu_kernel
+            )
         return self._decode
 
     def prefill_plans(self) -> list[PrefillPlan]:
@@ -215,6 +223,11 @@ def _decode_attention(
     """q: [B, H, D], one query per sequence -> [B, H, D]."""
     k_cache, v_cache = cache
     b, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+    if plan.use_cpu_kernel:  # reads K/V in place through the block tables: no gather
+        from models.cpu_decode_kernel import paged_decode_attention
+
+        tables = plan.tables.view(b, -1)
+        return paged_decode_attention(q, k_cache, v_cache, tables, plan.seq_lens, scale, plan.window)
     # index_select on whole blocks is a row memcpy, ~4x faster than advanced indexing on CPU.
     k = k_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
     v = v_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]

@@ -27,188 +27,6 @@ log = logging.getLogger(__name__)
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <vector>
-
-namespace {
-
-constexpr int64_t kChunk = 32;  // keys scored between two online-softmax rescales
-
-// exp for x <= 0 (scores minus their running max): Cody-Waite reduction + degree-6
-// polynomial, ~2 ulp; plain float ops so `omp simd` loops vectorize (libm expf does not).
-inline float exp_nonpos(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(float));
-  return p * two_n;
-}
-
-// One cache row (D values) as float32: float rows are used in place, others converted.
-template <typename T> struct Row;
-template <> struct Row<float> {
-  static const float* load(const float* src, float*, int64_t) { return src; }
-};
-template <> struct Row<c10::BFloat16> {
-  static const float* load(const c10::BFloat16* src, float* buf, int64_t n) {
-    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(s[i]) << 16;  // bf16 = top half of fp32
-      float f;
-      std::memcpy(&f, &bits, sizeof(float));
-      buf[i] = f;
-    }
-    return buf;
-  }
-};
-template <> struct Row<c10::Half> {
-  static const float* load(const c10::Half* src, float* buf, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(src[i]);
-    return buf;
-  }
-};
-
-template <typename T>
-void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
-            T* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t nb,
-            int64_t num_blocks, float scale, int64_t window, int* bad) {
-  const int64_t G = H / KVH;  // query heads per KV head
-  const int64_t pairs = B * KVH;
-#pragma omp parallel num_threads(at::get_num_threads())
-  {
-    // Per-thread scratch: qf/acc [G, D], row [D], s [G, kChunk], m/l [G], off [kChunk].
-    std::vector<float> scratch(2 * G * D + D + G * kChunk + 2 * G);
-    std::vector<int64_t> off(kChunk);
-    float* qf = scratch.data();
-    float* acc = qf + G * D;
-    float* row = acc + G * D;
-    float* s = row + D;
-    float* m = s + G * kChunk;
-    float* l = m + G;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t p = 0; p < pairs; ++p) {
-      const int64_t b = p / KVH, h = p % KVH;
-      int64_t len = lens[b];
-      const int64_t* table = tables + b * nb;
-      int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      if (len < 0 || len > nb * bs) {
-        *bad = 1;  // reported after the parallel region (no throwing inside it)
-        start = len = 0;
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        const T* qs = q + (b * H + h * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(qs[d]) * scale;
-        m[g] = -std::numeric_limits<float>::infinity();
-        l[g] = 0.0f;
-      }
-      std::fill(acc, acc + G * D, 0.0f);
-      for (int64_t c0 = start; c0 < len; c0 += kChunk) {
-        const int64_t n = std::min(kChunk, len - c0);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t pos = c0 + i;
-          int64_t blk = table[pos / bs];
-          if (blk < 0 || blk >= num_blocks) {
-            *bad = 2;
-            blk = 0;
-          }
-          off[i] = ((blk * bs + pos % bs) * KVH + h) * D;  // cache is [blocks, bs, KVH, D]
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          const float* kr = Row<T>::load(kc + off[i], row, D);
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qg = qf + g * D;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * kr[d];
-            s[g * kChunk + i] = dot;
-          }
-        }
-        for (int64_t g = 0; g < G; ++g) {
-          float* sg = s + g * kChunk;
-          float mx = m[g];
-          for (int64_t i = 0; i < n; ++i) mx = std::max(mx, sg[i]);
-          const float alpha = exp_nonpos(m[g] - mx);  // 0 on the first chunk (m = -inf)
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t i = 0; i < n; ++i) {
-            sg[i] = exp_nonpos(sg[i] - mx);
-            sum += sg[i];
-          }
-          l[g] = l[g] * alpha + sum;
-          m[g] = mx;
-          if (alpha != 1.0f) {
-            float* ag = acc + g * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] *= alpha;
-          }
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          const float* vr = Row<T>::load(vc + off[i], row, D);
-          for (int64_t g = 0; g < G; ++g) {
-            const float pg = s[g * kChunk + i];
-            float* ag = acc + g * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += pg * vr[d];
-          }
-        }
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-        T* os = out + (b * H + h * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(acc[g * D + d] * inv);
-      }
-    }
-  }
-}
-
-}  // namespace
-
-// q [B, H, D]; caches [num_blocks, bs, KVH, D]; tables [B, nb] int64; lens [B] int64.
-// Shapes, dtypes and contiguity are validated by the Python wrapper.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor tables, torch::Tensor lens, double scale,
-                           int64_t window) {
-  auto out = torch::empty_like(q);
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t num_blocks = k_cache.size(0), bs = k_cache.size(1), KVH = k_cache.size(2);
-  int bad = 0;
-  const auto run = [&](auto tag) {
-    using T = decltype(tag);
-    decode<T>(static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k_cache.data_ptr()),
-              static_cast<const T*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
-              lens.data_ptr<int64_t>(), static_cast<T*>(out.data_ptr()), B, H, KVH, D, bs,
-              tables.size(1), num_blocks, static_cast<float>(scale), window, &bad);
-  };
-  switch (q.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(c10::BFloat16{}); break;
-    case at::kHalf: run(c10::Half{}); break;
-    default: TORCH_CHECK(false, "paged_decode: unsupported dtype ", q.scalar_type());
-  }
-  TORCH_CHECK(bad != 1, "paged_decode: a seq_len is negative or exceeds its block table");
-  TORCH_CHECK(bad != 2, "paged_decode: a block table entry is outside the cache");
-  return out;
-}
-"""
 
 
 def _cpu_tag() -> str:
@@ -230,7 +48,7 @@ def _extension():
 
         return load_inline(
             name=f"tgserve_paged_decode_{_cpu_tag()}",
-            cpp_sources=_SOURCE,
+            cpp_sources=Path(__file__).with_suffix(".cpp").read_text(),
             functions=["paged_decode"],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -268,9 +86,13 @@ def paged_decode_attention(
     b, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != dim or heads % kv_heads != 0:
-        raise ValueError(f"head_dim {dim} / heads {heads} do not fit the cache's {kv_heads} KV heads")
+        raise ValueError(
+            f"head_dim {dim} / heads {heads} do not fit the cache's {kv_heads} KV heads"
+        )
     if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q and caches must share a dtype in {_DTYPES}; got {q.dtype}, {k_cache.dtype}")
+        raise ValueError(
+            f"q and caches must share a dtype in {_DTYPES}; got {q.dtype}, {k_cache.dtype}"
+        )
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous (a copy would defeat the kernel)")
     if block_tables.dim() != 2 or block_tables.shape[0] != b or seq_lens.shape != (b,):
@@ -290,4 +112,14 @@ def paged_decode_attention(
         seq_lens.contiguous(),
         float(scale),
         sliding_window or 0,
+        _splits(b, block_tables.shape[1] * k_cache.shape[1]),
     )
+
+
+def _splits(batch: int, max_len: int) -> int:
+    """Key ranges per sequence: enough work items for every thread (4 each, for balance)
+    when the batch is small, but no range shorter than ~256 keys (merging has a cost)."""
+    threads = torch.get_num_threads()
+    if batch >= 2 * threads:
+        return 1
+    return max(1, min(-(-4 * threads // batch), -(-max_len // 256)))

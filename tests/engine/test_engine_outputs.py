@@ -17,9 +17,14 @@ from tests.engine.engine_fixtures import (
 )
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gpt2"])
-def test_greedy_equals_transformers_generate(arch: str, tmp_path) -> None:
-    engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32)
+@pytest.mark.parametrize(
+    "arch,kernel",
+    [("llama", False), ("qwen2", False), ("mistral", False), ("gpt2", False), ("llama", True), ("mistral", True)],
+)
+def test_greedy_equals_transformers_generate(arch: str, kernel: bool, tmp_path) -> None:
+    """Also through the opt-in C++ decode attention kernel (kernel=True)."""
+    engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32, cpu_attention_kernel=kernel)
+    assert engine.runner.cpu_attention_kernel == kernel
     hf = make_hf_model(arch)
     prompts = random_prompts(4, (3, 40), seed=1)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
