@@ -134,6 +134,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(
+        "--cpu-attention-kernel", action="store_true", help="tgserve: the C++ decode attention kernel"
+    )
+    p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
     )
     p.add_argument(
@@ -209,6 +212,7 @@ def _run_offline(args: argparse.Namespace, show_progress: bool):
         num_requests=num_requests,
         quantization=args.quantization,
         compile=args.compile,
+        cpu_attention_kernel=args.cpu_attention_kernel,
     )
     limits = None
     if args.bench_command == "latency":
