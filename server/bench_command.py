@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     latency.add_argument("--runs", type=int, default=3, help="timed runs (the median is reported)")
     latency.add_argument("--warmup-runs", type=int, default=1)
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
+    throughput.add_argument("--runs", type=int, default=1, help="timed runs per backend (median)")
     _model_args(throughput)
     _workload_args(throughput, default_requests=64)
     throughput.add_argument(
@@ -225,7 +226,7 @@ def _run_offline(args: argparse.Namespace, show_progress: bool):
         )
     tokenizer = _tokenizer(source.path) if spec.dist == "text" else None
     return run_throughput_bench(
-        names, source, options, spec, limits, show_progress, tokenizer
+        names, source, options, spec, limits, show_progress, tokenizer, args.runs
     ), limits
 
 
