@@ -21,12 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tgserve", description="Text-generation inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a subcommand whose module is absent is left out
-            if exc.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 

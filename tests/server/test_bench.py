@@ -208,3 +208,14 @@ def test_llamacpp_on_a_folder_asks_for_a_gguf_file(tiny_model, capsys):
     ]
     assert main(argv) == 2
     assert "GGUF" in capsys.readouterr().err
+
+
+def test_serial_baseline_decodes_the_same_work_one_request_at_a_time(tiny_model, capsys):
+    args = THROUGHPUT_ARGS.replace("--backend transformers", "--backend tgserve-serial") + " --runs 2"
+    assert main(["bench", "throughput", "--model", str(tiny_model), *args.split()]) == 0
+    batched, serial = _json_lines(capsys)
+    assert serial["backend"] == "tgserve-serial"
+    assert serial["output_tokens"] == batched["output_tokens"] == sum(
+        w.output_len for w in make_workload(WorkloadSpec(6, 10, 5, "uniform", seed=2), VOCAB)
+    )
+    assert serial["output_ratio_vs_first"] == pytest.approx(serial["output_tok_s"] / batched["output_tok_s"])
