@@ -34,14 +34,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.logits_processors import (
-    apply_logit_bias,
-    apply_presence_frequency,
-    apply_repetition_penalty,
     filtered_probs,
-    mask_tokens,
 )
 from engine.outputs import TokenLogprob
 from engine.request import Request, Sequence
+from engine.sampler import process_logits
 from engine.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -89,20 +86,7 @@ def beam_logprobs(
     and the top-k / top-p / min-p filters (the sampler's pipeline, steps 1-4)."""
     raw = logits.log_softmax(dim=-1)
     batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids)
-    processed = logits
-    if any(
-        s is not None
-        for s in (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)
-    ):
-        processed = logits.clone()
-        if batch.bias is not None:
-            apply_logit_bias(processed, *batch.bias)
-        if batch.banned is not None:
-            mask_tokens(processed, *batch.banned)
-        if batch.repetition is not None:
-            apply_repetition_penalty(processed, *batch.repetition)
-        if batch.presence_frequency is not None:
-            apply_presence_frequency(processed, *batch.presence_frequency)
+    processed = process_logits(logits, batch)  # the sampler's bias / masks / penalties
     f = batch.filters
     if f is None:
         return raw, raw if processed is logits else processed.log_softmax(dim=-1)

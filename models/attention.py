@@ -18,8 +18,21 @@ import torch.nn.functional as F
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_blocks, block_size, kv_heads, head_dim]
 
 
+class _AdditiveMask:
+    """The plan's bool mask as 0 / -inf in the compute dtype, made once per step (SDPA would
+    convert a bool mask on every call, i.e. in every layer)."""
+
+    mask: torch.Tensor
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        cached = self.__dict__.get("_additive")
+        if cached is None or cached.dtype != dtype:
+            cached = self.__dict__["_additive"] = _additive(self.mask, dtype)
+        return cached
+
+
 @dataclass
-class DecodePlan:
+class DecodePlan(_AdditiveMask):
     """What every layer needs for the batched decode rows; built once per step."""
 
     rows: torch.Tensor  # [B] rows of the decode tokens in the flat batch
@@ -29,17 +42,10 @@ class DecodePlan:
     seq_lens: torch.Tensor  # [B] int64 context lengths (for the CPU kernel)
     window: int | None
     use_cpu_kernel: bool
-    _additive: torch.Tensor | None = field(default=None, repr=False)
-
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """0 / -inf in the compute dtype, made once per step (SDPA converts bool masks per call)."""
-        if self._additive is None or self._additive.dtype != dtype:
-            self._additive = _additive(self.mask, dtype)
-        return self._additive
 
 
 @dataclass
-class PrefillPlan:
+class PrefillPlan(_AdditiveMask):
     """One sequence with several new tokens (a prefill chunk)."""
 
     row_start: int
@@ -47,12 +53,6 @@ class PrefillPlan:
     seq_len: int
     table: torch.Tensor  # [nb] block ids covering seq_len tokens
     mask: torch.Tensor | None  # [q_len, seq_len] bool, None when plainly causal from 0
-    _additive: torch.Tensor | None = field(default=None, repr=False)
-
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        if self._additive is None or self._additive.dtype != dtype:
-            self._additive = _additive(self.mask, dtype)
-        return self._additive
 
 
 @dataclass
