@@ -82,7 +82,7 @@ class Engine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (size {vocab})")
-        params.validate_for_vocab(vocab)
+        params.validate_for_vocab(self.runner.sampleable_vocab or vocab)  # ids it may sample
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
         if params.use_beam_search:

@@ -52,7 +52,14 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
     use_kernel = config.cpu_attention_kernel and _cpu_kernel_ready(device)
     runner = ModelRunner(
-        model, model_config, num_blocks, config.block_size, DTYPES[dtype_name], device, use_kernel
+        model,
+        model_config,
+        num_blocks,
+        config.block_size,
+        DTYPES[dtype_name],
+        device,
+        use_kernel,
+        sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
     )
     scheduler = Scheduler(
         config, BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), max_model_len

@@ -36,12 +36,16 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         cpu_attention_kernel: bool = False,
+        sampleable_vocab: int | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
         self.cpu_attention_kernel = cpu_attention_kernel
+        # Embedding tables padded past the tokenizer (Qwen2: 151936 rows, 151665 tokens) hold
+        # ids nothing can decode: the sampler only ever sees the first `sampleable_vocab`.
+        self.sampleable_vocab = sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
 
     @torch.inference_mode()
@@ -86,6 +90,8 @@ class ModelRunner:
         sampling = self.model.compute_logits(
             hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
         )
+        if self.sampleable_vocab is not None:
+            sampling = sampling[:, : self.sampleable_vocab]
         all_rows = {
             i: self.model.compute_logits(
                 hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]

@@ -1,0 +1,56 @@
+"""ModelRunner: one forward per step, logits only for sampling rows, and never a token id
+beyond what the tokenizer can decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model_runner import ModelRunner
+from models import build_model
+from models.config import ModelConfig
+from tests.checkpoints import make_hf_model
+
+
+@dataclass
+class _Seq:
+    token_ids: list[int]
+    block_table: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+
+
+@dataclass
+class _Chunk:
+    seq: _Seq
+    start: int
+    num_new_tokens: int
+    sample: bool
+
+
+def _runner(sampleable_vocab=None) -> tuple[ModelRunner, torch.nn.Module]:
+    hf = make_hf_model("llama")
+    config = ModelConfig.from_hf_dict(hf.config.to_dict())
+    model = build_model(config, torch.float32, "cpu")
+    model.load_weights(hf.state_dict().items())
+    runner = ModelRunner(model, config, 16, 4, torch.float32, torch.device("cpu"), sampleable_vocab=sampleable_vocab)
+    return runner, hf
+
+
+def test_logits_only_for_sampling_rows_and_equal_to_transformers() -> None:
+    runner, hf = _runner()
+    a, b = _Seq(list(range(3, 12))), _Seq(list(range(20, 26)), [4, 5, 6, 7])
+    out = runner.execute([_Chunk(a, 0, 9, True), _Chunk(b, 0, 4, False)])
+    assert out.sampling.shape == (1, hf.config.vocab_size)
+    with torch.no_grad():
+        ref = hf(torch.tensor([a.token_ids])).logits[0, -1]
+    torch.testing.assert_close(out.sampling[0], ref, atol=1e-4, rtol=0)
+
+
+def test_padded_vocabulary_rows_are_never_offered_to_the_sampler() -> None:
+    full, _ = _runner()
+    limited, _ = _runner(sampleable_vocab=200)
+    seq = _Seq(list(range(3, 12)))
+    want = full.execute([_Chunk(seq, 0, 9, True)]).sampling
+    got = limited.execute([_Chunk(seq, 0, 9, True)]).sampling
+    assert got.shape == (1, 200)
+    torch.testing.assert_close(got, want[:, :200])
