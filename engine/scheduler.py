@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager, BlockUsage
+from engine.block_manager import BlockManager, BlockUsage, PrefixMatch
 from engine.config import EngineConfig
 from engine.outputs import FINISH_REASONS
 from engine.request import Request, RequestStatus, Sequence
@@ -227,7 +227,7 @@ class Scheduler:
             if num_seqs + request.num_seq_slots > self.config.max_num_seqs:
                 return
             seqs = request.live_seqs
-            matches = [bm.match_prefix(s.token_ids) for s in seqs]
+            matches = [self._prefix_match(request, s) for s in seqs]
             remaining = [s.num_tokens - m.num_tokens for s, m in zip(seqs, matches, strict=True)]
             sizes = _chunk_sizes(remaining, step.budget)
             if sizes is None:
@@ -245,6 +245,11 @@ class Scheduler:
             self._running.append(request)
             num_seqs += request.num_seq_slots
             self._add_plan(step, request, list(zip(seqs, sizes, strict=True)), [])
+
+    def _prefix_match(self, request: Request, seq: Sequence) -> PrefixMatch:
+        if request.params.prompt_logprobs is not None:  # every prompt row's logits are wanted
+            return PrefixMatch((), 0, seq.num_tokens)
+        return self.block_manager.match_prefix(seq.token_ids)
 
     def _add_plan(
         self,

@@ -146,3 +146,20 @@ def test_a_prompt_longer_than_the_step_budget_is_chunked_alone(tmp_path) -> None
     whole = tiny_engine(tmp_path, max_num_batched_tokens=64).generate([prompt], params)[0]
     assert out.outputs[0].token_ids == whole.outputs[0].token_ids
     assert_no_leaks(engine)
+
+
+def test_prompt_logprobs_cover_every_prompt_token_even_after_a_prefix_cache_hit(tmp_path) -> None:
+    engine = tiny_engine(tmp_path)
+    hf = make_hf_model("llama")
+    prompt = random_prompts(1, (30, 30), seed=7)[0]
+    engine.generate([prompt + [5]], SamplingParams(max_tokens=2, temperature=0.0))  # fills the cache
+    out = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2))[0]
+    assert out.prompt_logprobs[0] is None and all(e is not None for e in out.prompt_logprobs[1:])
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    for pos in range(1, len(prompt)):
+        entry = out.prompt_logprobs[pos]
+        assert entry.token_id == prompt[pos]
+        assert abs(entry.logprob - ref[pos - 1, prompt[pos]].item()) < 1e-4
+        assert [t for t, _ in entry.top] == ref[pos - 1].topk(2).indices.tolist()
+    assert_no_leaks(engine)
