@@ -54,3 +54,24 @@ def test_padded_vocabulary_rows_are_never_offered_to_the_sampler() -> None:
     got = limited.execute([_Chunk(seq, 0, 9, True)]).sampling
     assert got.shape == (1, 200)
     torch.testing.assert_close(got, want[:, :200])
+
+
+def test_one_token_steps_without_onednn_equal_the_onednn_path(monkeypatch) -> None:
+    """The M = 1 fast path (oneDNN off) against the ordinary path, fp32 and bf16."""
+    import contextlib
+
+    import engine.model_runner as model_runner
+
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
+        outs = []
+        for fast in (True, False):
+            if not fast:
+                monkeypatch.setattr(model_runner, "_linear_backend", lambda *a, **k: contextlib.nullcontext())
+            runner, _ = _runner()
+            runner.model.to(dtype)
+            runner.kv_caches = [(k.to(dtype), v.to(dtype)) for k, v in runner.kv_caches]
+            seq = _Seq(list(range(3, 12)))
+            runner.execute([_Chunk(seq, 0, 8, False)])
+            outs.append(runner.execute([_Chunk(seq, 8, 1, True)]).sampling.float())
+        torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=0)
+        monkeypatch.undo()
