@@ -116,5 +116,16 @@ def _linear_backend(device: torch.device, num_tokens: int):
     bf16, torch's own kernel streams the weights ~1.8x faster (11.5 vs 6.5 GB/s measured here),
     while for M >= 4 oneDNN is 3-30x faster. Numerics stay those of a plain matmul."""
     if device.type == "cpu" and num_tokens == 1:
-        return torch.backends.mkldnn.flags(enabled=False)
+        return _onednn_disabled()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _onednn_disabled():
+    # Not torch.backends.mkldnn.flags(): it also sets the TF32 flag, which warns on CPU builds.
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
