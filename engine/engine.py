@@ -172,9 +172,11 @@ class Engine:
 
     def _sampling_row(self, target: SampleTarget) -> SamplingRow:
         seq, state = target.seq, self._states[target.request.request_id]
+        params = state.row_params
         return SamplingRow(
-            params=state.row_params,
-            prompt_token_ids=seq.prompt_token_ids,
+            params=params,
+            # Only the repetition penalty reads the prompt: skip copying it every step otherwise.
+            prompt_token_ids=seq.prompt_token_ids if params.repetition_penalty != 1.0 else (),
             output_token_ids=seq.output_token_ids,
             generator=state.generator(seq.seq_id),
         )

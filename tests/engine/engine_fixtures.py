@@ -45,3 +45,22 @@ def assert_no_leaks(engine: Engine) -> None:
     assert stats.kv_blocks_used == 0, f"{stats.kv_blocks_used} KV blocks still held"
     engine.scheduler.block_manager.check_invariants()
     assert not engine.has_unfinished_requests()
+
+
+def run_beside_a_long_request(folder: Path, request_id: str, prompt, params: SamplingParams, seed: int):
+    """Runs `request_id` in a cache too small for it beside a 120-token greedy request admitted
+    first, so the group is preempted. Returns (its final output, its preemption count, engine).
+
+    Tiny llama: 2 layers, 2 KV heads, head_dim 16, fp32, block 4 -> 2 KiB per block. 46 blocks
+    hold a 4-wide group's worst case (4 x 11) but not beside the other request's 45."""
+    other = random_prompts(1, (120, 120), seed=seed)[0]
+    engine = tiny_engine(folder, kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
+    engine.add_request("other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
+    engine.add_request(request_id, prompt, params)  # admitted last: the one preempted
+    preemptions, final = 0, None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out if out.request_id == request_id and out.finished else final
+        request = engine.scheduler.get_request(request_id)
+        preemptions = request.num_preemptions if request is not None else preemptions
+    return final, preemptions, engine

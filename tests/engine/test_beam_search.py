@@ -8,7 +8,13 @@ import torch
 
 from engine.sampling_params import SamplingParams
 from tests.checkpoints import make_hf_model
-from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, run_staggered, tiny_engine
+from tests.engine.engine_fixtures import (
+    assert_no_leaks,
+    random_prompts,
+    run_beside_a_long_request,
+    run_staggered,
+    tiny_engine,
+)
 
 MAX_TOKENS = 10
 # (beam width, n returned, length_penalty, early_stopping): every early-stopping mode, both
@@ -137,24 +143,9 @@ def test_beams_share_prompt_blocks_and_free_them(tmp_path) -> None:
 
 
 def test_preempted_beam_group_equals_uninterrupted_run(tmp_path) -> None:
-    other, prompt = (
-        random_prompts(1, (120, 120), seed=14)[0],
-        random_prompts(1, (24, 24), seed=15)[0],
-    )
+    prompt = random_prompts(1, (24, 24), seed=15)[0]
     params = beam_params(4, 2, max_tokens=20)
-    # tiny llama: 2 layers, 2 KV heads, head_dim 16, fp32, block 4 -> 2 KiB per block. 46 blocks
-    # hold the beam group's worst case (4 x 11) but not it beside the 45 of the other request.
-    small = tiny_engine(tmp_path / "m", kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
-    small.add_request(
-        "other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
-    )
-    small.add_request("beam", prompt, params)  # admitted last: the one preempted
-    preemptions, final = 0, None
-    while small.has_unfinished_requests():
-        for out in small.step():
-            final = out if out.request_id == "beam" and out.finished else final
-        beam = small.scheduler.get_request("beam")
-        preemptions = beam.num_preemptions if beam is not None else preemptions
+    final, preemptions, small = run_beside_a_long_request(tmp_path / "m", "beam", prompt, params, seed=14)
     assert preemptions >= 1, "the beam group was never preempted; shrink the cache"
     alone = tiny_engine(tmp_path / "m").generate([prompt], params)[0]
     assert [o.token_ids for o in final.outputs] == [o.token_ids for o in alone.outputs]

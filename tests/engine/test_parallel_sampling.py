@@ -11,7 +11,13 @@ import torch
 
 from engine.sampling_params import SamplingParams
 from tests.checkpoints import make_hf_model
-from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, run_staggered, tiny_engine
+from tests.engine.engine_fixtures import (
+    assert_no_leaks,
+    random_prompts,
+    run_beside_a_long_request,
+    run_staggered,
+    tiny_engine,
+)
 
 
 def sampled(**kw) -> SamplingParams:
@@ -83,23 +89,9 @@ def test_best_of_keeps_the_n_highest_logprob_samples(tmp_path) -> None:
 
 
 def test_preempted_sample_group_equals_uninterrupted_run(tmp_path) -> None:
-    other, prompt = (
-        random_prompts(1, (120, 120), seed=25)[0],
-        random_prompts(1, (24, 24), seed=26)[0],
-    )
+    prompt = random_prompts(1, (24, 24), seed=26)[0]
     params = sampled(n=4, seed=8, max_tokens=20)
-    # 46 blocks of 2 KiB hold the group's worst case (4 x 11) but not beside the other's 45.
-    small = tiny_engine(tmp_path / "m", kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
-    small.add_request(
-        "other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
-    )
-    small.add_request("n4", prompt, params)  # admitted last: the one preempted
-    preemptions, final = 0, None
-    while small.has_unfinished_requests():
-        for out in small.step():
-            final = out if out.request_id == "n4" and out.finished else final
-        group = small.scheduler.get_request("n4")
-        preemptions = group.num_preemptions if group is not None else preemptions
+    final, preemptions, small = run_beside_a_long_request(tmp_path / "m", "n4", prompt, params, seed=25)
     assert preemptions >= 1, "the group was never preempted; shrink the cache"
     alone = tiny_engine(tmp_path / "m").generate([prompt], params)[0]
     assert token_ids(final) == token_ids(alone)
