@@ -8,64 +8,23 @@ sits in block `block_tables[b, t // block_size]` at offset `t % block_size` of c
 `[num_blocks, block_size, kv_heads, head_dim]` (contiguous, float32 / bfloat16 / float16,
 same dtype as q). Scores, softmax and the V sum run in float32.
 
-The C++ source is built with `torch.utils.cpp_extension.load_inline` at first use
-(-O3 -march=native -fopenmp) and cached in torch's extension dir, keyed by a hash of this
-source and the CPU's flags. `is_available()` says False (and logs why, once) when it cannot
-be built or the device is not a CPU; callers then keep their SDPA path.
+The C++ source (models/cpu_kernels/attention.cpp) is built with the other CPU kernels at
+first use (see models/cpu_kernels). `is_available()` says False (and logs why, once) when it
+cannot be built or the device is not a CPU; callers then keep their SDPA path.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import logging
-from pathlib import Path
-
 import torch
 
-log = logging.getLogger(__name__)
+from models import cpu_kernels
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-
-def _cpu_tag() -> str:
-    """A short hash of the CPU flags: the build uses -march=native, so a .so cached on one
-    machine must not be loaded on another."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
-
-
-@functools.cache
-def _extension():
-    """Builds (or loads the cached build of) the extension; None, logged once, on failure."""
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        return load_inline(
-            name=f"tgserve_paged_decode_{_cpu_tag()}",
-            cpp_sources=Path(__file__).with_suffix(".cpp").read_text(),
-            functions=["paged_decode"],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, missing headers, ninja, ...: fall back to SDPA
-        log.warning("CPU paged decode kernel unavailable, using SDPA instead: %s", exc)
-        return None
-
-
-@functools.cache
 def is_available(device: torch.device | str = "cpu") -> bool:
     """True when the kernel can serve tensors on `device` (a CPU and a built extension)."""
-    if torch.device(device).type != "cpu":
-        log.info("CPU paged decode kernel not used on device %s", device)
-        return False
-    return _extension() is not None
+    return cpu_kernels.is_available(device)
 
 
 def paged_decode_attention(
@@ -101,7 +60,7 @@ def paged_decode_attention(
         raise ValueError("block_tables and seq_lens must be int64")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
-    ext = _extension()
+    ext = cpu_kernels.extension()
     if ext is None or q.device.type != "cpu":
         raise ValueError("the CPU decode kernel is unavailable here; check is_available() first")
     return ext.paged_decode(
@@ -112,14 +71,4 @@ def paged_decode_attention(
         seq_lens.contiguous(),
         float(scale),
         sliding_window or 0,
-        _splits(b, block_tables.shape[1] * k_cache.shape[1]),
     )
-
-
-def _splits(batch: int, max_len: int) -> int:
-    """Key ranges per sequence: enough work items for every thread (4 each, for balance)
-    when the batch is small, but no range shorter than ~256 keys (merging has a cost)."""
-    threads = torch.get_num_threads()
-    if batch >= 2 * threads:
-        return 1
-    return max(1, min(-(-4 * threads // batch), -(-max_len // 256)))

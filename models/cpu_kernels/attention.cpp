@@ -1,8 +1,8 @@
-// Paged decode attention for CPU: see models/cpu_decode_kernel.py for the contract.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+// Paged decode attention for CPU: see kernels.h and models/cpu_decode_kernel.py for the contract.
+#include "kernels.h"
+
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -161,7 +161,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
   const int64_t items = B * splits;
   // Partials [items, H, D] + [items, H] x2, used only when splitting.
   std::vector<float> part(splits > 1 ? items * H * (D + 2) : 0);
-#pragma omp parallel num_threads(at::get_num_threads())
+#pragma omp parallel
   {
     // Per-thread scratch: qf/acc [H, D], row [kChunk, KVH * D], s [H, kChunk], m/l [H], off [kChunk].
     std::vector<float> scratch(2 * H * D + kChunk * KVH * D + H * kChunk + 2 * H);
@@ -226,30 +226,35 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
 
 }  // namespace
 
-// q [B, H, D]; caches [num_blocks, bs, KVH, D]; tables [B, nb] int64; lens [B] int64.
-// Shapes, dtypes and contiguity are validated by the Python wrapper.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor tables, torch::Tensor lens, double scale,
-                           int64_t window, int64_t splits) {
-  auto out = torch::empty_like(q);
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t num_blocks = k_cache.size(0), bs = k_cache.size(1), KVH = k_cache.size(2);
-  int bad = 0;
-  const auto run = [&](auto tag) {
-    using T = decltype(tag);
-    const auto go = D == 64 ? decode<T, 64> : D == 128 ? decode<T, 128> : decode<T, 0>;
-    go(static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k_cache.data_ptr()),
-              static_cast<const T*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
-              lens.data_ptr<int64_t>(), static_cast<T*>(out.data_ptr()), B, H, KVH, D, bs,
-              tables.size(1), num_blocks, static_cast<float>(scale), window, splits, &bad);
-  };
-  switch (q.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(c10::BFloat16{}); break;
-    case at::kHalf: run(c10::Half{}); break;
-    default: TORCH_CHECK(false, "paged_decode: unsupported dtype ", q.scalar_type());
-  }
-  TORCH_CHECK(bad != 1, "paged_decode: a seq_len is negative or exceeds its block table");
-  TORCH_CHECK(bad != 2, "paged_decode: a block table entry is outside the cache");
-  return out;
+namespace tgserve {
+
+template <typename T>
+int paged_decode_attention(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                           int64_t table_width, const int64_t* seq_lens, T* out, int64_t B,
+                           int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                           int64_t num_blocks, float scale, int64_t window) {
+  // Key ranges per sequence: enough work items for every thread (4 each, for balance) when
+  // the batch is small, but no range shorter than ~256 keys (merging has a cost).
+  const int64_t threads = omp_get_max_threads();
+  const int64_t max_len = table_width * block_size;
+  const int64_t splits = B >= 2 * threads
+                             ? 1
+                             : std::max<int64_t>(1, std::min((4 * threads + B - 1) / B,
+                                                             (max_len + 255) / 256));
+  int bad = kOk;
+  const auto go = D == 64 ? decode<T, 64> : D == 128 ? decode<T, 128> : decode<T, 0>;
+  go(q, k_cache, v_cache, tables, seq_lens, out, B, H, KVH, D, block_size, table_width,
+     num_blocks, scale, window, splits, &bad);
+  return bad;
 }
+
+#define TGSERVE_INSTANTIATE(T)                                                              \
+  template int paged_decode_attention<T>(const T*, const T*, const T*, const int64_t*,    \
+                                         int64_t, const int64_t*, T*, int64_t, int64_t,     \
+                                         int64_t, int64_t, int64_t, int64_t, float, int64_t);
+TGSERVE_INSTANTIATE(float)
+TGSERVE_INSTANTIATE(c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::Half)
+#undef TGSERVE_INSTANTIATE
+
+}  // namespace tgserve

@@ -1,0 +1,69 @@
+"""Our C++ kernels for CPU inference, built on first use and cached.
+
+- `paged_decode` (attention.cpp): paged decode attention reading K/V in place through the
+  block tables; wrapped with checks by `models.cpu_decode_kernel`.
+- `linear` (linear.cpp): small-batch linear layers that stream the weights at memory speed.
+- `LlamaDecoder` (decoder.cpp): a whole decode step of a Llama-family model in one call;
+  wrapped by `models.cpu_kernels.fused_decoder`.
+
+The sources are built with `torch.utils.cpp_extension.load` (-O3 -march=native -fopenmp,
+~1 minute cold) into torch's extension dir, under a name keyed by a hash of the sources and
+of the CPU's flags, so a stale or foreign build is never loaded. `extension()` returns None
+(logged once) when the build fails; callers then keep their PyTorch paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_DIR = Path(__file__).parent
+_SOURCES = ("attention.cpp", "linear.cpp", "decoder.cpp", "bindings.cpp")
+_HEADERS = ("kernels.h", "decoder.h", "vec_math.h")
+
+
+def _build_tag() -> str:
+    """Hash of the sources and the CPU flags (the build uses -march=native)."""
+    digest = hashlib.sha1()
+    for name in _SOURCES + _HEADERS:
+        digest.update((_DIR / name).read_bytes())
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        digest.update(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").encode())
+    except OSError:
+        pass
+    return digest.hexdigest()[:10]
+
+
+@functools.cache
+def extension() -> ModuleType | None:
+    """The built extension, or None (logged once) when it cannot be built here."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name=f"tgserve_cpu_kernels_{_build_tag()}",
+            sources=[str(_DIR / name) for name in _SOURCES],
+            extra_include_paths=[str(_DIR)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, missing headers, ninja, ...
+        log.warning("tgserve's C++ CPU kernels are unavailable, using PyTorch paths: %s", exc)
+        return None
+
+
+@functools.cache
+def is_available(device: torch.device | str = "cpu") -> bool:
+    """True when the kernels can serve tensors on `device` (a CPU, and a built extension)."""
+    if torch.device(device).type != "cpu":
+        return False
+    return extension() is not None

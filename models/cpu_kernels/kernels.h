@@ -1,0 +1,31 @@
+// The C++ kernels behind models/cpu_kernels: declarations shared by the sources.
+// All tensors are plain row-major arrays; T is float, c10::BFloat16 or c10::Half.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+namespace tgserve {
+
+// Error codes returned by kernels that validate indices inside a parallel region.
+enum KernelError : int { kOk = 0, kBadSeqLen = 1, kBadBlock = 2 };
+
+// Paged DECODE attention, one query per sequence.
+// q [B, H, D]; caches [num_blocks, block_size, KVH, D]; tables [B, table_width] block ids;
+// seq_lens [B]; out [B, H, D]. Sequence b attends to its keys max(0, len - window) .. len - 1
+// (window <= 0: all). Scores, softmax and the V sum in float32.
+template <typename T>
+int paged_decode_attention(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                           int64_t table_width, const int64_t* seq_lens, T* out, int64_t B,
+                           int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                           int64_t num_blocks, float scale, int64_t window);
+
+// y [M, N] = x [M, K] @ W[N, K]^T (+ bias [N]), accumulated in float32, for small M (the
+// weights are streamed once per 4 rows of x). OutT is T or float.
+template <typename T, typename OutT>
+void small_m_linear(const T* x, int64_t M, int64_t K, const T* W, const T* bias, OutT* y,
+                    int64_t N);
+
+}  // namespace tgserve

@@ -1,0 +1,87 @@
+// Element-wise helpers for the decoder step: float math on rows of T (float / bf16 / half),
+// rounding to T where the eager PyTorch path rounds, so both paths agree to the last bit of
+// most values.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace tgserve {
+
+// exp via Cody-Waite reduction and a degree-6 polynomial (~2 ulp); plain float ops, so loops
+// using it vectorize (libm's expf does not).
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(float));
+  return p * two_n;
+}
+
+// RMSNorm as models/layers.py: out = w * T(x * rsqrt(mean(x^2) + eps)).
+template <typename T>
+inline void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(x[i]);
+    sum += v * v;
+  }
+  const float r = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const T normed = static_cast<T>(static_cast<float>(x[i]) * r);
+    out[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(normed));
+  }
+}
+
+// x += y, rounded to T (the residual stream stays in the model's dtype, as in eager).
+template <typename T>
+inline void add_row(T* x, const T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
+}
+
+// out = T(silu(gate)) * up, gate and up being the two halves of one fused row [2n].
+template <typename T>
+inline void silu_mul_row(const T* gate_up, T* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = static_cast<float>(gate_up[i]);
+    const T act = static_cast<T>(g / (1.0f + fast_exp(-g)));
+    out[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(gate_up[n + i]));
+  }
+}
+
+// Rotate-half RoPE in place on `heads` vectors of size d: x*cos + rotate_half(x)*sin, with
+// the cos/sin tables [d] already in T and each product rounded to T, as eager does.
+template <typename T>
+inline void rope_heads(T* x, const T* cos, const T* sin, int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    T* v = x + h * d;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + half]);
+      const T a_cos = static_cast<T>(a * static_cast<float>(cos[i]));
+      const T b_cos = static_cast<T>(b * static_cast<float>(cos[i + half]));
+      const T nb_sin = static_cast<T>(-b * static_cast<float>(sin[i]));
+      const T a_sin = static_cast<T>(a * static_cast<float>(sin[i + half]));
+      v[i] = static_cast<T>(static_cast<float>(a_cos) + static_cast<float>(nb_sin));
+      v[i + half] = static_cast<T>(static_cast<float>(b_cos) + static_cast<float>(a_sin));
+    }
+  }
+}
+
+}  // namespace tgserve
