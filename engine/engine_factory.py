@@ -50,7 +50,7 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         tokenizer = None
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
-    use_kernel = config.cpu_attention_kernel and _cpu_kernel_ready(device)
+    use_kernels = config.cpu_kernels and _cpu_kernels_ready(device)
     runner = ModelRunner(
         model,
         model_config,
@@ -58,7 +58,7 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         config.block_size,
         DTYPES[dtype_name],
         device,
-        use_kernel,
+        use_kernels,
         sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
     )
     scheduler = Scheduler(
@@ -87,17 +87,28 @@ def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: tor
     return min(blocks, useful)
 
 
-def _cpu_kernel_ready(device: torch.device) -> bool:
-    """Builds (first run, ~45 s) or loads the C++ decode kernel now, not at the first step."""
-    from models.cpu_decode_kernel import is_available
-
-    if not is_available(device):
-        log.warning("cpu_attention_kernel asked for but unavailable on %s: using SDPA", device)
+def _cpu_kernels_ready(device: torch.device) -> bool:
+    """Builds (first run on a machine, ~1 min) or loads the C++ kernels now, not at the first
+    step; False on other devices or when they cannot be built (logged: PyTorch paths then)."""
+    if device.type != "cpu":
         return False
-    return True
+    from models import cpu_kernels
+
+    return cpu_kernels.is_available(device)
 
 
 def _bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return True
+    return cpu_has_native_bf16()
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """True when /proc/cpuinfo (or the given text) lists AVX512-BF16 or AMX-BF16."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -19,6 +19,7 @@ import torch
 from models import allocate_kv_cache
 from models.attention import AttentionMetadata
 from models.config import ModelConfig
+from models.cpu_kernels.fused_decoder import FusedDecoder
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,20 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        cpu_attention_kernel: bool = False,
+        cpu_kernels: bool = False,
         sampleable_vocab: int | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
-        self.cpu_attention_kernel = cpu_attention_kernel
+        self.cpu_kernels = cpu_kernels
         # Embedding tables padded past the tokenizer (Qwen2: 151936 rows, 151665 tokens) hold
         # ids nothing can decode: the sampler only ever sees the first `sampleable_vocab`.
         self.sampleable_vocab = sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
+        # Decode-only steps of a Llama-family model on CPU in one C++ call (else None).
+        self.fused = FusedDecoder.build(model, self.kv_caches) if cpu_kernels else None
 
     @torch.inference_mode()
     def execute(
@@ -80,8 +83,15 @@ class ModelRunner:
             self.block_size,
             self.device,
             self.config.sliding_window,
-            self.cpu_attention_kernel,
+            self.cpu_kernels,
         )
+        if self.fused is not None and meta.is_decode_only and not full_logits_for:
+            hidden = self.fused.hidden(
+                torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
+            )
+            if len(sample_rows) != len(ids):
+                hidden = hidden[torch.tensor(sample_rows, dtype=torch.long)]
+            return StepLogits(sampling=self._sampleable(self.fused.logits(hidden)), all_rows={})
         with _linear_backend(self.device, num_tokens=len(ids)):
             hidden = self.model(
                 torch.tensor(ids, device=self.device),
@@ -92,8 +102,7 @@ class ModelRunner:
             sampling = self.model.compute_logits(
                 hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
             )
-        if self.sampleable_vocab is not None:
-            sampling = sampling[:, : self.sampleable_vocab]
+        sampling = self._sampleable(sampling)
         all_rows = {
             i: self.model.compute_logits(
                 hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]
@@ -101,6 +110,9 @@ class ModelRunner:
             for i in full_logits_for
         }
         return StepLogits(sampling=sampling, all_rows=all_rows)
+
+    def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]
 
     def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""

@@ -135,7 +135,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(
-        "--cpu-attention-kernel", action="store_true", help="tgserve: the C++ decode attention kernel"
+        "--disable-cpu-kernels",
+        action="store_true",
+        help="tgserve: PyTorch ops only (no C++ decode step / attention kernel)",
     )
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
@@ -213,7 +215,7 @@ def _run_offline(args: argparse.Namespace, show_progress: bool):
         num_requests=num_requests,
         quantization=args.quantization,
         compile=args.compile,
-        cpu_attention_kernel=args.cpu_attention_kernel,
+        cpu_kernels=not args.disable_cpu_kernels,
     )
     limits = None
     if args.bench_command == "latency":

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
         "enable_prefix_caching": not settings.disable_prefix_caching,
-        "cpu_attention_kernel": settings.cpu_attention_kernel,
+        "cpu_kernels": not settings.disable_cpu_kernels,
     }
     config = EngineConfig(**{k: v for k, v in values.items() if v is not None})
 

@@ -86,9 +86,9 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("max_queued_requests", int, "bound on waiting requests (beyond it: 429)"),
     _Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     _Option(
-        "cpu_attention_kernel",
+        "disable_cpu_kernels",
         _bool,
-        "decode attention by tgserve's C++ kernel (built at start-up)",
+        "keep to PyTorch ops on CPU (default: tgserve's C++ decode kernels, built at start-up)",
         flag_is_switch=True,
     ),
     _Option("shutdown_timeout", _positive_float, "seconds in-flight requests get after SIGTERM"),
@@ -121,7 +121,7 @@ class Settings:
     kv_cache_memory: int | None = None
     max_queued_requests: int | None = None
     disable_prefix_caching: bool = False
-    cpu_attention_kernel: bool = False
+    disable_cpu_kernels: bool = False
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

@@ -30,7 +30,7 @@ class TgserveBackend:
             f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", compiled" if engine.config.compile else "")
-            + (", C++ decode attention" if engine.runner.cpu_attention_kernel else "")
+            + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
         )
         self._ids = count()
 
@@ -109,6 +109,6 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         max_model_len=min(options.max_model_len, source.config.max_position_embeddings),
         quantization=options.quantization,
         compile=options.compile,
-        cpu_attention_kernel=options.cpu_attention_kernel,
+        cpu_kernels=options.cpu_kernels,
     )
     return TgserveBackend(Engine.from_model(str(source.path), config))

@@ -47,7 +47,7 @@ class BackendOptions:
     num_requests: int  # so queues are sized for the whole run
     quantization: str | None = None  # tgserve: None | "int8"
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
-    cpu_attention_kernel: bool = False  # tgserve: the C++ decode attention kernel
+    cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,9 @@ def test_auto_device_follows_cuda_availability_and_explicit_cuda_needs_it():
         resolve_device("cuda:0", cuda_available=False)
 
 
-def test_auto_dtype_is_float32_on_cpu_and_half_precision_on_cuda():
-    assert resolve_dtype("auto", "cpu") == "float32"
+def test_auto_dtype_is_bfloat16_where_native_else_float32_on_cpu_or_float16_on_cuda():
+    assert resolve_dtype("auto", "cpu", bf16_supported=False) == "float32"
+    assert resolve_dtype("auto", "cpu", bf16_supported=True) == "bfloat16"
     assert resolve_dtype("auto", "cuda") == "bfloat16"
     assert resolve_dtype("auto", "cuda:0", bf16_supported=False) == "float16"
     assert resolve_dtype("float16", "cpu") == "float16"
@@ -132,3 +133,12 @@ def test_bookkeeping_modules_do_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    from engine.engine_factory import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16("processor : 0\nflags : fpu avx512f avx512_bf16 avx512vl\n")
+    assert cpu_has_native_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
+    assert not cpu_has_native_bf16("flags : fpu avx2 avx512f avx512_fp16\n")
+    assert not cpu_has_native_bf16("model name : something without flags\n")

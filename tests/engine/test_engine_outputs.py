@@ -22,9 +22,9 @@ from tests.engine.engine_fixtures import (
     [("llama", False), ("qwen2", False), ("mistral", False), ("gpt2", False), ("llama", True), ("mistral", True)],
 )
 def test_greedy_equals_transformers_generate(arch: str, kernel: bool, tmp_path) -> None:
-    """Also through the opt-in C++ decode attention kernel (kernel=True)."""
-    engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32, cpu_attention_kernel=kernel)
-    assert engine.runner.cpu_attention_kernel == kernel
+    """Through the C++ decode step and attention kernel (kernel=True) and PyTorch ops only."""
+    engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32, cpu_kernels=kernel)
+    assert engine.runner.cpu_kernels == kernel
     hf = make_hf_model(arch)
     prompts = random_prompts(4, (3, 40), seed=1)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

@@ -28,8 +28,9 @@ class PagedDriver:
         self.lens.append(0)
         return len(self.tables) - 1
 
-    def step(self, new_tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """Feeds new tokens for some sequences in ONE forward; returns logits [n, V] per seq."""
+    def step(self, new_tokens: dict[int, list[int]], fused=None) -> dict[int, torch.Tensor]:
+        """Feeds new tokens for some sequences in ONE forward; returns logits [n, V] per seq.
+        With `fused` (a FusedDecoder over self.kv), a decode-only step runs through it."""
         ids, positions, tables, seq_lens, query_lens = [], [], [], [], []
         for seq, toks in new_tokens.items():
             start = self.lens[seq]
@@ -49,9 +50,13 @@ class PagedDriver:
             self.block_size,
             sliding_window=self.model.config.sliding_window,
         )
-        with torch.no_grad():
-            hidden = self.model(torch.tensor(ids), torch.tensor(positions), meta, self.kv)
-            logits = self.model.compute_logits(hidden)
+        with torch.inference_mode():
+            if fused is not None:
+                hidden = fused.hidden(torch.tensor(ids), torch.tensor(positions), meta)
+                logits = fused.logits(hidden)
+            else:
+                hidden = self.model(torch.tensor(ids), torch.tensor(positions), meta, self.kv)
+                logits = self.model.compute_logits(hidden)
         out, row = {}, 0
         for seq, toks in new_tokens.items():
             out[seq] = logits[row : row + len(toks)]

@@ -1,0 +1,113 @@
+"""Decode-only steps of a Llama-family model in one C++ call (models/cpu_kernels/decoder.cpp).
+
+Why: SmolLM2-135M has 30 thin layers; eager PyTorch spends a decode step dispatching ~450
+small ops, and its bf16 matrix-vector product streams the weights at about half the memory
+bandwidth. The C++ step runs each layer as a handful of parallel loops, with small-batch
+linear layers streaming weights at memory speed (oneDNN's GEMM for larger batches).
+
+Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
+runs (not the Llama family, int8-quantized layers, a dtype other than float32 /
+bfloat16, not on a CPU, or the extension cannot be built). Otherwise
+`hidden(input_ids [B], positions [B], meta)` for a decode-only `AttentionMetadata` returns the
+final-normed hidden states [B, hidden] that `LlamaForCausalLM.forward` would, writing the same
+K/V into the same cache slots; `logits(hidden [R, hidden])` returns `compute_logits`'s
+[R, vocab] float32. Rounding follows the eager path (tested in
+tests/models/test_fused_decoder.py against it and against transformers).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models import cpu_kernels
+from models.attention import AttentionMetadata, KVCache
+
+# Batches up to this size use our streaming linear kernel; larger ones oneDNN's GEMM, which
+# wins once the weights are reused enough for compute to dominate (measured: see PERFORMANCE.md).
+SMALL_M_MAX = 8
+
+
+class FusedDecoder:
+    def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache], small_m_max: int) -> None:
+        c = model.config
+        inner = model.model
+        layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            bias = attn.qkv_proj.bias
+            layers.append(
+                [
+                    layer.input_layernorm.weight.detach(),
+                    attn.qkv_proj.weight.detach(),
+                    torch.empty(0) if bias is None else bias.detach(),
+                    attn.o_proj.weight.detach(),
+                    layer.post_attention_layernorm.weight.detach(),
+                    mlp.gate_up_proj.weight.detach(),
+                    mlp.down_proj.weight.detach(),
+                ]
+            )
+        self._model = model
+        self._ext = ext
+        self._small_m_max = small_m_max
+        self._lm_head = model.lm_head.weight.detach()
+        self._decoder = ext.LlamaDecoder(
+            layers,
+            inner.norm.weight.detach(),
+            [k for k, _ in kv_caches],
+            [v for _, v in kv_caches],
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            float(c.norm_eps),
+            c.sliding_window or 0,
+            small_m_max,
+        )
+
+    @classmethod
+    def build(
+        cls, model: nn.Module, kv_caches: list[KVCache], small_m_max: int = SMALL_M_MAX
+    ) -> FusedDecoder | None:
+        from models.llama import LlamaForCausalLM
+
+        if not isinstance(model, LlamaForCausalLM) or not _plain_linears(model):
+            return None
+        weight = model.lm_head.weight
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        if any(k.dtype != weight.dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
+            return None
+        ext = cpu_kernels.extension()
+        if ext is None:
+            return None
+        return cls(model, ext, kv_caches, small_m_max)
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """input_ids, positions [B] (one new token per sequence) -> hidden [B, hidden]."""
+        if not meta.is_decode_only or len(meta.query_lens) != input_ids.shape[0]:
+            raise ValueError("FusedDecoder runs decode-only steps (one new token per sequence)")
+        inner = self._model.model
+        x = inner.embed_tokens(input_ids)  # [B, hidden]
+        cos, sin = inner.rotary_emb(positions, x.dtype)  # [B, 1, D] each
+        return self._decoder.forward(
+            x,
+            cos.squeeze(1).contiguous(),
+            sin.squeeze(1).contiguous(),
+            meta.slot_mapping,
+            meta.block_tables,
+            meta.seq_lens,
+        )
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
+        if hidden.shape[0] <= self._small_m_max:
+            return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
+        return self._model.compute_logits(hidden)
+
+
+def _plain_linears(model: nn.Module) -> bool:
+    """False when the linear layers were swapped (int8 quantization): those keep their path."""
+    first = model.model.layers[0]
+    return type(first.self_attn.qkv_proj) is nn.Linear

@@ -1,0 +1,94 @@
+"""The C++ decode step (models/cpu_kernels/fused_decoder.py) against two oracles: transformers'
+logits on tiny random checkpoints (float32, 1e-4), and our eager PyTorch path in bfloat16
+(same block layout, same tokens: logits and the K/V written to the cache agree to bf16
+rounding). Both the small-batch streaming linear kernel and the oneDNN GEMM branch are run.
+
+The extension is compiled on first use (~1 minute cold, cached afterwards)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import build_model
+from models.config import ModelConfig
+from models.cpu_kernels.fused_decoder import FusedDecoder
+from models.quantization import quantize_int8_weight_only
+from tests.checkpoints import VOCAB, make_hf_model
+from tests.models.paged_driver import PagedDriver
+from tests.models.test_models_vs_transformers import hf_logits
+
+
+def ours_from(hf_model, dtype: torch.dtype) -> torch.nn.Module:
+    config = ModelConfig.from_hf_dict(hf_model.config.to_dict())
+    model = build_model(config, dtype, "cpu")
+    model.load_weights(hf_model.state_dict().items())
+    return model
+
+
+def prompts(lengths: tuple[int, ...], seed: int = 1) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "mistral"])
+@pytest.mark.parametrize("small_m_max", [0, 8])  # oneDNN GEMM for every batch / our kernel
+def test_fused_decode_equals_transformers(arch: str, small_m_max: int) -> None:
+    hf = make_hf_model(arch)
+    ours = ours_from(hf, torch.float32)
+    driver = PagedDriver(ours, block_size=4)
+    fused = FusedDecoder.build(ours, driver.kv, small_m_max=small_m_max)
+    assert fused is not None
+    tokens = prompts((5, 11, 18))  # 18 > the mistral window of 8
+    seqs = [driver.add_sequence() for _ in tokens]
+    logits = driver.step(dict(zip(seqs, tokens, strict=True)))  # eager prefill
+    for _ in range(12):
+        nxt = {s: [int(logits[s][-1].argmax())] for s in seqs}
+        logits = driver.step(nxt, fused=fused)
+        for s in seqs:
+            tokens[s] += nxt[s]
+            torch.testing.assert_close(
+                logits[s][-1], hf_logits(hf, tokens[s])[-1], atol=1e-4, rtol=0
+            )
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("small_m_max", [0, 8])
+def test_fused_bfloat16_matches_the_eager_path(arch: str, small_m_max: int) -> None:
+    hf = make_hf_model(arch)
+    ours = ours_from(hf, torch.bfloat16)
+    eager, fast = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
+    fused = FusedDecoder.build(ours, fast.kv, small_m_max=small_m_max)
+    assert fused is not None
+    tokens = prompts((3, 9, 14, 20, 7))
+    for driver in (eager, fast):
+        seqs = [driver.add_sequence() for _ in tokens]
+        driver.step(dict(zip(seqs, tokens, strict=True)))
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(10):
+        nxt = {s: [int(t)] for s, t in enumerate(torch.randint(3, VOCAB, (len(seqs),), generator=gen))}
+        want, got = eager.step(nxt), fast.step(nxt, fused=fused)
+        for s in seqs:
+            # Logits of this random model are ~0.5 in size: bf16 rounding of the hidden
+            # states (eps 2^-8) moves them by a few 1e-3.
+            torch.testing.assert_close(got[s], want[s], atol=2e-2, rtol=2e-2)
+    for (k_want, v_want), (k_got, v_got) in zip(eager.kv, fast.kv, strict=True):
+        torch.testing.assert_close(k_got.float(), k_want.float(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(v_got.float(), v_want.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_models_it_does_not_run_keep_their_path() -> None:
+    gpt2 = ours_from(make_hf_model("gpt2"), torch.float32)
+    assert FusedDecoder.build(gpt2, PagedDriver(gpt2).kv) is None
+    llama = ours_from(make_hf_model("llama"), torch.float32)
+    quantize_int8_weight_only(llama)
+    assert FusedDecoder.build(llama, PagedDriver(llama).kv) is None
+
+
+def test_prefill_steps_are_refused() -> None:
+    ours = ours_from(make_hf_model("llama"), torch.float32)
+    driver = PagedDriver(ours)
+    fused = FusedDecoder.build(ours, driver.kv)
+    seq = driver.add_sequence()
+    with pytest.raises(ValueError, match="decode-only"):
+        driver.step({seq: [5, 6, 7]}, fused=fused)
