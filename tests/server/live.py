@@ -54,7 +54,7 @@ class LiveServer:
 
     def __enter__(self) -> LiveServer:
         self._thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # a cold build of the C++ kernels takes ~1 min
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the test server did not start")

@@ -35,7 +35,7 @@ def start(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240  # a cold build of the C++ kernels takes ~1 min
     while True:
         assert process.poll() is None, process.stdout.read()
         assert time.monotonic() < deadline, "the server did not become ready"
