@@ -1,6 +1,8 @@
-"""The CPU paged-decode kernel equals the float64 reference attention for float32 and bfloat16
-across GQA ratios (1, 3, all heads on one KV head), block sizes (1, 4, 16), uneven seq_lens
-crossing block boundaries, sliding windows and the split-keys path of small batches.
+"""The CPU paged-decode kernel equals the float64 reference attention for float32, bfloat16 and
+float16 across GQA ratios (1, 3, all heads on one KV head), block sizes (1, 4, 16), head dims
+(64, 128 and odd ones that leave partial vectors), uneven seq_lens crossing block boundaries,
+sliding windows, scores that keep rising (the online softmax's rescaling) and the split-keys
+path of small batches.
 
 The extension is compiled on first use (~45 s cold, cached afterwards); without a compiler
 the tests that need it fail loudly rather than skip, since is_available() must then be False
@@ -17,8 +19,9 @@ from models.cpu_decode_kernel import is_available, paged_decode_attention
 HEAD_DIM = 64
 
 
-def run_case(heads, kv_heads, block_size, seq_lens, window, dtype, head_dim=HEAD_DIM):
-    """Scatters each sequence's K/V into shuffled blocks, returns (kernel out, reference out)."""
+def run_case(heads, kv_heads, block_size, seq_lens, window, dtype, head_dim=HEAD_DIM, drift=0.0):
+    """Scatters each sequence's K/V into shuffled blocks, returns (kernel out, reference out).
+    drift > 0 adds drift * position to every key, so scores climb along the sequence."""
     torch.manual_seed(0)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3  # spare blocks hold garbage the kernel must not read
@@ -31,12 +34,16 @@ def run_case(heads, kv_heads, block_size, seq_lens, window, dtype, head_dim=HEAD
     for i, n in enumerate(seq_lens):
         table = [free.pop() for _ in range(blocks_per_seq[i])]
         tables[i, : len(table)] = torch.tensor(table)
-        k = torch.randn(n, kv_heads, head_dim).to(dtype)
+        k = torch.randn(n, kv_heads, head_dim) + drift * torch.arange(n).view(n, 1, 1)
+        k = k.to(dtype)
         v = torch.randn(n, kv_heads, head_dim).to(dtype)
         for t in range(n):
             k_cache[table[t // block_size], t % block_size] = k[t]
             v_cache[table[t // block_size], t % block_size] = v[t]
-        q = torch.randn(1, heads, head_dim).to(dtype)
+        q = torch.randn(1, heads, head_dim)
+        if drift:  # positive q . 1 so the drift raises the scores
+            q = q.abs()
+        q = q.to(dtype)
         qs.append(q)
         expected.append(
             reference_attention(q.float(), k.float(), v.float(), head_dim**-0.5, window)
@@ -82,6 +89,30 @@ def test_split_keys_path_equals_reference(window) -> None:
 def test_head_dim_without_compiled_specialisation() -> None:
     out, expected = run_case(4, 2, 4, [9, 30], 7, torch.float32, head_dim=40)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("head_dim", [128, 40, 17])
+def test_half_precisions_and_head_dims_equal_reference(dtype, tol, head_dim) -> None:
+    # 40 and 17 leave a partial vector (bf16 uses 32-wide groups), 128 is compiled specially.
+    out, expected = run_case(9, 3, 16, [1, 17, 40, 300], None, dtype, head_dim=head_dim)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_rising_scores_rescale_the_running_softmax(dtype, tol) -> None:
+    # Scores grow by ~1 per key: the running max moves many times within and across chunks.
+    out, expected = run_case(4, 2, 16, [40, 200], None, dtype, head_dim=16, drift=0.15)
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+def test_large_batch_with_windows_equals_reference() -> None:
+    # Enough sequences for one work item each (no key splitting), windows cut mid-block.
+    torch.set_num_threads(2)
+    lens = [1 + (37 * i) % 150 for i in range(24)]
+    out, expected = run_case(9, 3, 16, lens, 50, torch.bfloat16)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
 
 
 def test_bad_inputs_raise_actionable_errors() -> None:

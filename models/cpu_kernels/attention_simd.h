@@ -1,0 +1,341 @@
+// Inner loops of the paged decode attention (attention.cpp). Each works on one chunk of
+// kChunk = 16 keys of one KV head against the G query heads sharing it, so a K/V row is
+// loaded once for all G heads and the 16 scores of a head fill exactly one AVX-512 vector.
+// AVX-512 versions (bf16 dot products on _mm512_dpbf16_ps where the CPU has it) and portable
+// scalar fallbacks share the same contracts; all math is float32 except that bf16 q and K
+// are multiplied as bf16 pairs (exact products, float32 sums).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define TGSERVE_ATTN_AVX512 1
+#endif
+
+namespace tgserve::attn {
+
+constexpr int kChunk = 16;  // keys per chunk: one online-softmax step, one vector of scores
+
+// exp for x <= 0 (scores minus their running max): Cody-Waite reduction + degree-6
+// polynomial, ~2 ulp.
+inline float exp_nonpos(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(float));
+  return p * two_n;
+}
+
+// How score_chunk wants the query heads: element type and row padding (rows are zero-padded
+// to a multiple of `pad` elements). bf16 pairs when the CPU has dot products on them.
+template <typename T>
+struct QPack {
+  using type = float;
+  static constexpr int pad = 16;
+};
+#if defined(TGSERVE_ATTN_AVX512) && defined(__AVX512BF16__)
+template <>
+struct QPack<c10::BFloat16> {
+  using type = c10::BFloat16;
+  static constexpr int pad = 32;
+};
+#endif
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Rows of the float32 accumulators are acc_stride(D) long. For bf16 (AVX-512) each group of
+// 32 columns is kept deinterleaved, [even columns, odd columns]: a V row's 32 bf16 then turn
+// into float32 with one shift (even) and one mask (odd); store_row restores the order.
+template <typename T>
+struct AccPad {
+  static constexpr int value = 16;
+};
+#if defined(TGSERVE_ATTN_AVX512)
+template <>
+struct AccPad<c10::BFloat16> {
+  static constexpr int value = 32;
+};
+#endif
+template <typename T>
+int64_t acc_stride(int64_t D) {
+  return round_up(D, AccPad<T>::value);
+}
+
+// Lazy online softmax: the running max m only moves when a score exceeds it by more than
+// kSlack, so most chunks need no rescale; weights exp(s - m) stay <= e^8, far from overflow.
+constexpr float kSlack = 8.0f;
+
+// dst [Dp] = src [D] (converted), zero-padded to Dp = round_up(D, QPack<T>::pad).
+template <typename T>
+void pack_query(const T* src, int64_t D, typename QPack<T>::type* dst) {
+  const int64_t Dp = round_up(D, QPack<T>::pad);
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<typename QPack<T>::type>(src[d]);
+  for (int64_t d = D; d < Dp; ++d) dst[d] = typename QPack<T>::type(0.0f);
+}
+
+#if defined(TGSERVE_ATTN_AVX512)
+
+// 16 elements of a row as float32; lanes outside `m` read nothing and are 0.
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const c10::Half* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {  // bf16 = top half of a float32
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// 16 float32 lanes to a row of T, rounding to nearest even.
+inline void store16(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
+inline void store16(c10::Half* p, __m512 x, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+inline void store16(c10::BFloat16* p, __m512 x, __mmask16 m) {
+#if defined(__AVX512BF16__)
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(x));
+#else
+  alignas(64) float f[16];
+  _mm512_storeu_ps(f, x);
+  for (int i = 0; i < 16; ++i)
+    if (m >> i & 1) p[i] = static_cast<c10::BFloat16>(f[i]);
+#endif
+}
+
+inline __mmask16 tail_mask16(int64_t n) {  // the first min(n, 16) lanes
+  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// 32 bf16 / half elements from p; only the first `left` (< 32: a row's tail) are read. A plain
+// load for whole vectors lets the compiler fold it into the instruction using it.
+inline __m512i load32x16(const void* p, int64_t left) {
+  if (left >= 32) return _mm512_loadu_si512(p);
+  return _mm512_maskz_loadu_epi16((__mmask32(1) << left) - 1, p);
+}
+
+// exp of 16 lanes <= kSlack, same polynomial as exp_nonpos; scalef applies 2^n.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Lane i of the result = horizontal sum of a[i] (a 16x16 transpose folded into the adds:
+// 45 shuffles/adds instead of 16 separate reductions).
+inline __m512 reduce16(const __m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, a'0+a'2, a1+a3, a'1+a'3]
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the four vectors' partial sums
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i)  // fold 128-bit lanes pairwise
+    d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                       _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
+}
+
+// s [G, 16]: s[h, i] = scale * q[h] . rows[i] over D elements (q rows `qstride` apart, packed
+// by pack_query); lanes i >= n get -inf. DC > 0 fixes D at compile time.
+template <typename T, int DC>
+void score_chunk(const typename QPack<T>::type* q, int64_t qstride, const T* const* rows, int n,
+                 int64_t G, int64_t Drt, float scale, float* s) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t h = 0; h < G; ++h) {
+    __m512 acc[kChunk];
+    for (int i = 0; i < kChunk; ++i) acc[i] = _mm512_setzero_ps();
+    if constexpr (QPack<T>::pad == 32) {  // bf16 pairs: 32 elements per dot-product step
+#if defined(__AVX512BF16__)
+      const uint16_t* qh = reinterpret_cast<const uint16_t*>(q + h * qstride);
+      for (int64_t d = 0; d < D; d += 32) {
+        const __m512bh qv = (__m512bh)_mm512_loadu_si512(qh + d);
+        for (int i = 0; i < kChunk; ++i)
+          acc[i] = _mm512_dpbf16_ps(acc[i], qv, (__m512bh)load32x16(rows[i] + d, D - d));
+      }
+#endif
+    } else {
+      const float* qh = reinterpret_cast<const float*>(q + h * qstride);
+      for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 m = tail_mask16(D - d);
+        const __m512 qv = _mm512_loadu_ps(qh + d);
+        for (int i = 0; i < kChunk; ++i)
+          acc[i] = _mm512_fmadd_ps(qv, load16(rows[i] + d, m), acc[i]);
+      }
+    }
+    const __m512 sv = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(s + h * kChunk, _mm512_mask_blend_ps(tail_mask16(n), neg_inf, sv));
+  }
+}
+
+// Online softmax step for G heads: s [G, 16] scores -> p [G, 16] weights exp(s - m) in
+// place (lanes >= n: 0). m [G] is the running reference max, lsum [G, 16] the running sums
+// (per lane; added up by the caller) and acc [G, astride] the weighted V sums, both
+// rescaled when m moves.
+inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, float* acc,
+                          int64_t astride) {
+  for (int64_t h = 0; h < G; ++h) {
+    const __m512 sv = _mm512_loadu_ps(s + h * kChunk);
+    // m = -inf (first chunk) makes any finite score move it.
+    if (_mm512_cmp_ps_mask(sv, _mm512_set1_ps(m[h] + kSlack), _CMP_GT_OQ)) {
+      const float mx = _mm512_reduce_max_ps(sv);
+      const __m512 alpha = _mm512_set1_ps(exp_nonpos(m[h] - mx));  // ~0 when m was -inf
+      _mm512_storeu_ps(lsum + h * kChunk, _mm512_mul_ps(alpha, _mm512_loadu_ps(lsum + h * kChunk)));
+      float* a = acc + h * astride;
+      for (int64_t d = 0; d < astride; d += 16)
+        _mm512_storeu_ps(a + d, _mm512_mul_ps(alpha, _mm512_loadu_ps(a + d)));
+      m[h] = mx;
+    }
+    // Lanes past the range (score -inf) must weigh exactly 0, not exp(-87).
+    const __m512 e = exp512(_mm512_sub_ps(sv, _mm512_set1_ps(m[h])));
+    const __m512 pv = _mm512_maskz_mov_ps(tail_mask16(n), e);
+    _mm512_storeu_ps(s + h * kChunk, pv);
+    _mm512_storeu_ps(lsum + h * kChunk, _mm512_add_ps(pv, _mm512_loadu_ps(lsum + h * kChunk)));
+  }
+}
+
+// acc [G, astride] += p [G, 16] @ rows [16, D]: each 16-column tile of the 16 V rows is
+// converted once and kept in registers for all G heads. Rows i >= n must be readable (their
+// weights are 0).
+inline void weighted_tile(const float* p, const __m512* v, int64_t G, float* acc,
+                          int64_t astride) {
+  for (int64_t h = 0; h < G; ++h) {
+    const float* ph = p + h * kChunk;
+    __m512 a0 = _mm512_loadu_ps(acc + h * astride), a1 = _mm512_setzero_ps();
+    for (int i = 0; i < kChunk; i += 2) {  // two chains: halves the fma latency chain
+      a0 = _mm512_fmadd_ps(_mm512_set1_ps(ph[i]), v[i], a0);
+      a1 = _mm512_fmadd_ps(_mm512_set1_ps(ph[i + 1]), v[i + 1], a1);
+    }
+    _mm512_storeu_ps(acc + h * astride, _mm512_add_ps(a0, a1));
+  }
+}
+
+template <typename T, int DC>
+void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t Drt, float* acc,
+                      int64_t astride) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  __m512 v[kChunk];
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {  // 32 columns: even, then odd (AccPad)
+    for (int64_t d = 0; d < D; d += 32) {
+      for (int i = 0; i < kChunk; ++i)
+        v[i] = _mm512_castsi512_ps(_mm512_slli_epi32(load32x16(rows[i] + d, D - d), 16));
+      weighted_tile(p, v, G, acc + d, astride);
+      const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+      for (int i = 0; i < kChunk; ++i)
+        v[i] = _mm512_castsi512_ps(_mm512_and_si512(load32x16(rows[i] + d, D - d), hi));
+      weighted_tile(p, v, G, acc + d + 16, astride);
+    }
+  } else {
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 m = tail_mask16(D - d);
+      for (int i = 0; i < kChunk; ++i) v[i] = load16(rows[i] + d, m);
+      weighted_tile(p, v, G, acc + d, astride);
+    }
+  }
+}
+
+// out [D] = acc [D] * inv (acc in the AccPad layout), rounded to T.
+template <typename T>
+void store_row(const float* acc, float inv, int64_t D, T* out) {
+  const __m512 s = _mm512_set1_ps(inv);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    for (int64_t d = 0; d < D; d += 32) {
+      const __m512 e = _mm512_mul_ps(_mm512_loadu_ps(acc + d), s);
+      const __m512 o = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 16), s);
+      store16(out + d, _mm512_permutex2var_ps(e, lo, o), tail_mask16(D - d));
+      if (D - d > 16)
+        store16(out + d + 16, _mm512_permutex2var_ps(e, hi, o), tail_mask16(D - d - 16));
+    }
+  } else {
+    for (int64_t d = 0; d < D; d += 16)
+      store16(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), s), tail_mask16(D - d));
+  }
+}
+
+#else  // portable fallbacks: same contracts, plain loops
+
+template <typename T, int DC>
+void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, int64_t G,
+                 int64_t Drt, float scale, float* s) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  for (int64_t h = 0; h < G; ++h)
+    for (int i = 0; i < kChunk; ++i) {
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += q[h * qstride + d] * static_cast<float>(rows[i][d]);
+      s[h * kChunk + i] = i < n ? dot * scale : -std::numeric_limits<float>::infinity();
+    }
+}
+
+inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, float* acc,
+                          int64_t astride) {
+  for (int64_t h = 0; h < G; ++h) {
+    float* sh = s + h * kChunk;
+    float mx = m[h];
+    for (int i = 0; i < n; ++i) mx = std::max(mx, sh[i]);
+    if (mx > m[h] + kSlack) {
+      const float alpha = exp_nonpos(m[h] - mx);
+      lsum[h * kChunk] *= alpha;
+      for (int64_t d = 0; d < astride; ++d) acc[h * astride + d] *= alpha;
+      m[h] = mx;
+    }
+    for (int i = 0; i < kChunk; ++i) {
+      sh[i] = i < n ? std::exp(sh[i] - m[h]) : 0.0f;
+      lsum[h * kChunk] += sh[i];
+    }
+  }
+}
+
+template <typename T, int DC>
+void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t Drt, float* acc,
+                      int64_t astride) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  for (int64_t h = 0; h < G; ++h)
+    for (int i = 0; i < kChunk; ++i) {
+      const float w = p[h * kChunk + i];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[h * astride + d] += w * static_cast<float>(rows[i][d]);
+    }
+}
+
+template <typename T>
+void store_row(const float* acc, float inv, int64_t D, T* out) {
+  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(acc[d] * inv);
+}
+
+#endif
+
+}  // namespace tgserve::attn
