@@ -102,6 +102,7 @@ class LlamaDecoder {
       linear<T>(h, w.qkv, w.qkv_bias, qkv);
       T* kc = static_cast<T*>(k_caches_[l].data_ptr());
       T* vc = static_cast<T*>(v_caches_[l].data_ptr());
+#pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) {  // rotary on q and k, then k and v into their slot
         T* row = qkvp + b * qkv_size;
         rope_heads(row, cosp + b * D_, sinp + b * D_, H_ + KVH_, D_);
@@ -131,6 +132,7 @@ class LlamaDecoder {
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
     }
     const T* norm_final = static_cast<const T*>(final_norm_.data_ptr());
+#pragma omp parallel for if (wide)
     for (int64_t b = 0; b < B; ++b) rms_norm_row(xp + b * C, norm_final, hp + b * C, C, eps_);
     return h;
   }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vec_simd.h"
+
 namespace tgserve {
 
 // exp via Cody-Waite reduction and a degree-6 polynomial (~2 ulp); plain float ops, so loops
@@ -32,6 +34,23 @@ inline float fast_exp(float x) {
 // RMSNorm as models/layers.py: out = w * T(x * rsqrt(mean(x^2) + eps)).
 template <typename T>
 inline void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
+#ifdef TGSERVE_VEC_SIMD
+  if constexpr (simd::kVectorized<T>) {
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m512 v = simd::load(x + i, simd::tail_mask(n - i));
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const __m512 r = _mm512_set1_ps(
+        1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(n) + eps));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = simd::tail_mask(n - i);
+      const __m512 normed = simd::round_to<T>(_mm512_mul_ps(simd::load(x + i, m), r));
+      simd::store(out + i, _mm512_mul_ps(simd::load(w + i, m), normed), m);
+    }
+    return;
+  }
+#endif
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
@@ -49,6 +68,15 @@ inline void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
 // x += y, rounded to T (the residual stream stays in the model's dtype, as in eager).
 template <typename T>
 inline void add_row(T* x, const T* y, int64_t n) {
+#ifdef TGSERVE_VEC_SIMD
+  if constexpr (simd::kVectorized<T>) {
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = simd::tail_mask(n - i);
+      simd::store(x + i, _mm512_add_ps(simd::load(x + i, m), simd::load(y + i, m)), m);
+    }
+    return;
+  }
+#endif
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
     x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
@@ -57,6 +85,19 @@ inline void add_row(T* x, const T* y, int64_t n) {
 // out = T(silu(gate)) * up, gate and up being the two halves of one fused row [2n].
 template <typename T>
 inline void silu_mul_row(const T* gate_up, T* out, int64_t n) {
+#ifdef TGSERVE_VEC_SIMD
+  if constexpr (simd::kVectorized<T>) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = simd::tail_mask(n - i);
+      const __m512 g = simd::load(gate_up + i, m);
+      const __m512 e = simd::exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      const __m512 act = simd::round_to<T>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
+      simd::store(out + i, _mm512_mul_ps(act, simd::load(gate_up + n + i, m)), m);
+    }
+    return;
+  }
+#endif
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float g = static_cast<float>(gate_up[i]);
@@ -70,6 +111,26 @@ inline void silu_mul_row(const T* gate_up, T* out, int64_t n) {
 template <typename T>
 inline void rope_heads(T* x, const T* cos, const T* sin, int64_t heads, int64_t d) {
   const int64_t half = d / 2;
+#ifdef TGSERVE_VEC_SIMD
+  if constexpr (simd::kVectorized<T>) {
+    for (int64_t i = 0; i < half; i += 16) {
+      const __mmask16 m = simd::tail_mask(half - i);
+      const __m512 cos_lo = simd::load(cos + i, m), cos_hi = simd::load(cos + half + i, m);
+      const __m512 sin_lo = simd::load(sin + i, m), sin_hi = simd::load(sin + half + i, m);
+      for (int64_t h = 0; h < heads; ++h) {
+        T* v = x + h * d;
+        const __m512 a = simd::load(v + i, m), b = simd::load(v + half + i, m);
+        const __m512 a_cos = simd::round_to<T>(_mm512_mul_ps(a, cos_lo));
+        const __m512 nb_sin = simd::round_to<T>(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(b, sin_lo)));
+        const __m512 b_cos = simd::round_to<T>(_mm512_mul_ps(b, cos_hi));
+        const __m512 a_sin = simd::round_to<T>(_mm512_mul_ps(a, sin_hi));
+        simd::store(v + i, _mm512_add_ps(a_cos, nb_sin), m);
+        simd::store(v + half + i, _mm512_add_ps(b_cos, a_sin), m);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t h = 0; h < heads; ++h) {
     T* v = x + h * d;
     for (int64_t i = 0; i < half; ++i) {
