@@ -85,13 +85,27 @@ class ModelRunner:
             self.config.sliding_window,
             self.cpu_kernels,
         )
-        if self.fused is not None and meta.is_decode_only and not full_logits_for:
+        if self.fused is not None:
             hidden = self.fused.hidden(
                 torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
             )
-            if len(sample_rows) != len(ids):
-                hidden = hidden[torch.tensor(sample_rows, dtype=torch.long)]
-            return StepLogits(sampling=self._sampleable(self.fused.logits(hidden)), all_rows={})
+            rows = hidden if len(sample_rows) == len(ids) else hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+            sampling = self.fused.logits(rows)
+        else:
+            hidden, sampling = self._forward(ids, positions, meta, sample_rows)
+        sampling = self._sampleable(sampling)
+        all_rows = {
+            i: self.model.compute_logits(
+                hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]
+            )
+            for i in full_logits_for
+        }
+        return StepLogits(sampling=sampling, all_rows=all_rows)
+
+    def _forward(
+        self, ids: list[int], positions: list[int], meta: AttentionMetadata, sample_rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The PyTorch forward: hidden [T, hidden] and the sampling rows' logits."""
         with _linear_backend(self.device, num_tokens=len(ids)):
             hidden = self.model(
                 torch.tensor(ids, device=self.device),
@@ -102,14 +116,7 @@ class ModelRunner:
             sampling = self.model.compute_logits(
                 hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
             )
-        sampling = self._sampleable(sampling)
-        all_rows = {
-            i: self.model.compute_logits(
-                hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]
-            )
-            for i in full_logits_for
-        }
-        return StepLogits(sampling=sampling, all_rows=all_rows)
+        return hidden, sampling
 
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]

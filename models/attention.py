@@ -39,9 +39,6 @@ class DecodePlan(_AdditiveMask):
     tables: torch.Tensor  # [B * nb] block ids covering the longest decode context, row-major
     mask: torch.Tensor  # [B, 1, 1, L] bool: key visible to the query
     max_len: int  # L
-    seq_lens: torch.Tensor  # [B] int64 context lengths (for the CPU kernel)
-    window: int | None
-    use_cpu_kernel: bool
 
 
 @dataclass
@@ -64,8 +61,9 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
     block_size: int = 16
     sliding_window: int | None = None
-    use_cpu_kernel: bool = False  # decode rows through models/cpu_decode_kernel (opt-in)
+    use_cpu_kernel: bool = False  # every row through models/cpu_decode_kernel
     _decode: DecodePlan | None = field(default=None, init=False, repr=False)
+    _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _prefills: list[PrefillPlan] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -127,10 +125,30 @@ class AttentionMetadata:
             lens = seq_len.view(-1, 1, 1, 1)
             key_pos = torch.arange(max_len, device=device).view(1, 1, 1, -1)
             mask = _attend_mask(lens - 1, key_pos, lens, self.sliding_window)
-            self._decode = DecodePlan(
-                rows, tables.reshape(-1), mask, max_len, seq_len, self.sliding_window, self.use_cpu_kernel
-            )
+            self._decode = DecodePlan(rows, tables.reshape(-1), mask, max_len)
         return self._decode
+
+    def row_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token block tables [T, nb] and context lengths [T]: the new token at position p
+        of a sequence attends to its first p + 1 tokens, so every row, prefill or decode, is
+        one query of the CPU kernel (models/cpu_decode_kernel). Built once per step."""
+        if self._rows is None:
+            if self.is_decode_only:
+                self._rows = (self.block_tables, self.seq_lens)
+            else:
+                device = self.block_tables.device
+                lens: list[int] = []
+                for seq_len, q_len in zip(self.seq_lens_list, self.query_lens, strict=True):
+                    lens.extend(range(seq_len - q_len + 1, seq_len + 1))
+                seq_of_row = torch.repeat_interleave(
+                    torch.arange(self.num_seqs, device=device),
+                    torch.tensor(self.query_lens, device=device),
+                )
+                self._rows = (
+                    self.block_tables.index_select(0, seq_of_row),
+                    torch.tensor(lens, dtype=torch.int64, device=device),
+                )
+        return self._rows
 
     def prefill_plans(self) -> list[PrefillPlan]:
         if self._prefills is None:
@@ -188,6 +206,11 @@ def paged_attention(
     each) instead of reading it back from the cache.
     """
     k_cache, v_cache = cache
+    if meta.use_cpu_kernel:  # every row reads K/V in place through its block table
+        from models.cpu_decode_kernel import paged_decode_attention
+
+        tables, lens = meta.row_plan()
+        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.sliding_window)
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     gqa = q.shape[1] != kv_heads
     decode = meta.decode_plan()
@@ -223,11 +246,6 @@ def _decode_attention(
     """q: [B, H, D], one query per sequence -> [B, H, D]."""
     k_cache, v_cache = cache
     b, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
-    if plan.use_cpu_kernel:  # reads K/V in place through the block tables: no gather
-        from models.cpu_decode_kernel import paged_decode_attention
-
-        tables = plan.tables.view(b, -1)
-        return paged_decode_attention(q, k_cache, v_cache, tables, plan.seq_lens, scale, plan.window)
     # index_select on whole blocks is a row memcpy, ~4x faster than advanced indexing on CPU.
     k = k_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
     v = v_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]

@@ -1,16 +1,18 @@
-"""Decode-only steps of a Llama-family model in one C++ call (models/cpu_kernels/decoder.cpp).
+"""A whole forward step of a Llama-family model in one C++ call (models/cpu_kernels/decoder.cpp).
 
 Why: SmolLM2-135M has 30 thin layers; eager PyTorch spends a decode step dispatching ~450
-small ops, and its bf16 matrix-vector product streams the weights at about half the memory
-bandwidth. The C++ step runs each layer as a handful of parallel loops, with small-batch
-linear layers streaming weights at memory speed (oneDNN's GEMM for larger batches).
+small ops, its bf16 matrix-vector product streams the weights at about half the memory
+bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
+round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
+as a handful of parallel loops: small-batch linear layers stream weights at memory speed
+(oneDNN's GEMM for larger batches), and every token, prefill or decode, is one query of the
+paged attention kernel over its own context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
 runs (not the Llama family, int8-quantized layers, a dtype other than float32 /
 bfloat16, not on a CPU, or the extension cannot be built). Otherwise
-`hidden(input_ids [B], positions [B], meta)` for a decode-only `AttentionMetadata` returns the
-final-normed hidden states [B, hidden] that `LlamaForCausalLM.forward` would, writing the same
-K/V into the same cache slots; `logits(hidden [R, hidden])` returns `compute_logits`'s
+`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states [T, hidden]
+that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns `compute_logits`'s
 [R, vocab] float32. Rounding follows the eager path (tested in
 tests/models/test_fused_decoder.py against it and against transformers).
 """
@@ -85,19 +87,18 @@ class FusedDecoder:
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """input_ids, positions [B] (one new token per sequence) -> hidden [B, hidden]."""
-        if not meta.is_decode_only or len(meta.query_lens) != input_ids.shape[0]:
-            raise ValueError("FusedDecoder runs decode-only steps (one new token per sequence)")
+        """input_ids, positions [T] (a step's new tokens: decodes and prefill chunks, flat as
+        the model runner lays them out) -> hidden [T, hidden]."""
+        if sum(meta.query_lens) != input_ids.shape[0]:
+            raise ValueError(
+                f"the metadata describes {sum(meta.query_lens)} new tokens, got {input_ids.shape[0]}"
+            )
         inner = self._model.model
-        x = inner.embed_tokens(input_ids)  # [B, hidden]
-        cos, sin = inner.rotary_emb(positions, x.dtype)  # [B, 1, D] each
+        x = inner.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = inner.rotary_emb(positions, x.dtype)  # [T, 1, D] each
+        tables, lens = meta.row_plan()  # each token is one query of the attention kernel
         return self._decoder.forward(
-            x,
-            cos.squeeze(1).contiguous(),
-            sin.squeeze(1).contiguous(),
-            meta.slot_mapping,
-            meta.block_tables,
-            meta.seq_lens,
+            x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous(), meta.slot_mapping, tables, lens
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,20 @@
 """llama.cpp through `llama-cpp-python` as a benchmark backend, when that package is installed.
 
 Contract (see backends.py): llama.cpp loads GGUF files only, so this backend needs `--model` to
-be a .gguf file (the default model is one); it runs the weights as the GGUF stores them (e.g.
-Q4_1), whatever `--dtype` says, and the report notes that. Greedy (temperature 0); tokens are
-pulled from `Llama.generate`, which never stops on EOS by itself, until `output_len` arrived.
-Latency: prefill is the time to the first token, decode the rest. Throughput: the package's
-high-level API serves one sequence at a time, so requests run one after another (that is what a
-user of llama-cpp-python gets; llama.cpp's own batched tools are faster).
+be a .gguf file (the default model is one).
+Weights: by default the ones tgserve runs. A GGUF whose matrices are not stored in `--dtype`
+(the default model is Q4_1) is rewritten once by gguf_requant.py (tensors dequantised then
+rounded to `--dtype`, cached beside tgserve's converted folders) and llama.cpp loads the copy.
+Setting `TGSERVE_LLAMACPP_WEIGHTS=stored` (read when the backend loads) runs the file as stored
+instead, e.g. the 4.5-bit Q4_1 weights, whatever `--dtype` says. The report's note says which
+weights ran; the KV cache is llama.cpp's default (f16).
+Greedy (argmax) decoding of exactly `output_len` tokens, EOS ignored.
+Latency: one request through `Llama.generate` (batch 1); prefill is the time to the first
+token, decode the rest. Throughput: continuous batching on the low-level API, like llama.cpp's
+own server: a second context on the same model, with `min(max_num_seqs, num_requests)` sequence
+slots in one unified KV pool of `slots * max_model_len` cells; each `llama_decode` call carries
+one token of every decoding sequence plus prompt chunks, up to `max_num_batched_tokens` tokens
+(llamacpp_batch.py plans the calls).
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
 
 from server.bench.backends import (
     BackendOptions,
@@ -23,6 +34,7 @@ from server.bench.backends import (
     ThroughputSample,
     count_tokens,
 )
+from server.bench.llamacpp_batch import ContinuousBatcher, StepToken
 from server.bench.model_source import ModelSource
 from server.bench.workload import BenchRequest
 
@@ -30,17 +42,79 @@ INSTALL_HINT = (
     'install it in its own virtual environment: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
     "llama-cpp-python (builds llama.cpp from source, ~12 minutes on 2 cores)"
 )
+WEIGHTS_ENV = "TGSERVE_LLAMACPP_WEIGHTS"  # "same" (default) | "stored"
+
+
+class _BatchedContext:
+    """A llama.cpp context for `slots` concurrent sequences of up to `max_len` tokens each."""
+
+    def __init__(
+        self, lib, model, n_vocab: int, slots: int, max_len: int, max_tokens: int, threads: int
+    ) -> None:
+        self.lib, self.n_vocab = lib, n_vocab
+        params = lib.llama_context_default_params()
+        params.n_ctx = slots * max_len
+        params.n_batch = max_tokens
+        params.n_ubatch = min(max_tokens, 512)  # llama.cpp's default micro-batch
+        params.n_seq_max = slots
+        params.kv_unified = True  # one pool of cells shared by all sequences
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self.ctx = lib.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise RuntimeError(
+                f"llama.cpp could not create a context of {slots} x {max_len} tokens"
+            )
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.batch = lib.llama_batch_init(max_tokens, 0, 1)
+
+    def decode(self, step: Sequence[StepToken]) -> list[int]:
+        """Runs one llama_decode; returns the argmax of each row of logits asked for."""
+        batch = self.batch
+        for i, tok in enumerate(step):
+            batch.token[i] = tok.token
+            batch.pos[i] = tok.pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = tok.slot
+            batch.logits[i] = tok.wants_logits
+        batch.n_tokens = len(step)
+        status = self.lib.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} on {len(step)} tokens")
+        rows = sum(tok.wants_logits for tok in step)
+        if rows == 0:
+            return []
+        # Rows in batch order of the tokens that asked for logits: [rows, n_vocab] float32.
+        logits = np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), (rows, self.n_vocab))
+        return logits.argmax(axis=1).tolist()
+
+    def release(self, slot: int) -> None:
+        self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
 
 
 class LlamaCppBackend:
     name = "llamacpp"
 
-    def __init__(self, llm, gguf_name: str) -> None:
-        self.llm = llm
-        self.note = f"llama-cpp-python on {gguf_name} (weights as stored), one sequence at a time"
+    def __init__(self, llm, lib, options: BackendOptions, threads: int, weights: str) -> None:
+        self.llm, self.lib, self.options, self.threads = llm, lib, options, threads
+        self.slots = max(
+            1, min(options.max_num_seqs, options.num_requests, lib.llama_max_parallel_sequences())
+        )
+        self.note = (
+            f"llama-cpp-python on {weights}; latency one sequence, throughput continuously "
+            f"batched ({self.slots} sequences, {options.max_num_batched_tokens} tokens per call)"
+        )
+        self._batched: _BatchedContext | None = None
 
     def _decode(self, request: BenchRequest) -> tuple[float, float, int]:
-        """(first token time, end time, tokens) after `start`, for one request."""
+        """(first token time, end time, tokens) for one request, through the high-level API."""
         got = 0
         first = None
         for _token in self.llm.generate(
@@ -59,16 +133,39 @@ class LlamaCppBackend:
         first, end, got = self._decode(request)
         return LatencySample(len(request.prompt_token_ids), got, first - start, end - first)
 
+    def generate_batched(
+        self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None] = lambda n: None
+    ) -> list[list[int]]:
+        """Greedy output tokens of every request, served by continuous batching."""
+        if self._batched is None:
+            self._batched = _BatchedContext(
+                self.lib,
+                self.llm.model,
+                self.llm.n_vocab(),
+                self.slots,
+                self.options.max_model_len,
+                self.options.max_num_batched_tokens,
+                self.threads,
+            )
+        context = self._batched
+        context.clear()
+        batcher = ContinuousBatcher(requests, self.slots, self.options.max_num_batched_tokens)
+        done = 0
+        while not batcher.done():
+            for finished in batcher.accept(context.decode(batcher.next_step())):
+                context.release(finished.slot)
+                done += 1
+                on_finished(done)
+        return batcher.outputs
+
     def run_throughput(
         self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None]
     ) -> ThroughputSample:
         start = time.perf_counter()
-        output_tokens = 0
-        for i, request in enumerate(requests):
-            output_tokens += self._decode(request)[2]
-            on_finished(i + 1)
+        outputs = self.generate_batched(requests, on_finished)
         elapsed = time.perf_counter() - start
         prompt_tokens, expected = count_tokens(requests)
+        output_tokens = sum(len(out) for out in outputs)
         if output_tokens != expected:
             raise RuntimeError(
                 f"llama.cpp decoded {output_tokens} tokens, {expected} were asked for"
@@ -76,8 +173,24 @@ class LlamaCppBackend:
         return ThroughputSample(len(requests), prompt_tokens, output_tokens, elapsed)
 
     def close(self) -> None:
+        if self._batched is not None:
+            self._batched.close()
+            self._batched = None
         self.llm = None
         gc.collect()
+
+
+def weights_for(gguf: Path, dtype: str) -> tuple[Path, str]:
+    """(file llama.cpp loads, what its weights are) per `WEIGHTS_ENV` (read now, not at import)."""
+    from server.bench.gguf_requant import needs_requant, requantized_gguf, stored_types
+
+    mode = os.environ.get(WEIGHTS_ENV, "same")
+    if mode not in ("same", "stored"):
+        raise ValueError(f"{WEIGHTS_ENV} must be 'same' or 'stored', got {mode!r}")
+    stored = "/".join(stored_types(gguf))
+    if mode == "stored" or not needs_requant(gguf, dtype):
+        return gguf, f"{gguf.name} ({stored} weights as stored)"
+    return requantized_gguf(gguf, dtype), f"{gguf.name} ({stored} dequantised to {dtype})"
 
 
 def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
@@ -87,6 +200,7 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
             "pass a .gguf file (or leave --model out for the default GGUF)"
         )
     try:
+        import llama_cpp
         from llama_cpp import Llama
     except ImportError as exc:
         raise BackendUnavailable(
@@ -94,13 +208,14 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
         ) from exc
     import torch
 
+    gguf_path, weights = weights_for(source.gguf_file, options.dtype)
     threads = torch.get_num_threads() or os.cpu_count() or 1
     llm = Llama(
-        model_path=str(source.gguf_file),
+        model_path=str(gguf_path),
         n_ctx=options.max_model_len + 1,
         n_batch=max(options.max_num_batched_tokens, 512),
         n_threads=threads,
         n_threads_batch=threads,
         verbose=False,
     )
-    return LlamaCppBackend(llm, source.gguf_file.name)
+    return LlamaCppBackend(llm, llama_cpp, options, threads, weights)

@@ -1,5 +1,6 @@
 """Paged attention equals the plain reference across block boundaries, GQA ratios
-(1, 3 and all heads sharing one KV head), sliding windows and mixed prefill/decode batches."""
+(1, 3 and all heads sharing one KV head), sliding windows and mixed prefill/decode batches,
+through PyTorch's SDPA and through our CPU kernel (every row one query of it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from models.attention import AttentionMetadata, paged_attention, reference_atten
 HEAD_DIM = 16
 
 
-def run_case(num_heads: int, kv_heads: int, block_size: int, cases: list[tuple[int, int]], window):
+def run_case(
+    num_heads: int,
+    kv_heads: int,
+    block_size: int,
+    cases: list[tuple[int, int]],
+    window,
+    use_cpu_kernel: bool = False,
+):
     """cases: (cached prefix length, new tokens) per sequence."""
     torch.manual_seed(0)
     num_blocks = 64
@@ -37,7 +45,9 @@ def run_case(num_heads: int, kv_heads: int, block_size: int, cases: list[tuple[i
         full_k.append(k)
         full_v.append(v)
         qs.append(torch.randn(new, num_heads, HEAD_DIM))
-    meta = AttentionMetadata.build(tables, seq_lens, query_lens, block_size, sliding_window=window)
+    meta = AttentionMetadata.build(
+        tables, seq_lens, query_lens, block_size, sliding_window=window, use_cpu_kernel=use_cpu_kernel
+    )
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)])
     write_kv((k_cache, v_cache), new_k, new_v, meta.slot_mapping)
@@ -55,15 +65,24 @@ def run_case(num_heads: int, kv_heads: int, block_size: int, cases: list[tuple[i
 
 @pytest.mark.parametrize("num_heads,kv_heads", [(4, 4), (6, 2), (4, 1)])
 @pytest.mark.parametrize("window", [None, 5])
-def test_paged_equals_reference_mixed_batch(num_heads: int, kv_heads: int, window) -> None:
+@pytest.mark.parametrize("kernel", [False, True])
+def test_paged_equals_reference_mixed_batch(num_heads: int, kv_heads: int, window, kernel) -> None:
     # Fresh prefills, a chunk on top of a cached prefix, and decodes at block edges.
     cases = [(0, 9), (7, 6), (3, 1), (8, 1), (15, 1), (0, 1)]
-    run_case(num_heads, kv_heads, block_size=4, cases=cases, window=window)
+    run_case(num_heads, kv_heads, block_size=4, cases=cases, window=window, use_cpu_kernel=kernel)
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
-def test_paged_equals_reference_across_block_sizes(block_size: int) -> None:
-    run_case(6, 2, block_size, cases=[(0, 20), (19, 1), (5, 12)], window=None)
+@pytest.mark.parametrize("kernel", [False, True])
+def test_paged_equals_reference_across_block_sizes(block_size: int, kernel: bool) -> None:
+    run_case(6, 2, block_size, cases=[(0, 20), (19, 1), (5, 12)], window=None, use_cpu_kernel=kernel)
+
+
+def test_row_plan_gives_each_token_its_sequence_table_and_context() -> None:
+    meta = AttentionMetadata.build([[5, 2], [7], [1, 3, 4]], [6, 3, 9], [3, 1, 2], block_size=4)
+    tables, lens = meta.row_plan()
+    assert lens.tolist() == [4, 5, 6, 3, 8, 9]
+    assert tables.tolist() == [[5, 2, 0]] * 3 + [[7, 0, 0]] + [[1, 3, 4]] * 2
 
 
 def test_write_kv_places_tokens_at_their_slots() -> None:

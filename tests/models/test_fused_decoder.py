@@ -1,7 +1,7 @@
-"""The C++ decode step (models/cpu_kernels/fused_decoder.py) against two oracles: transformers'
-logits on tiny random checkpoints (float32, 1e-4), and our eager PyTorch path in bfloat16
-(same block layout, same tokens: logits and the K/V written to the cache agree to bf16
-rounding). Both the small-batch streaming linear kernel and the oneDNN GEMM branch are run.
+"""The C++ forward step (models/cpu_kernels/fused_decoder.py: prefill chunks and decodes) against
+two oracles: transformers' logits on tiny random checkpoints (float32, 1e-4), and our eager
+PyTorch path in bfloat16 (same block layout, same tokens: logits and the K/V written to the
+cache agree to bf16 rounding). Both the small-batch streaming linear kernel and the oneDNN GEMM branch are run.
 
 The extension is compiled on first use (~1 minute cold, cached afterwards)."""
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from models import build_model
+from models.attention import AttentionMetadata
 from models.config import ModelConfig
 from models.cpu_kernels.fused_decoder import FusedDecoder
 from models.quantization import quantize_int8_weight_only
@@ -33,16 +34,28 @@ def prompts(lengths: tuple[int, ...], seed: int = 1) -> list[list[int]]:
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "mistral"])
 @pytest.mark.parametrize("small_m_max", [0, 8])  # oneDNN GEMM for every batch / our kernel
-def test_fused_decode_equals_transformers(arch: str, small_m_max: int) -> None:
+def test_fused_steps_equal_transformers(arch: str, small_m_max: int) -> None:
     hf = make_hf_model(arch)
     ours = ours_from(hf, torch.float32)
     driver = PagedDriver(ours, block_size=4)
     fused = FusedDecoder.build(ours, driver.kv, small_m_max=small_m_max)
     assert fused is not None
-    tokens = prompts((5, 11, 18))  # 18 > the mistral window of 8
+    tokens = prompts((5, 11, 18, 13))  # 18 > the mistral window of 8
     seqs = [driver.add_sequence() for _ in tokens]
-    logits = driver.step(dict(zip(seqs, tokens, strict=True)))  # eager prefill
-    for _ in range(12):
+    # Prefill of three prompts, then a mixed step: decodes of those beside the 4th prompt
+    # arriving in two chunks; every step through the fused path.
+    logits = driver.step(dict(zip(seqs[:3], tokens[:3], strict=True)), fused=fused)
+    for s in seqs[:3]:
+        torch.testing.assert_close(logits[s], hf_logits(hf, tokens[s]), atol=1e-4, rtol=0)
+    late = seqs[3]
+    for chunk in (tokens[late][:6], tokens[late][6:]):
+        nxt = {s: [int(logits[s][-1].argmax())] for s in seqs[:3]}
+        logits = driver.step({**nxt, late: chunk}, fused=fused)
+        for s in seqs[:3]:
+            tokens[s] += nxt[s]
+            torch.testing.assert_close(logits[s][-1], hf_logits(hf, tokens[s])[-1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(logits[late], hf_logits(hf, tokens[late])[6:], atol=1e-4, rtol=0)
+    for _ in range(8):
         nxt = {s: [int(logits[s][-1].argmax())] for s in seqs}
         logits = driver.step(nxt, fused=fused)
         for s in seqs:
@@ -63,7 +76,7 @@ def test_fused_bfloat16_matches_the_eager_path(arch: str, small_m_max: int) -> N
     tokens = prompts((3, 9, 14, 20, 7))
     for driver in (eager, fast):
         seqs = [driver.add_sequence() for _ in tokens]
-        driver.step(dict(zip(seqs, tokens, strict=True)))
+        driver.step(dict(zip(seqs, tokens, strict=True)), fused=fused if driver is fast else None)
     gen = torch.Generator().manual_seed(2)
     for _ in range(10):
         nxt = {s: [int(t)] for s, t in enumerate(torch.randint(3, VOCAB, (len(seqs),), generator=gen))}
@@ -85,10 +98,9 @@ def test_models_it_does_not_run_keep_their_path() -> None:
     assert FusedDecoder.build(llama, PagedDriver(llama).kv) is None
 
 
-def test_prefill_steps_are_refused() -> None:
+def test_a_token_count_that_disagrees_with_the_metadata_is_refused() -> None:
     ours = ours_from(make_hf_model("llama"), torch.float32)
-    driver = PagedDriver(ours)
-    fused = FusedDecoder.build(ours, driver.kv)
-    seq = driver.add_sequence()
-    with pytest.raises(ValueError, match="decode-only"):
-        driver.step({seq: [5, 6, 7]}, fused=fused)
+    fused = FusedDecoder.build(ours, PagedDriver(ours).kv)
+    meta = AttentionMetadata.build([[0]], [3], [3], block_size=4)
+    with pytest.raises(ValueError, match="3 new tokens"):
+        fused.hidden(torch.tensor([5, 6]), torch.tensor([0, 1]), meta)
