@@ -15,13 +15,38 @@
 namespace tgserve {
 namespace {
 
-struct LayerWeights {
-  torch::Tensor input_norm, qkv, qkv_bias, o_proj, post_norm, gate_up, down;
+// A linear layer's weight [N, K] as stored, its oneDNN-prepacked copy (undefined when
+// oneDNN cannot pack it) and its bias (undefined when none).
+struct LinearWeights {
+  torch::Tensor plain, packed, bias;
 };
+
+struct LayerWeights {
+  torch::Tensor input_norm, post_norm;
+  LinearWeights qkv, o_proj, gate_up, down;
+};
+
+// oneDNN's linear over a prepacked weight (what inductor's freezing pass emits on CPU): the
+// weight is not reordered on every call, ~1.6x faster than at::mm at M = 64 here.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            c10::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<c10::string_view>)>();
+  c10::List<std::optional<at::Scalar>> scalars;
+  scalars.push_back(std::nullopt);
+  return op.call(x, packed, bias, "none", scalars, c10::string_view(""));
+}
+
+torch::Tensor defined_or_none(const torch::Tensor& t) { return t.numel() > 0 ? t : torch::Tensor(); }
 
 class LlamaDecoder {
  public:
-  // layers: per layer [input_norm, qkv, qkv_bias (or empty), o_proj, post_norm, gate_up, down].
+  // layers: per layer [input_norm, qkv, qkv_bias, o_proj, post_norm, gate_up, down, qkv_packed,
+  // o_proj_packed, gate_up_packed, down_packed]; an empty tensor stands for "none".
   LlamaDecoder(const std::vector<std::vector<torch::Tensor>>& layers, torch::Tensor final_norm,
                std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
@@ -32,12 +57,15 @@ class LlamaDecoder {
     TORCH_CHECK(layers.size() == k_caches_.size() && layers.size() == v_caches_.size(),
                 "one K and one V cache per layer");
     for (const auto& l : layers) {
-      TORCH_CHECK(l.size() == 7, "each layer needs 7 tensors");
-      const torch::Tensor bias = l[2].numel() > 0 ? l[2] : torch::Tensor();  // empty: no bias
-      layers_.push_back({l[0], l[1], bias, l[3], l[4], l[5], l[6]});
+      TORCH_CHECK(l.size() == 11, "each layer needs 11 tensors");
+      const torch::Tensor none;
+      layers_.push_back({l[0], l[4], {l[1], defined_or_none(l[7]), defined_or_none(l[2])},
+                         {l[3], defined_or_none(l[8]), none},
+                         {l[5], defined_or_none(l[9]), none},
+                         {l[6], defined_or_none(l[10]), none}});
     }
     hidden_ = final_norm_.size(0);
-    intermediate_ = layers_.at(0).gate_up.size(0) / 2;
+    intermediate_ = layers_.at(0).gate_up.plain.size(0) / 2;
   }
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
@@ -57,21 +85,22 @@ class LlamaDecoder {
   }
 
  private:
-  // y [B, N] = x [B, K] @ w^T (+ bias): our streaming kernel for small batches, oneDNN's
-  // GEMM (through ATen) once the batch makes the layer compute-bound.
+  // [B, N] = x [B, K] @ w^T (+ bias): our streaming kernel for small batches (bound by
+  // reading the weights), oneDNN's GEMM once the batch makes the layer compute-bound.
   template <typename T>
-  void linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
-              torch::Tensor& y) const {
+  torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
     if (x.size(0) <= small_m_max_) {
+      auto y = torch::empty({x.size(0), w.plain.size(0)}, x.options());
       small_m_linear<T, T>(static_cast<const T*>(x.data_ptr()), x.size(0), x.size(1),
-                           static_cast<const T*>(w.data_ptr()),
-                           bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
-                           static_cast<T*>(y.data_ptr()), w.size(0));
-    } else if (bias.defined()) {
-      at::addmm_out(y, bias, x, w.t());
-    } else {
-      at::mm_out(y, x, w.t());
+                           static_cast<const T*>(w.plain.data_ptr()),
+                           w.bias.defined() ? static_cast<const T*>(w.bias.data_ptr()) : nullptr,
+                           static_cast<T*>(y.data_ptr()), w.plain.size(0));
+      return y;
     }
+    const std::optional<at::Tensor> bias =
+        w.bias.defined() ? std::optional<at::Tensor>(w.bias) : std::nullopt;
+    if (w.packed.defined()) return onednn_linear(x, w.packed, bias).contiguous();
+    return bias ? at::addmm(*bias, x, w.plain.t()) : at::mm(x, w.plain.t());
   }
 
   template <typename T>
@@ -81,15 +110,11 @@ class LlamaDecoder {
     const int64_t B = x.size(0), C = hidden_, I = intermediate_;
     const int64_t q_size = H_ * D_, kv_size = KVH_ * D_, qkv_size = q_size + 2 * kv_size;
     const auto opts = x.options();
-    auto h = torch::empty({B, C}, opts), qkv = torch::empty({B, qkv_size}, opts);
-    auto q = torch::empty({B, H_, D_}, opts), attn = torch::empty({B, q_size}, opts);
-    auto o = torch::empty({B, C}, opts), gate_up = torch::empty({B, 2 * I}, opts);
-    auto act = torch::empty({B, I}, opts);
+    auto h = torch::empty({B, C}, opts), q = torch::empty({B, H_, D_}, opts);
+    auto attn = torch::empty({B, q_size}, opts), act = torch::empty({B, I}, opts);
     T* xp = static_cast<T*>(x.data_ptr());
     T* hp = static_cast<T*>(h.data_ptr());
-    T* qkvp = static_cast<T*>(qkv.data_ptr());
     T* qp = static_cast<T*>(q.data_ptr());
-    T* op = static_cast<T*>(o.data_ptr());
     const T* cosp = static_cast<const T*>(rope_cos.data_ptr());
     const T* sinp = static_cast<const T*>(rope_sin.data_ptr());
     const int64_t* slot = slots.data_ptr<int64_t>();
@@ -99,7 +124,8 @@ class LlamaDecoder {
       const T* norm_in = static_cast<const T*>(w.input_norm.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) rms_norm_row(xp + b * C, norm_in, hp + b * C, C, eps_);
-      linear<T>(h, w.qkv, w.qkv_bias, qkv);
+      const torch::Tensor qkv = linear<T>(h, w.qkv);
+      T* qkvp = static_cast<T*>(qkv.data_ptr());
       T* kc = static_cast<T*>(k_caches_[l].data_ptr());
       T* vc = static_cast<T*>(v_caches_[l].data_ptr());
 #pragma omp parallel for if (wide)
@@ -115,19 +141,21 @@ class LlamaDecoder {
           static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_, k_caches_[l].size(1),
           k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)), window_);
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
-      linear<T>(attn, w.o_proj, torch::Tensor(), o);
+      torch::Tensor o = linear<T>(attn, w.o_proj);
+      const T* op = static_cast<const T*>(o.data_ptr());
       const T* norm_post = static_cast<const T*>(w.post_norm.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) {
         add_row(xp + b * C, op + b * C, C);
         rms_norm_row(xp + b * C, norm_post, hp + b * C, C, eps_);
       }
-      linear<T>(h, w.gate_up, torch::Tensor(), gate_up);
+      const torch::Tensor gate_up = linear<T>(h, w.gate_up);
       const T* gup = static_cast<const T*>(gate_up.data_ptr());
       T* actp = static_cast<T*>(act.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
-      linear<T>(act, w.down, torch::Tensor(), o);
+      o = linear<T>(act, w.down);
+      op = static_cast<const T*>(o.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
     }

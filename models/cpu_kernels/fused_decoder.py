@@ -25,9 +25,11 @@ from torch import nn
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
 
-# Batches up to this size use our streaming linear kernel; larger ones oneDNN's GEMM, which
-# wins once the weights are reused enough for compute to dominate (measured: see PERFORMANCE.md).
-SMALL_M_MAX = 8
+# Batches up to this size use our streaming linear kernel; larger ones oneDNN's GEMM over
+# prepacked weights, which wins from M = 3-4 on (measured: see PERFORMANCE.md).
+SMALL_M_MAX = 2
+# oneDNN picks the packed layout for a batch size; 64 served M = 4 .. 2048 best here.
+_PACK_FOR_M = 64
 
 
 class FusedDecoder:
@@ -38,21 +40,24 @@ class FusedDecoder:
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             bias = attn.qkv_proj.bias
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             layers.append(
                 [
                     layer.input_layernorm.weight.detach(),
                     attn.qkv_proj.weight.detach(),
-                    torch.empty(0) if bias is None else bias.detach(),
+                    _NONE if bias is None else bias.detach(),
                     attn.o_proj.weight.detach(),
                     layer.post_attention_layernorm.weight.detach(),
                     mlp.gate_up_proj.weight.detach(),
                     mlp.down_proj.weight.detach(),
+                    *(prepack(linear.weight.detach()) for linear in linears),
                 ]
             )
         self._model = model
         self._ext = ext
         self._small_m_max = small_m_max
         self._lm_head = model.lm_head.weight.detach()
+        self._lm_head_packed = prepack(self._lm_head)
         self._decoder = ext.LlamaDecoder(
             layers,
             inner.norm.weight.detach(),
@@ -105,7 +110,26 @@ class FusedDecoder:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
         if hidden.shape[0] <= self._small_m_max:
             return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
-        return self._model.compute_logits(hidden)
+        if self._lm_head_packed.numel() == 0:
+            return self._model.compute_logits(hidden)
+        return torch.ops.mkldnn._linear_pointwise(
+            hidden, self._lm_head_packed, None, "none", [None], ""
+        ).float()
+
+
+_NONE = torch.empty(0)  # "no tensor" for the C++ side
+
+
+def prepack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed copy of a linear weight [N, K] (what inductor's freezing pass makes on
+    CPU), or an empty tensor where oneDNN is unavailable or refuses the dtype. It costs a second
+    copy of the weights in memory."""
+    if not torch.backends.mkldnn.is_available():
+        return _NONE
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_M)
+    except RuntimeError:
+        return _NONE
 
 
 def _plain_linears(model: nn.Module) -> bool:
