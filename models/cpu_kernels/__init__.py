@@ -7,9 +7,10 @@
   wrapped by `models.cpu_kernels.fused_decoder`.
 
 The sources are built with `torch.utils.cpp_extension.load` (-O3 -march=native -fopenmp,
-~1 minute cold) into torch's extension dir, under a name keyed by a hash of the sources and
-of the CPU's flags, so a stale or foreign build is never loaded. `extension()` returns None
-(logged once) when the build fails; callers then keep their PyTorch paths.
+~1 minute cold) into torch's extension dir, under a name keyed by a hash of the sources, of
+the torch build and of the CPU's flags, so a stale or foreign build is never loaded.
+`extension()` returns None (logged once) when the build fails; callers keep their PyTorch
+paths.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ _HEADERS = ("kernels.h", "decoder.h", "vec_math.h", "vec_simd.h", "attention_sim
 
 
 def _build_tag() -> str:
-    """Hash of the sources and the CPU flags (the build uses -march=native)."""
-    digest = hashlib.sha1()
+    """Hash of the sources, the torch build compiled against, and the CPU flags (the build
+    uses -march=native): another venv's torch or another CPU never loads this build."""
+    digest = hashlib.sha1(f"{torch.__version__} {torch.__file__}".encode())
     for name in _SOURCES + _HEADERS:
         digest.update((_DIR / name).read_bytes())
     try:
