@@ -13,6 +13,9 @@ namespace {
 
 constexpr int64_t kRows = 4;  // rows of W per tile
 constexpr int64_t kXRows = 4;  // rows of x per pass over a tile (kRows * kXRows accumulators)
+// Rows of W ahead whose cache lines are requested while a tile is computed: the hardware
+// prefetcher alone keeps fewer lines in flight than 4 interleaved row streams need.
+constexpr int64_t kPrefetchRows = 8;
 
 template <typename OutT>
 inline void store(OutT* y, float v) { *y = static_cast<OutT>(v); }
@@ -28,6 +31,8 @@ inline void tile_bf16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* W,
     for (int j = 0; j < kRows; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 32) {
     const __mmask32 mask = K - k >= 32 ? ~__mmask32{0} : (__mmask32{1} << (K - k)) - 1;
+    for (int j = 0; j < kRows; ++j)  // a prefetch past the end of W is harmless (never faults)
+      _mm_prefetch(reinterpret_cast<const char*>(W + (j + kPrefetchRows) * K + k), _MM_HINT_T0);
     __m512bh w[kRows];
     for (int j = 0; j < kRows; ++j)  // rows past N (last tile) repeat row 0: never stored
       w[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, W + (j < nn ? j : 0) * K + k);
@@ -48,6 +53,8 @@ inline void tile_f32(const float* x, int64_t K, const float* W, int64_t nn,
     for (int j = 0; j < kRows; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mask = K - k >= 16 ? ~__mmask16{0} : (__mmask16{1} << (K - k)) - 1;
+    for (int j = 0; j < kRows; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(W + (j + kPrefetchRows) * K + k), _MM_HINT_T0);
     __m512 w[kRows];
     for (int j = 0; j < kRows; ++j) w[j] = _mm512_maskz_loadu_ps(mask, W + (j < nn ? j : 0) * K + k);
     for (int m = 0; m < MB; ++m) {
