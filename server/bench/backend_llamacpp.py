@@ -7,12 +7,13 @@ Weights: by default the ones tgserve runs. A GGUF whose matrices are not stored 
 rounded to `--dtype`, cached beside tgserve's converted folders) and llama.cpp loads the copy.
 Setting `TGSERVE_LLAMACPP_WEIGHTS=stored` (read when the backend loads) runs the file as stored
 instead, e.g. the 4.5-bit Q4_1 weights, whatever `--dtype` says. The report's note says which
-weights ran; the KV cache is llama.cpp's default (f16).
+weights ran; the KV cache is llama.cpp's default (f16). Quantised files load without llama.cpp's
+AMX/repack buffers (see `_plain_cpu_buffers`: they crash here).
 Greedy (argmax) decoding of exactly `output_len` tokens, EOS ignored.
 Latency: one request through `Llama.generate` (batch 1); prefill is the time to the first
 token, decode the rest. Throughput: continuous batching on the low-level API, like llama.cpp's
 own server: a second context on the same model, with `min(max_num_seqs, num_requests)` sequence
-slots in one unified KV pool of `slots * max_model_len` cells; each `llama_decode` call carries
+slots, each its own KV stream of `max_model_len` cells; each `llama_decode` call carries
 one token of every decoding sequence plus prompt chunks, up to `max_num_batched_tokens` tokens
 (llamacpp_batch.py plans the calls).
 """
@@ -22,7 +23,8 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +59,9 @@ class _BatchedContext:
         params.n_batch = max_tokens
         params.n_ubatch = min(max_tokens, 512)  # llama.cpp's default micro-batch
         params.n_seq_max = slots
-        params.kv_unified = True  # one pool of cells shared by all sequences
+        # One KV stream per sequence: a unified pool would make every token attend (masked)
+        # over all the pool's cells, slots x more attention work per step.
+        params.kv_unified = False
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
         self.ctx = lib.llama_init_from_model(model, params)
@@ -180,6 +184,28 @@ class LlamaCppBackend:
         gc.collect()
 
 
+@contextmanager
+def _plain_cpu_buffers(lib) -> Iterator[None]:
+    """Loads weights without llama.cpp's extra buffer types (AMX, repack) while inside.
+
+    Why: with llama-cpp-python 0.3.36 on this AMX Xeon, Q4_1/Q8_0 weights repacked into the AMX
+    buffer make the first llama_decode segfault. `Llama()` has no option for it, so the default
+    model params it starts from are wrapped for the duration of the load.
+    """
+    original = lib.llama_model_default_params
+
+    def params():
+        p = original()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = original
+
+
 def weights_for(gguf: Path, dtype: str) -> tuple[Path, str]:
     """(file llama.cpp loads, what its weights are) per `WEIGHTS_ENV` (read now, not at import)."""
     from server.bench.gguf_requant import needs_requant, requantized_gguf, stored_types
@@ -201,6 +227,7 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
         )
     try:
         import llama_cpp
+        import llama_cpp.llama_cpp as lib  # the module Llama() reads its default params from
         from llama_cpp import Llama
     except ImportError as exc:
         raise BackendUnavailable(
@@ -209,13 +236,18 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
     import torch
 
     gguf_path, weights = weights_for(source.gguf_file, options.dtype)
+    from server.bench.gguf_requant import TARGET_TYPES, stored_types
+
+    float_types = {t.name for t in TARGET_TYPES.values()}
+    quantised = not set(stored_types(gguf_path)) <= float_types
     threads = torch.get_num_threads() or os.cpu_count() or 1
-    llm = Llama(
-        model_path=str(gguf_path),
-        n_ctx=options.max_model_len + 1,
-        n_batch=max(options.max_num_batched_tokens, 512),
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
+    with _plain_cpu_buffers(lib) if quantised else nullcontext():
+        llm = Llama(
+            model_path=str(gguf_path),
+            n_ctx=options.max_model_len + 1,
+            n_batch=max(options.max_num_batched_tokens, 512),
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
     return LlamaCppBackend(llm, llama_cpp, options, threads, weights)
