@@ -19,6 +19,8 @@ tests/models/test_fused_decoder.py against it and against transformers).
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -36,6 +38,8 @@ class FusedDecoder:
     def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache], small_m_max: int) -> None:
         c = model.config
         inner = model.model
+        # Prepacked copies double the weights' memory: only when that leaves room to spare.
+        pack = prepack if _can_afford_copy(model) else _no_pack
         layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -50,14 +54,14 @@ class FusedDecoder:
                     layer.post_attention_layernorm.weight.detach(),
                     mlp.gate_up_proj.weight.detach(),
                     mlp.down_proj.weight.detach(),
-                    *(prepack(linear.weight.detach()) for linear in linears),
+                    *(pack(linear.weight.detach()) for linear in linears),
                 ]
             )
         self._model = model
         self._ext = ext
         self._small_m_max = small_m_max
         self._lm_head = model.lm_head.weight.detach()
-        self._lm_head_packed = prepack(self._lm_head)
+        self._lm_head_packed = pack(self._lm_head)
         self._decoder = ext.LlamaDecoder(
             layers,
             inner.norm.weight.detach(),
@@ -120,10 +124,23 @@ class FusedDecoder:
 _NONE = torch.empty(0)  # "no tensor" for the C++ side
 
 
+def _no_pack(weight: torch.Tensor) -> torch.Tensor:
+    return _NONE
+
+
+def _can_afford_copy(model: nn.Module) -> bool:
+    """True when a second copy of the weights fits in half the memory still available."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not on this OS: stay on the plain GEMM
+        return False
+    return 2 * weight_bytes < available
+
+
 def prepack(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's packed copy of a linear weight [N, K] (what inductor's freezing pass makes on
-    CPU), or an empty tensor where oneDNN is unavailable or refuses the dtype. It costs a second
-    copy of the weights in memory."""
+    CPU), or an empty tensor where oneDNN is unavailable or refuses the dtype (then at::mm)."""
     if not torch.backends.mkldnn.is_available():
         return _NONE
     try:

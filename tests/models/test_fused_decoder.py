@@ -13,6 +13,7 @@ import torch
 from models import build_model
 from models.attention import AttentionMetadata
 from models.config import ModelConfig
+from models.cpu_kernels import fused_decoder
 from models.cpu_kernels.fused_decoder import FusedDecoder
 from models.quantization import quantize_int8_weight_only
 from tests.checkpoints import VOCAB, make_hf_model
@@ -33,8 +34,12 @@ def prompts(lengths: tuple[int, ...], seed: int = 1) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "mistral"])
-@pytest.mark.parametrize("small_m_max", [0, 8])  # oneDNN GEMM for every batch / our kernel
-def test_fused_steps_equal_transformers(arch: str, small_m_max: int) -> None:
+@pytest.mark.parametrize(
+    "small_m_max,packed",  # oneDNN on prepacked weights / at::mm (no memory to spare) / ours
+    [(0, True), (0, False), (8, True)],
+)
+def test_fused_steps_equal_transformers(arch: str, small_m_max: int, packed: bool, monkeypatch) -> None:
+    monkeypatch.setattr(fused_decoder, "_can_afford_copy", lambda model: packed)
     hf = make_hf_model(arch)
     ours = ours_from(hf, torch.float32)
     driver = PagedDriver(ours, block_size=4)
