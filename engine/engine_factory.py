@@ -67,9 +67,10 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
     eos = tuple(dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids))
     name = path.stem if path.is_file() else path.name
     log.info(
-        "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d",
+        "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d;"
+        " %s",
         name, model_config.architecture, dtype_name, device, num_blocks, config.block_size,
-        num_blocks * config.block_size, max_model_len,
+        num_blocks * config.block_size, max_model_len, _kernels_summary(runner),
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
 
@@ -85,6 +86,14 @@ def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: tor
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)
+
+
+def _kernels_summary(runner: ModelRunner) -> str:
+    if runner.fused is not None:
+        return "forward steps by tgserve's C++ CPU kernels"
+    if runner.cpu_kernels:
+        return "PyTorch layers with tgserve's C++ paged attention"
+    return "PyTorch ops only"
 
 
 def _cpu_kernels_ready(device: torch.device) -> bool:
