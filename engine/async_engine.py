@@ -255,17 +255,15 @@ class AsyncEngine:
                 self._abort_in_engine(request_id)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        finished = 0
         for output in outputs:
             slot = self._slots.get(output.request_id)
             if slot is None:  # already failed or unknown: nobody is listening
                 continue
-            slot.put(output)
-            if output.finished:
-                del self._slots[output.request_id]
+            if output.finished:  # released before the final put: a client that has seen
+                del self._slots[output.request_id]  # its last output never sees it pending
                 self._deadlines.pop(output.request_id, None)
-                finished += 1
-        self._release(finished)
+                self._release(1)
+            slot.put(output)
 
     def _fail_in_flight(self, exc: Exception) -> None:
         message = f"the engine failed while generating ({type(exc).__name__}); please retry"
