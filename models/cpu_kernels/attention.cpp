@@ -171,7 +171,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
         for (int64_t sp = 0; sp < splits; ++sp) {
           const int64_t ih = (b * splits + sp) * H + h;
           if (part_m[ih] == -std::numeric_limits<float>::infinity()) continue;  // empty range
-          const float w = simd::exp_nonpos(part_m[ih] - mx);
+          const float w = tgserve::fast_exp(part_m[ih] - mx);
           total += w * part_l[ih];
           const float* pa = part.data() + ih * DA;
 #pragma omp simd

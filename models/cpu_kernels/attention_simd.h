@@ -16,6 +16,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "vec_math.h"  // fast_exp, and simd::exp on AVX-512
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define TGSERVE_ATTN_AVX512 1
@@ -24,25 +26,6 @@
 namespace tgserve::attn {
 
 constexpr int kChunk = 16;  // keys per chunk: one online-softmax step, one vector of scores
-
-// exp for x <= 0 (scores minus their running max): Cody-Waite reduction + degree-6
-// polynomial, ~2 ulp.
-inline float exp_nonpos(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(float));
-  return p * two_n;
-}
 
 // How score_chunk wants the query heads: element type and row padding (rows are zero-padded
 // to a multiple of `pad` elements). bf16 pairs when the CPU has dot products on them.
@@ -130,23 +113,6 @@ inline __m512i load32x16(const void* p, int64_t left) {
   return _mm512_maskz_loadu_epi16((__mmask32(1) << left) - 1, p);
 }
 
-// exp of 16 lanes <= kSlack, same polynomial as exp_nonpos; scalef applies 2^n.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Lane i of the result = horizontal sum of a[i] (a 16x16 transpose folded into the adds:
 // 45 shuffles/adds instead of 16 separate reductions).
 inline __m512 reduce16(const __m512* a) {
@@ -210,7 +176,7 @@ inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, flo
     // m = -inf (first chunk) makes any finite score move it.
     if (_mm512_cmp_ps_mask(sv, _mm512_set1_ps(m[h] + kSlack), _CMP_GT_OQ)) {
       const float mx = _mm512_reduce_max_ps(sv);
-      const __m512 alpha = _mm512_set1_ps(exp_nonpos(m[h] - mx));  // ~0 when m was -inf
+      const __m512 alpha = _mm512_set1_ps(fast_exp(m[h] - mx));  // ~0 when m was -inf
       _mm512_storeu_ps(lsum + h * kChunk, _mm512_mul_ps(alpha, _mm512_loadu_ps(lsum + h * kChunk)));
       float* a = acc + h * astride;
       for (int64_t d = 0; d < astride; d += 16)
@@ -218,7 +184,7 @@ inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, flo
       m[h] = mx;
     }
     // Lanes past the range (score -inf) must weigh exactly 0, not exp(-87).
-    const __m512 e = exp512(_mm512_sub_ps(sv, _mm512_set1_ps(m[h])));
+    const __m512 e = simd::exp(_mm512_sub_ps(sv, _mm512_set1_ps(m[h])));
     const __m512 pv = _mm512_maskz_mov_ps(tail_mask16(n), e);
     _mm512_storeu_ps(s + h * kChunk, pv);
     _mm512_storeu_ps(lsum + h * kChunk, _mm512_add_ps(pv, _mm512_loadu_ps(lsum + h * kChunk)));
@@ -307,7 +273,7 @@ inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, flo
     float mx = m[h];
     for (int i = 0; i < n; ++i) mx = std::max(mx, sh[i]);
     if (mx > m[h] + kSlack) {
-      const float alpha = exp_nonpos(m[h] - mx);
+      const float alpha = fast_exp(m[h] - mx);
       lsum[h * kChunk] *= alpha;
       for (int64_t d = 0; d < astride; ++d) acc[h * astride + d] *= alpha;
       m[h] = mx;

@@ -1,13 +1,39 @@
-// 16-wide AVX-512 loads/stores of float and bf16 rows as float32 vectors, rounding to the
-// row type, and exp: the vector forms of vec_math.h's element-wise helpers. Only included
-// where the compiler targets AVX512F + AVX512-BF16 (TGSERVE_VEC_SIMD is then defined).
+// 16-wide AVX-512 helpers: exp (any AVX512F target; the attention kernel uses it too), and
+// loads/stores of float and bf16 rows as float32 vectors with rounding to the row type, the
+// vector forms of vec_math.h's element-wise helpers (AVX512F + AVX512-BF16 targets only:
+// TGSERVE_VEC_SIMD is then defined).
 #pragma once
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace tgserve::simd {
+
+// exp as vec_math.h's fast_exp: Cody-Waite reduction, degree-6 polynomial, scale by 2^n.
+inline __m512 exp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace tgserve::simd
+
+#endif
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define TGSERVE_VEC_SIMD 1
 
 #include <c10/util/BFloat16.h>
-#include <immintrin.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -41,23 +67,6 @@ inline __m512 round_to(__m512 v) {
     const __m256i half = (__m256i)_mm512_cvtneps_pbh(v);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
   }
-}
-
-// exp as vec_math.h's fast_exp: Cody-Waite reduction, degree-6 polynomial, scale by 2^n.
-inline __m512 exp(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
 }
 
 }  // namespace tgserve::simd

@@ -24,31 +24,12 @@ from models.attention import AttentionMetadata
 from models.default_model import default_model_path
 from models.gguf_file import open_gguf
 from models.loader import load_checkpoint, load_model
+from tests.ggml_blocks import hand_dequantise
 
 ROWS, COLS = 4, 64  # two 32-wide blocks per row
 
 
 # ---------- tensor types ----------
-
-
-def _hand_dequantise(raw: np.ndarray, qtype: QT) -> np.ndarray:
-    """The GGML block formats, element by element (ggml-quants.c dequantize_row_*)."""
-    out = []
-    for row in raw.reshape(raw.shape[0], -1):
-        data, values = row.tobytes(), []
-        size = {QT.Q8_0: 34, QT.Q4_0: 18, QT.Q4_1: 20}[qtype]
-        for start in range(0, len(data), size):
-            block = data[start : start + size]
-            d = struct.unpack("<e", block[:2])[0]
-            if qtype == QT.Q8_0:
-                values += [d * q for q in struct.unpack("<32b", block[2:])]
-                continue
-            m = struct.unpack("<e", block[2:4])[0] if qtype == QT.Q4_1 else None
-            qs = block[2:] if m is None else block[4:]
-            nibbles = [b & 0xF for b in qs] + [b >> 4 for b in qs]  # low halves first
-            values += [(q - 8) * d if m is None else q * d + m for q in nibbles]
-        out.append(values)
-    return np.array(out, dtype=np.float32)
 
 
 def _write(
@@ -87,7 +68,7 @@ def test_every_supported_type_reads_back_to_the_ggml_block_format_values(tmp_pat
     for qtype, raw in quantised.items():
         got = read[qtype.name.lower()]
         assert got.dtype == torch.float32 and got.shape == (ROWS, COLS)
-        assert torch.equal(got, torch.from_numpy(_hand_dequantise(raw, qtype))), qtype.name
+        assert torch.equal(got, torch.from_numpy(hand_dequantise(raw, qtype))), qtype.name
         assert np.abs(got.numpy() - original).max() <= tolerance[qtype], qtype.name
 
 

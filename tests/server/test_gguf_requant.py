@@ -6,7 +6,6 @@ of the source, the cache keyed on the source file and written atomically.
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
 import gguf
@@ -18,28 +17,9 @@ from gguf import GGMLQuantizationType as QT
 from models.gguf_file import open_gguf
 from server.bench import gguf_requant
 from server.bench.gguf_requant import needs_requant, requantized_gguf, write_requantized
+from tests.ggml_blocks import hand_dequantise
 
 ROWS, COLS = 6, 64  # two 32-wide blocks per row
-
-
-def _hand_dequantise(raw: np.ndarray, qtype: QT) -> np.ndarray:
-    """Q8_0 / Q4_0 / Q4_1 blocks element by element (ggml-quants.c dequantize_row_*)."""
-    size = {QT.Q8_0: 34, QT.Q4_0: 18, QT.Q4_1: 20}[qtype]
-    out = []
-    for row in raw.reshape(raw.shape[0], -1):
-        data, values = row.tobytes(), []
-        for start in range(0, len(data), size):
-            block = data[start : start + size]
-            d = struct.unpack("<e", block[:2])[0]
-            if qtype == QT.Q8_0:
-                values += [d * q for q in struct.unpack("<32b", block[2:])]
-                continue
-            m = struct.unpack("<e", block[2:4])[0] if qtype == QT.Q4_1 else None
-            qs = block[2:] if m is None else block[4:]
-            nibbles = [b & 0xF for b in qs] + [b >> 4 for b in qs]  # low halves first
-            values += [(q - 8) * d if m is None else q * d + m for q in nibbles]
-        out.append(values)
-    return np.array(out, dtype=np.float32)
 
 
 def _source(path: Path) -> tuple[Path, dict[str, np.ndarray]]:
@@ -63,7 +43,7 @@ def _source(path: Path) -> tuple[Path, dict[str, np.ndarray]]:
     ]:
         raw = gguf.quants.quantize(gen.standard_normal((ROWS, COLS)).astype(np.float32), qtype)
         writer.add_tensor(name, raw, raw_dtype=qtype)
-        expected[name] = _hand_dequantise(raw, qtype)
+        expected[name] = hand_dequantise(raw, qtype)
     f16 = gen.standard_normal((ROWS, COLS)).astype(np.float16)
     writer.add_tensor("blk.0.attn_k.weight", f16)
     expected["blk.0.attn_k.weight"] = f16.astype(np.float32)
