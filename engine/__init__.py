@@ -1,0 +1,54 @@
+"""The engine's public API: what the server floor (and the benchmark tool) may import.
+
+`Engine` (the synchronous step loop, built by `Engine.from_model`) implements `EngineCore`; it
+is imported on first use, so importing this package does not import torch (the HTTP floor
+stays light);
+`AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
+out as `RequestOutput` deltas (see engine/outputs.py).
+"""
+
+from engine.api import EngineCore, EngineInfo
+from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
+from engine.config import EngineConfig
+from engine.outputs import (
+    FINISH_REASONS,
+    CompletionOutput,
+    OutputAccumulator,
+    RequestMetrics,
+    RequestOutput,
+    TokenLogprob,
+)
+from engine.request_stream import RequestStream
+from engine.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
+from engine.scheduler import QueueFullError
+from engine.stats import EngineStats
+
+__all__ = [
+    "FINISH_REASONS",
+    "MAX_N",
+    "MAX_STOP_STRINGS",
+    "AsyncEngine",
+    "CompletionOutput",
+    "Engine",
+    "EngineConfig",
+    "EngineCore",
+    "EngineInfo",
+    "EngineStats",
+    "EngineUnavailable",
+    "OutputAccumulator",
+    "Overloaded",
+    "QueueFullError",
+    "RequestMetrics",
+    "RequestOutput",
+    "RequestStream",
+    "SamplingParams",
+    "TokenLogprob",
+]
+
+
+def __getattr__(name: str):
+    if name == "Engine":
+        from engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -1,11 +1,12 @@
 """AsyncEngine: the asyncio seam in front of the synchronous Engine.
 
 Contract:
-- The sync step loop runs in ONE background thread; the event loop never runs a model step and
-  never touches the engine's mutable state (only `check_request`, which is pure validation).
+- Drives any `engine.api.EngineCore`. The sync step loop runs in ONE background thread; the
+  event loop never runs a model step and never touches the engine's mutable state (only
+  `new_request`, which validates and builds a request, changing nothing).
 - Adds and aborts go through a thread-safe inbox, drained between steps, in arrival order.
-- Each request owns one output slot holding only the newest cumulative `RequestOutput` (outputs
-  are cumulative snapshots, so merging is "keep the newer one"): a slow reader never grows a queue.
+- Each request owns one output slot holding the unread `RequestOutput` deltas merged into one
+  (`RequestOutput.merge`): a slow reader never grows a queue.
 - `generate()` validates and admits synchronously (raises `ValueError`, `Overloaded` or
   `EngineUnavailable` before anything is queued) and returns a `RequestStream`; awaiting
   `stream.admitted()` waits until the engine took the request (or re-raises why it refused:
@@ -29,12 +30,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
+from engine.api import EngineCore, EngineInfo
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.request import Request
 from engine.request_stream import OutputSlot, RequestStream
 from engine.sampling_params import SamplingParams
 from engine.scheduler import QueueFullError
+from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +59,7 @@ class EngineUnavailable(Exception):
 
 @dataclass(frozen=True)
 class _Add:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    request: Request  # validated by the engine's new_request
     slot: OutputSlot
     deadline: float | None
 
@@ -71,7 +72,7 @@ class _Abort:
 class AsyncEngine:
     def __init__(
         self,
-        engine: Any,
+        engine: EngineCore,
         max_pending: int,
         stall_timeout: float = 60.0,
         retry_after: float = 1.0,
@@ -110,7 +111,7 @@ class AsyncEngine:
         params: SamplingParams,
         deadline: float | None = None,
     ) -> RequestStream:
-        self.engine.check_request(prompt_token_ids, params)  # ValueError: never servable
+        request = self.engine.new_request(request_id, prompt_token_ids, params)  # ValueError
         slot = OutputSlot(asyncio.get_running_loop())
         with self._cond:  # checked under the lock the loop closes under: no add is stranded
             if self._dead_reason is not None:
@@ -123,7 +124,7 @@ class AsyncEngine:
                     self.retry_after,
                 )
             self._pending += 1
-            self._inbox.append(_Add(request_id, list(prompt_token_ids), params, slot, deadline))
+            self._inbox.append(_Add(request, slot, deadline))
             self._cond.notify()
         return RequestStream(request_id, slot, self.abort)
 
@@ -135,9 +136,13 @@ class AsyncEngine:
         with self._cond:
             return self._pending
 
-    def stats(self) -> Any:
+    def stats(self) -> EngineStats:
         """The engine's stats as of the last loop iteration (a frozen snapshot)."""
         return self._stats
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.engine.info
 
     def is_healthy(self) -> bool:
         if self._dead_reason is not None:
@@ -232,7 +237,7 @@ class AsyncEngine:
 
     def _add(self, item: _Add) -> None:
         try:
-            self.engine.add_request(item.request_id, item.prompt_token_ids, item.params)
+            self.engine.add(item.request)
         except QueueFullError as exc:  # admission bound looser than the engine's queue
             self._release(1)
             item.slot.admit(Overloaded(str(exc), self.retry_after))
@@ -241,9 +246,10 @@ class AsyncEngine:
             self._release(1)
             item.slot.admit(exc)
             return
-        self._slots[item.request_id] = item.slot
+        request_id = item.request.request_id
+        self._slots[request_id] = item.slot
         if item.deadline is not None:
-            self._deadlines[item.request_id] = item.deadline
+            self._deadlines[request_id] = item.deadline
         item.slot.admit(None)
 
     def _expire_deadlines(self) -> None:
@@ -295,28 +301,25 @@ class AsyncEngine:
 def _final_output(
     request_id: str, last: RequestOutput | None, finish_reason: str, error: str | None
 ) -> RequestOutput:
-    """A finished snapshot that keeps what was generated so far and says how it ended."""
+    """A finished output adding nothing to what was put before (`last`, the previous delta)
+    but how it ended: every index closes at the offsets it had reached."""
     if last is None:
         outputs = (CompletionOutput(index=0, text="", token_ids=(), finish_reason=finish_reason),)
         return RequestOutput(request_id, (), outputs, finished=True, error=error)
     outputs = tuple(
         CompletionOutput(
             index=o.index,
-            text=o.text,
-            token_ids=o.token_ids,
+            text="",
+            token_ids=(),
             cumulative_logprob=o.cumulative_logprob,
-            logprobs=o.logprobs,
+            logprobs=() if o.logprobs is not None else None,
             finish_reason=o.finish_reason or finish_reason,
             stop_reason=o.stop_reason,
+            text_offset=o.text_end,
+            token_offset=o.num_tokens,
         )
         for o in last.outputs
     )
     return RequestOutput(
-        request_id,
-        last.prompt_token_ids,
-        outputs,
-        finished=True,
-        prompt_logprobs=last.prompt_logprobs,
-        metrics=last.metrics,
-        error=error,
+        request_id, last.prompt_token_ids, outputs, finished=True, metrics=last.metrics, error=error
     )

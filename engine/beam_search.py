@@ -121,7 +121,7 @@ class BeamSearch:
     ) -> None:
         """`logits` [B, V]: the rows of `beams` (the group's live sequences, all just computed).
         Chooses the next beams and hypotheses and applies them to the request's sequences."""
-        rows = [SamplingRow(self.params, s.prompt_token_ids, s.output_token_ids) for s in beams]
+        rows = [SamplingRow(self.params, s.prompt_token_ids, s.output_view()) for s in beams]
         raw, search = beam_logprobs(logits, rows, self.eos_token_ids)
         next_beams = self._choose(beams, raw, search, generator)
         if self.done:

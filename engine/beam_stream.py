@@ -1,5 +1,5 @@
 """What a beam-search request shows: `BeamStream.outputs(request, search)` -> its n
-`CompletionOutput`s (indices 0..n-1), called for each snapshot.
+`CompletionOutput`s (indices 0..n-1), the deltas since the previous call (see outputs.py).
 
 - While the search runs, every index shows the same agreed prefix: the generated tokens on
   which every live beam and every kept hypothesis agree. The best hypothesis at the end is one
@@ -7,7 +7,7 @@
   grows (kept hypotheses leave, new ones descend from live beams), so the stream is append-only.
   Its text comes from one incremental detokenizer fed the agreed tokens (never a stop token:
   a live beam holds none, having gone on past every position of the prefix).
-- Once the search is done, index i is the i-th best hypothesis whole: text decoded by the same
+- Once the search is done, index i is the i-th best hypothesis whole, from offset 0: text decoded by the same
   rules as a sampled sequence (stop token hidden unless include_stop_str_in_output), raw
   cumulative log-prob, finish and stop reasons. Its text starts with everything streamed.
 - Aborted or failed before the end: the agreed prefix, with the request's finish reason.
@@ -32,6 +32,8 @@ class BeamStream:
         self._agreed_logprobs: list[TokenLogprob] = []
         self._detok = IncrementalDetokenizer.from_params(tokenizer, params) if tokenizer else None
         self._final: tuple[CompletionOutput, ...] | None = None
+        self._sent_tokens = 0  # agreed tokens already reported
+        self._sent_chars = 0
 
     def outputs(self, request: Request, search: BeamSearch) -> tuple[CompletionOutput, ...]:
         if search.done:
@@ -46,17 +48,25 @@ class BeamStream:
                 self._detok.finish()  # release a held-back partial character
         elif request.live_seqs:
             self._extend(request.live_seqs, search.hypotheses)
-        return tuple(
+        sent = self._sent_tokens
+        text = self._detok.take_new_text() if self._detok is not None else ""
+        new_ids = tuple(self._agreed[sent:])
+        logprobs = tuple(self._agreed_logprobs[sent:]) if self.params.logprobs is not None else None
+        outputs = tuple(
             CompletionOutput(
                 index=i,
-                text=self._detok.text if self._detok is not None else "",
-                token_ids=tuple(self._agreed),
+                text=text,
+                token_ids=new_ids,
                 cumulative_logprob=None,  # known per hypothesis only
-                logprobs=tuple(self._agreed_logprobs) if self.params.logprobs is not None else None,
+                logprobs=logprobs,
                 finish_reason=reason,
+                text_offset=self._sent_chars,
+                token_offset=sent,
             )
             for i in range(self.params.n)
         )
+        self._sent_tokens, self._sent_chars = len(self._agreed), self._sent_chars + len(text)
+        return outputs
 
     def _extend(self, beams: list[Sequence], hypotheses: list[Hypothesis]) -> None:
         """Grows the agreed prefix to the longest common one (beams hold prompt + output)."""

@@ -100,6 +100,7 @@ class IncrementalDetokenizer:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._matcher = StopStringMatcher(tuple(stop)) if stop else None
         self._pieces: list[str] = []  # emitted text, joined lazily by `text`
+        self._num_taken = 0  # pieces already handed out by `take_new_text`
         self._held = ""  # decoded text not yet emitted: a possible start of a stop string
         self._num_tokens = 0
         self._done = False
@@ -117,9 +118,14 @@ class IncrementalDetokenizer:
 
     @property
     def text(self) -> str:
-        if len(self._pieces) > 1:
-            self._pieces = ["".join(self._pieces)]
-        return self._pieces[0] if self._pieces else ""
+        """All text emitted so far (O(length): for final answers, not per step)."""
+        return "".join(self._pieces)
+
+    def take_new_text(self) -> str:
+        """The text emitted since the previous call (O(new text)): each character once."""
+        new = "".join(self._pieces[self._num_taken :])
+        self._num_taken = len(self._pieces)
+        return new
 
     @property
     def finished(self) -> bool:

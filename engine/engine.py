@@ -1,12 +1,13 @@
 """Engine: the synchronous heart. `step()` = schedule -> execute -> sample -> update.
 
 Contract:
-- `add_request(request_id, prompt_token_ids, params)` validates (ValueError with a message a
-  user can act on; `QueueFullError` when the queue is full) and queues; `abort_request(id)`
-  takes effect at the next step.
-- `step()` returns one cumulative `RequestOutput` per request that moved (new tokens, finished,
-  aborted, failed). Every admitted request ends with exactly one finished output.
-- `generate(prompts, params)` runs an offline batch to completion.
+- It implements `engine.api.EngineCore`: `new_request` validates once (ValueError with a message
+  a user can act on) and `add` queues (`QueueFullError` when the queue is full);
+  `add_request(request_id, prompt_token_ids, params)` is both; `abort_request(id)` takes effect
+  at the next step. `info` holds the facts a server reads (`engine.api.EngineInfo`).
+- `step()` returns one `RequestOutput` of deltas (outputs.py) per request that moved (new
+  tokens, finished, aborted, failed). Every admitted request ends with exactly one finished output.
+- `generate(prompts, params)` runs an offline batch to completion and returns whole outputs.
 - One request -> `n` `CompletionOutput`s with `index`: n > 1 / best_of sample independent
   sequences forked from the prompt (parallel_sampling.py); `use_beam_search` runs best_of (or n)
   beams and returns the n best hypotheses (beam_search.py). Both share KV blocks by fork.
@@ -16,16 +17,18 @@ the token and block bookkeeping lives in the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence as Seq
 
 import torch
 
+from engine.api import EngineInfo
 from engine.beam_search import check_beam_params
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, StepLogits
-from engine.outputs import RequestOutput
+from engine.outputs import OutputAccumulator, RequestOutput
 from engine.parallel_sampling import SampleTarget, sample_targets
 from engine.request import Request, Sequence
 from engine.request_state import RequestState
@@ -54,9 +57,17 @@ class Engine:
         self.tokenizer = tokenizer  # None: the model's vocabulary has no tiktoken form
         self.config = config
         self.model_config = runner.config
-        self.model_name = model_name
-        self.max_model_len = scheduler.max_model_len
         self.eos_token_ids = eos_token_ids
+        usage = scheduler.stats().blocks
+        self.info = EngineInfo(
+            model_name=model_name,
+            tokenizer=tokenizer,
+            max_model_len=scheduler.max_model_len,
+            kv_blocks_total=usage.num_blocks,
+            kv_block_size=config.block_size,
+            # Ids past the tokenizer (padded embedding rows) are nothing a prompt can hold.
+            vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
+        )
         self.sampler = Sampler(eos_token_ids, seed=config.seed, device=runner.device)
         # Unseeded beam sampling draws from this one (seeded requests own their generator).
         self._beam_generator = torch.Generator(device=runner.device).manual_seed(config.seed)
@@ -74,20 +85,40 @@ class Engine:
         return build_engine(cls, model_path, config or EngineConfig(), progress)
 
     # ----- intake ---------------------------------------------------------------------------
-    def check_request(self, prompt_token_ids: Seq[int], params: SamplingParams) -> None:
-        """Raises ValueError if this request could never be served; adds nothing."""
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Validates a request (ValueError if it could never be served) and builds it, with
+        `max_tokens=None` filled in; changes nothing, so any thread may call it."""
         if not prompt_token_ids:
             raise ValueError("the prompt must hold at least one token")
-        vocab = self.model_config.vocab_size
+        vocab = self.info.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (size {vocab})")
-        params.validate_for_vocab(self.runner.sampleable_vocab or vocab)  # ids it may sample
+        params.validate_for_vocab(vocab)  # ids it may sample
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids)))
         if params.use_beam_search:
             check_beam_params(params)
-        self.scheduler.check_admissible(len(prompt_token_ids), params)
+        self.scheduler.check_admissible(len(prompt_token_ids), params, request_id)
+        return Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
+
+    def add(self, request: Request) -> None:
+        """Queues a request made by `new_request` (QueueFullError when the queue is full)."""
+        if request.request_id in self._states:
+            raise ValueError(f"request id {request.request_id!r} is already in use; ids must be unique")
+        self.scheduler.add_request(request)
+        self._states[request.request_id] = RequestState(
+            request, self.tokenizer, self.eos_token_ids, self.runner.device
+        )
+        self._prompt_tokens_total += len(request.prompt_token_ids)
 
     def add_request(
         self,
@@ -96,11 +127,7 @@ class Engine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        self.check_request(prompt_token_ids, params)
-        request = Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
-        self.scheduler.add_request(request)  # raises QueueFullError when the queue is full
-        self._states[request_id] = RequestState(request, self.tokenizer, self.eos_token_ids, self.runner.device)
-        self._prompt_tokens_total += len(prompt_token_ids)
+        self.add(self.new_request(request_id, prompt_token_ids, params, arrival_time))
 
     def abort_request(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
@@ -177,7 +204,7 @@ class Engine:
             params=params,
             # Only the repetition penalty reads the prompt: skip copying it every step otherwise.
             prompt_token_ids=seq.prompt_token_ids if params.repetition_penalty != 1.0 else (),
-            output_token_ids=seq.output_token_ids,
+            output_token_ids=seq.output_view(),
             generator=state.generator(seq.seq_id),
         )
 
@@ -239,11 +266,13 @@ class Engine:
             rid = f"offline-{self._num_steps}-{i}"
             self.add_request(rid, prompt, p)
             ids.append(rid)
+        partial = {rid: OutputAccumulator() for rid in ids}
         finals: dict[str, RequestOutput] = {}
         while len(finals) < len(ids):
             for out in self.step():
+                partial[out.request_id].add(out)
                 if out.finished:
-                    finals[out.request_id] = out
+                    finals[out.request_id] = partial[out.request_id].result()
         return [finals[rid] for rid in ids]
 
     def stats(self) -> EngineStats:

@@ -16,6 +16,9 @@ as one unit. Sequences compare by identity (`eq=False`): the block manager keys 
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
 from engine.outputs import TokenLogprob
@@ -60,6 +63,10 @@ class Sequence:
     def output_token_ids(self) -> tuple[int, ...]:
         return tuple(self.token_ids[self.num_prompt_tokens :])
 
+    def output_view(self) -> OutputIds:
+        """The generated ids without a copy (O(1); `output_token_ids` copies them)."""
+        return OutputIds(self.token_ids, self.num_prompt_tokens)
+
     @property
     def last_token_id(self) -> int:
         return self.token_ids[-1]
@@ -93,6 +100,29 @@ class Sequence:
             cumulative_logprob=self.cumulative_logprob,
             logprobs=list(self.logprobs),
         )
+
+
+class OutputIds(SequenceABC[int]):
+    """A read-only view of a sequence's generated ids (its token list from the prompt's end)."""
+
+    def __init__(self, token_ids: list[int], start: int) -> None:
+        self._ids = token_ids
+        self._start = start
+
+    def __len__(self) -> int:
+        return len(self._ids) - self._start
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return self._ids[self._start :][i]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._ids[self._start + i]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._ids, self._start, None)
 
 
 @dataclass(eq=False)

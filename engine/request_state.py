@@ -1,8 +1,9 @@
 """RequestState: what the engine keeps per request beside the scheduler's token bookkeeping —
 stop criteria, one incremental detokenizer and (for seeded requests) one generator per
 sequence, the beam-search state of a beam request, prompt logprobs, timings — and how it
-becomes a `RequestOutput` snapshot: one `CompletionOutput` per returned sequence, with `index`
-(see parallel_sampling.select_outputs and beam_stream.BeamStream for n > 1 and beams).
+becomes a `RequestOutput` of deltas: one `CompletionOutput` per returned sequence carrying what
+is new since the previous output, with `index` and offsets (see outputs.py, and
+parallel_sampling.select_outputs and beam_stream.BeamStream for n > 1 and beams).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from engine.beam_search import BeamSearch
 from engine.beam_stream import BeamStream
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from engine.parallel_sampling import row_params, select_outputs
+from engine.parallel_sampling import keeps_best, row_params, select_outputs
 from engine.request import Request, Sequence
 from engine.sampler import gather_logprobs, seeded_generator
 from engine.scheduler import ScheduledChunk
@@ -36,6 +37,8 @@ class RequestState:
         self._generators: dict[int, torch.Generator] = {}
         # Position p -> logprob of prompt token p given tokens < p (p >= 1).
         self._prompt_logprobs: dict[int, TokenLogprob] = {}
+        self._prompt_logprobs_sent = False
+        self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, chars) reported
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
@@ -90,25 +93,24 @@ class RequestState:
     def mark_finished(self, now: float) -> None:
         self.finished_time = now
 
-    # ----- the snapshot ---------------------------------------------------------------------
+    # ----- the output -----------------------------------------------------------------------
     def output(self) -> RequestOutput:
+        """What moved since the previous call (see outputs.py): deltas per index."""
         request = self.request
         if self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
+        elif request.is_finished and keeps_best(request.params) and len(request.seqs) > 1:
+            completions = select_outputs([self._whole(i, s) for i, s in enumerate(request.seqs)], request.params, True)
         else:
-            sampled = [self._completion(i, seq) for i, seq in enumerate(request.seqs)]
-            completions = select_outputs(sampled, request.params, request.is_finished)
-        prompt_logprobs = None
-        if request.params.prompt_logprobs is not None:
-            prompt_logprobs = (None,) + tuple(
-                self._prompt_logprobs.get(p) for p in range(1, len(request.prompt_token_ids))
+            completions = select_outputs(
+                [self._delta(i, seq) for i, seq in enumerate(request.seqs)], request.params, request.is_finished
             )
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
             outputs=completions,
             finished=request.is_finished,
-            prompt_logprobs=prompt_logprobs,
+            prompt_logprobs=self._take_prompt_logprobs(),
             metrics=RequestMetrics(
                 arrival_time=request.arrival_time,
                 first_scheduled_time=self.first_scheduled_time,
@@ -119,10 +121,44 @@ class RequestState:
             error=self.error,
         )
 
-    def _completion(self, index: int, seq: Sequence) -> CompletionOutput:
+    def _take_prompt_logprobs(self) -> tuple[TokenLogprob | None, ...] | None:
+        """All prompt logprobs, once: in the first output after the prompt was computed."""
+        if self.request.params.prompt_logprobs is None or self._prompt_logprobs_sent:
+            return None
+        prompt = self.request.prompt_token_ids
+        if len(self._prompt_logprobs) < len(prompt) - 1 and not self.request.is_finished:
+            return None
+        self._prompt_logprobs_sent = True
+        return (None,) + tuple(self._prompt_logprobs.get(p) for p in range(1, len(prompt)))
+
+    def _detok_done(self, seq: Sequence) -> IncrementalDetokenizer | None:
         detok = self._detokenizers.get(seq.seq_id)
         if detok is not None and seq.is_finished and not detok.finished:
             detok.finish()  # aborted / failed: release the held-back text
+        return detok
+
+    def _delta(self, index: int, seq: Sequence) -> CompletionOutput:
+        """The tokens and text of `seq` not reported yet (O(new tokens))."""
+        detok = self._detok_done(seq)
+        sent_tokens, sent_chars = self._sent.get(seq.seq_id, (0, 0))
+        text = detok.take_new_text() if detok is not None else ""
+        new_ids = seq.token_ids[seq.num_prompt_tokens + sent_tokens :]
+        self._sent[seq.seq_id] = (sent_tokens + len(new_ids), sent_chars + len(text))
+        return CompletionOutput(
+            index=index,
+            text=text,
+            token_ids=tuple(new_ids),
+            cumulative_logprob=seq.cumulative_logprob,
+            logprobs=tuple(seq.logprobs[sent_tokens:]) if self.request.params.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            text_offset=sent_chars,
+            token_offset=sent_tokens,
+        )
+
+    def _whole(self, index: int, seq: Sequence) -> CompletionOutput:
+        """All of `seq` from offset 0 (the finished output of a best_of > n request)."""
+        detok = self._detok_done(seq)
         return CompletionOutput(
             index=index,
             text=detok.text if detok is not None else "",

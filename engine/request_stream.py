@@ -1,7 +1,7 @@
 """Per-request plumbing between the engine thread and the event loop.
 
-`OutputSlot` holds only the newest cumulative output of one request (merging is "keep the
-newer one", so a slow reader never grows a queue) and wakes its reader through the loop;
+`OutputSlot` holds one request's unread output deltas merged into one (`RequestOutput.merge`,
+so a slow reader never grows a queue) and wakes its reader through the loop;
 `RequestStream` is the async iterator a route consumes, aborting its request when closed early.
 """
 
@@ -16,7 +16,7 @@ from engine.outputs import RequestOutput
 
 
 class OutputSlot:
-    """One request's mailbox: the newest cumulative output plus an asyncio wake-up.
+    """One request's mailbox: its unread outputs merged into one, plus an asyncio wake-up.
 
     Written by the loop thread (`admit`, `put`), read on the event loop (`get`).
     """
@@ -38,7 +38,8 @@ class OutputSlot:
     def put(self, output: RequestOutput) -> None:
         self.last = output
         with self._lock:
-            self._newest = output  # newer cumulative snapshot supersedes an unread one
+            unread = self._newest
+            self._newest = output if unread is None else unread.merge(output)
         self._wake()
 
     def _wake(self) -> None:
@@ -71,7 +72,7 @@ class OutputSlot:
 
 
 class RequestStream:
-    """Async iterator over one request's cumulative outputs; ends after the finished one.
+    """Async iterator over one request's outputs (deltas); ends after the finished one.
 
     Closing it (or cancelling the task iterating it, or dropping it) before the end aborts
     the request.

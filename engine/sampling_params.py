@@ -18,7 +18,7 @@ MAX_LOGIT_BIAS = 300  # OpenAI's documented limit of logit_bias entries
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: the room left in the context (the engine fills it in)
     min_tokens: int = 0
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 or -1: off
@@ -65,10 +65,10 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"{name} {message}")
 
-        need(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        need(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         need(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         need(
-            self.min_tokens <= self.max_tokens,
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
         )

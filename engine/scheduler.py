@@ -123,14 +123,13 @@ class Scheduler:
 
     # ----- intake --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queues a new request; raises ValueError if it could never run, QueueFullError if
-        the waiting queue is at `max_queued_requests`."""
+        """Queues a new request checked by `check_admissible` (the engine does, once);
+        raises QueueFullError if the waiting queue is at `max_queued_requests`."""
         rid = request.request_id
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use; ids must be unique")
         if request.status is not RequestStatus.WAITING or request.seqs[0].num_computed_tokens:
             raise ValueError(f"request {rid!r} is not a fresh request")
-        self.check_admissible(len(request.prompt_token_ids), request.params, rid)
         if len(self._waiting) >= self.config.max_queued_requests:
             raise QueueFullError(
                 f"the waiting queue is full ({self.config.max_queued_requests} requests); "
@@ -144,6 +143,8 @@ class Scheduler:
     ) -> None:
         """Raises ValueError when a request of this shape could never run on this engine."""
         max_tokens = params.max_tokens
+        if max_tokens is None:
+            raise ValueError("max_tokens must be resolved before admission (Engine.new_request)")
         if prompt_len + max_tokens > self.max_model_len:
             raise ValueError(
                 f"request {rid!r}: prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "

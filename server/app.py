@@ -29,10 +29,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
-from engine.outputs import RequestOutput
-from engine.request_stream import RequestStream
-from engine.sampling_params import SamplingParams
+from engine import (
+    AsyncEngine,
+    EngineCore,
+    EngineUnavailable,
+    Overloaded,
+    RequestOutput,
+    RequestStream,
+    SamplingParams,
+)
 from server.errors import ApiError, error_response, install_error_handlers, rejection_reason
 from server.metrics import RequestTimer, ServerMetrics
 from server.schemas import to_api_error
@@ -48,7 +53,7 @@ class ServerState:
     def __init__(
         self,
         settings: Settings,
-        engine_factory: Callable[[], Any],
+        engine_factory: Callable[[], EngineCore],
         admission_limit: int,
     ):
         self.settings = settings
@@ -58,7 +63,6 @@ class ServerState:
         self.tokenizer: Any = None
         self.token_texts: TokenTexts | None = None
         self.max_model_len = 0
-        self.context_tokens = 0  # min(max_model_len, KV cache tokens)
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
         self.draining = False
@@ -81,27 +85,24 @@ class ServerState:
             self.ready = True
             logger.info("ready (warm-up took %.2fs)", time.monotonic() - t0)
 
-    def _adopt(self, engine: Any) -> None:
-        self.tokenizer = engine.tokenizer
-        self.token_texts = TokenTexts(engine.tokenizer) if engine.tokenizer is not None else None
-        self.max_model_len = engine.max_model_len
-        self.model_names = self.model_names or (engine.model_name,)
+    def _adopt(self, engine: EngineCore) -> None:
+        info = engine.info
+        self.tokenizer = info.tokenizer
+        self.token_texts = TokenTexts(info.tokenizer) if info.tokenizer is not None else None
+        self.max_model_len = info.max_model_len
+        self.model_names = self.model_names or (info.model_name,)
         self.engine = AsyncEngine(
             engine, self.admission_limit, stall_timeout=self.settings.health_stall_timeout
         )
         self.engine.start()
-        stats = self.engine.stats()
-        kv_tokens = stats.kv_blocks_total * stats.kv_block_size
-        # a request that omits max_tokens gets the room left in the context AND the KV cache
-        self.context_tokens = min(self.max_model_len, kv_tokens)
         logger.info(
             "loaded %s (served as %s); context %d tokens; KV cache %d blocks x %d = %d tokens",
-            engine.model_name,
+            info.model_name,
             ", ".join(self.model_names),
-            self.max_model_len,
-            stats.kv_blocks_total,
-            stats.kv_block_size,
-            kv_tokens,
+            info.max_model_len,
+            info.kv_blocks_total,
+            info.kv_block_size,
+            info.kv_tokens,
         )
 
     async def _warm_up(self) -> None:

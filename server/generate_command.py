@@ -26,9 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
-    from engine.engine import Engine
-    from engine.sampling_params import SamplingParams
+    from engine import Engine, EngineConfig, SamplingParams
 
     started = time.perf_counter()
     engine = Engine.from_model(args.model, EngineConfig(dtype=args.dtype), progress=True)
@@ -49,26 +47,24 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     engine.add_request("cli", prompt_ids, params)
-    printed = 0
     first_token_at = None
     final = None
     while engine.has_unfinished_requests():
         for out in engine.step():
-            completion = out.outputs[0]
+            completion = out.outputs[0]  # a delta: the text and ids new since the last step
             if first_token_at is None and completion.token_ids:
                 first_token_at = time.perf_counter()
-            sys.stdout.write(completion.text[printed:])
+            sys.stdout.write(completion.text)
             sys.stdout.flush()
-            printed = len(completion.text)
             if out.finished:
                 final = completion
     sys.stdout.write("\n")
     if args.stats and final is not None and first_token_at is not None:
         done = time.perf_counter()
-        decode_tokens = max(len(final.token_ids) - 1, 1)
+        decode_tokens = max(final.num_tokens - 1, 1)
         print(
             f"load {loaded - started:.2f}s, prompt {len(prompt_ids)} tokens, "
-            f"generated {len(final.token_ids)} tokens, TTFT {first_token_at - loaded:.3f}s, "
+            f"generated {final.num_tokens} tokens, TTFT {first_token_at - loaded:.3f}s, "
             f"decode {decode_tokens / max(done - first_token_at, 1e-9):.1f} tok/s, "
             f"finish_reason={final.finish_reason}",
             file=sys.stderr,

@@ -24,7 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.outputs import RequestOutput
+from engine import RequestOutput
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -149,7 +149,7 @@ class RequestTimer:
     def observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
         # per-sequence progress: n > 1 samples advance together, one token each per step
-        tokens = max((len(o.token_ids) for o in output.outputs), default=0)
+        tokens = max((o.num_tokens for o in output.outputs), default=0)
         new = tokens - self._tokens
         if new > 0:
             if self._last_token_time is None:

@@ -22,8 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine import CompletionOutput, RequestOutput, SamplingParams
 from server.app import ServerState, get_state
 from server.errors import ApiError, parse_body
 from server.schemas import chat_params, completion_params
@@ -91,13 +90,16 @@ class _Job:
         if seen.finished:
             return None
         first = seen.chars == 0 and seen.tokens == 0
-        text, new_ids = out.text[seen.chars :], out.token_ids[seen.tokens :]
-        entries = list(out.logprobs[seen.tokens :]) if out.logprobs is not None else []
+        # `out` covers text from out.text_offset and ids from out.token_offset (a delta, or
+        # a whole output from 0): keep what this choice has not sent yet.
+        cut_chars, cut_tokens = seen.chars - out.text_offset, seen.tokens - out.token_offset
+        text, new_ids = out.text[max(0, cut_chars) :], out.token_ids[max(0, cut_tokens) :]
+        entries = list(out.logprobs[max(0, cut_tokens) :]) if out.logprobs is not None else []
         if delta_only and not text and not new_ids and out.finish_reason is None:
             return None
         seen.chars, seen.tokens, seen.finished = (
-            len(out.text),
-            len(out.token_ids),
+            out.text_end,
+            out.num_tokens,
             out.finish_reason is not None,
         )
         prompt = self.prompts[prompt_index]
@@ -133,21 +135,8 @@ class _Job:
 
 
 def _usage(job: _Job, finals: list[RequestOutput | None]) -> dict[str, int]:
-    completion = sum(len(o.token_ids) for f in finals if f is not None for o in f.outputs)
+    completion = sum(o.num_tokens for f in finals if f is not None for o in f.outputs)
     return usage(sum(len(p.token_ids) for p in job.prompts), completion)
-
-
-def _best(output: RequestOutput, n: int) -> list[CompletionOutput]:
-    """best_of > n: keep the n samples of highest cumulative logprob, re-indexed."""
-    if len(output.outputs) <= n:
-        return list(output.outputs)
-    ranked = sorted(output.outputs, key=lambda o: o.cumulative_logprob or 0.0, reverse=True)[:n]
-    return [
-        CompletionOutput(
-            i, o.text, o.token_ids, o.cumulative_logprob, o.logprobs, o.finish_reason, o.stop_reason
-        )
-        for i, o in enumerate(ranked)
-    ]
 
 
 async def _respond(request: Request, job: _Job, stream: bool) -> Response:
@@ -160,7 +149,7 @@ async def _respond(request: Request, job: _Job, stream: bool) -> Response:
     choices = [
         job.choice(i, out, delta_only=False, prompt_lp=final.prompt_logprobs)
         for i, final in enumerate(finals)
-        for out in _best(final, job.n)
+        for out in final.outputs  # best_of > n: the engine kept the n best, re-indexed
     ]
     return JSONResponse(job.body(choices, _usage(job, finals), chunk=False))
 
@@ -259,7 +248,7 @@ async def completions(request: Request) -> Response:
     req = parse_body(CompletionRequest, await request.body())
     model = state.model_name(req.model)
     prompts = await _completion_prompts(state, req.prompt, bool(req.echo))
-    params = [completion_params(req, len(p.token_ids), state.context_tokens) for p in prompts]
+    params = [completion_params(req) for _ in prompts]
     _check_logprobs(state, req.logprobs is not None)
     job = _Job(
         "text_completion",
@@ -282,7 +271,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_body(ChatCompletionRequest, await request.body())
     model = state.model_name(req.model)
     prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False)
-    params = chat_params(req, len(prompt.token_ids), state.context_tokens)
+    params = chat_params(req)
     _check_logprobs(state, bool(req.logprobs))
     job = _Job(
         "chat.completion",

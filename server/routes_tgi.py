@@ -19,8 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import MAX_N, MAX_STOP_STRINGS
+from engine import MAX_N, MAX_STOP_STRINGS, CompletionOutput, RequestOutput
 from server import schemas_tgi as tgi
 from server.app import ServerState, get_state
 from server.errors import ApiError, parse_body
@@ -107,20 +106,23 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     params = req.parameters or tgi.TgiParameters()
     prefix = req.inputs if params.return_full_text else ""
-    chars = tokens = index = 0
+    chars = tokens = index = last_id = 0
+    generated: list[str] = []  # the whole text, for the last event's generated_text
     async for output in stream:
         out = output.outputs[0]
         if output.error is not None:
             yield sse({"error": output.error, "error_type": "generation"})
             return
-        new_ids = list(out.token_ids[tokens:])
-        entries = list(out.logprobs[tokens:]) if out.logprobs is not None else [None] * len(new_ids)
+        cut = max(0, tokens - out.token_offset)  # `out` is a delta from its offsets
+        new_ids = list(out.token_ids[cut:])
+        entries = list(out.logprobs[cut:]) if out.logprobs is not None else [None] * len(new_ids)
         if not new_ids and not output.finished:
             continue
         if not new_ids:  # finished without a new token (aborted): a closing event still needs one
-            new_ids, entries = [out.token_ids[-1] if out.token_ids else 0], [None]
-        delta = out.text[chars:]
-        chars, tokens = len(out.text), len(out.token_ids)
+            new_ids, entries = [last_id], [None]
+        delta = out.text[max(0, chars - out.text_offset) :]
+        chars, tokens, last_id = out.text_end, out.num_tokens, new_ids[-1]
+        generated.append(delta)
         for k, (token_id, entry) in enumerate(zip(new_ids, entries, strict=True)):
             last = k == len(new_ids) - 1
             index += 1
@@ -139,7 +141,7 @@ async def _events(
             details = (
                 {
                     "finish_reason": tgi.finish_reason(out),
-                    "generated_tokens": len(out.token_ids),
+                    "generated_tokens": out.num_tokens,
                     "input_length": input_length,
                     "seed": params.seed,
                 }
@@ -147,7 +149,9 @@ async def _events(
                 else None
             )
             yield sse(
-                tgi.stream_event(index, tok, top, prefix + out.text if done else None, details)
+                tgi.stream_event(
+                    index, tok, top, prefix + "".join(generated) if done else None, details
+                )
             )
 
 

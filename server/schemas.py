@@ -4,8 +4,9 @@ Contract: `completion_params`, `chat_params` and `tgi_params` turn a parsed requ
 SamplingParams or raise `ApiError(400)` naming the field in the API's own vocabulary (e.g.
 `max_new_tokens` on TGI routes). Range checks live in SamplingParams; only rules that exist at
 the HTTP edge (TGI's stricter ranges, options we refuse, option combinations) are checked here.
-Defaults: completions `max_tokens` 16 (OpenAI's), chat `max_tokens` fills the context (as
-vLLM does; `context_tokens` = min(max_model_len, KV cache tokens), so it always fits), TGI `max_new_tokens` 100. TGI decodes greedily unless `do_sample` or a sampling
+Defaults: an OpenAI request without `max_tokens` fills the context, as vLLM does: it passes
+`max_tokens=None`, which the engine turns into the room left after the prompt in the context
+and the KV cache (`EngineInfo.default_max_tokens`, so it always fits); TGI `max_new_tokens` 100. TGI decodes greedily unless `do_sample` or a sampling
 knob asks otherwise, and always returns each token's logprob.
 """
 
@@ -15,7 +16,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from engine.sampling_params import SamplingParams
+from engine import SamplingParams
 from server.errors import ApiError
 from server.schemas_openai import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.schemas_tgi import TgiParameters
@@ -36,9 +37,14 @@ def to_api_error(exc: ValueError, renames: dict[str, str] | None = None) -> ApiE
     return ApiError(400, message, param=param)
 
 
-def _build(renames: dict[str, str] | None = None, **values: Any) -> SamplingParams:
+def _build(
+    renames: dict[str, str] | None = None, *, max_tokens: int | None, **values: Any
+) -> SamplingParams:
+    """SamplingParams from the values given (None: the default), max_tokens as it is (None:
+    the engine fills the context)."""
     try:
-        return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        given = {k: v for k, v in values.items() if v is not None}
+        return SamplingParams(max_tokens=max_tokens, **given)
     except ValueError as exc:
         raise to_api_error(exc, renames) from None
 
@@ -87,26 +93,16 @@ def _shared(req: SamplingFields) -> dict[str, Any]:
     }
 
 
-def _fill_context(prompt_len: int, context_tokens: int) -> int:
-    """max_tokens when the request leaves it out: what is left of the context (and cache)."""
-    return max(1, context_tokens - prompt_len)
-
-
-def completion_params(
-    req: CompletionRequest, prompt_len: int, context_tokens: int
-) -> SamplingParams:
+def completion_params(req: CompletionRequest) -> SamplingParams:
     if req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
-    max_tokens = (
-        req.max_tokens if req.max_tokens is not None else _fill_context(prompt_len, context_tokens)
-    )
     return _build(
-        max_tokens=max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs, **_shared(req)
+        max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs, **_shared(req)
     )
 
 
-def chat_params(req: ChatCompletionRequest, prompt_len: int, context_tokens: int) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest) -> SamplingParams:
     if req.tools:
         raise ApiError(400, "tools are not supported by this server", param="tools")
     if req.response_format and req.response_format.get("type", "text") != "text":
@@ -118,8 +114,6 @@ def chat_params(req: ChatCompletionRequest, prompt_len: int, context_tokens: int
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
-    if max_tokens is None:
-        max_tokens = _fill_context(prompt_len, context_tokens)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _build(
         {"logprobs": "top_logprobs"}, max_tokens=max_tokens, logprobs=logprobs, **_shared(req)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.outputs import TokenLogprob
+from engine import TokenLogprob
 
 MIN_LOGPROB = -9999.0
 

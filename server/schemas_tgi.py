@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.outputs import CompletionOutput, TokenLogprob
+from engine import CompletionOutput, TokenLogprob
 from server.schemas_openai import clamp
 
 

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig  # pure Python; the model code (torch) loads lazily
+    from engine import EngineConfig  # pure Python; the model code (torch) loads lazily
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(**{k: v for k, v in values.items() if v is not None})
 
     def load_engine() -> Any:
-        from engine.engine import Engine
+        from engine import Engine
 
         logger.info("loading %s", settings.model or "the default model (SmolLM2-135M-Instruct)")
         return Engine.from_model(settings.model, config, progress=True)

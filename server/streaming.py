@@ -26,7 +26,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from engine.outputs import RequestOutput
+from engine import OutputAccumulator, RequestOutput
 from server.errors import ApiError, ClientDisconnected
 
 T = TypeVar("T")
@@ -103,14 +103,17 @@ async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
 
 
 async def final_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """Drains a stream of deltas into its whole finished output (offsets 0)."""
+    whole = OutputAccumulator()
     last = None
     async for output in stream:
+        whole.add(output)
         last = output
     if last is None or last.error is not None:
         raise ApiError(
             500, last.error if last else "the request ended without output", code="engine_error"
         )
-    return last
+    return whole.result()
 
 
 async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

@@ -54,7 +54,7 @@ class TgserveBackend:
                 if out.finished:
                     final = out
         end = time.perf_counter()
-        generated = len(final.outputs[0].token_ids) if final is not None else 0
+        generated = final.outputs[0].num_tokens if final is not None else 0
         if final is None or final.error or first is None:
             raise RuntimeError(
                 f"tgserve failed the latency request: {final.error if final else 'no output'}"
@@ -79,7 +79,7 @@ class TgserveBackend:
                 if out.finished:
                     if out.error:
                         raise RuntimeError(f"tgserve failed request {out.request_id}: {out.error}")
-                    output_tokens += len(out.outputs[0].token_ids)
+                    output_tokens += out.outputs[0].num_tokens
                     finished += 1
                     on_finished(finished)
         elapsed = time.perf_counter() - start

@@ -8,6 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.outputs import OutputAccumulator
 from engine.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB, save_checkpoint
 
@@ -26,15 +27,18 @@ def random_prompts(n: int, lengths: tuple[int, int], seed: int = 0) -> list[list
 
 
 def run_staggered(engine: Engine, prompts, params: list[SamplingParams], arrive_every: int = 1):
-    """Adds request i at step i * arrive_every; returns {index: final RequestOutput}."""
+    """Adds request i at step i * arrive_every; returns {index: whole final RequestOutput}."""
     finals, step, next_i = {}, 0, 0
+    partial: dict[int, OutputAccumulator] = {}
     while next_i < len(prompts) or engine.has_unfinished_requests():
         while next_i < len(prompts) and step >= next_i * arrive_every:
             engine.add_request(str(next_i), prompts[next_i], params[next_i])
             next_i += 1
         for out in engine.step():
+            acc = partial.setdefault(int(out.request_id), OutputAccumulator())
+            acc.add(out)
             if out.finished:
-                finals[int(out.request_id)] = out
+                finals[int(out.request_id)] = acc.result()
         step += 1
     return finals
 
@@ -57,10 +61,12 @@ def run_beside_a_long_request(folder: Path, request_id: str, prompt, params: Sam
     engine = tiny_engine(folder, kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
     engine.add_request("other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
     engine.add_request(request_id, prompt, params)  # admitted last: the one preempted
-    preemptions, final = 0, None
+    preemptions, final, acc = 0, None, OutputAccumulator()
     while engine.has_unfinished_requests():
         for out in engine.step():
-            final = out if out.request_id == request_id and out.finished else final
+            if out.request_id == request_id:
+                acc.add(out)
+                final = acc.result() if out.finished else final
         request = engine.scheduler.get_request(request_id)
         preemptions = request.num_preemptions if request is not None else preemptions
     return final, preemptions, engine

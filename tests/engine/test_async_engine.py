@@ -13,6 +13,7 @@ import time
 import pytest
 
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
+from engine.outputs import OutputAccumulator, RequestOutput
 from engine.sampling_params import SamplingParams
 from tests.server.fake_engine import FakeEngine, expected_greedy_text
 
@@ -33,6 +34,14 @@ async def collect(stream) -> list:
     return [out async for out in stream]
 
 
+def whole(outs: list) -> RequestOutput:
+    """The whole output a stream of deltas adds up to."""
+    acc = OutputAccumulator()
+    for out in outs:
+        acc.add(out)
+    return acc.result()
+
+
 async def wait_for(predicate, timeout: float = 5.0) -> None:
     end = time.monotonic() + timeout
     while not predicate():
@@ -49,7 +58,7 @@ def test_concurrent_greedy_requests_match_the_oracle_and_end_after_the_finished_
         results = await asyncio.gather(*(collect(s) for s in streams))
         for prompt, outs in zip(prompts, results, strict=True):
             assert outs[-1].finished and all(not o.finished for o in outs[:-1])
-            assert outs[-1].outputs[0].text == expected_greedy_text(prompt, 12)
+            assert whole(outs).outputs[0].text == expected_greedy_text(prompt, 12)
             assert outs[-1].outputs[0].finish_reason == "length"
         assert engine.num_pending() == 0
         await engine.shutdown(1.0)
@@ -86,7 +95,10 @@ def test_slow_reader_gets_merged_snapshots_not_a_queue():
         async for out in stream:
             seen.append(out)
             await asyncio.sleep(0.03)  # far slower than the engine
-        assert seen[-1].outputs[0].text == expected_greedy_text([5], 60)
+        deltas = [o.outputs[0] for o in seen]
+        assert "".join(d.text for d in deltas) == expected_greedy_text([5], 60)
+        for before, after in zip(deltas, deltas[1:], strict=False):  # merged deltas stay contiguous
+            assert after.text_offset == before.text_end and after.token_offset == before.num_tokens
         assert len(seen) < 30  # 60 token steps were merged into a few snapshots
         await engine.shutdown(1.0)
 
@@ -183,7 +195,7 @@ def test_deadline_aborts_a_request_that_is_still_queued():
         queued = engine.generate("q", [2], GREEDY, deadline=time.monotonic() + 0.05)
         outs = await collect(queued)
         assert outs[-1].outputs[0].finish_reason == "abort"
-        assert outs[-1].outputs[0].token_ids == ()  # it never ran
+        assert whole(outs).outputs[0].token_ids == ()  # it never ran
         assert (await collect(blocker))[-1].outputs[0].finish_reason == "length"
         await engine.shutdown(1.0)
 
@@ -218,10 +230,10 @@ def test_a_failing_step_ends_in_flight_requests_with_error_and_the_loop_goes_on(
         outs = await collect(stream)
         assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "error"
         assert outs[-1].error and "/secret" not in outs[-1].error
-        assert len(outs[-1].outputs[0].token_ids) >= 1  # what was generated is kept
+        assert len(whole(outs).outputs[0].token_ids) >= 1  # what was generated is kept
         assert engine.is_healthy()
         after = await collect(engine.generate("ok", [4], GREEDY))
-        assert after[-1].outputs[0].text == expected_greedy_text([4], 12)
+        assert whole(after).outputs[0].text == expected_greedy_text([4], 12)
         await engine.shutdown(1.0)
 
     run(main())

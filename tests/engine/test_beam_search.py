@@ -145,7 +145,9 @@ def test_beams_share_prompt_blocks_and_free_them(tmp_path) -> None:
 def test_preempted_beam_group_equals_uninterrupted_run(tmp_path) -> None:
     prompt = random_prompts(1, (24, 24), seed=15)[0]
     params = beam_params(4, 2, max_tokens=20)
-    final, preemptions, small = run_beside_a_long_request(tmp_path / "m", "beam", prompt, params, seed=14)
+    final, preemptions, small = run_beside_a_long_request(
+        tmp_path / "m", "beam", prompt, params, seed=14
+    )
     assert preemptions >= 1, "the beam group was never preempted; shrink the cache"
     alone = tiny_engine(tmp_path / "m").generate([prompt], params)[0]
     assert [o.token_ids for o in final.outputs] == [o.token_ids for o in alone.outputs]
@@ -204,19 +206,28 @@ def test_streamed_beam_text_is_append_only_and_ends_as_the_best(tmp_path) -> Non
     prompt = random_prompts(1, (6, 6), seed=16)[0]
     engine.add_request("b", prompt, beam_params(4, 2, max_tokens=24, stop_token_ids=(5,)))
     streamed: dict[int, list[str]] = {0: [], 1: []}
-    tokens_seen: dict[int, tuple[int, ...]] = {0: (), 1: ()}
+    tokens_seen: dict[int, list[int]] = {0: [], 1: []}
     final = None
     while engine.has_unfinished_requests():
         for out in engine.step():
             for o in out.outputs:
                 sent = "".join(streamed[o.index])
-                assert o.text.startswith(sent), "a streamed delta was retracted"
-                assert o.token_ids[: len(tokens_seen[o.index])] == tokens_seen[o.index]
-                streamed[o.index].append(o.text[len(sent) :])
-                tokens_seen[o.index] = o.token_ids
+                # a delta goes on where the stream stands; the finished hypotheses come whole
+                # (offset 0) and must start with everything streamed: nothing is retracted
+                assert o.text_offset in (len(sent), 0) and o.token_offset in (
+                    len(tokens_seen[o.index]),
+                    0,
+                )
+                whole_text = sent[: o.text_offset] + o.text
+                whole_ids = tokens_seen[o.index][: o.token_offset] + list(o.token_ids)
+                assert whole_text.startswith(sent), "a streamed delta was retracted"
+                assert whole_ids[: len(tokens_seen[o.index])] == tokens_seen[o.index]
+                streamed[o.index].append(whole_text[len(sent) :])
+                tokens_seen[o.index] = whole_ids
             final = out if out.finished else None
     assert final is not None and len(final.outputs) == 2
     for o in final.outputs:
+        assert o.text_offset == 0 and o.token_offset == 0  # the finished hypotheses, whole
         assert "".join(streamed[o.index]) == o.text
         shown = o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids  # stop id hidden
         assert o.text == engine.tokenizer.decode(shown)
@@ -258,15 +269,15 @@ def test_aborted_beam_request_reports_every_index_and_frees_blocks(tmp_path) -> 
 def test_beam_search_rejects_what_it_cannot_honour(tmp_path) -> None:
     engine = tiny_engine(tmp_path)
     with pytest.raises(ValueError, match="stop strings"):
-        engine.check_request(
-            [5, 6], SamplingParams(use_beam_search=True, temperature=0.0, stop=("x",))
+        engine.new_request(
+            "r", [5, 6], SamplingParams(use_beam_search=True, temperature=0.0, stop=("x",))
         )
     with pytest.raises(ValueError, match="early_stopping"):
-        engine.check_request(
-            [5, 6], SamplingParams(use_beam_search=True, early_stopping="sometimes")
+        engine.new_request(
+            "r", [5, 6], SamplingParams(use_beam_search=True, early_stopping="sometimes")
         )
     with pytest.raises(ValueError, match="max_num_seqs"):
-        tiny_engine(tmp_path, max_num_seqs=2).check_request([5, 6], beam_params(4, 1))
+        tiny_engine(tmp_path, max_num_seqs=2).new_request("r", [5, 6], beam_params(4, 1))
 
 
 def test_beam_groups_run_beside_other_traffic(tmp_path) -> None:

@@ -54,6 +54,7 @@ class Driver:
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, n: int = 1) -> Request:
         request = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, n=n))
+        self.sched.check_admissible(len(prompt), request.params, rid)  # as Engine.new_request
         self.sched.add_request(request)
         self.queue.append(rid)
         self.requests[rid] = request

@@ -1,8 +1,8 @@
 """A deterministic stand-in for engine.engine.Engine, for fast server and AsyncEngine tests.
 
-It implements exactly the API the server relies on (add_request, check_request, abort_request,
-step, has_unfinished_requests, stats, tokenizer, max_model_len, model_name, model_config) with
-a byte-level fake tokenizer. Generation is a pure function of (prompt, position, sequence index)
+It implements `engine.api.EngineCore`, the API the server relies on (info, new_request, add,
+abort_request, step, has_unfinished_requests, stats; a test checks it), with a byte-level fake
+tokenizer, and emits deltas as the real engine does. Generation is a pure function of (prompt, position, sequence index)
 for greedy requests, so expected texts can be computed independently by `expected_greedy_text`.
 Knobs for tests: `step_delay` (seconds per step), `fail_steps` (next N steps raise),
 `stall` (a threading.Event: while set, step() blocks), `num_blocks`.
@@ -10,6 +10,7 @@ Knobs for tests: `step_delay` (seconds per step), `fail_steps` (next N steps rai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
@@ -17,9 +18,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
-from engine.scheduler import QueueFullError
+from engine import (
+    CompletionOutput,
+    EngineInfo,
+    QueueFullError,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
+from engine.request import Request
 
 BOS, EOS = 256, 257
 SPECIAL_TEXT = {BOS: "<s>", EOS: "</s>"}
@@ -86,6 +94,8 @@ class _Seq:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     text: str = ""
+    sent_tokens: int = 0  # reported in earlier outputs
+    sent_chars: int = 0
 
 
 @dataclass
@@ -98,6 +108,7 @@ class _Req:
     rng: random.Random
     aborted: bool = False
     first_token_time: float | None = None
+    prompt_logprobs_sent: bool = False
 
 
 class FakeEngine:
@@ -111,8 +122,6 @@ class FakeEngine:
         step_delay: float = 0.002,
     ) -> None:
         self.tokenizer = FakeTokenizer()
-        self.model_config = None
-        self.model_name = "fake-model"
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_queued_requests = max_queued_requests
@@ -127,14 +136,28 @@ class FakeEngine:
         self._aborts: set[str] = set()
         self._prompt_total = 0
         self._gen_total = 0
+        self.info = EngineInfo(
+            model_name="fake-model",
+            tokenizer=self.tokenizer,
+            max_model_len=max_model_len,
+            kv_blocks_total=num_blocks,
+            kv_block_size=block_size,
+            vocab_size=self.tokenizer.vocab_size,
+        )
 
     # ---- validation / admission ----
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def new_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> Request:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         for t in prompt_token_ids:
             if not 0 <= t < self.tokenizer.vocab_size:
                 raise ValueError(f"prompt token id {t} is outside the vocabulary")
+        if params.max_tokens is None:
+            params = dataclasses.replace(
+                params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids))
+            )
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
@@ -143,18 +166,22 @@ class FakeEngine:
         if params.use_beam_search and params.stop:
             raise ValueError("stop strings are not supported with beam search; use stop_token_ids")
         params.validate_for_vocab(self.tokenizer.vocab_size)
+        return Request(request_id, tuple(prompt_token_ids), params, time.monotonic())
+
+    def add(self, request: Request) -> None:
+        if len(self._waiting) >= self.max_queued_requests:
+            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests})")
+        params = request.params
+        seqs = [_Seq(i) for i in range(params.n)]
+        rng = random.Random(params.seed)
+        self._waiting.append(
+            _Req(request.request_id, list(request.prompt_token_ids), params, request.arrival_time, seqs, rng)
+        )
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> None:
-        self.check_request(prompt_token_ids, params)
-        if len(self._waiting) >= self.max_queued_requests:
-            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests})")
-        seqs = [_Seq(i) for i in range(params.n)]
-        rng = random.Random(params.seed)
-        self._waiting.append(
-            _Req(request_id, list(prompt_token_ids), params, time.monotonic(), seqs, rng)
-        )
+        self.add(self.new_request(request_id, prompt_token_ids, params))
 
     def abort_request(self, request_id: str) -> None:
         self._aborts.add(request_id)
@@ -251,22 +278,13 @@ class FakeEngine:
                 s.finish_reason = "length"
 
     def _snapshot(self, req: _Req, finished: bool) -> RequestOutput:
+        """The deltas since the last snapshot, as the engine reports them."""
         p = req.params
         prompt_lp = None
-        if p.prompt_logprobs is not None:
+        if p.prompt_logprobs is not None and not req.prompt_logprobs_sent:
+            req.prompt_logprobs_sent = True
             prompt_lp = (None,) + tuple(TokenLogprob(t, -1.0) for t in req.prompt[1:])
-        outs = tuple(
-            CompletionOutput(
-                index=s.index,
-                text=s.text,
-                token_ids=tuple(s.tokens),
-                cumulative_logprob=-0.5 * len(s.tokens),
-                logprobs=tuple(s.logprobs) if p.logprobs is not None else None,
-                finish_reason=s.finish_reason,
-                stop_reason=s.stop_reason,
-            )
-            for s in req.seqs
-        )
+        outs = tuple(self._delta(s, p) for s in req.seqs)
         now = time.monotonic()
         metrics = RequestMetrics(
             arrival_time=req.arrival,
@@ -275,3 +293,20 @@ class FakeEngine:
             finished_time=now if finished else None,
         )
         return RequestOutput(req.request_id, tuple(req.prompt), outs, finished, prompt_lp, metrics)
+
+    def _delta(self, s: _Seq, p: SamplingParams) -> CompletionOutput:
+        if len(s.text) < s.sent_chars:  # a stop string cut text already sent: restart from 0
+            s.sent_chars = s.sent_tokens = 0
+        out = CompletionOutput(
+            index=s.index,
+            text=s.text[s.sent_chars :],
+            token_ids=tuple(s.tokens[s.sent_tokens :]),
+            cumulative_logprob=-0.5 * len(s.tokens),
+            logprobs=tuple(s.logprobs[s.sent_tokens :]) if p.logprobs is not None else None,
+            finish_reason=s.finish_reason,
+            stop_reason=s.stop_reason,
+            text_offset=s.sent_chars,
+            token_offset=s.sent_tokens,
+        )
+        s.sent_chars, s.sent_tokens = len(s.text), len(s.tokens)
+        return out
