@@ -15,10 +15,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.app import get_state
 from server.errors import ApiError, parse_body
 from server.routes_openai import chat_prompt
 from server.schemas_openai import DetokenizeRequest, TokenizeRequest
+from server.state import get_state
 
 router = APIRouter()
 

@@ -23,7 +23,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
-from server.app import ServerState, get_state
 from server.errors import ApiError, parse_body
 from server.schemas import chat_params, completion_params
 from server.schemas_openai import (
@@ -35,6 +34,7 @@ from server.schemas_openai import (
     response_body,
     usage,
 )
+from server.state import ServerState, get_state
 from server.streaming import (
     SSE_DONE,
     EventStreamResponse,
@@ -50,7 +50,12 @@ router = APIRouter()
 @dataclass(frozen=True)
 class _Prompt:
     token_ids: list[int]
-    text: str
+    text: str | None  # None: token ids were sent; decoded only if echoed (once admitted)
+
+    def echo_text(self, tokenizer: Any) -> str:
+        if self.text is not None:
+            return self.text
+        return tokenizer.decode(self.token_ids, skip_special_tokens=False) if tokenizer else ""
 
 
 @dataclass
@@ -122,7 +127,7 @@ class _Job:
                 entries, ids = prompt_entries + entries, prompt.token_ids + ids
             lp = seen.logprobs.render(entries, ids)
         if self.echo and first:
-            text = prompt.text + text
+            text = prompt.echo_text(self.state.tokenizer) + text
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
 
     def body(
@@ -181,7 +186,7 @@ async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> Asy
     yield SSE_DONE
 
 
-async def _completion_prompts(state: ServerState, prompt: Any, echo: bool) -> list[_Prompt]:
+async def _completion_prompts(state: ServerState, prompt: Any) -> list[_Prompt]:
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -200,17 +205,7 @@ async def _completion_prompts(state: ServerState, prompt: Any, echo: bool) -> li
             ids = await asyncio.to_thread(state.require_tokenizer().encode, item, True)
             prompts.append(_Prompt(ids, item))
             continue
-        vocab = state.tokenizer.vocab_size if state.tokenizer is not None else None
-        if vocab is not None and any(not 0 <= t < vocab for t in item):
-            raise ApiError(
-                400, f"prompt token ids must be in [0, {vocab}) (the vocabulary)", param="prompt"
-            )
-        text = (
-            state.tokenizer.decode(item, skip_special_tokens=False)
-            if echo and state.tokenizer
-            else ""
-        )
-        prompts.append(_Prompt(list(item), text))
+        prompts.append(_Prompt(list(item), None))  # ids are checked where they enter the engine
     return prompts
 
 
@@ -247,7 +242,7 @@ async def completions(request: Request) -> Response:
     state = get_state(request)
     req = parse_body(CompletionRequest, await request.body())
     model = state.model_name(req.model)
-    prompts = await _completion_prompts(state, req.prompt, bool(req.echo))
+    prompts = await _completion_prompts(state, req.prompt)
     params = [completion_params(req) for _ in prompts]
     _check_logprobs(state, req.logprobs is not None)
     job = _Job(

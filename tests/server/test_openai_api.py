@@ -199,3 +199,13 @@ def test_tokenize_and_detokenize_round_trip(server):
         server.url + "/tokenize", json={"messages": [{"role": "user", "content": "x"}]}
     ).json()
     assert chat["tokens"] == chat_ids("x")
+
+
+def test_token_ids_outside_the_vocabulary_are_a_400_even_with_echo(server):
+    body = {"model": "fake-model", "prompt": [65, 99999], "max_tokens": 2, "echo": True}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=20)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert "99999" in error["message"] and error["type"] == "invalid_request_error"
+    ok = httpx.post(server.url + "/v1/completions", json={**body, "prompt": [65, 66]}, timeout=20)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"].startswith("AB")

@@ -1,0 +1,100 @@
+"""Admission: turning prompts into engine streams, or into the HTTP error that says why not.
+
+Contract: `open_streams(...)` admits one engine request per prompt, all or none. Admission errors
+become ApiErrors before any response byte: 400 invalid (the engine's ValueError, validated once
+where the request enters the engine), 429 + Retry-After overloaded, 503 unavailable. Each
+returned stream records its timings into the metrics and aborts its request when closed early.
+A request's deadline is the smaller of its own `timeout` and the server's default.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from engine import (
+    AsyncEngine,
+    EngineUnavailable,
+    Overloaded,
+    RequestOutput,
+    RequestStream,
+    SamplingParams,
+)
+from server.errors import ApiError
+from server.metrics import RequestTimer, ServerMetrics
+from server.schemas import to_api_error
+
+
+async def open_streams(
+    engine: AsyncEngine,
+    metrics: ServerMetrics,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    timeout: float | None,
+    default_timeout: float | None,
+) -> list[AsyncIterator[RequestOutput]]:
+    """Admits one engine request per prompt (all or none); raises ApiError before any byte."""
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise ApiError(
+            400, f"timeout must be a positive number of seconds, got {timeout}", param="timeout"
+        )
+    timeouts = [t for t in (timeout, default_timeout) if t is not None]
+    deadline = time.monotonic() + min(timeouts) if timeouts else None
+    streams: list[RequestStream] = []
+    try:
+        for prompt, sampling in zip(prompts, params, strict=True):
+            streams.append(_admit(engine, prompt, sampling, deadline))
+        for stream in streams:
+            await _admitted(stream)
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return [_tracked(stream, metrics.timer()) for stream in streams]
+
+
+def _admit(
+    engine: AsyncEngine,
+    prompt: list[int],
+    sampling: SamplingParams,
+    deadline: float | None,
+) -> RequestStream:
+    try:
+        return engine.generate(uuid.uuid4().hex, prompt, sampling, deadline)
+    except Overloaded as exc:
+        raise _overloaded(exc) from None
+    except EngineUnavailable as exc:
+        raise ApiError(503, str(exc), code="unavailable") from None
+    except ValueError as exc:
+        raise to_api_error(exc) from None
+
+
+async def _admitted(stream: RequestStream) -> None:
+    try:
+        await stream.admitted()
+    except Overloaded as exc:
+        raise _overloaded(exc) from None
+    except ValueError as exc:
+        raise to_api_error(exc) from None
+
+
+def _overloaded(exc: Overloaded) -> ApiError:
+    retry = str(max(1, math.ceil(exc.retry_after)))
+    return ApiError(
+        429,
+        f"the server is overloaded ({exc}); retry later",
+        code="overloaded",
+        headers={"Retry-After": retry},
+    )
+
+
+async def _tracked(stream: RequestStream, timer: RequestTimer) -> AsyncIterator[RequestOutput]:
+    try:
+        async for output in stream:
+            timer.observe(output)
+            yield output
+    finally:
+        stream.close()
+        timer.close()

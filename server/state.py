@@ -1,0 +1,133 @@
+"""ServerState: what the routes share — the engine seam once loaded, readiness, draining, metrics.
+
+Contract:
+- `start()` loads the engine in a worker thread (`engine_factory()`; the process keeps answering
+  /health meanwhile), starts the AsyncEngine, runs one warm-up request and only then turns
+  ready. A failed load is logged and `on_fatal` is called.
+- `open()` is how routes start generation (see server/admission.py).
+- `drain(timeout)`: not ready any more; in-flight work gets `timeout` seconds, then is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+
+from engine import AsyncEngine, EngineCore, RequestOutput, SamplingParams
+from server.admission import open_streams
+from server.errors import ApiError
+from server.metrics import ServerMetrics
+from server.schemas_openai import TokenTexts
+from server.settings import Settings
+
+logger = logging.getLogger("tgserve.server")
+
+
+class ServerState:
+    """What the routes share: the engine seam once loaded, readiness, draining, metrics."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine_factory: Callable[[], EngineCore],
+        admission_limit: int,
+    ):
+        self.settings = settings
+        self.engine_factory = engine_factory
+        self.admission_limit = admission_limit
+        self.engine: AsyncEngine | None = None
+        self.tokenizer: Any = None
+        self.token_texts: TokenTexts | None = None
+        self.max_model_len = 0
+        self.model_names: tuple[str, ...] = settings.served_model_name
+        self.ready = False
+        self.draining = False
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
+        self.on_fatal: Callable[[], None] = lambda: None
+
+    async def start(self) -> None:
+        """Load, start the loop, warm up, turn ready; any failure is fatal (logged, no trace)."""
+        try:
+            engine = await asyncio.to_thread(self.engine_factory)
+            self._adopt(engine)
+            t0 = time.monotonic()
+            await self._warm_up()
+        except Exception as exc:
+            logger.error("starting the engine failed: %s: %s", type(exc).__name__, exc)
+            self.on_fatal()
+            return
+        if not self.draining:
+            self.ready = True
+            logger.info("ready (warm-up took %.2fs)", time.monotonic() - t0)
+
+    def _adopt(self, engine: EngineCore) -> None:
+        info = engine.info
+        self.tokenizer = info.tokenizer
+        self.token_texts = TokenTexts(info.tokenizer) if info.tokenizer is not None else None
+        self.max_model_len = info.max_model_len
+        self.model_names = self.model_names or (info.model_name,)
+        self.engine = AsyncEngine(
+            engine, self.admission_limit, stall_timeout=self.settings.health_stall_timeout
+        )
+        self.engine.start()
+        logger.info(
+            "loaded %s (served as %s); context %d tokens; KV cache %d blocks x %d = %d tokens",
+            info.model_name,
+            ", ".join(self.model_names),
+            info.max_model_len,
+            info.kv_blocks_total,
+            info.kv_block_size,
+            info.kv_tokens,
+        )
+
+    async def _warm_up(self) -> None:
+        token = getattr(self.tokenizer, "bos_token_id", None) or 0
+        stream = self.engine.generate(
+            "warm-up", [token], SamplingParams(max_tokens=1, temperature=0.0)
+        )
+        async for output in stream:
+            if output.error is not None:
+                raise RuntimeError(f"the warm-up request failed: {output.error}")
+
+    async def drain(self, timeout: float) -> None:
+        """Not ready any more; in-flight work gets `timeout` seconds, then is aborted."""
+        self.draining, self.ready = True, False
+        if self.engine is not None:
+            await self.engine.shutdown(timeout)
+
+    def model_name(self, requested: str | None) -> str:
+        if requested is None or requested in self.model_names:
+            return requested or self.model_names[0]
+        raise ApiError(
+            404,
+            f"the model '{requested}' does not exist; see /v1/models",
+            param="model",
+            code="model_not_found",
+        )
+
+    def require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ApiError(
+                400, "this model has no tokenizer: send token ids instead of text", param="prompt"
+            )
+        return self.tokenizer
+
+    async def open(
+        self, prompts: list[list[int]], params: list[SamplingParams], timeout: float | None
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """Admits one engine request per prompt (all or none); raises ApiError before any byte."""
+        if self.engine is None:
+            raise ApiError(503, "the model is still loading", code="not_ready")
+        return await open_streams(
+            self.engine, self.metrics, prompts, params, timeout, self.settings.request_timeout
+        )
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.tgserve
