@@ -15,6 +15,7 @@
   - `step()` returns one `RequestOutput` of deltas per request that moved (see outputs.py);
     every admitted request ends with exactly one finished output;
   - `has_unfinished_requests()`, `stats()` (a frozen `EngineStats`), `info`.
+- `Overloaded` and `EngineUnavailable`: why `AsyncEngine.generate` refused a request.
 """
 
 from __future__ import annotations
@@ -70,3 +71,15 @@ class EngineCore(Protocol):
     def step(self) -> list[RequestOutput]: ...
 
     def stats(self) -> EngineStats: ...
+
+
+class Overloaded(Exception):
+    """Too many requests are admitted already; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineUnavailable(Exception):
+    """The engine is shutting down or its loop has died; no new request is taken."""

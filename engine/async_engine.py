@@ -31,8 +31,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from engine.api import EngineCore, EngineInfo
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.api import EngineCore, EngineInfo, EngineUnavailable, Overloaded
+from engine.outputs import RequestOutput, closing_output
 from engine.request import Request
 from engine.request_stream import OutputSlot, RequestStream
 from engine.sampling_params import SamplingParams
@@ -43,18 +43,6 @@ logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3
 ABORT_GRACE_SECONDS = 5.0  # how long shutdown waits for the aborted requests to report back
-
-
-class Overloaded(Exception):
-    """Too many requests are admitted already; retry after `retry_after` seconds."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class EngineUnavailable(Exception):
-    """The engine is shutting down or its loop has died; no new request is taken."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +209,7 @@ class AsyncEngine:
                 self._release(1)
                 item.slot.admit(refusal)
         for request_id, slot in self._slots.items():
-            slot.put(_final_output(request_id, slot.last, "abort", None))
+            slot.put(closing_output(request_id, slot.last, "abort", None))
         self._release(len(self._slots))
         self._slots.clear()
 
@@ -274,7 +262,7 @@ class AsyncEngine:
     def _fail_in_flight(self, exc: Exception) -> None:
         message = f"the engine failed while generating ({type(exc).__name__}); please retry"
         for request_id, slot in list(self._slots.items()):
-            slot.put(_final_output(request_id, slot.last, "error", message))
+            slot.put(closing_output(request_id, slot.last, "error", message))
             self._abort_in_engine(request_id)
         self._release(len(self._slots))
         self._slots.clear()
@@ -296,30 +284,3 @@ class AsyncEngine:
             self._stats = self.engine.stats()
         except Exception:
             logger.exception("engine.stats() failed")
-
-
-def _final_output(
-    request_id: str, last: RequestOutput | None, finish_reason: str, error: str | None
-) -> RequestOutput:
-    """A finished output adding nothing to what was put before (`last`, the previous delta)
-    but how it ended: every index closes at the offsets it had reached."""
-    if last is None:
-        outputs = (CompletionOutput(index=0, text="", token_ids=(), finish_reason=finish_reason),)
-        return RequestOutput(request_id, (), outputs, finished=True, error=error)
-    outputs = tuple(
-        CompletionOutput(
-            index=o.index,
-            text="",
-            token_ids=(),
-            cumulative_logprob=o.cumulative_logprob,
-            logprobs=() if o.logprobs is not None else None,
-            finish_reason=o.finish_reason or finish_reason,
-            stop_reason=o.stop_reason,
-            text_offset=o.text_end,
-            token_offset=o.num_tokens,
-        )
-        for o in last.outputs
-    )
-    return RequestOutput(
-        request_id, last.prompt_token_ids, outputs, finished=True, metrics=last.metrics, error=error
-    )

@@ -37,7 +37,7 @@ from engine.logits_processors import (
     filtered_probs,
 )
 from engine.outputs import TokenLogprob
-from engine.request import Request, Sequence
+from engine.request import Request, TokenSequence
 from engine.sampler import process_logits
 from engine.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling_params import SamplingParams
@@ -71,7 +71,7 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class Candidate:
-    parent: Sequence
+    parent: TokenSequence
     token_id: int
     score: float  # the parent's beam score + this token's search log-prob
     logprob: float  # the token's raw model log-prob
@@ -115,7 +115,7 @@ class BeamSearch:
         self,
         scheduler: Scheduler,
         request: Request,
-        beams: list[Sequence],
+        beams: list[TokenSequence],
         logits: torch.Tensor,
         generator: torch.Generator | None,
     ) -> None:
@@ -131,7 +131,7 @@ class BeamSearch:
             self._advance(scheduler, request, next_beams)
 
     def _choose(
-        self, beams: list[Sequence], raw: torch.Tensor, search: torch.Tensor, generator
+        self, beams: list[TokenSequence], raw: torch.Tensor, search: torch.Tensor, generator
     ) -> list[Candidate]:
         base = torch.tensor([self._scores.get(s.seq_id, 0.0) for s in beams], dtype=torch.float64)
         picked = self._candidates(search, base.unsqueeze(1), generator)
@@ -212,7 +212,7 @@ class BeamSearch:
 
     def _advance(self, scheduler: Scheduler, request: Request, next_beams: list[Candidate]) -> None:
         """Scheduler protocol: fork the surviving parents, drop the others, then append."""
-        children: dict[Sequence, list[Candidate]] = {}
+        children: dict[TokenSequence, list[Candidate]] = {}
         for cand in next_beams:
             children.setdefault(cand.parent, []).append(cand)
         dropped = [s for s in request.live_seqs if s not in children]

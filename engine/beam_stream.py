@@ -18,9 +18,9 @@ from __future__ import annotations
 from engine.beam_search import BeamSearch, Hypothesis
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, TokenLogprob
-from engine.request import Request, Sequence
+from engine.request import Request, TokenSequence
 from engine.sampling_params import SamplingParams
-from engine.stop_checker import StopCriteria, append_token
+from engine.stop_checker import StopCriteria, finish_after_token
 
 
 class BeamStream:
@@ -68,7 +68,7 @@ class BeamStream:
         self._sent_tokens, self._sent_chars = len(self._agreed), self._sent_chars + len(text)
         return outputs
 
-    def _extend(self, beams: list[Sequence], hypotheses: list[Hypothesis]) -> None:
+    def _extend(self, beams: list[TokenSequence], hypotheses: list[Hypothesis]) -> None:
         """Grows the agreed prefix to the longest common one (beams hold prompt + output)."""
         members = [(s.token_ids, s.num_prompt_tokens) for s in beams]
         members += [(h.token_ids, 0) for h in hypotheses]
@@ -89,7 +89,7 @@ class BeamStream:
         if self._tokenizer is not None:
             detok = IncrementalDetokenizer.from_params(self._tokenizer, self.params)
             for k, token in enumerate(hyp.token_ids, start=1):
-                append_token(self.criteria, detok, token, k)
+                finish_after_token(self.criteria, detok, token, k)
             text = detok.finish()
         return CompletionOutput(
             index=index,

@@ -2,7 +2,7 @@
 
 Contract (pure Python, no torch):
 - Block ids are 0..num_blocks-1. Every block is exactly one of: referenced (ref count > 0, in
-  one or more `Sequence.block_table`s), parked (ref 0 but registered in the prefix cache, so a
+  one or more `TokenSequence.block_table`s), parked (ref 0 but registered in the prefix cache, so a
   later request may reuse it), or truly free. `num_free_blocks` counts free + parked: parked
   blocks are evicted, least recently parked first, when the free list runs dry.
 - A sequence's table covers the tokens it has computed plus those scheduled this step: token t
@@ -29,7 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from engine.prefix_cache import HashFn, PrefixCache, block_hash
-from engine.request import Sequence
+from engine.request import TokenSequence
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class BlockManager:
         self._ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._cache = PrefixCache(hash_fn)
-        self._seqs: dict[Sequence, _SeqState] = {}
+        self._seqs: dict[TokenSequence, _SeqState] = {}
         self._queries = 0
         self._hits = 0
 
@@ -127,7 +127,7 @@ class BlockManager:
         return len(parked) + fresh
 
     def admit(
-        self, seqs: list[Sequence], matches: list[PrefixMatch], num_tokens: list[int]
+        self, seqs: list[TokenSequence], matches: list[PrefixMatch], num_tokens: list[int]
     ) -> None:
         """Gives each waiting sequence its matched blocks plus fresh ones covering `num_tokens`.
         All hits are pinned before any fresh block is taken, so none is evicted under us. The
@@ -150,7 +150,7 @@ class BlockManager:
                 seq.block_table.append(self._take_block())
 
     # ----- running sequences ---------------------------------------------------------------
-    def blocks_to_append(self, chunks: list[tuple[Sequence, int]]) -> int:
+    def blocks_to_append(self, chunks: list[tuple[TokenSequence, int]]) -> int:
         """Blocks `append` takes for these (sequence, new tokens) chunks of one group, in that
         order: fresh table blocks plus copy-on-write blocks (the last of a block's sharers to
         write keeps it when all its sharers write this step)."""
@@ -170,7 +170,7 @@ class BlockManager:
             need += w - 1 if w == self._ref[b] else w
         return need
 
-    def append(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+    def append(self, seq: TokenSequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Covers tokens up to num_computed + num_new_tokens; returns (src, dst) block copies."""
         if seq not in self._seqs:
             raise RuntimeError(f"sequence {seq.seq_id} holds no blocks; admit it first")
@@ -188,7 +188,7 @@ class BlockManager:
             table.append(self._take_block())
         return copies
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
+    def fork(self, parent: TokenSequence, child: TokenSequence) -> None:
         """The child shares all the parent's blocks (ref + 1 each); no block is taken."""
         if parent not in self._seqs:
             raise RuntimeError(f"sequence {parent.seq_id} holds no blocks to fork")
@@ -200,7 +200,7 @@ class BlockManager:
         state = self._seqs[parent]
         self._seqs[child] = _SeqState(state.num_registered, state.broken)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: TokenSequence) -> None:
         """Drops the sequence's blocks, tail first so a chain's tail is evicted before its head."""
         if self._seqs.pop(seq, None) is None:
             return
@@ -208,7 +208,7 @@ class BlockManager:
             self._release(b)
         seq.block_table = []
 
-    def mark_computed(self, seq: Sequence) -> None:
+    def mark_computed(self, seq: TokenSequence) -> None:
         """Registers the sequence's full computed blocks in the prefix cache (after a step)."""
         state = self._seqs.get(seq)
         if not self.enable_prefix_caching or state is None or state.broken:

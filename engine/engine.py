@@ -30,14 +30,14 @@ from engine.config import EngineConfig
 from engine.model_runner import ModelRunner, StepLogits
 from engine.outputs import OutputAccumulator, RequestOutput
 from engine.parallel_sampling import SampleTarget, sample_targets
-from engine.request import Request, Sequence
+from engine.request import Request, TokenSequence
 from engine.request_state import RequestState
 from engine.sampler import Sampler
 from engine.sampling_batch import SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats
-from engine.stop_checker import append_token
+from engine.stop_checker import finish_after_token
 
 log = logging.getLogger("tgserve.engine")
 
@@ -130,7 +130,15 @@ class Engine:
         self.add(self.new_request(request_id, prompt_token_ids, params, arrival_time))
 
     def abort_request(self, request_id: str) -> None:
-        self.scheduler.abort(request_id)
+        """Takes effect at the next step; unknown or finished ids are ignored."""
+        state = self._states.get(request_id)
+        if state is not None:
+            self.scheduler.abort(state.request)
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The live request with this id (its sequences, blocks, preemption count), or None."""
+        state = self._states.get(request_id)
+        return state.request if state is not None else None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
@@ -141,6 +149,8 @@ class Engine:
         sched = self.scheduler.schedule()
         self._num_steps += 1
         outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
+        if sched.preempted:  # by recompute: they resume from the waiting queue
+            log.debug("preempted %s (KV cache full)", ", ".join(sched.preempted))
         if sched.is_empty:
             return outputs
         try:
@@ -171,7 +181,7 @@ class Engine:
             state.record_prompt_logprobs(sched.chunks[i], rows)
             moved[state.request.request_id] = state
         targets: list[SampleTarget] = []
-        beam_groups: dict[str, list[tuple[Sequence, int]]] = {}
+        beam_groups: dict[str, list[tuple[TokenSequence, int]]] = {}
         for row, chunk in enumerate(c for c in sched.chunks if c.sample):
             if chunk.request.params.use_beam_search:
                 beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
@@ -208,17 +218,17 @@ class Engine:
             generator=state.generator(seq.seq_id),
         )
 
-    def _append(self, state: RequestState, seq: Sequence, token: int, entry) -> None:
+    def _append(self, state: RequestState, seq: TokenSequence, token: int, entry) -> None:
         seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
         self._generation_tokens_total += 1
         state.mark_token(time.time())
-        finish = append_token(state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens)
+        finish = finish_after_token(state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens)
         if finish is not None:
             self.scheduler.finish_seq(state.request, seq, finish.reason, finish.stop_reason)
             if state.request.is_finished:
                 state.mark_finished(time.time())
 
-    def _beam_step(self, state: RequestState, group: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+    def _beam_step(self, state: RequestState, group: list[tuple[TokenSequence, int]], logits: torch.Tensor) -> None:
         rows = torch.tensor([row for _, row in group], device=logits.device)
         generator = state.generator(0)  # beam sampling draws once per group and step
         if generator is None:
@@ -240,8 +250,8 @@ class Engine:
     def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []
         for rid in dict.fromkeys(c.request.request_id for c in sched.chunks):
-            self.scheduler.finish(rid, "error")
             state = self._states.pop(rid)
+            self.scheduler.finish(state.request, "error")
             state.error = f"internal error during generation: {type(exc).__name__}"
             state.mark_finished(time.time())
             failed.append(state.output())

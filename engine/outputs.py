@@ -154,3 +154,30 @@ class OutputAccumulator:
             for c in self._last.outputs
         )
         return replace(self._last, outputs=outputs, prompt_logprobs=self._prompt_logprobs)
+
+
+def closing_output(
+    request_id: str, last: RequestOutput | None, finish_reason: str, error: str | None
+) -> RequestOutput:
+    """A finished output adding nothing to what was put before (`last`, the previous delta)
+    but how it ended: every index closes at the offsets it had reached."""
+    if last is None:
+        outputs = (CompletionOutput(index=0, text="", token_ids=(), finish_reason=finish_reason),)
+        return RequestOutput(request_id, (), outputs, finished=True, error=error)
+    outputs = tuple(
+        CompletionOutput(
+            index=o.index,
+            text="",
+            token_ids=(),
+            cumulative_logprob=o.cumulative_logprob,
+            logprobs=() if o.logprobs is not None else None,
+            finish_reason=o.finish_reason or finish_reason,
+            stop_reason=o.stop_reason,
+            text_offset=o.text_end,
+            token_offset=o.num_tokens,
+        )
+        for o in last.outputs
+    )
+    return RequestOutput(
+        request_id, last.prompt_token_ids, outputs, finished=True, metrics=last.metrics, error=error
+    )

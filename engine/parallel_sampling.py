@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.outputs import CompletionOutput
-from engine.request import Request, Sequence
+from engine.request import Request, TokenSequence
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 
@@ -35,7 +35,7 @@ class SampleTarget:
     """One token to sample: for `seq` of `request`, from row `row` of the step's logits."""
 
     request: Request
-    seq: Sequence
+    seq: TokenSequence
     row: int
 
 

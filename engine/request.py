@@ -1,6 +1,6 @@
-"""Request and Sequence: the per-request state the scheduler and block manager keep (no torch).
+"""Request and TokenSequence: the per-request state the scheduler and block manager keep (no torch).
 
-The one token-accounting rule: a `Sequence` knows `num_tokens` (prompt + generated, i.e.
+The one token-accounting rule: a `TokenSequence` knows `num_tokens` (prompt + generated, i.e.
 `len(token_ids)`) and `num_computed_tokens` (how many of them already have K/V in the cache).
 Every step the scheduler gives it a chunk of `num_tokens - num_computed_tokens` to compute; once
 all known tokens are computed the engine samples one more, which `append_token` adds. Prefill,
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Iterator
-from collections.abc import Sequence as SequenceABC
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from engine.outputs import TokenLogprob
@@ -32,7 +31,7 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(eq=False)
-class Sequence:
+class TokenSequence:
     seq_id: int  # unique within its request; never reused
     token_ids: list[int]  # prompt + generated
     num_prompt_tokens: int
@@ -90,9 +89,9 @@ class Sequence:
         if entry is not None:
             self.logprobs.append(entry)
 
-    def clone(self, seq_id: int) -> Sequence:
+    def clone(self, seq_id: int) -> TokenSequence:
         """A copy of the token state without blocks (the block manager shares them on fork)."""
-        return Sequence(
+        return TokenSequence(
             seq_id=seq_id,
             token_ids=list(self.token_ids),
             num_prompt_tokens=self.num_prompt_tokens,
@@ -102,7 +101,7 @@ class Sequence:
         )
 
 
-class OutputIds(SequenceABC[int]):
+class OutputIds(Sequence[int]):
     """A read-only view of a sequence's generated ids (its token list from the prompt's end)."""
 
     def __init__(self, token_ids: list[int], start: int) -> None:
@@ -132,7 +131,7 @@ class Request:
     params: SamplingParams
     arrival_time: float = 0.0
     status: RequestStatus = RequestStatus.WAITING
-    seqs: list[Sequence] = field(default_factory=list)
+    seqs: list[TokenSequence] = field(default_factory=list)
     num_preemptions: int = 0  # times this request was preempted by recompute
     num_cached_prompt_tokens: int = 0  # prefix-cache hit of the first admission
     _next_seq_id: int = field(default=0, init=False, repr=False)
@@ -145,7 +144,7 @@ class Request:
             )
         if not self.seqs:
             self.seqs.append(
-                Sequence(
+                TokenSequence(
                     seq_id=self.new_seq_id(),
                     token_ids=list(self.prompt_token_ids),
                     num_prompt_tokens=len(self.prompt_token_ids),
@@ -158,7 +157,7 @@ class Request:
         return seq_id
 
     @property
-    def live_seqs(self) -> list[Sequence]:
+    def live_seqs(self) -> list[TokenSequence]:
         """The sequences still generating, in creation order (scheduled together each step)."""
         return [s for s in self.seqs if not s.is_finished]
 

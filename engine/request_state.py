@@ -15,7 +15,7 @@ from engine.beam_stream import BeamStream
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from engine.parallel_sampling import keeps_best, row_params, select_outputs
-from engine.request import Request, Sequence
+from engine.request import Request, TokenSequence
 from engine.sampler import gather_logprobs, seeded_generator
 from engine.scheduler import ScheduledChunk
 from engine.stop_checker import StopCriteria
@@ -131,13 +131,13 @@ class RequestState:
         self._prompt_logprobs_sent = True
         return (None,) + tuple(self._prompt_logprobs.get(p) for p in range(1, len(prompt)))
 
-    def _detok_done(self, seq: Sequence) -> IncrementalDetokenizer | None:
+    def _detok_done(self, seq: TokenSequence) -> IncrementalDetokenizer | None:
         detok = self._detokenizers.get(seq.seq_id)
         if detok is not None and seq.is_finished and not detok.finished:
             detok.finish()  # aborted / failed: release the held-back text
         return detok
 
-    def _delta(self, index: int, seq: Sequence) -> CompletionOutput:
+    def _delta(self, index: int, seq: TokenSequence) -> CompletionOutput:
         """The tokens and text of `seq` not reported yet (O(new tokens))."""
         detok = self._detok_done(seq)
         sent_tokens, sent_chars = self._sent.get(seq.seq_id, (0, 0))
@@ -156,7 +156,7 @@ class RequestState:
             token_offset=sent_tokens,
         )
 
-    def _whole(self, index: int, seq: Sequence) -> CompletionOutput:
+    def _whole(self, index: int, seq: TokenSequence) -> CompletionOutput:
         """All of `seq` from offset 0 (the finished output of a best_of > n request)."""
         detok = self._detok_done(seq)
         return CompletionOutput(

@@ -13,21 +13,7 @@ Policy, every `schedule()`:
    sequences, back to the FRONT of the waiting queue), repeatedly, until the request fits or is
    itself the victim. No waiting request is admitted in a step that preempted.
 
-Update protocol (what `Engine.step()` does with a `SchedulerOutput`):
-    out = scheduler.schedule()
-    runner: apply `out.block_copies` (copy block src -> dst in every layer's K and V),
-        then one forward over `out.chunks`; a chunk computes tokens
-        `seq.token_ids[start:start + num_new_tokens]` at positions start.. with
-        `seq.block_table`; rows of chunks with `sample=True` produce logits (their last row).
-    scheduler.on_step_done(out)       # advances num_computed_tokens, registers cached blocks
-    for each chunk with sample=True:  # in this order, per sampled sequence:
-        seq.append_token(token, logprob)          # after on_step_done, never before
-        if it stops: scheduler.finish_seq(request, seq, reason, stop_reason)
-    forks / beam pruning (issue #4), between steps only:
-        child = scheduler.fork_seq(request, parent); scheduler.remove_seq(request, seq)
-    emit outputs; for ids in out.aborted emit final "abort" outputs (the engine holds the Request).
-Every running sequence must have an uncomputed token at the next `schedule()`: either a token
-was appended or the sequence was finished/removed.
+The update protocol between `schedule()` and the next one is in engine/step_plan.py.
 """
 
 from __future__ import annotations
@@ -35,57 +21,21 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager, BlockUsage, PrefixMatch
+from engine.admission_check import check_admissible
+from engine.block_manager import BlockManager, PrefixMatch
 from engine.config import EngineConfig
 from engine.outputs import FINISH_REASONS
-from engine.request import Request, RequestStatus, Sequence
+from engine.request import Request, RequestStatus, TokenSequence
 from engine.sampling_params import SamplingParams
+from engine.step_plan import (
+    QueueFullError,
+    ScheduledChunk,
+    SchedulerOutput,
+    SchedulerStats,
+    chunk_sizes,
+)
 
-
-class QueueFullError(ValueError):
-    """The waiting queue is at max_queued_requests (the server answers 429)."""
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    request: Request
-    seq: Sequence
-    start: int  # num_computed_tokens before this step = position of the first new token
-    num_new_tokens: int
-    sample: bool  # reaches the end of the known tokens: the runner returns its last row's logits
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start : self.start + self.num_new_tokens]
-
-    @property
-    def seq_len(self) -> int:
-        """Context length once this chunk is in the cache (what attention looks at)."""
-        return self.start + self.num_new_tokens
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    chunks: tuple[ScheduledChunk, ...]  # decodes first, then prefill chunks
-    # (src, dst) block copies to apply before the forward. No block is both a src and a dst
-    # in one step, so they may be applied all at once.
-    block_copies: tuple[tuple[int, int], ...]
-    preempted: tuple[str, ...]  # request ids sent back to waiting this step
-    aborted: tuple[str, ...]  # request ids removed by abort this step
-    num_batched_tokens: int
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    num_running: int  # requests
-    num_waiting: int
-    num_running_seqs: int
-    num_preemptions: int  # cumulative
-    blocks: BlockUsage
+__all__ = ["QueueFullError", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
 
 @dataclass
@@ -117,8 +67,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # admission order: the last is preempted first
-        self._requests: dict[str, Request] = {}
-        self._pending_aborts: list[str] = []
+        # No id registry here: the engine holds the one (request id -> its state and Request).
+        self._pending_aborts: list[Request] = []
         self._num_preemptions = 0
 
     # ----- intake --------------------------------------------------------------------------
@@ -126,8 +76,6 @@ class Scheduler:
         """Queues a new request checked by `check_admissible` (the engine does, once);
         raises QueueFullError if the waiting queue is at `max_queued_requests`."""
         rid = request.request_id
-        if rid in self._requests:
-            raise ValueError(f"request id {rid!r} is already in use; ids must be unique")
         if request.status is not RequestStatus.WAITING or request.seqs[0].num_computed_tokens:
             raise ValueError(f"request {rid!r} is not a fresh request")
         if len(self._waiting) >= self.config.max_queued_requests:
@@ -135,46 +83,27 @@ class Scheduler:
                 f"the waiting queue is full ({self.config.max_queued_requests} requests); "
                 "retry later"
             )
-        self._requests[rid] = request
         self._waiting.append(request)
 
     def check_admissible(
         self, prompt_len: int, params: SamplingParams, rid: str = "request"
     ) -> None:
         """Raises ValueError when a request of this shape could never run on this engine."""
-        max_tokens = params.max_tokens
-        if max_tokens is None:
-            raise ValueError("max_tokens must be resolved before admission (Engine.new_request)")
-        if prompt_len + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "
-                f"exceeds the maximum context length {self.max_model_len}; shorten the prompt "
-                "or lower max_tokens"
-            )
-        width = params.num_sequences
-        if width > self.config.max_num_seqs:
-            raise ValueError(
-                f"request {rid!r} runs {width} sequences but max_num_seqs is "
-                f"{self.config.max_num_seqs}; lower n / best_of"
-            )
-        # Worst case: after a preemption every sequence recomputes into blocks of its own.
-        need = width * self.block_manager.blocks_for(prompt_len + max_tokens - 1)
-        if need > self.block_manager.num_blocks:
-            raise ValueError(
-                f"request {rid!r} needs up to {need} KV blocks but the cache has "
-                f"{self.block_manager.num_blocks}; shorten the prompt, lower max_tokens or n, "
-                "or give the KV cache more memory"
-            )
+        check_admissible(
+            prompt_len,
+            params,
+            rid,
+            self.max_model_len,
+            self.config.max_num_seqs,
+            self.block_manager,
+        )
 
-    def abort(self, request_id: str) -> None:
-        """Aborts at the next `schedule()`; unknown or finished ids are ignored."""
-        self._pending_aborts.append(request_id)
+    def abort(self, request: Request) -> None:
+        """Aborts at the next `schedule()`; finished or unknown requests are ignored."""
+        self._pending_aborts.append(request)
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._pending_aborts)
-
-    def get_request(self, request_id: str) -> Request | None:
-        return self._requests.get(request_id)
 
     # ----- the step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -207,7 +136,7 @@ class Scheduler:
                 )
             if (max(remaining) == 1) != decode_pass:
                 continue
-            sizes = _chunk_sizes(remaining, step.budget)
+            sizes = chunk_sizes(remaining, step.budget)
             if sizes is None:
                 continue
             chunks = list(zip(seqs, sizes, strict=True))
@@ -230,7 +159,7 @@ class Scheduler:
             seqs = request.live_seqs
             matches = [self._prefix_match(request, s) for s in seqs]
             remaining = [s.num_tokens - m.num_tokens for s, m in zip(seqs, matches, strict=True)]
-            sizes = _chunk_sizes(remaining, step.budget)
+            sizes = chunk_sizes(remaining, step.budget)
             if sizes is None:
                 return
             totals = [m.num_tokens + n for m, n in zip(matches, sizes, strict=True)]
@@ -247,7 +176,7 @@ class Scheduler:
             num_seqs += request.num_seq_slots
             self._add_plan(step, request, list(zip(seqs, sizes, strict=True)), [])
 
-    def _prefix_match(self, request: Request, seq: Sequence) -> PrefixMatch:
+    def _prefix_match(self, request: Request, seq: TokenSequence) -> PrefixMatch:
         if request.params.prompt_logprobs is not None:  # every prompt row's logits are wanted
             return PrefixMatch((), 0, seq.num_tokens)
         return self.block_manager.match_prefix(seq.token_ids)
@@ -256,7 +185,7 @@ class Scheduler:
         self,
         step: _Step,
         request: Request,
-        chunks: list[tuple[Sequence, int]],
+        chunks: list[tuple[TokenSequence, int]],
         copies: list[tuple[int, int]],
     ) -> None:
         scheduled = [
@@ -299,7 +228,11 @@ class Scheduler:
 
     # ----- endings and forks ---------------------------------------------------------------
     def finish_seq(
-        self, request: Request, seq: Sequence, reason: str, stop_reason: int | str | None = None
+        self,
+        request: Request,
+        seq: TokenSequence,
+        reason: str,
+        stop_reason: int | str | None = None,
     ) -> None:
         """Ends one sequence (frees its blocks); the request ends when its last one does."""
         if reason not in FINISH_REASONS:
@@ -309,21 +242,24 @@ class Scheduler:
         if not request.live_seqs:
             self._retire(request)
 
-    def finish(self, request_id: str, reason: str) -> Request | None:
-        """Ends every live sequence of a waiting or running request (e.g. "error"); returns
-        the request, or None if the id is unknown or already finished."""
+    def finish(self, request: Request, reason: str) -> bool:
+        """Ends every live sequence of a waiting or running request (e.g. "error"); False if
+        it is already finished or was never added."""
         if reason not in FINISH_REASONS:
             raise ValueError(f"finish reason must be one of {FINISH_REASONS}, got {reason!r}")
-        request = self._requests.get(request_id)
-        if request is None:
-            return None
+        if request.is_finished or not self._holds(request):
+            return False
         for seq in request.live_seqs:
             seq.finish_reason = reason
             self.block_manager.free(seq)
         self._retire(request)
-        return request
+        return True
 
-    def fork_seq(self, request: Request, parent: Sequence) -> Sequence:
+    def _holds(self, request: Request) -> bool:
+        queue = self._running if request.status is RequestStatus.RUNNING else self._waiting
+        return any(r is request for r in queue)  # identity: O(queue), aborts are rare
+
+    def fork_seq(self, request: Request, parent: TokenSequence) -> TokenSequence:
         """A new live sequence sharing the parent's tokens and blocks (n > 1, beams). Call it
         after `on_step_done` and before appending the parent's new token; a beam step forks
         the surviving parents first, then removes the dropped beams."""
@@ -334,7 +270,7 @@ class Scheduler:
         request.seqs.append(child)
         return child
 
-    def remove_seq(self, request: Request, seq: Sequence) -> None:
+    def remove_seq(self, request: Request, seq: TokenSequence) -> None:
         """Drops a sequence entirely (a pruned beam): blocks freed, gone from request.seqs.
         Removing the last live sequence finishes the request."""
         self.block_manager.free(seq)
@@ -348,13 +284,12 @@ class Scheduler:
         elif request.status is RequestStatus.WAITING:
             self._waiting.remove(request)
         request.status = RequestStatus.FINISHED
-        self._requests.pop(request.request_id, None)
 
     def _apply_aborts(self) -> list[str]:
         aborted = []
-        for rid in self._pending_aborts:
-            if self.finish(rid, "abort") is not None:
-                aborted.append(rid)
+        for request in self._pending_aborts:
+            if self.finish(request, "abort"):
+                aborted.append(request.request_id)
         self._pending_aborts.clear()
         return aborted
 
@@ -367,17 +302,3 @@ class Scheduler:
             num_preemptions=self._num_preemptions,
             blocks=usage,
         )
-
-
-def _chunk_sizes(remaining: list[int], budget: int) -> list[int] | None:
-    """Tokens per sequence of one group this step. All of them if they fit (every sequence
-    samples); else chunks that stop short of every sequence's end, so the group's sequences
-    still sample in the same step. None when nothing can be scheduled."""
-    if sum(remaining) <= budget:
-        return list(remaining)
-    sizes = []
-    for r in remaining:
-        take = min(r - 1, budget)
-        sizes.append(take)
-        budget -= take
-    return sizes if any(sizes) else None

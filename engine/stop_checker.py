@@ -2,7 +2,7 @@
 
 Contract: `StopCriteria.from_params(params, eos_token_ids)` is built once per request.
 After appending the k-th generated token (k = `num_output_tokens`, counting it), the engine
-calls `append_token(criteria, detokenizer, token_id, k)`, which feeds the detokenizer and
+calls `finish_after_token(criteria, detokenizer, token_id, k)`, which feeds the detokenizer and
 returns a `Finish` or None. Rules, in order of precedence:
 - no stop of any kind while k <= min_tokens (the sampler masks stop tokens and EOS then, and
   the detokenizer does not arm stop strings before token min_tokens + 1);
@@ -11,7 +11,7 @@ returns a `Finish` or None. Rules, in order of precedence:
 - the detokenizer hit a stop string -> ("stop", that string);
 - k == max_tokens -> ("length", None). A natural stop on the last allowed token is "stop".
 A stop token's own text is not added to the output unless `include_stop_str_in_output`
-(EOS usually adds none anyway, being special). On a finish, `append_token` also calls
+(EOS usually adds none anyway, being special). On a finish, `finish_after_token` also calls
 `detokenizer.finish()`, so `detokenizer.text` is then the final text. Aborts and errors are the
 engine's business, not this module's.
 """
@@ -81,7 +81,7 @@ def check_stop(
     return None
 
 
-def append_token(
+def finish_after_token(
     criteria: StopCriteria,
     detokenizer: IncrementalDetokenizer | None,
     token_id: int,

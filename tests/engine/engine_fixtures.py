@@ -67,6 +67,6 @@ def run_beside_a_long_request(folder: Path, request_id: str, prompt, params: Sam
             if out.request_id == request_id:
                 acc.add(out)
                 final = acc.result() if out.finished else final
-        request = engine.scheduler.get_request(request_id)
+        request = engine.get_request(request_id)
         preemptions = request.num_preemptions if request is not None else preemptions
     return final, preemptions, engine

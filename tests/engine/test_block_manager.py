@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.request import Sequence
+from engine.request import TokenSequence
 
 BS = 4
 
@@ -26,11 +26,11 @@ class FakeKV:
         for src, dst in copies:
             self.slots[dst] = list(self.slots[src])
 
-    def write(self, seq: Sequence, start: int, end: int) -> None:
+    def write(self, seq: TokenSequence, start: int, end: int) -> None:
         for p in range(start, end):
             self.slots[seq.block_table[p // BS]][p % BS] = (seq.token_ids[p], p)
 
-    def read(self, seq: Sequence, length: int) -> list[int]:
+    def read(self, seq: TokenSequence, length: int) -> list[int]:
         out = []
         for p in range(length):
             slot = self.slots[seq.block_table[p // BS]][p % BS]
@@ -39,11 +39,11 @@ class FakeKV:
         return out
 
 
-def new_seq(tokens: list[int], seq_id: int = 0) -> Sequence:
-    return Sequence(seq_id=seq_id, token_ids=list(tokens), num_prompt_tokens=len(tokens))
+def new_seq(tokens: list[int], seq_id: int = 0) -> TokenSequence:
+    return TokenSequence(seq_id=seq_id, token_ids=list(tokens), num_prompt_tokens=len(tokens))
 
 
-def admit_and_compute(bm: BlockManager, kv: FakeKV, seq: Sequence) -> int:
+def admit_and_compute(bm: BlockManager, kv: FakeKV, seq: TokenSequence) -> int:
     """Admits with a prefix lookup, computes everything, registers; returns tokens computed."""
     match = bm.match_prefix(seq.token_ids)
     bm.admit([seq], [match], [seq.num_tokens])
@@ -55,7 +55,7 @@ def admit_and_compute(bm: BlockManager, kv: FakeKV, seq: Sequence) -> int:
     return seq.num_tokens - match.num_tokens
 
 
-def step(bm: BlockManager, kv: FakeKV, seqs: list[Sequence], new_tokens: list[int]) -> None:
+def step(bm: BlockManager, kv: FakeKV, seqs: list[TokenSequence], new_tokens: list[int]) -> None:
     """One decode step of a group: each seq gets a token, blocks are appended, K/V written."""
     for seq, tok in zip(seqs, new_tokens, strict=True):
         seq.token_ids.append(tok)
@@ -248,7 +248,7 @@ def test_random_forks_writes_and_frees_keep_contents_and_counts_right(data):
     num_blocks = 24
     bm = BlockManager(num_blocks=num_blocks, block_size=BS)
     kv = FakeKV(num_blocks)
-    live: list[Sequence] = []
+    live: list[TokenSequence] = []
     for next_id in range(data.draw(st.integers(5, 40))):
         op = data.draw(st.sampled_from(["admit", "grow", "fork", "free"]))
         if op == "admit":

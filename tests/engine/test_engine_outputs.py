@@ -134,6 +134,12 @@ def test_impossible_requests_are_rejected_at_admission(tmp_path) -> None:
     with pytest.raises(ValueError, match="at least one token"):
         engine.add_request("empty", [], SamplingParams())
     assert not engine.has_unfinished_requests()
+    engine.add_request("ok", [5, 6], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("ok", [7], SamplingParams(max_tokens=2))
+    engine.generate([[8]], SamplingParams(max_tokens=1))  # runs "ok" to the end too
+    assert_no_leaks(engine)
+    engine.add_request("ok", [5, 6], SamplingParams(max_tokens=2))  # a finished id is free again
 
 
 def test_a_prompt_longer_than_the_step_budget_is_chunked_alone(tmp_path) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
-from engine.stop_checker import Finish, StopCriteria, append_token, check_stop
+from engine.stop_checker import Finish, StopCriteria, check_stop, finish_after_token
 
 EOS = 2
 VOCAB = {
@@ -38,7 +38,7 @@ def run(params: SamplingParams, ids: list[int]) -> tuple[Finish | None, int, str
     crit = StopCriteria.from_params(params, eos_token_ids=[EOS])
     detok = IncrementalDetokenizer.from_params(TinyTokenizer(), params)
     for k, token_id in enumerate(ids, start=1):
-        finish = append_token(crit, detok, token_id, k)
+        finish = finish_after_token(crit, detok, token_id, k)
         if finish is not None:
             return finish, k, detok.text
     return None, len(ids), detok.text

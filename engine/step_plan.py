@@ -1,0 +1,81 @@
+"""What one `Scheduler.schedule()` hands the engine, and what the engine must do with it.
+
+Update protocol (what `Engine.step()` does with a `SchedulerOutput`):
+    out = scheduler.schedule()
+    runner: apply `out.block_copies` (copy block src -> dst in every layer's K and V),
+        then one forward over `out.chunks`; a chunk computes tokens
+        `seq.token_ids[start:start + num_new_tokens]` at positions start.. with
+        `seq.block_table`; rows of chunks with `sample=True` produce logits (their last row).
+    scheduler.on_step_done(out)       # advances num_computed_tokens, registers cached blocks
+    for each chunk with sample=True:  # in this order, per sampled sequence:
+        seq.append_token(token, logprob)          # after on_step_done, never before
+        if it stops: scheduler.finish_seq(request, seq, reason, stop_reason)
+    forks / beam pruning (issue #4), between steps only:
+        child = scheduler.fork_seq(request, parent); scheduler.remove_seq(request, seq)
+    emit outputs; for ids in out.aborted emit final "abort" outputs (the engine holds the Request).
+Every running sequence must have an uncomputed token at the next `schedule()`: either a token
+was appended or the sequence was finished/removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.block_manager import BlockUsage
+from engine.request import Request, TokenSequence
+
+
+class QueueFullError(ValueError):
+    """The waiting queue is at max_queued_requests (the server answers 429)."""
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request: Request
+    seq: TokenSequence
+    start: int  # num_computed_tokens before this step = position of the first new token
+    num_new_tokens: int
+    sample: bool  # reaches the end of the known tokens: the runner returns its last row's logits
+
+    @property
+    def seq_len(self) -> int:
+        """Context length once this chunk is in the cache (what attention looks at)."""
+        return self.start + self.num_new_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...]  # decodes first, then prefill chunks
+    # (src, dst) block copies to apply before the forward. No block is both a src and a dst
+    # in one step, so they may be applied all at once.
+    block_copies: tuple[tuple[int, int], ...]
+    preempted: tuple[str, ...]  # request ids sent back to waiting this step
+    aborted: tuple[str, ...]  # request ids removed by abort this step
+    num_batched_tokens: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running: int  # requests
+    num_waiting: int
+    num_running_seqs: int
+    num_preemptions: int  # cumulative
+    blocks: BlockUsage
+
+
+def chunk_sizes(remaining: list[int], budget: int) -> list[int] | None:
+    """Tokens per sequence of one group this step. All of them if they fit (every sequence
+    samples); else chunks that stop short of every sequence's end, so the group's sequences
+    still sample in the same step. None when nothing can be scheduled."""
+    if sum(remaining) <= budget:
+        return list(remaining)
+    sizes = []
+    for r in remaining:
+        take = min(r - 1, budget)
+        sizes.append(take)
+        budget -= take
+    return sizes if any(sizes) else None
