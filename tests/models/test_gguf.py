@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 
 from models.attention import AttentionMetadata
 from models.default_model import default_model_path
-from models.gguf_file import open_gguf
+from models.gguf.file import open_gguf
 from models.loader import load_checkpoint, load_model
 from tests.ggml_blocks import hand_dequantise
 

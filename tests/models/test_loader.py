@@ -13,7 +13,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from models.default_model import default_model_path
-from models.gguf_file import open_gguf
+from models.gguf.file import open_gguf
 from models.loader import load_checkpoint, load_model
 
 

@@ -6,7 +6,7 @@ tensor in row-major order (for a linear layer `[out_features, in_features]`, the
 order), keeping F32/F16/BF16 in their own dtype and dequantising Q8_0/Q4_0/Q4_1 to float32 with
 `gguf.quants.dequantize` (checked against the GGML block formats in tests/models/test_gguf.py).
 Any other tensor type raises `ValueError` naming the file, the tensor and the type. Names stay
-GGUF names here; models/gguf_names.py maps them to Hugging Face names.
+GGUF names here; models/gguf/names.py maps them to Hugging Face names.
 
 Why not `gguf.GGUFReader`: it builds numpy views for each of the ~98k vocabulary and merge
 strings and takes ~5 s to open SmolLM2 on 2 cores; this header walk skips long arrays (keeping
