@@ -6,15 +6,13 @@ Contract: `read_tokenizer_json(data, source)`, `read_tiktoken_model(path, patter
 priority order, added tokens, regex). Each raises `ValueError` naming the file for what tiktoken cannot express exactly: above
 all SentencePiece vocabularies (Llama 2, Mistral v0.1), whose tokens are not byte-level BPE and so
 cannot become tiktoken ranks (token-id prompts still work for those models), but also unknown
-pre-tokenizers. `read_gguf_metadata(path)` reads only the key/value header of a GGUF file.
+pre-tokenizers. A GGUF file's key/value header is read by models/gguf/header.py.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import mmap
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,56 +256,3 @@ def read_gguf_vocab(metadata: dict[str, Any], source: str) -> BpeVocab:
         added=added,
         pattern=GGUF_PRE_PATTERNS[pre],
     )
-
-
-# GGUF value type -> struct format of a scalar (gguf's GGUFValueType); 8 = string, 9 = array.
-_GGUF_SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
-
-
-def read_gguf_metadata(path: Path) -> dict[str, Any]:
-    """The key/value header of a little-endian GGUF v2/v3 file, without touching its tensors.
-
-    Why not gguf.GGUFReader: it walks all 98k vocabulary strings through numpy memmap views and
-    takes ~5 s on SmolLM2; this reads the same values in a fraction of that.
-    """
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
-        (version,) = struct.unpack_from("<I", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} unsupported (little-endian v2/v3)")
-        (count,) = struct.unpack_from("<Q", buf, 16)
-        pos, metadata = 24, {}
-        try:
-            for _ in range(count):
-                key, pos = _gguf_string(buf, pos)
-                (kind,) = struct.unpack_from("<I", buf, pos)
-                metadata[key], pos = _gguf_value(buf, pos + 4, kind)
-        except (struct.error, UnicodeDecodeError, KeyError) as exc:
-            raise ValueError(f"{path}: corrupt GGUF metadata ({exc})") from exc
-    return metadata
-
-
-def _gguf_string(buf: mmap.mmap, pos: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", buf, pos)
-    end = pos + 8 + length
-    return buf[pos + 8 : end].decode("utf-8"), end
-
-
-def _gguf_value(buf: mmap.mmap, pos: int, kind: int) -> tuple[Any, int]:
-    if kind == 8:
-        return _gguf_string(buf, pos)
-    if kind == 9:
-        item_kind, n = struct.unpack_from("<IQ", buf, pos)
-        pos += 12
-        if item_kind in _GGUF_SCALARS:  # a numeric array: one unpack for all items
-            fmt = f"<{n}{_GGUF_SCALARS[item_kind]}"
-            return list(struct.unpack_from(fmt, buf, pos)), pos + struct.calcsize(fmt)
-        items = []
-        for _ in range(n):
-            item, pos = _gguf_value(buf, pos, item_kind)
-            items.append(item)
-        return items, pos
-    fmt = "<" + _GGUF_SCALARS[kind]
-    (value,) = struct.unpack_from(fmt, buf, pos)
-    return value, pos + struct.calcsize(fmt)

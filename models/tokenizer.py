@@ -31,12 +31,12 @@ from models.bpe_sources import (
     LLAMA3_PATTERN,
     AddedToken,
     BpeVocab,
-    read_gguf_metadata,
     read_gguf_vocab,
     read_tiktoken_model,
     read_tokenizer_json,
 )
 from models.chat_template import ChatTemplate
+from models.gguf.header import read_gguf_metadata
 
 __all__ = ["SpecialTokens", "Tokenizer", "load_tokenizer"]
 

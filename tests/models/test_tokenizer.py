@@ -20,7 +20,7 @@ from tokenizers import Tokenizer as HfBackend
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from models.bpe_sources import read_gguf_metadata
+from models.gguf.header import read_gguf_metadata
 from models.tokenizer import load_tokenizer
 
 # The pre-tokenizer regexes as published in Llama-3's and Qwen2's tokenizer.json.
