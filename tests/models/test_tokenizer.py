@@ -176,7 +176,7 @@ def test_decode_encode_round_trips_random_text(smollm, smollm_known_bytes, data)
 @given(data=st.data())
 def test_smollm2_ids_match_transformers_on_random_text(smollm, smollm_hf, smollm_known_bytes, data):
     # Characters with a byte SmolLM2 lacks are left out: HF drops such a byte *before* merging its
-    # neighbours (" \x16{" -> "Ġ{"), which tiktoken cannot mimic; see models/tokenizer.py.
+    # neighbours (" \x16{" -> "Ġ{"), which tiktoken cannot mimic; see models/tokenizer/tokenizer.py.
     alphabet = st.characters(codec="utf-8").filter(lambda c: set(c.encode()) <= smollm_known_bytes)
     text = data.draw(text_strategy(alphabet))
     assert smollm.encode(text) == smollm_hf.encode(text, add_special_tokens=False)

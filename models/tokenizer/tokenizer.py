@@ -6,7 +6,7 @@ tiktoken-format tokenizer.model; tokenizer_config.json, generation_config.json a
 special tokens) or a GGUF file, and returns a `Tokenizer` whose ids equal the model's own
 tokenizer: added/special token text in the input is matched whole (as HF does), `encode(...,
 add_special_tokens=True)` adds what the tokenizer's post-processor (or GGUF add_bos/add_eos) says.
-SentencePiece vocabularies raise ValueError at load (see models/bpe_sources.py).
+SentencePiece vocabularies raise ValueError at load (see models/tokenizer/bpe_sources.py).
 
 tiktoken ranks are the token ids when the file's merge order agrees with id order (true for every
 real byte-level BPE we know); otherwise ranks are derived from the merges and mapped back to ids.
@@ -27,7 +27,8 @@ from typing import Any
 
 import tiktoken
 
-from models.bpe_sources import (
+from models.gguf.header import read_gguf_metadata
+from models.tokenizer.bpe_sources import (
     LLAMA3_PATTERN,
     AddedToken,
     BpeVocab,
@@ -35,8 +36,7 @@ from models.bpe_sources import (
     read_tiktoken_model,
     read_tokenizer_json,
 )
-from models.chat_template import ChatTemplate
-from models.gguf.header import read_gguf_metadata
+from models.tokenizer.chat_template import ChatTemplate
 
 __all__ = ["SpecialTokens", "Tokenizer", "load_tokenizer"]
 
