@@ -19,14 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from models.gguf.header import read_gguf_metadata
-from models.tokenizer.bpe_sources import (
-    LLAMA3_PATTERN,
-    AddedToken,
-    BpeVocab,
-    read_gguf_vocab,
-    read_tiktoken_model,
-    read_tokenizer_json,
-)
+from models.tokenizer.bpe_sources import read_gguf_vocab, read_tiktoken_model, read_tokenizer_json
+from models.tokenizer.bpe_vocab import AddedToken, BpeVocab
+from models.tokenizer.patterns import LLAMA3_PATTERN
 from models.tokenizer.tokenizer import SpecialTokens, Tokenizer
 
 __all__ = ["load_tokenizer"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import tiktoken
 
-from models.tokenizer.bpe_sources import AddedToken, BpeVocab
+from models.tokenizer.bpe_vocab import AddedToken, BpeVocab
 from models.tokenizer.chat_template import ChatTemplate
 
 __all__ = ["SpecialTokens", "Tokenizer"]
