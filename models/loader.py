@@ -190,7 +190,10 @@ def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
 
 
 def _canonical_names(config: ModelConfig, tensors: Tensors) -> Tensors:
-    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix."""
+    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix.
+
+    The one place that adds it: check_checkpoint and the model's load_weights see HF names only.
+    """
     if config.family != "gpt2":
         return tensors
     return {
