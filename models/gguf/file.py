@@ -4,9 +4,10 @@ Contract: `open_gguf(path)` parses the header (little-endian GGUF v2/v3) into a 
 raises `FileNotFoundError` / `ValueError` naming the file. `GGUFFile.tensor(info)` returns the
 tensor in row-major order (for a linear layer `[out_features, in_features]`, the Hugging Face
 order), keeping F32/F16/BF16 in their own dtype and dequantising Q8_0/Q4_0/Q4_1 to float32 with
-`gguf.quants.dequantize` (checked against the GGML block formats in tests/models/test_gguf.py).
-Any other tensor type raises `ValueError` naming the file, the tensor and the type. Names stay
-GGUF names here; models/gguf/names.py maps them to Hugging Face names.
+`gguf.quants.dequantize` (checked against the GGML block formats in
+tests/models/gguf/test_file.py). Any other tensor type raises `ValueError` naming the file, the
+tensor and the type. Names stay GGUF names here; models/gguf/names.py maps them to Hugging Face
+names.
 
 The header is read by models/gguf/header.py (long arrays skipped, their length kept), so
 opening SmolLM2 takes tens of milliseconds rather than `gguf.GGUFReader`'s ~5 s.

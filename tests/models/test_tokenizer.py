@@ -20,7 +20,6 @@ from tokenizers import Tokenizer as HfBackend
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from models.gguf.header import read_gguf_metadata
 from models.tokenizer import load_tokenizer
 
 # The pre-tokenizer regexes as published in Llama-3's and Qwen2's tokenizer.json.
@@ -356,7 +355,7 @@ def test_gguf_vocab_with_llama3_pre_tokenizer_matches_transformers(trained, tmp_
         assert ours.encode(text, add_special_tokens=True) == hf.encode(text), text
 
 
-# ---------------------------------------------------------------- refusals and the GGUF header
+# ---------------------------------------------------------------- refusals
 
 
 def _sentencepiece_folders(root: Path) -> list[Path]:
@@ -407,27 +406,3 @@ def test_unsupported_inputs_raise_value_error(tmp_path, trained):
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="add_prefix_space"):
         load_tokenizer(tmp_path)
-
-
-def test_gguf_header_reader_matches_gguf_package(tmp_path):
-    path = tmp_path / "kv.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    values = {
-        "t.u8": (7, gguf.GGUFValueType.UINT8), "t.i8": (-7, gguf.GGUFValueType.INT8),
-        "t.u16": (700, gguf.GGUFValueType.UINT16), "t.i16": (-700, gguf.GGUFValueType.INT16),
-        "t.u32": (70000, gguf.GGUFValueType.UINT32), "t.i32": (-70000, gguf.GGUFValueType.INT32),
-        "t.f32": (0.1, gguf.GGUFValueType.FLOAT32), "t.bool": (True, gguf.GGUFValueType.BOOL),
-        "t.str": ("héllo 😀", gguf.GGUFValueType.STRING), "t.u64": (2**40, gguf.GGUFValueType.UINT64),
-        "t.i64": (-(2**40), gguf.GGUFValueType.INT64), "t.f64": (0.1, gguf.GGUFValueType.FLOAT64),
-        "t.ints": ([1, -2, 3], gguf.GGUFValueType.ARRAY), "t.strs": (["a", "", "ü"], gguf.GGUFValueType.ARRAY),
-        "t.floats": ([0.5, 1.25], gguf.GGUFValueType.ARRAY),
-    }  # fmt: skip
-    for key, (value, kind) in values.items():
-        writer.add_key_value(key, value, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
-    ours = read_gguf_metadata(path)
-    reference = gguf.GGUFReader(path)
-    for key in [*values, "general.architecture"]:
-        assert ours[key] == pytest.approx(reference.fields[key].contents()), key
