@@ -78,10 +78,9 @@ class GPT2LMHeadModel(nn.Module):
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # Names are transformers' (`transformer.h.0...`): load_checkpoint gives files saved from
+        # GPT2Model (no `transformer.` prefix) those names, in one place (models/loader.py).
         loader = WeightLoader(self)
-        # Checkpoints saved from GPT2Model lack the "transformer." prefix.
-        for top in ("wte.", "wpe.", "h.", "ln_f."):
-            loader.rename(top, "transformer." + top)
         loader.fuse("attn.c_attn", "attn.qkv_proj", 0, 3 * self.config.hidden_size)
         loader.fuse("attn.c_proj", "attn.o_proj", 0, self.config.hidden_size)
         for conv1d in ("attn.qkv_proj", "attn.o_proj", "mlp.c_fc", "mlp.c_proj"):

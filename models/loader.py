@@ -8,7 +8,7 @@ Contract:
   dequantised to float32, llama.cpp's Q/K row permutation undone). With tied embeddings the
   result has no `lm_head.weight`, as in the saved files. Every tensor the config implies is
   checked for presence and shape.
-- A GGUF file is converted once into a cache folder (models/gguf_cache.py) and later loads read
+- A GGUF file is converted once into a cache folder (models/gguf/cache.py) and later loads read
   that folder; `cache_dir` overrides the location, `use_cache=False` skips it. If the cache is not
   writable the GGUF is still loaded (with a warning).
 - `load_model(path, dtype, device, progress)` builds the model (`models.build_model`) and copies
@@ -32,16 +32,16 @@ from tqdm import tqdm
 
 from models.checkpoint_shapes import check_checkpoint
 from models.config import ModelConfig
-from models.gguf_cache import (
+from models.gguf.cache import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     cache_folder_for,
     is_complete,
     write_cache_folder,
 )
-from models.gguf_config import gguf_to_hf_config
-from models.gguf_file import open_gguf
-from models.gguf_names import gguf_to_hf_tensors
+from models.gguf.config import gguf_to_hf_config
+from models.gguf.file import open_gguf
+from models.gguf.names import gguf_to_hf_tensors
 
 INDEX_NAME = "model.safetensors.index.json"
 DTYPES: dict[str, torch.dtype] = {
@@ -190,7 +190,10 @@ def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
 
 
 def _canonical_names(config: ModelConfig, tensors: Tensors) -> Tensors:
-    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix."""
+    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix.
+
+    The one place that adds it: check_checkpoint and the model's load_weights see HF names only.
+    """
     if config.family != "gpt2":
         return tensors
     return {

@@ -30,16 +30,12 @@ class WeightLoader:
         self.transposed: list[str] = []
         self.ignored: set[str] = set()
         self.ignored_suffixes: list[str] = []
-        self.renames: list[tuple[str, str]] = []
 
     def fuse(self, source: str, target: str, offset: int, rows: int) -> None:
         self.fusions.append(_Fusion(source, target, offset, rows))
 
     def transpose(self, fragment: str) -> None:
         self.transposed.append(fragment)
-
-    def rename(self, prefix: str, replacement: str) -> None:
-        self.renames.append((prefix, replacement))
 
     def ignore(self, name: str) -> None:
         self.ignored.add(name)
@@ -73,9 +69,6 @@ class WeightLoader:
             raise ValueError(f"checkpoint is missing {len(missing)} tensor(s): {shown}")
 
     def _place(self, name: str) -> tuple[str, tuple[int, int] | None]:
-        for prefix, replacement in self.renames:
-            if name.startswith(prefix):
-                name = replacement + name[len(prefix) :]
         for f in self.fusions:
             marker = f".{f.source}."
             if marker in name:

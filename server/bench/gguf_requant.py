@@ -15,7 +15,7 @@ Contract:
 - `requantized_gguf(source, dtype, cache_dir=None)` returns the cached copy, writing it first if
   missing: `<cache_root>/<stem>-<dtype>-<hash>.gguf`, the hash covering the source's file name,
   size, modification time and `REQUANT_FORMAT_VERSION`; written to a temporary sibling then
-  renamed, so a reader never sees half a file. `cache_root` is models/gguf_cache.py's.
+  renamed, so a reader never sees half a file. `cache_root` is models/gguf/cache.py's.
 `dtype` is "float32" | "bfloat16" | "float16"; anything else raises ValueError.
 """
 
@@ -55,7 +55,7 @@ def target_type(dtype: str) -> GGMLQuantizationType:
 
 def stored_types(gguf_path: str | Path) -> tuple[str, ...]:
     """The GGML types of the file's matrices (rank >= 2), sorted: e.g. ("Q4_1", "Q8_0")."""
-    from models.gguf_file import open_gguf  # header walk only: fast, no vocabulary parsing
+    from models.gguf.file import open_gguf  # header walk only: fast, no vocabulary parsing
 
     infos = open_gguf(gguf_path).infos
     return tuple(sorted({_type_name(i.type_id) for i in infos if len(i.shape) >= 2}))
@@ -106,7 +106,7 @@ def write_requantized(source: str | Path, dest: str | Path, dtype: str) -> None:
 
 
 def requantized_gguf(source: str | Path, dtype: str, cache_dir: str | Path | None = None) -> Path:
-    from models.gguf_cache import cache_root
+    from models.gguf.cache import cache_root
 
     source = Path(source)
     target_type(dtype)

@@ -53,7 +53,7 @@ def _read_config(folder: Path) -> ModelConfig:
 
 
 def _converted_folder(gguf: Path) -> Path:
-    from models.gguf_cache import cache_folder_for, is_complete
+    from models.gguf.cache import cache_folder_for, is_complete
     from models.loader import load_checkpoint
 
     folder = cache_folder_for(gguf)

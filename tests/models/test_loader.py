@@ -13,7 +13,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from models.default_model import default_model_path
-from models.gguf_file import open_gguf
+from models.gguf.file import open_gguf
 from models.loader import load_checkpoint, load_model
 
 
@@ -95,6 +95,11 @@ def test_gpt2_file_saved_without_transformer_prefix_gets_hf_names(tmp_path):
     )
     _, tensors = load_checkpoint(folder)
     _assert_state_dict(tensors, model, tied=True)
+    ours, _ = load_model(folder)  # the one rename (in the loader) also serves load_weights
+    assert torch.equal(
+        ours.transformer.h[1].mlp.c_proj.weight, model.transformer.h[1].mlp.c_proj.weight.t()
+    )
+    assert torch.equal(ours.transformer.wpe.weight, model.transformer.wpe.weight)
 
 
 def test_missing_path_is_named(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from models.gguf_file import open_gguf
+from models.gguf.file import open_gguf
 from server.bench import gguf_requant
 from server.bench.gguf_requant import needs_requant, requantized_gguf, write_requantized
 from tests.ggml_blocks import hand_dequantise

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from models.gguf_file import GGUFFile
+from models.gguf.file import GGUFFile
 
 # GGUF architecture -> HF architecture class. Mistral GGUFs say "llama" (see below).
 GGUF_ARCHITECTURES: dict[str, str] = {

@@ -6,7 +6,7 @@ the file, named exactly as transformers' state_dict names them, in transformers'
   bias) so that rotary pairs are interleaved (its "normal" rope); the permutation is undone here.
   qwen2 GGUFs use NeoX rope and are stored unpermuted.
 - gpt2: llama.cpp stores Conv1D weights transposed to [out, in]; they go back to HF's [in, out].
-- `rope_freqs.weight` is not a weight: it becomes config (models/gguf_config.py) and is skipped.
+- `rope_freqs.weight` is not a weight: it becomes config (models/gguf/config.py) and is skipped.
 A tensor name we do not know raises `ValueError` naming the file and the tensor.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from models.gguf_file import GGUFFile
+from models.gguf.file import GGUFFile
 
 _LLAMA_GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -1,0 +1,130 @@
+"""Writing GGUF files for the tests: raw tensors of any GGML type, and tiny seeded transformers
+models written the way llama.cpp's convert_hf_to_gguf.py writes them.
+
+GGUF files are written in llama.cpp's convention: names from gguf-py's own HF->GGUF name map,
+Q/K rows permuted as llama.cpp's converter does for "llama", GPT-2 Conv1D weights transposed.
+transformers' own GGUF loader reading the same file back (tests/models/gguf/test_conversion.py)
+is the check that the writer is right.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+import transformers
+from gguf import GGMLQuantizationType as QT
+
+
+def write_tensors(
+    path: Path, tensors: dict[str, tuple[np.ndarray, QT | None]], arch: str = "llama"
+) -> Path:
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    for name, (array, raw_dtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def to_gguf(
+    model: torch.nn.Module,
+    path: Path,
+    arch: str,
+    tied: bool,
+    meta: dict,
+    extra: dict[str, np.ndarray] | None = None,
+    tokens: list[str] | None = None,
+) -> Path:
+    """Writes a transformers model the way llama.cpp's convert_hf_to_gguf.py would."""
+    cfg = model.config
+    gguf_arch = {
+        "llama": gguf.MODEL_ARCH.LLAMA,
+        "qwen2": gguf.MODEL_ARCH.QWEN2,
+        "gpt2": gguf.MODEL_ARCH.GPT2,
+    }
+    names = gguf.get_tensor_name_map(gguf_arch[arch], cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    for key, value in meta.items():
+        {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)](
+            key, value
+        )
+    if tokens is not None:
+        writer.add_token_list(tokens)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
+    for hf_name, tensor in model.state_dict().items():
+        if tied and hf_name == "lm_head.weight":
+            continue
+        stem, suffix = hf_name.rsplit(".", 1)
+        gguf_name = f"{names.get_name(stem)}.{suffix}"
+        w = tensor.detach().clone()
+        if arch == "llama" and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
+            heads = cfg.num_attention_heads if "attn_q" in gguf_name else cfg.num_key_value_heads
+            # llama.cpp: reshape(n_head, 2, rows/n_head/2, ...).swapaxes(1, 2)
+            w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2)
+            w = w.reshape(tensor.shape)
+        if arch == "gpt2" and w.dim() == 2 and gguf_name.startswith("blk."):
+            w = w.t()  # Conv1D [in, out] -> [out, in]
+        writer.add_tensor(gguf_name, np.ascontiguousarray(w.numpy()))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def tiny_model(arch: str, tied: bool) -> tuple[torch.nn.Module, dict]:
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=96,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=1024,
+            bos_token_id=0,
+            eos_token_id=1,
+        )
+        meta = {
+            "gpt2.block_count": 2,
+            # transformers' GGUF reader maps context_length to n_ctx, not n_positions: keep 1024
+            "gpt2.context_length": 1024,
+            "gpt2.embedding_length": 32,
+            "gpt2.feed_forward_length": 128,
+            "gpt2.attention.head_count": 4,
+            "gpt2.attention.layer_norm_epsilon": 1e-5,
+            "tokenizer.ggml.bos_token_id": 0,
+            "tokenizer.ggml.eos_token_id": 1,
+        }
+        return transformers.GPT2LMHeadModel(cfg).eval(), meta
+    kwargs = dict(
+        vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=128, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    cls = transformers.Qwen2ForCausalLM if arch == "qwen2" else transformers.LlamaForCausalLM
+    config_cls = transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig
+    model = cls(config_cls(**kwargs)).eval()
+    with torch.no_grad():  # random biases, so a mix-up of bias rows would show
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+    meta = {
+        f"{arch}.block_count": 2,
+        f"{arch}.context_length": 128,
+        f"{arch}.embedding_length": 48,
+        f"{arch}.feed_forward_length": 80,
+        f"{arch}.attention.head_count": 6,
+        f"{arch}.attention.head_count_kv": 2,
+        f"{arch}.rope.freq_base": 5000.0,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{arch}.vocab_size": 96,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+    }
+    return model, meta
