@@ -280,6 +280,8 @@ class Engine:
         finals: dict[str, RequestOutput] = {}
         while len(finals) < len(ids):
             for out in self.step():
+                if out.request_id not in partial:  # added before, by someone else
+                    continue
                 partial[out.request_id].add(out)
                 if out.finished:
                     finals[out.request_id] = partial[out.request_id].result()
