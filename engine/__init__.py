@@ -4,13 +4,13 @@
 is imported on first use, so importing this package does not import torch (the HTTP floor
 stays light);
 `AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
-out as `RequestOutput` deltas (see engine/outputs.py).
+out as `RequestOutput` deltas (see engine/requests/outputs.py).
 """
 
 from engine.api import EngineCore, EngineInfo
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
 from engine.config import EngineConfig
-from engine.outputs import (
+from engine.requests.outputs import (
     FINISH_REASONS,
     CompletionOutput,
     OutputAccumulator,
@@ -18,9 +18,9 @@ from engine.outputs import (
     RequestOutput,
     TokenLogprob,
 )
-from engine.request_stream import RequestStream
-from engine.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
-from engine.scheduler import QueueFullError
+from engine.requests.request_stream import RequestStream
+from engine.sampling.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
+from engine.scheduling.scheduler import QueueFullError
 from engine.stats import EngineStats
 
 __all__ = [

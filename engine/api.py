@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from engine.outputs import RequestOutput
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.requests.outputs import RequestOutput
+from engine.requests.request import Request
+from engine.sampling.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
 

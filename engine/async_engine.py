@@ -32,11 +32,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.api import EngineCore, EngineInfo, EngineUnavailable, Overloaded
-from engine.outputs import RequestOutput, closing_output
-from engine.request import Request
-from engine.request_stream import OutputSlot, RequestStream
-from engine.sampling_params import SamplingParams
-from engine.scheduler import QueueFullError
+from engine.requests.outputs import RequestOutput, closing_output
+from engine.requests.request import Request
+from engine.requests.request_stream import OutputSlot, RequestStream
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.scheduler import QueueFullError
 from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)

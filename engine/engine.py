@@ -25,19 +25,19 @@ from collections.abc import Sequence as Seq
 import torch
 
 from engine.api import EngineInfo
-from engine.beam_search import check_beam_params
 from engine.config import EngineConfig
+from engine.decoding.beam_search import check_beam_params
+from engine.decoding.parallel_sampling import SampleTarget, sample_targets
+from engine.decoding.stop_checker import finish_after_token
 from engine.model_runner import ModelRunner, StepLogits
-from engine.outputs import OutputAccumulator, RequestOutput
-from engine.parallel_sampling import SampleTarget, sample_targets
-from engine.request import Request, TokenSequence
-from engine.request_state import RequestState
-from engine.sampler import Sampler
-from engine.sampling_batch import SamplingRow
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.requests.outputs import OutputAccumulator, RequestOutput
+from engine.requests.request import Request, TokenSequence
+from engine.requests.request_state import RequestState
+from engine.sampling.sampler import Sampler
+from engine.sampling.sampling_batch import SamplingRow
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats
-from engine.stop_checker import finish_after_token
 
 log = logging.getLogger("tgserve.engine")
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from engine.block_manager import BlockManager
 from engine.config import (
     EngineConfig,
     dtype_bytes,
@@ -21,7 +20,8 @@ from engine.config import (
 )
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
-from engine.scheduler import Scheduler
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("tgserve.engine")
 

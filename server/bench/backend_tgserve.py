@@ -35,7 +35,7 @@ class TgserveBackend:
         self._ids = count()
 
     def _params(self, output_len: int):
-        from engine.sampling_params import SamplingParams
+        from engine.sampling.sampling_params import SamplingParams
 
         return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
 

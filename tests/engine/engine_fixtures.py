@@ -8,8 +8,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.outputs import OutputAccumulator
-from engine.sampling_params import SamplingParams
+from engine.requests.outputs import OutputAccumulator
+from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB, save_checkpoint
 
 

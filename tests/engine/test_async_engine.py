@@ -13,8 +13,8 @@ import time
 import pytest
 
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
-from engine.outputs import OutputAccumulator, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.requests.outputs import OutputAccumulator, RequestOutput
+from engine.sampling.sampling_params import SamplingParams
 from tests.server.fake_engine import FakeEngine, expected_greedy_text
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

@@ -125,8 +125,8 @@ def test_max_model_len_defaults_to_the_model_and_cannot_exceed_it():
 def test_bookkeeping_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        "import engine.config, engine.request, engine.block_manager, engine.prefix_cache, "
-        "engine.scheduler\n"
+        "import engine.config, engine.requests.request, engine.scheduling.block_manager, engine.scheduling.prefix_cache, "
+        "engine.scheduling.scheduler\n"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import StepLogits
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import Scheduler
 
 VOCAB = 64
 

@@ -27,7 +27,7 @@ from engine import (
     SamplingParams,
     TokenLogprob,
 )
-from engine.request import Request
+from engine.requests.request import Request
 
 BOS, EOS = 256, 257
 SPECIAL_TEXT = {BOS: "<s>", EOS: "</s>"}

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from engine.beam_search import BeamSearch
-from engine.beam_stream import BeamStream
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from engine.parallel_sampling import keeps_best, row_params, select_outputs
-from engine.request import Request, TokenSequence
-from engine.sampler import gather_logprobs, seeded_generator
-from engine.scheduler import ScheduledChunk
-from engine.stop_checker import StopCriteria
+from engine.decoding.beam_search import BeamSearch
+from engine.decoding.beam_stream import BeamStream
+from engine.decoding.detokenizer import IncrementalDetokenizer
+from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
+from engine.decoding.stop_checker import StopCriteria
+from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from engine.requests.request import Request, TokenSequence
+from engine.sampling.sampler import gather_logprobs, seeded_generator
+from engine.scheduling.scheduler import ScheduledChunk
 
 
 class RequestState:

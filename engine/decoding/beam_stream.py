@@ -15,12 +15,12 @@
 
 from __future__ import annotations
 
-from engine.beam_search import BeamSearch, Hypothesis
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import CompletionOutput, TokenLogprob
-from engine.request import Request, TokenSequence
-from engine.sampling_params import SamplingParams
-from engine.stop_checker import StopCriteria, finish_after_token
+from engine.decoding.beam_search import BeamSearch, Hypothesis
+from engine.decoding.detokenizer import IncrementalDetokenizer
+from engine.decoding.stop_checker import StopCriteria, finish_after_token
+from engine.requests.outputs import CompletionOutput, TokenLogprob
+from engine.requests.request import Request, TokenSequence
+from engine.sampling.sampling_params import SamplingParams
 
 
 class BeamStream:

@@ -13,7 +13,7 @@ Policy, every `schedule()`:
    sequences, back to the FRONT of the waiting queue), repeatedly, until the request fits or is
    itself the victim. No waiting request is admitted in a step that preempted.
 
-The update protocol between `schedule()` and the next one is in engine/step_plan.py.
+The update protocol between `schedule()` and the next one is in engine/scheduling/step_plan.py.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.admission_check import check_admissible
-from engine.block_manager import BlockManager, PrefixMatch
 from engine.config import EngineConfig
-from engine.outputs import FINISH_REASONS
-from engine.request import Request, RequestStatus, TokenSequence
-from engine.sampling_params import SamplingParams
-from engine.step_plan import (
+from engine.requests.outputs import FINISH_REASONS
+from engine.requests.request import Request, RequestStatus, TokenSequence
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.admission_check import check_admissible
+from engine.scheduling.block_manager import BlockManager, PrefixMatch
+from engine.scheduling.step_plan import (
     QueueFullError,
     ScheduledChunk,
     SchedulerOutput,

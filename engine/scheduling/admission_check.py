@@ -4,8 +4,8 @@ Checked once, where a request enters the engine (`Engine.new_request`)."""
 
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.block_manager import BlockManager
 
 
 def check_admissible(

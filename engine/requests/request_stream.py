@@ -12,7 +12,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from engine.outputs import RequestOutput
+from engine.requests.outputs import RequestOutput
 
 
 class OutputSlot:

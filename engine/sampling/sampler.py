@@ -28,16 +28,16 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.inverse_cdf import sample_inverse_cdf
-from engine.logits_processors import (
+from engine.requests.outputs import TokenLogprob
+from engine.sampling.inverse_cdf import sample_inverse_cdf
+from engine.sampling.logits_processors import (
     apply_logit_bias,
     apply_presence_frequency,
     apply_repetition_penalty,
     filtered_probs,
     mask_tokens,
 )
-from engine.outputs import TokenLogprob
-from engine.sampling_batch import SamplingBatch, SamplingFilters, SamplingRow
+from engine.sampling.sampling_batch import SamplingBatch, SamplingFilters, SamplingRow
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, index) over seeds
 

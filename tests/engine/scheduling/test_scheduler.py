@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from engine.requests.request import Request
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import QueueFullError, Scheduler, SchedulerOutput
 
 VOCAB = 50
 

@@ -15,7 +15,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from engine.logits_processors import (
+from engine.sampling.logits_processors import (
     apply_logit_bias,
     apply_presence_frequency,
     apply_repetition_penalty,
@@ -24,8 +24,8 @@ from engine.logits_processors import (
     mask_tokens,
     mask_top_k_top_p,
 )
-from engine.sampling_batch import SamplingBatch, SamplingRow
-from engine.sampling_params import SamplingParams
+from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
+from engine.sampling.sampling_params import SamplingParams
 
 INF = float("inf")
 

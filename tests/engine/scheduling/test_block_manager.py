@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
-from engine.request import TokenSequence
+from engine.requests.request import TokenSequence
+from engine.scheduling.block_manager import BlockManager
 
 BS = 4
 

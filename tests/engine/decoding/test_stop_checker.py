@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.sampling_params import SamplingParams
-from engine.stop_checker import Finish, StopCriteria, check_stop, finish_after_token
+from engine.decoding.detokenizer import IncrementalDetokenizer
+from engine.decoding.stop_checker import Finish, StopCriteria, check_stop, finish_after_token
+from engine.sampling.sampling_params import SamplingParams
 
 EOS = 2
 VOCAB = {

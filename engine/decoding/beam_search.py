@@ -33,16 +33,16 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.logits_processors import (
+from engine.decoding.stop_checker import StopCriteria, check_stop
+from engine.requests.outputs import TokenLogprob
+from engine.requests.request import Request, TokenSequence
+from engine.sampling.logits_processors import (
     filtered_probs,
 )
-from engine.outputs import TokenLogprob
-from engine.request import Request, TokenSequence
-from engine.sampler import process_logits
-from engine.sampling_batch import SamplingBatch, SamplingRow
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.stop_checker import StopCriteria, check_stop
+from engine.sampling.sampler import process_logits
+from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.scheduler import Scheduler
 
 EARLY_STOPPING = (False, True, "never")
 

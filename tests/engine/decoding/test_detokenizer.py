@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.sampling_params import SamplingParams
+from engine.decoding.detokenizer import IncrementalDetokenizer
+from engine.sampling.sampling_params import SamplingParams
 
 SPECIAL = b"<|eot|>"
 

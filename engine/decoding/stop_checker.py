@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import FINISH_REASONS
-from engine.sampling_params import SamplingParams
+from engine.decoding.detokenizer import IncrementalDetokenizer
+from engine.requests.outputs import FINISH_REASONS
+from engine.sampling.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

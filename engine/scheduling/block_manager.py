@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from engine.prefix_cache import HashFn, PrefixCache, block_hash
-from engine.request import TokenSequence
+from engine.requests.request import TokenSequence
+from engine.scheduling.prefix_cache import HashFn, PrefixCache, block_hash
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_manager import BlockUsage
-from engine.request import Request, TokenSequence
+from engine.requests.request import Request, TokenSequence
+from engine.scheduling.block_manager import BlockUsage
 
 
 class QueueFullError(ValueError):

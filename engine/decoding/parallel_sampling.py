@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine.outputs import CompletionOutput
-from engine.request import Request, TokenSequence
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledChunk, Scheduler
+from engine.requests.outputs import CompletionOutput
+from engine.requests.request import Request, TokenSequence
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 
 
 @dataclass(frozen=True)
