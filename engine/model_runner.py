@@ -49,7 +49,8 @@ class ModelRunner:
         # ids nothing can decode: the sampler only ever sees the first `sampleable_vocab`.
         self.sampleable_vocab = sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
-        # Decode-only steps of a Llama-family model on CPU in one C++ call (else None).
+        # Every step (decodes and prefill chunks) of a Llama-family model on CPU in one C++
+        # call (else None: the PyTorch forward).
         self.fused = FusedDecoder.build(model, self.kv_caches) if cpu_kernels else None
 
     @torch.inference_mode()

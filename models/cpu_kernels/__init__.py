@@ -1,9 +1,10 @@
 """Our C++ kernels for CPU inference, built on first use and cached.
 
-- `paged_decode` (attention.cpp): paged decode attention reading K/V in place through the
-  block tables; wrapped with checks by `models.cpu_decode_kernel`.
+- `paged_decode` (attention.cpp): paged attention, one query per row, reading K/V in place
+  through the block tables; wrapped with checks by `models.cpu_kernels.paged_attention`.
 - `linear` (linear.cpp): small-batch linear layers that stream the weights at memory speed.
-- `LlamaDecoder` (decoder.cpp): a whole decode step of a Llama-family model in one call;
+- `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
+  Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
 
 The sources are built with `torch.utils.cpp_extension.load` (-O3 -march=native -fopenmp,

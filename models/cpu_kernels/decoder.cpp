@@ -1,8 +1,9 @@
-// One DECODE step (one new token per sequence) through every layer of a Llama-family model:
-// RMSNorm, fused qkv (+ bias), rotary, K/V written to the paged cache, paged attention, out
-// projection, residual, RMSNorm, SwiGLU MLP, residual; then the final norm. Eager PyTorch
-// spends most of a small model's decode step dispatching ~15 ops per layer; here a layer is
-// 5 parallel loops. Numerics mirror models/llama.py (same rounding points to the model dtype).
+// One forward step (every new token of the step: decodes and prefill chunks alike, each token
+// one query of the paged attention over its own context) through every layer of a
+// Llama-family model: RMSNorm, fused qkv (+ bias), rotary, K/V written to the paged cache,
+// paged attention, out projection, residual, RMSNorm, SwiGLU MLP, residual; then the final
+// norm. Eager PyTorch spends most of a small model's step dispatching ~15 ops per layer; here
+// a layer is 5 parallel loops. Numerics mirror models/llama.py (same rounding points to the model dtype).
 #include "decoder.h"
 
 #include <ATen/ATen.h>

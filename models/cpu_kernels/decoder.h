@@ -1,4 +1,4 @@
-// A whole decode step of a Llama-family model in C++ (see decoder.cpp).
+// A whole forward step of a Llama-family model in C++ (see decoder.cpp).
 #pragma once
 
 #include <torch/extension.h>
