@@ -40,39 +40,39 @@ class FusedDecoder:
         inner = model.model
         # Prepacked copies double the weights' memory: only when that leaves room to spare.
         pack = prepack if _can_afford_copy(model) else _no_pack
-        layers = []
-        for layer in inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            bias = attn.qkv_proj.bias
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            layers.append(
-                [
-                    layer.input_layernorm.weight.detach(),
-                    attn.qkv_proj.weight.detach(),
-                    _NONE if bias is None else bias.detach(),
-                    attn.o_proj.weight.detach(),
-                    layer.post_attention_layernorm.weight.detach(),
-                    mlp.gate_up_proj.weight.detach(),
-                    mlp.down_proj.weight.detach(),
-                    *(pack(linear.weight.detach()) for linear in linears),
-                ]
+
+        def linear(layer: nn.Linear):
+            weight = layer.weight.detach()
+            bias = None if layer.bias is None else layer.bias.detach()
+            return ext.LinearWeights(weight=weight, packed=pack(weight), bias=bias)
+
+        layers = [
+            ext.LayerWeights(
+                input_norm=layer.input_layernorm.weight.detach(),
+                qkv=linear(layer.self_attn.qkv_proj),
+                o_proj=linear(layer.self_attn.o_proj),
+                post_norm=layer.post_attention_layernorm.weight.detach(),
+                gate_up=linear(layer.mlp.gate_up_proj),
+                down=linear(layer.mlp.down_proj),
             )
+            for layer in inner.layers
+        ]
         self._model = model
         self._ext = ext
         self._small_m_max = small_m_max
         self._lm_head = model.lm_head.weight.detach()
         self._lm_head_packed = pack(self._lm_head)
         self._decoder = ext.LlamaDecoder(
-            layers,
-            inner.norm.weight.detach(),
-            [k for k, _ in kv_caches],
-            [v for _, v in kv_caches],
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            float(c.norm_eps),
-            c.sliding_window or 0,
-            small_m_max,
+            layers=layers,
+            final_norm=inner.norm.weight.detach(),
+            k_caches=[k for k, _ in kv_caches],
+            v_caches=[v for _, v in kv_caches],
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            eps=float(c.norm_eps),
+            window=c.sliding_window or 0,
+            small_m_max=small_m_max,
         )
 
     @classmethod
@@ -107,25 +107,27 @@ class FusedDecoder:
         cos, sin = inner.rotary_emb(positions, x.dtype)  # [T, 1, D] each
         tables, lens = meta.row_plan()  # each token is one query of the attention kernel
         return self._decoder.forward(
-            x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous(), meta.slot_mapping, tables, lens
+            x=x,
+            rope_cos=cos.squeeze(1).contiguous(),
+            rope_sin=sin.squeeze(1).contiguous(),
+            slots=meta.slot_mapping,
+            tables=tables,
+            seq_lens=lens,
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
         if hidden.shape[0] <= self._small_m_max:
             return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
-        if self._lm_head_packed.numel() == 0:
+        if self._lm_head_packed is None:
             return self._model.compute_logits(hidden)
         return torch.ops.mkldnn._linear_pointwise(
             hidden, self._lm_head_packed, None, "none", [None], ""
         ).float()
 
 
-_NONE = torch.empty(0)  # "no tensor" for the C++ side
-
-
-def _no_pack(weight: torch.Tensor) -> torch.Tensor:
-    return _NONE
+def _no_pack(weight: torch.Tensor) -> None:
+    return None
 
 
 def _can_afford_copy(model: nn.Module) -> bool:
@@ -138,15 +140,15 @@ def _can_afford_copy(model: nn.Module) -> bool:
     return 2 * weight_bytes < available
 
 
-def prepack(weight: torch.Tensor) -> torch.Tensor:
+def prepack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's packed copy of a linear weight [N, K] (what inductor's freezing pass makes on
-    CPU), or an empty tensor where oneDNN is unavailable or refuses the dtype (then at::mm)."""
+    CPU), or None where oneDNN is unavailable or refuses the dtype (then at::mm)."""
     if not torch.backends.mkldnn.is_available():
-        return _NONE
+        return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_M)
     except RuntimeError:
-        return _NONE
+        return None
 
 
 def _plain_linears(model: nn.Module) -> bool:
