@@ -9,7 +9,6 @@ the logits of every new row (for prompt logprobs). The KV cache is owned here.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from models import allocate_kv_cache
 from models.attention import AttentionMetadata
 from models.config import ModelConfig
 from models.cpu_kernels.fused_decoder import FusedDecoder
+from models.linear_backend import route_single_rows
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class ModelRunner:
         # Every step (decodes and prefill chunks) of a Llama-family model on CPU in one C++
         # call (else None: the PyTorch forward).
         self.fused = FusedDecoder.build(model, self.kv_caches) if cpu_kernels else None
+        if self.fused is None and device.type == "cpu":
+            route_single_rows(model)  # one-row linears: torch's GEMV, never oneDNN
 
     @torch.inference_mode()
     def execute(
@@ -107,16 +109,15 @@ class ModelRunner:
         self, ids: list[int], positions: list[int], meta: AttentionMetadata, sample_rows: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The PyTorch forward: hidden [T, hidden] and the sampling rows' logits."""
-        with _linear_backend(self.device, num_tokens=len(ids)):
-            hidden = self.model(
-                torch.tensor(ids, device=self.device),
-                torch.tensor(positions, device=self.device),
-                meta,
-                self.kv_caches,
-            )
-            sampling = self.model.compute_logits(
-                hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
-            )
+        hidden = self.model(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            meta,
+            self.kv_caches,
+        )
+        sampling = self.model.compute_logits(
+            hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+        )
         return hidden, sampling
 
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
@@ -130,22 +131,3 @@ class ModelRunner:
             k_cache.index_copy_(0, dst, k_cache[src])
             v_cache.index_copy_(0, dst, v_cache[src])
 
-
-def _linear_backend(device: torch.device, num_tokens: int):
-    """A one-token step on CPU runs its matrix-vector products without oneDNN: for M = 1 in
-    bf16, torch's own kernel streams the weights ~1.8x faster (11.5 vs 6.5 GB/s measured here),
-    while for M >= 4 oneDNN is 3-30x faster. Numerics stay those of a plain matmul."""
-    if device.type == "cpu" and num_tokens == 1:
-        return _onednn_disabled()
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _onednn_disabled():
-    # Not torch.backends.mkldnn.flags(): it also sets the TF32 flag, which warns on CPU builds.
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = before

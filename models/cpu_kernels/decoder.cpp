@@ -37,11 +37,10 @@ class LlamaDecoder {
   LlamaDecoder(std::vector<LayerWeights> layers, torch::Tensor final_norm,
                std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
-               int64_t window, int64_t small_m_max)
+               int64_t window)
       : layers_(std::move(layers)), final_norm_(std::move(final_norm)),
         k_caches_(std::move(k_caches)), v_caches_(std::move(v_caches)), H_(num_heads),
-        KVH_(num_kv_heads), D_(head_dim), eps_(static_cast<float>(eps)), window_(window),
-        small_m_max_(small_m_max) {
+        KVH_(num_kv_heads), D_(head_dim), eps_(static_cast<float>(eps)), window_(window) {
     TORCH_CHECK(!layers_.empty(), "LlamaDecoder: no layers");
     TORCH_CHECK(layers_.size() == k_caches_.size() && layers_.size() == v_caches_.size(),
                 "one K and one V cache per layer");
@@ -51,10 +50,12 @@ class LlamaDecoder {
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
   // seq_lens [B] (context incl. this token). Returns the final-normed hidden [B, hidden].
+  // streaming: every linear layer of this step through small_m_linear, else the GEMM (the
+  // choice is the caller's: models/linear_backend.py decides it per batch size).
   torch::Tensor forward(torch::Tensor x, torch::Tensor rope_cos, torch::Tensor rope_sin,
-                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens) {
+                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens,
+                        bool streaming) {
     x = x.clone();
-    const bool streaming = x.size(0) <= small_m_max_;
     torch::Tensor out;
     switch (x.scalar_type()) {
       case at::kFloat:
@@ -152,7 +153,7 @@ class LlamaDecoder {
   std::vector<torch::Tensor> k_caches_, v_caches_;
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
-  int64_t window_, small_m_max_;
+  int64_t window_;
 };
 
 }  // namespace
@@ -180,14 +181,13 @@ void bind_decoder(pybind11::module& m) {
            py::arg("post_norm"), py::arg("gate_up"), py::arg("down"));
   py::class_<LlamaDecoder>(m, "LlamaDecoder")
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
-                    std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t,
-                    int64_t>(),
+                    std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>(),
            py::kw_only(), py::arg("layers"), py::arg("final_norm"), py::arg("k_caches"),
            py::arg("v_caches"), py::arg("num_heads"), py::arg("num_kv_heads"),
-           py::arg("head_dim"), py::arg("eps"), py::arg("window"), py::arg("small_m_max"))
+           py::arg("head_dim"), py::arg("eps"), py::arg("window"))
       .def("forward", &LlamaDecoder::forward, py::kw_only(), py::arg("x"), py::arg("rope_cos"),
            py::arg("rope_sin"), py::arg("slots"), py::arg("tables"), py::arg("seq_lens"),
-           py::call_guard<py::gil_scoped_release>());
+           py::arg("streaming"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tgserve

@@ -5,7 +5,7 @@ small ops, its bf16 matrix-vector product streams the weights at about half the 
 bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
 round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
 as a handful of parallel loops: small-batch linear layers stream weights at memory speed
-(oneDNN's GEMM for larger batches), and every token, prefill or decode, is one query of the
+(oneDNN's GEMM for larger batches: models/linear_backend.py decides), and every token, prefill or decode, is one query of the
 paged attention kernel over its own context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
@@ -26,10 +26,8 @@ from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
+from models.linear_backend import SMALL_M_MAX, LinearKernel, linear_kernel
 
-# Batches up to this size use our streaming linear kernel; larger ones oneDNN's GEMM over
-# prepacked weights, which wins from M = 3-4 on (measured: see PERFORMANCE.md).
-SMALL_M_MAX = 2
 # oneDNN picks the packed layout for a batch size; 64 served M = 4 .. 2048 best here.
 _PACK_FOR_M = 64
 
@@ -72,7 +70,6 @@ class FusedDecoder:
             head_dim=c.head_dim,
             eps=float(c.norm_eps),
             window=c.sliding_window or 0,
-            small_m_max=small_m_max,
         )
 
     @classmethod
@@ -113,17 +110,24 @@ class FusedDecoder:
             slots=meta.slot_mapping,
             tables=tables,
             seq_lens=lens,
+            streaming=self._streaming(x.shape[0]),
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
-        if hidden.shape[0] <= self._small_m_max:
+        if self._streaming(hidden.shape[0]):
             return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
         if self._lm_head_packed is None:
             return self._model.compute_logits(hidden)
         return torch.ops.mkldnn._linear_pointwise(
             hidden, self._lm_head_packed, None, "none", [None], ""
         ).float()
+
+    def _streaming(self, num_rows: int) -> bool:
+        """Whether `num_rows` rows go through our streaming kernel (else the GEMM)."""
+        dtype, small_m_max = self._lm_head.dtype, self._small_m_max
+        kernel = linear_kernel(num_rows, dtype, cpp_step=True, small_m_max=small_m_max)
+        return kernel is LinearKernel.STREAMING
 
 
 def _no_pack(weight: torch.Tensor) -> None:
