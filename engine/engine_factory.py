@@ -50,7 +50,8 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         tokenizer = None
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
-    use_kernels = config.cpu_kernels and _cpu_kernels_ready(device)
+    # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
+    # runner picks its forward path (models/forward_path.py), not at the first step.
     runner = ModelRunner(
         model,
         model_config,
@@ -58,7 +59,7 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         config.block_size,
         DTYPES[dtype_name],
         device,
-        use_kernels,
+        config.cpu_kernels,
         sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
     )
     scheduler = Scheduler(
@@ -70,7 +71,7 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d;"
         " %s",
         name, model_config.architecture, dtype_name, device, num_blocks, config.block_size,
-        num_blocks * config.block_size, max_model_len, _kernels_summary(runner),
+        num_blocks * config.block_size, max_model_len, runner.forward_path.description,
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
 
@@ -86,24 +87,6 @@ def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: tor
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)
-
-
-def _kernels_summary(runner: ModelRunner) -> str:
-    if runner.fused is not None:
-        return "forward steps by tgserve's C++ CPU kernels"
-    if runner.cpu_kernels:
-        return "PyTorch layers with tgserve's C++ paged attention"
-    return "PyTorch ops only"
-
-
-def _cpu_kernels_ready(device: torch.device) -> bool:
-    """Builds (first run on a machine, ~1 min) or loads the C++ kernels now, not at the first
-    step; False on other devices or when they cannot be built (logged: PyTorch paths then)."""
-    if device.type != "cpu":
-        return False
-    from models import cpu_kernels
-
-    return cpu_kernels.is_available(device)
 
 
 def _bf16_supported(device: torch.device) -> bool:

@@ -61,7 +61,8 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
     block_size: int = 16
     sliding_window: int | None = None
-    use_cpu_kernel: bool = False  # every row through models/cpu_kernels/paged_attention
+    use_cpu_kernel: bool = False  # every row through models/cpu_kernels/paged_attention (the
+    # forward path, models/forward_path.py, says so: ForwardPath.attention_kernel)
     _decode: DecodePlan | None = field(default=None, init=False, repr=False)
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _prefills: list[PrefillPlan] | None = field(default=None, init=False, repr=False)

@@ -5,16 +5,18 @@ small ops, its bf16 matrix-vector product streams the weights at about half the 
 bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
 round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
 as a handful of parallel loops: small-batch linear layers stream weights at memory speed
-(oneDNN's GEMM for larger batches: models/linear_backend.py decides), and every token, prefill or decode, is one query of the
-paged attention kernel over its own context (`AttentionMetadata.row_plan`).
+(oneDNN's GEMM for larger batches; models/linear_backend.py decides which, per batch size),
+and every token, prefill or decode, is one query of the paged attention kernel over its own
+context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
-runs (not the Llama family, int8-quantized layers, a dtype other than float32 /
-bfloat16, not on a CPU, or the extension cannot be built). Otherwise
-`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states [T, hidden]
-that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns `compute_logits`'s
-[R, vocab] float32. Rounding follows the eager path (tested in
-tests/models/test_fused_decoder.py against it and against transformers).
+runs (not the Llama family, int8-quantized layers, a dtype other than float32 / bfloat16, not
+on a CPU, or the extension cannot be built). Otherwise `hidden(input_ids [T], positions [T],
+meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
+would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
+`compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
+tests/models/test_fused_decoder.py against it and against transformers). The model runner
+reaches it only through the forward-path seam (models/forward_path.py).
 """
 
 from __future__ import annotations

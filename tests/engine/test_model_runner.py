@@ -60,14 +60,14 @@ def test_padded_vocabulary_rows_are_never_offered_to_the_sampler() -> None:
 def test_one_token_steps_without_onednn_equal_the_onednn_path(monkeypatch) -> None:
     """The M = 1 fast path (torch's GEMV, never oneDNN) against the ordinary path (F.linear),
     fp32 and bf16; torch's global oneDNN flag is never touched."""
-    import engine.model_runner as model_runner
+    from models import forward_path
 
     onednn = torch.backends.mkldnn.enabled
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
         outs = []
         for fast in (True, False):
             if not fast:
-                monkeypatch.setattr(model_runner, "route_single_rows", lambda model: 0)
+                monkeypatch.setattr(forward_path, "route_single_rows", lambda model: 0)
             runner, _ = _runner(dtype=dtype)
             seq = _Seq(list(range(3, 12)))
             runner.execute([_Chunk(seq, 0, 8, False)])
