@@ -27,12 +27,13 @@ log = logging.getLogger("tgserve.engine")
 
 
 def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
+    from models.cpu_features import native_bf16
     from models.default_model import default_model_path
     from models.loader import DTYPES, load_model
     from models.tokenizer import load_tokenizer
 
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    dtype_name = resolve_dtype(config.dtype, device.type, _bf16_supported(device))
+    dtype_name = resolve_dtype(config.dtype, device.type, native_bf16(device))
     path = Path(model_path) if model_path else default_model_path()
     model, model_config = load_model(path, dtype_name, device, progress)
     if config.quantization == "int8":
@@ -87,20 +88,3 @@ def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: tor
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)
-
-
-def _bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return cpu_has_native_bf16()
-
-
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True when /proc/cpuinfo (or the given text) lists AVX512-BF16 or AMX-BF16."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -24,6 +24,8 @@ from types import ModuleType
 
 import torch
 
+from models.cpu_features import cpu_flags
+
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
@@ -37,11 +39,7 @@ def _build_tag() -> str:
     digest = hashlib.sha1(f"{torch.__version__} {torch.__file__}".encode())
     for name in _SOURCES + _HEADERS:
         digest.update((_DIR / name).read_bytes())
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        digest.update(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").encode())
-    except OSError:
-        pass
+    digest.update(" ".join(cpu_flags()).encode())
     return digest.hexdigest()[:10]
 
 

@@ -133,12 +133,3 @@ def test_bookkeeping_modules_do_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_native_bf16_is_read_from_the_cpu_flags():
-    from engine.engine_factory import cpu_has_native_bf16
-
-    assert cpu_has_native_bf16("processor : 0\nflags : fpu avx512f avx512_bf16 avx512vl\n")
-    assert cpu_has_native_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
-    assert not cpu_has_native_bf16("flags : fpu avx2 avx512f avx512_fp16\n")
-    assert not cpu_has_native_bf16("model name : something without flags\n")
