@@ -16,7 +16,7 @@ from engine.config import (
     kv_cache_budget_bytes,
     num_kv_blocks,
     resolve_device,
-    resolve_dtype,
+    resolve_dtype_name,
     resolve_max_model_len,
 )
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
@@ -29,11 +29,11 @@ log = logging.getLogger("tgserve.engine")
 def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
     from models.cpu_features import native_bf16
     from models.default_model import default_model_path
-    from models.loader import DTYPES, load_model
+    from models.loader import TORCH_DTYPE_BY_NAME, load_model
     from models.tokenizer import load_tokenizer
 
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    dtype_name = resolve_dtype(config.dtype, device.type, native_bf16(device))
+    dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
     path = Path(model_path) if model_path else default_model_path()
     model, model_config = load_model(path, dtype_name, device, progress)
     if config.quantization == "int8":
@@ -58,7 +58,7 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         model_config,
         num_blocks,
         config.block_size,
-        DTYPES[dtype_name],
+        TORCH_DTYPE_BY_NAME[dtype_name],
         device,
         config.cpu_kernels,
         sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,

@@ -14,7 +14,7 @@ from engine.config import (
     kv_cache_budget_bytes,
     num_kv_blocks,
     resolve_device,
-    resolve_dtype,
+    resolve_dtype_name,
     resolve_max_model_len,
 )
 
@@ -85,11 +85,11 @@ def test_auto_device_follows_cuda_availability_and_explicit_cuda_needs_it():
 
 
 def test_auto_dtype_is_bfloat16_where_native_else_float32_on_cpu_or_float16_on_cuda():
-    assert resolve_dtype("auto", "cpu", bf16_supported=False) == "float32"
-    assert resolve_dtype("auto", "cpu", bf16_supported=True) == "bfloat16"
-    assert resolve_dtype("auto", "cuda") == "bfloat16"
-    assert resolve_dtype("auto", "cuda:0", bf16_supported=False) == "float16"
-    assert resolve_dtype("float16", "cpu") == "float16"
+    assert resolve_dtype_name("auto", "cpu", bf16_supported=False) == "float32"
+    assert resolve_dtype_name("auto", "cpu", bf16_supported=True) == "bfloat16"
+    assert resolve_dtype_name("auto", "cuda") == "bfloat16"
+    assert resolve_dtype_name("auto", "cuda:0", bf16_supported=False) == "float16"
+    assert resolve_dtype_name("float16", "cpu") == "float16"
     assert [dtype_bytes(d) for d in ("float32", "bfloat16", "float16")] == [4, 2, 2]
     with pytest.raises(ValueError, match="resolved"):
         dtype_bytes("auto")
