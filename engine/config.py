@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-DTYPES = (*DTYPE_BYTES, "auto")
+# The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
+DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
 
 
 def _is_int(value: object) -> bool:
@@ -42,7 +43,7 @@ class EngineConfig:
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
-    cpu_kernels: bool = True  # on CPU: our C++ decode step + attention (models/cpu_kernels)
+    cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -84,8 +85,10 @@ class EngineConfig:
             positive_int(
                 "max_model_len", self.max_model_len, "or None for the model's context length"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(
+                f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"
+            )
         if not _valid_device(self.device):
             raise ValueError(
                 f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
@@ -125,10 +128,11 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str, bf16_supported: bool = True) -> str:
-    """ "auto" -> bfloat16 where the hardware computes it natively (CUDA with bf16; a CPU with
-    AVX512-BF16 or AMX: half the bytes to stream per token, as vLLM's CPU default), else
-    float16 on CUDA and float32 on CPU."""
+def resolve_dtype_name(dtype: str, device: str, bf16_supported: bool = True) -> str:
+    """The dtype name to load with: a concrete name is kept; "auto" -> bfloat16 where the
+    hardware computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX: half the
+    bytes to stream per token, as vLLM's CPU default), else float16 on CUDA and float32 on CPU.
+    (models.loader.torch_dtype_for then turns the name into a torch dtype.)"""
     if dtype != "auto":
         return dtype
     if bf16_supported:

@@ -15,7 +15,7 @@ from engine.config import (
     kv_cache_budget_bytes,
     num_kv_blocks,
     resolve_device,
-    resolve_dtype,
+    resolve_dtype_name,
     resolve_max_model_len,
 )
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
@@ -27,12 +27,13 @@ log = logging.getLogger("tgserve.engine")
 
 
 def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
+    from models.cpu_features import native_bf16
     from models.default_model import default_model_path
-    from models.loader import DTYPES, load_model
+    from models.loader import TORCH_DTYPE_BY_NAME, load_model
     from models.tokenizer import load_tokenizer
 
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    dtype_name = resolve_dtype(config.dtype, device.type, _bf16_supported(device))
+    dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
     path = Path(model_path) if model_path else default_model_path()
     model, model_config = load_model(path, dtype_name, device, progress)
     if config.quantization == "int8":
@@ -50,15 +51,16 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         tokenizer = None
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
-    use_kernels = config.cpu_kernels and _cpu_kernels_ready(device)
+    # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
+    # runner picks its forward path (models/forward_path.py), not at the first step.
     runner = ModelRunner(
         model,
         model_config,
         num_blocks,
         config.block_size,
-        DTYPES[dtype_name],
+        TORCH_DTYPE_BY_NAME[dtype_name],
         device,
-        use_kernels,
+        config.cpu_kernels,
         sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
     )
     scheduler = Scheduler(
@@ -70,7 +72,7 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d;"
         " %s",
         name, model_config.architecture, dtype_name, device, num_blocks, config.block_size,
-        num_blocks * config.block_size, max_model_len, _kernels_summary(runner),
+        num_blocks * config.block_size, max_model_len, runner.forward_path.description,
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
 
@@ -86,38 +88,3 @@ def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: tor
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)
-
-
-def _kernels_summary(runner: ModelRunner) -> str:
-    if runner.fused is not None:
-        return "forward steps by tgserve's C++ CPU kernels"
-    if runner.cpu_kernels:
-        return "PyTorch layers with tgserve's C++ paged attention"
-    return "PyTorch ops only"
-
-
-def _cpu_kernels_ready(device: torch.device) -> bool:
-    """Builds (first run on a machine, ~1 min) or loads the C++ kernels now, not at the first
-    step; False on other devices or when they cannot be built (logged: PyTorch paths then)."""
-    if device.type != "cpu":
-        return False
-    from models import cpu_kernels
-
-    return cpu_kernels.is_available(device)
-
-
-def _bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return cpu_has_native_bf16()
-
-
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True when /proc/cpuinfo (or the given text) lists AVX512-BF16 or AMX-BF16."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags

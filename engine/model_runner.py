@@ -4,12 +4,13 @@ them (prefill chunks and decodes mixed), and returns logits only for the rows th
 Contract: `execute(chunks, block_copies)` where each chunk has `.seq` (with `token_ids` and
 `block_table`), `.start` (tokens already in the cache), `.num_new_tokens` and `.sample`.
 Returns `[num_sampling_chunks, vocab]` float32 logits in chunk order, plus, when asked,
-the logits of every new row (for prompt logprobs). The KV cache is owned here.
+the logits of every new row (for prompt logprobs). The KV cache is owned here; how the
+forward runs (C++ step, PyTorch layers with C++ attention, plain PyTorch) is chosen once, in
+models/forward_path.py, and the runner only calls the path it returns.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from models import allocate_kv_cache
 from models.attention import AttentionMetadata
 from models.config import ModelConfig
-from models.cpu_kernels.fused_decoder import FusedDecoder
+from models.forward_path import select_forward_path
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,16 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.device = device
-        self.cpu_kernels = cpu_kernels
         # Embedding tables padded past the tokenizer (Qwen2: 151936 rows, 151665 tokens) hold
         # ids nothing can decode: the sampler only ever sees the first `sampleable_vocab`.
         self.sampleable_vocab = sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
-        # Decode-only steps of a Llama-family model on CPU in one C++ call (else None).
-        self.fused = FusedDecoder.build(model, self.kv_caches) if cpu_kernels else None
+        # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
+        self.forward_path = select_forward_path(
+            model, self.kv_caches, device, cpu_kernels=cpu_kernels
+        )
+        # True when the C++ kernels serve this runner (read by the benchmark's labels).
+        self.cpu_kernels = self.forward_path.attention_kernel
 
     @torch.inference_mode()
     def execute(
@@ -83,17 +87,16 @@ class ModelRunner:
             self.block_size,
             self.device,
             self.config.sliding_window,
-            self.cpu_kernels,
+            self.forward_path.attention_kernel,
         )
-        if self.fused is not None:
-            hidden = self.fused.hidden(
-                torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
-            )
-            rows = hidden if len(sample_rows) == len(ids) else hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
-            sampling = self.fused.logits(rows)
-        else:
-            hidden, sampling = self._forward(ids, positions, meta, sample_rows)
-        sampling = self._sampleable(sampling)
+        hidden = self.forward_path.hidden(  # [T, hidden]
+            torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
+        )
+        rows = hidden
+        if len(sample_rows) != len(ids):
+            rows = hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+        sampling = self._sampleable(self.forward_path.logits(rows))
+        # Prompt logprobs: the model's own LM head over every new row, whatever the path.
         all_rows = {
             i: self.model.compute_logits(
                 hidden[row_starts[i] : row_starts[i] + chunks[i].num_new_tokens]
@@ -101,22 +104,6 @@ class ModelRunner:
             for i in full_logits_for
         }
         return StepLogits(sampling=sampling, all_rows=all_rows)
-
-    def _forward(
-        self, ids: list[int], positions: list[int], meta: AttentionMetadata, sample_rows: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The PyTorch forward: hidden [T, hidden] and the sampling rows' logits."""
-        with _linear_backend(self.device, num_tokens=len(ids)):
-            hidden = self.model(
-                torch.tensor(ids, device=self.device),
-                torch.tensor(positions, device=self.device),
-                meta,
-                self.kv_caches,
-            )
-            sampling = self.model.compute_logits(
-                hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
-            )
-        return hidden, sampling
 
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]
@@ -129,22 +116,3 @@ class ModelRunner:
             k_cache.index_copy_(0, dst, k_cache[src])
             v_cache.index_copy_(0, dst, v_cache[src])
 
-
-def _linear_backend(device: torch.device, num_tokens: int):
-    """A one-token step on CPU runs its matrix-vector products without oneDNN: for M = 1 in
-    bf16, torch's own kernel streams the weights ~1.8x faster (11.5 vs 6.5 GB/s measured here),
-    while for M >= 4 oneDNN is 3-30x faster. Numerics stay those of a plain matmul."""
-    if device.type == "cpu" and num_tokens == 1:
-        return _onednn_disabled()
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _onednn_disabled():
-    # Not torch.backends.mkldnn.flags(): it also sets the TF32 flag, which warns on CPU builds.
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = before

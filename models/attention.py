@@ -61,7 +61,8 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
     block_size: int = 16
     sliding_window: int | None = None
-    use_cpu_kernel: bool = False  # every row through models/cpu_decode_kernel
+    use_cpu_kernel: bool = False  # every row through models/cpu_kernels/paged_attention (the
+    # forward path, models/forward_path.py, says so: ForwardPath.attention_kernel)
     _decode: DecodePlan | None = field(default=None, init=False, repr=False)
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _prefills: list[PrefillPlan] | None = field(default=None, init=False, repr=False)
@@ -131,7 +132,7 @@ class AttentionMetadata:
     def row_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token block tables [T, nb] and context lengths [T]: the new token at position p
         of a sequence attends to its first p + 1 tokens, so every row, prefill or decode, is
-        one query of the CPU kernel (models/cpu_decode_kernel). Built once per step."""
+        one query of the CPU kernel (models/cpu_kernels/paged_attention). Built once per step."""
         if self._rows is None:
             if self.is_decode_only:
                 self._rows = (self.block_tables, self.seq_lens)
@@ -207,7 +208,7 @@ def paged_attention(
     """
     k_cache, v_cache = cache
     if meta.use_cpu_kernel:  # every row reads K/V in place through its block table
-        from models.cpu_decode_kernel import paged_decode_attention
+        from models.cpu_kernels.paged_attention import paged_decode_attention
 
         tables, lens = meta.row_plan()
         return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.sliding_window)

@@ -44,7 +44,8 @@ from models.gguf.file import open_gguf
 from models.gguf.names import gguf_to_hf_tensors
 
 INDEX_NAME = "model.safetensors.index.json"
-DTYPES: dict[str, torch.dtype] = {
+# The dtypes weights load in, by the name configs and the CLI use.
+TORCH_DTYPE_BY_NAME: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -91,7 +92,7 @@ def load_model(
 ) -> tuple[torch.nn.Module, ModelConfig]:
     from models import build_model  # models/__init__ imports the model classes
 
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = torch_dtype_for(dtype, device)
     config, tensors = load_checkpoint(
         path, cache_dir=cache_dir, use_cache=use_cache, progress=progress
     )
@@ -114,16 +115,19 @@ def load_model(
     return model, config
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+def torch_dtype_for(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+    """The torch dtype to load weights in on `device`, from a name in TORCH_DTYPE_BY_NAME or a
+    torch dtype; ValueError for one we do not load (float16 only on CUDA)."""
     if isinstance(dtype, torch.dtype):
-        name = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
+        name = next((k for k, v in TORCH_DTYPE_BY_NAME.items() if v == dtype), str(dtype))
     else:
         name = dtype
-    if name not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if name not in TORCH_DTYPE_BY_NAME:
+        choices = ", ".join(TORCH_DTYPE_BY_NAME)
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of: {choices}")
     if name == "float16" and torch.device(device).type != "cuda":
         raise ValueError("dtype float16 is only supported on CUDA; on CPU use float32 or bfloat16")
-    return DTYPES[name]
+    return TORCH_DTYPE_BY_NAME[name]
 
 
 def _is_gguf(path: Path) -> bool:

@@ -1,9 +1,10 @@
 """Our C++ kernels for CPU inference, built on first use and cached.
 
-- `paged_decode` (attention.cpp): paged decode attention reading K/V in place through the
-  block tables; wrapped with checks by `models.cpu_decode_kernel`.
+- `paged_decode` (attention.cpp): paged attention, one query per row, reading K/V in place
+  through the block tables; wrapped with checks by `models.cpu_kernels.paged_attention`.
 - `linear` (linear.cpp): small-batch linear layers that stream the weights at memory speed.
-- `LlamaDecoder` (decoder.cpp): a whole decode step of a Llama-family model in one call;
+- `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
+  Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
 
 The sources are built with `torch.utils.cpp_extension.load` (-O3 -march=native -fopenmp,
@@ -23,6 +24,8 @@ from types import ModuleType
 
 import torch
 
+from models.cpu_features import cpu_flags
+
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
@@ -36,11 +39,7 @@ def _build_tag() -> str:
     digest = hashlib.sha1(f"{torch.__version__} {torch.__file__}".encode())
     for name in _SOURCES + _HEADERS:
         digest.update((_DIR / name).read_bytes())
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        digest.update(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").encode())
-    except OSError:
-        pass
+    digest.update(" ".join(cpu_flags()).encode())
     return digest.hexdigest()[:10]
 
 

@@ -1,4 +1,5 @@
-// Paged decode attention for CPU: see kernels.h and models/cpu_decode_kernel.py for the contract.
+// Paged attention for CPU, one query per row: see kernels.h and paged_attention.py for the
+// contract.
 //
 // Work items are sequences, or (sequence, key range) pairs when the batch is too small to keep
 // every thread busy. An item walks its keys in chunks of 16: the chunk's cache rows are located

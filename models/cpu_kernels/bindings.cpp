@@ -1,5 +1,5 @@
 // Python bindings of the CPU kernels: tensor checks stay in the Python wrappers
-// (models/cpu_decode_kernel.py, models/cpu_kernels/fused_decoder.py); these only dispatch on dtype.
+// (models/cpu_kernels/paged_attention.py, fused_decoder.py); these only dispatch on dtype.
 #include <torch/extension.h>
 
 #include "decoder.h"

@@ -1,8 +1,10 @@
-// One DECODE step (one new token per sequence) through every layer of a Llama-family model:
-// RMSNorm, fused qkv (+ bias), rotary, K/V written to the paged cache, paged attention, out
-// projection, residual, RMSNorm, SwiGLU MLP, residual; then the final norm. Eager PyTorch
-// spends most of a small model's decode step dispatching ~15 ops per layer; here a layer is
-// 5 parallel loops. Numerics mirror models/llama.py (same rounding points to the model dtype).
+// One forward step (every new token of the step: decodes and prefill chunks alike, each token
+// one query of the paged attention over its own context) through every layer of a
+// Llama-family model: RMSNorm, fused qkv (+ bias), rotary, K/V written to the paged cache,
+// paged attention, out projection, residual, RMSNorm, SwiGLU MLP, residual; then the final
+// norm. Eager PyTorch spends most of a small model's step dispatching ~15 ops per layer; here
+// a layer is 5 parallel loops. Numerics mirror models/llama.py (same rounding points to the
+// model dtype).
 #include "decoder.h"
 
 #include <ATen/ATen.h>
@@ -14,17 +16,6 @@
 
 namespace tgserve {
 namespace {
-
-// A linear layer's weight [N, K] as stored, its oneDNN-prepacked copy (undefined when
-// oneDNN cannot pack it) and its bias (undefined when none).
-struct LinearWeights {
-  torch::Tensor plain, packed, bias;
-};
-
-struct LayerWeights {
-  torch::Tensor input_norm, post_norm;
-  LinearWeights qkv, o_proj, gate_up, down;
-};
 
 // oneDNN's linear over a prepacked weight (what inductor's freezing pass emits on CPU): the
 // weight is not reordered on every call, ~1.6x faster than at::mm at M = 64 here.
@@ -41,43 +32,37 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
   return op.call(x, packed, bias, "none", scalars, c10::string_view(""));
 }
 
-torch::Tensor defined_or_none(const torch::Tensor& t) { return t.numel() > 0 ? t : torch::Tensor(); }
-
 class LlamaDecoder {
  public:
-  // layers: per layer [input_norm, qkv, qkv_bias, o_proj, post_norm, gate_up, down, qkv_packed,
-  // o_proj_packed, gate_up_packed, down_packed]; an empty tensor stands for "none".
-  LlamaDecoder(const std::vector<std::vector<torch::Tensor>>& layers, torch::Tensor final_norm,
+  LlamaDecoder(std::vector<LayerWeights> layers, torch::Tensor final_norm,
                std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
-               int64_t window, int64_t small_m_max)
-      : final_norm_(std::move(final_norm)), k_caches_(std::move(k_caches)),
-        v_caches_(std::move(v_caches)), H_(num_heads), KVH_(num_kv_heads), D_(head_dim),
-        eps_(static_cast<float>(eps)), window_(window), small_m_max_(small_m_max) {
-    TORCH_CHECK(layers.size() == k_caches_.size() && layers.size() == v_caches_.size(),
+               int64_t window)
+      : layers_(std::move(layers)), final_norm_(std::move(final_norm)),
+        k_caches_(std::move(k_caches)), v_caches_(std::move(v_caches)), H_(num_heads),
+        KVH_(num_kv_heads), D_(head_dim), eps_(static_cast<float>(eps)), window_(window) {
+    TORCH_CHECK(!layers_.empty(), "LlamaDecoder: no layers");
+    TORCH_CHECK(layers_.size() == k_caches_.size() && layers_.size() == v_caches_.size(),
                 "one K and one V cache per layer");
-    for (const auto& l : layers) {
-      TORCH_CHECK(l.size() == 11, "each layer needs 11 tensors");
-      const torch::Tensor none;
-      layers_.push_back({l[0], l[4], {l[1], defined_or_none(l[7]), defined_or_none(l[2])},
-                         {l[3], defined_or_none(l[8]), none},
-                         {l[5], defined_or_none(l[9]), none},
-                         {l[6], defined_or_none(l[10]), none}});
-    }
     hidden_ = final_norm_.size(0);
-    intermediate_ = layers_.at(0).gate_up.plain.size(0) / 2;
+    intermediate_ = layers_.front().gate_up.weight.size(0) / 2;
   }
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
   // seq_lens [B] (context incl. this token). Returns the final-normed hidden [B, hidden].
+  // streaming: every linear layer of this step through small_m_linear, else the GEMM (the
+  // choice is the caller's: models/linear_backend.py decides it per batch size).
   torch::Tensor forward(torch::Tensor x, torch::Tensor rope_cos, torch::Tensor rope_sin,
-                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens) {
+                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens,
+                        bool streaming) {
     x = x.clone();
     torch::Tensor out;
     switch (x.scalar_type()) {
-      case at::kFloat: out = run<float>(x, rope_cos, rope_sin, slots, tables, seq_lens); break;
+      case at::kFloat:
+        out = run<float>(x, rope_cos, rope_sin, slots, tables, seq_lens, streaming);
+        break;
       case at::kBFloat16:
-        out = run<c10::BFloat16>(x, rope_cos, rope_sin, slots, tables, seq_lens);
+        out = run<c10::BFloat16>(x, rope_cos, rope_sin, slots, tables, seq_lens, streaming);
         break;
       default: TORCH_CHECK(false, "LlamaDecoder: unsupported dtype ", x.scalar_type());
     }
@@ -86,27 +71,25 @@ class LlamaDecoder {
 
  private:
   // [B, N] = x [B, K] @ w^T (+ bias): our streaming kernel for small batches (bound by
-  // reading the weights), oneDNN's GEMM once the batch makes the layer compute-bound.
+  // reading the weights), else oneDNN's GEMM over the packed copy (at::mm without one).
   template <typename T>
-  torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
-    if (x.size(0) <= small_m_max_) {
-      auto y = torch::empty({x.size(0), w.plain.size(0)}, x.options());
+  torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w, bool streaming) const {
+    if (streaming) {
+      auto y = torch::empty({x.size(0), w.weight.size(0)}, x.options());
       small_m_linear<T, T>(static_cast<const T*>(x.data_ptr()), x.size(0), x.size(1),
-                           static_cast<const T*>(w.plain.data_ptr()),
-                           w.bias.defined() ? static_cast<const T*>(w.bias.data_ptr()) : nullptr,
-                           static_cast<T*>(y.data_ptr()), w.plain.size(0));
+                           static_cast<const T*>(w.weight.data_ptr()),
+                           w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr,
+                           static_cast<T*>(y.data_ptr()), w.weight.size(0));
       return y;
     }
-    const std::optional<at::Tensor> bias =
-        w.bias.defined() ? std::optional<at::Tensor>(w.bias) : std::nullopt;
-    if (w.packed.defined()) return onednn_linear(x, w.packed, bias).contiguous();
-    return bias ? at::addmm(*bias, x, w.plain.t()) : at::mm(x, w.plain.t());
+    if (w.packed) return onednn_linear(x, *w.packed, w.bias).contiguous();
+    return w.bias ? at::addmm(*w.bias, x, w.weight.t()) : at::mm(x, w.weight.t());
   }
 
   template <typename T>
   torch::Tensor run(torch::Tensor x, const torch::Tensor& rope_cos, const torch::Tensor& rope_sin,
                     const torch::Tensor& slots, const torch::Tensor& tables,
-                    const torch::Tensor& seq_lens) {
+                    const torch::Tensor& seq_lens, bool streaming) {
     const int64_t B = x.size(0), C = hidden_, I = intermediate_;
     const int64_t q_size = H_ * D_, kv_size = KVH_ * D_, qkv_size = q_size + 2 * kv_size;
     const auto opts = x.options();
@@ -124,7 +107,7 @@ class LlamaDecoder {
       const T* norm_in = static_cast<const T*>(w.input_norm.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) rms_norm_row(xp + b * C, norm_in, hp + b * C, C, eps_);
-      const torch::Tensor qkv = linear<T>(h, w.qkv);
+      const torch::Tensor qkv = linear<T>(h, w.qkv, streaming);
       T* qkvp = static_cast<T*>(qkv.data_ptr());
       T* kc = static_cast<T*>(k_caches_[l].data_ptr());
       T* vc = static_cast<T*>(v_caches_[l].data_ptr());
@@ -141,7 +124,7 @@ class LlamaDecoder {
           static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_, k_caches_[l].size(1),
           k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)), window_);
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
-      torch::Tensor o = linear<T>(attn, w.o_proj);
+      torch::Tensor o = linear<T>(attn, w.o_proj, streaming);
       const T* op = static_cast<const T*>(o.data_ptr());
       const T* norm_post = static_cast<const T*>(w.post_norm.data_ptr());
 #pragma omp parallel for if (wide)
@@ -149,12 +132,12 @@ class LlamaDecoder {
         add_row(xp + b * C, op + b * C, C);
         rms_norm_row(xp + b * C, norm_post, hp + b * C, C, eps_);
       }
-      const torch::Tensor gate_up = linear<T>(h, w.gate_up);
+      const torch::Tensor gate_up = linear<T>(h, w.gate_up, streaming);
       const T* gup = static_cast<const T*>(gate_up.data_ptr());
       T* actp = static_cast<T*>(act.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
-      o = linear<T>(act, w.down);
+      o = linear<T>(act, w.down, streaming);
       op = static_cast<const T*>(o.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
@@ -170,17 +153,41 @@ class LlamaDecoder {
   std::vector<torch::Tensor> k_caches_, v_caches_;
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
-  int64_t window_, small_m_max_;
+  int64_t window_;
 };
 
 }  // namespace
 
 void bind_decoder(pybind11::module& m) {
-  pybind11::class_<LlamaDecoder>(m, "LlamaDecoder")
-      .def(pybind11::init<const std::vector<std::vector<torch::Tensor>>&, torch::Tensor,
-                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t,
-                          int64_t, int64_t, double, int64_t, int64_t>())
-      .def("forward", &LlamaDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+  namespace py = pybind11;
+  // Keyword-only constructors: Python names every weight, no tensor is matched by position.
+  py::class_<LinearWeights>(m, "LinearWeights")
+      .def(py::init([](torch::Tensor weight, std::optional<torch::Tensor> packed,
+                       std::optional<torch::Tensor> bias) {
+             return LinearWeights{std::move(weight), std::move(packed), std::move(bias)};
+           }),
+           py::kw_only(), py::arg("weight"), py::arg("packed") = py::none(),
+           py::arg("bias") = py::none())
+      .def_readonly("weight", &LinearWeights::weight)
+      .def_readonly("packed", &LinearWeights::packed)
+      .def_readonly("bias", &LinearWeights::bias);
+  py::class_<LayerWeights>(m, "LayerWeights")
+      .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
+                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down) {
+             return LayerWeights{std::move(input_norm), std::move(qkv),    std::move(o_proj),
+                                 std::move(post_norm),  std::move(gate_up), std::move(down)};
+           }),
+           py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("o_proj"),
+           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"));
+  py::class_<LlamaDecoder>(m, "LlamaDecoder")
+      .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
+                    std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>(),
+           py::kw_only(), py::arg("layers"), py::arg("final_norm"), py::arg("k_caches"),
+           py::arg("v_caches"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("eps"), py::arg("window"))
+      .def("forward", &LlamaDecoder::forward, py::kw_only(), py::arg("x"), py::arg("rope_cos"),
+           py::arg("rope_sin"), py::arg("slots"), py::arg("tables"), py::arg("seq_lens"),
+           py::arg("streaming"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tgserve

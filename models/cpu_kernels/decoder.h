@@ -1,9 +1,29 @@
-// A whole decode step of a Llama-family model in C++ (see decoder.cpp).
+// A whole forward step of a Llama-family model in C++ (see decoder.cpp), and the named
+// weights of one decoder layer it is built from (bound to Python as keyword-only classes).
 #pragma once
 
 #include <torch/extension.h>
 
+#include <optional>
+
 namespace tgserve {
+
+// A linear layer: its weight [N, K] as stored, oneDNN's prepacked copy (none when oneDNN
+// cannot pack it or memory is short) and its bias [N] (none when the layer has none).
+struct LinearWeights {
+  torch::Tensor weight;
+  std::optional<torch::Tensor> packed, bias;
+};
+
+// One pre-norm decoder layer of the Llama family, named as in models/llama.py.
+struct LayerWeights {
+  torch::Tensor input_norm;  // [hidden] RMSNorm before attention
+  LinearWeights qkv;         // [q + 2 kv, hidden], with bias for Qwen2
+  LinearWeights o_proj;      // [hidden, q]
+  torch::Tensor post_norm;   // [hidden] RMSNorm before the MLP
+  LinearWeights gate_up;     // [2 * intermediate, hidden]: gate rows, then up rows
+  LinearWeights down;        // [hidden, intermediate]
+};
 
 void bind_decoder(pybind11::module& m);
 

@@ -5,16 +5,18 @@ small ops, its bf16 matrix-vector product streams the weights at about half the 
 bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
 round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
 as a handful of parallel loops: small-batch linear layers stream weights at memory speed
-(oneDNN's GEMM for larger batches), and every token, prefill or decode, is one query of the
-paged attention kernel over its own context (`AttentionMetadata.row_plan`).
+(oneDNN's GEMM for larger batches; models/linear_backend.py decides which, per batch size),
+and every token, prefill or decode, is one query of the paged attention kernel over its own
+context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
-runs (not the Llama family, int8-quantized layers, a dtype other than float32 /
-bfloat16, not on a CPU, or the extension cannot be built). Otherwise
-`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states [T, hidden]
-that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns `compute_logits`'s
-[R, vocab] float32. Rounding follows the eager path (tested in
-tests/models/test_fused_decoder.py against it and against transformers).
+runs (not the Llama family, int8-quantized layers, a dtype other than float32 / bfloat16, not
+on a CPU, or the extension cannot be built). Otherwise `hidden(input_ids [T], positions [T],
+meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
+would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
+`compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
+tests/models/test_fused_decoder.py against it and against transformers). The model runner
+reaches it only through the forward-path seam (models/forward_path.py).
 """
 
 from __future__ import annotations
@@ -26,10 +28,8 @@ from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
+from models.linear_backend import SMALL_M_MAX, LinearKernel, linear_kernel
 
-# Batches up to this size use our streaming linear kernel; larger ones oneDNN's GEMM over
-# prepacked weights, which wins from M = 3-4 on (measured: see PERFORMANCE.md).
-SMALL_M_MAX = 2
 # oneDNN picks the packed layout for a batch size; 64 served M = 4 .. 2048 best here.
 _PACK_FOR_M = 64
 
@@ -40,39 +40,38 @@ class FusedDecoder:
         inner = model.model
         # Prepacked copies double the weights' memory: only when that leaves room to spare.
         pack = prepack if _can_afford_copy(model) else _no_pack
-        layers = []
-        for layer in inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            bias = attn.qkv_proj.bias
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            layers.append(
-                [
-                    layer.input_layernorm.weight.detach(),
-                    attn.qkv_proj.weight.detach(),
-                    _NONE if bias is None else bias.detach(),
-                    attn.o_proj.weight.detach(),
-                    layer.post_attention_layernorm.weight.detach(),
-                    mlp.gate_up_proj.weight.detach(),
-                    mlp.down_proj.weight.detach(),
-                    *(pack(linear.weight.detach()) for linear in linears),
-                ]
+
+        def linear(layer: nn.Linear):
+            weight = layer.weight.detach()
+            bias = None if layer.bias is None else layer.bias.detach()
+            return ext.LinearWeights(weight=weight, packed=pack(weight), bias=bias)
+
+        layers = [
+            ext.LayerWeights(
+                input_norm=layer.input_layernorm.weight.detach(),
+                qkv=linear(layer.self_attn.qkv_proj),
+                o_proj=linear(layer.self_attn.o_proj),
+                post_norm=layer.post_attention_layernorm.weight.detach(),
+                gate_up=linear(layer.mlp.gate_up_proj),
+                down=linear(layer.mlp.down_proj),
             )
+            for layer in inner.layers
+        ]
         self._model = model
         self._ext = ext
         self._small_m_max = small_m_max
         self._lm_head = model.lm_head.weight.detach()
         self._lm_head_packed = pack(self._lm_head)
         self._decoder = ext.LlamaDecoder(
-            layers,
-            inner.norm.weight.detach(),
-            [k for k, _ in kv_caches],
-            [v for _, v in kv_caches],
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            float(c.norm_eps),
-            c.sliding_window or 0,
-            small_m_max,
+            layers=layers,
+            final_norm=inner.norm.weight.detach(),
+            k_caches=[k for k, _ in kv_caches],
+            v_caches=[v for _, v in kv_caches],
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            eps=float(c.norm_eps),
+            window=c.sliding_window or 0,
         )
 
     @classmethod
@@ -107,25 +106,34 @@ class FusedDecoder:
         cos, sin = inner.rotary_emb(positions, x.dtype)  # [T, 1, D] each
         tables, lens = meta.row_plan()  # each token is one query of the attention kernel
         return self._decoder.forward(
-            x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous(), meta.slot_mapping, tables, lens
+            x=x,
+            rope_cos=cos.squeeze(1).contiguous(),
+            rope_sin=sin.squeeze(1).contiguous(),
+            slots=meta.slot_mapping,
+            tables=tables,
+            seq_lens=lens,
+            streaming=self._streaming(x.shape[0]),
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
-        if hidden.shape[0] <= self._small_m_max:
+        if self._streaming(hidden.shape[0]):
             return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
-        if self._lm_head_packed.numel() == 0:
+        if self._lm_head_packed is None:
             return self._model.compute_logits(hidden)
         return torch.ops.mkldnn._linear_pointwise(
             hidden, self._lm_head_packed, None, "none", [None], ""
         ).float()
 
+    def _streaming(self, num_rows: int) -> bool:
+        """Whether `num_rows` rows go through our streaming kernel (else the GEMM)."""
+        dtype, small_m_max = self._lm_head.dtype, self._small_m_max
+        kernel = linear_kernel(num_rows, dtype, cpp_step=True, small_m_max=small_m_max)
+        return kernel is LinearKernel.STREAMING
 
-_NONE = torch.empty(0)  # "no tensor" for the C++ side
 
-
-def _no_pack(weight: torch.Tensor) -> torch.Tensor:
-    return _NONE
+def _no_pack(weight: torch.Tensor) -> None:
+    return None
 
 
 def _can_afford_copy(model: nn.Module) -> bool:
@@ -138,15 +146,15 @@ def _can_afford_copy(model: nn.Module) -> bool:
     return 2 * weight_bytes < available
 
 
-def prepack(weight: torch.Tensor) -> torch.Tensor:
+def prepack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's packed copy of a linear weight [N, K] (what inductor's freezing pass makes on
-    CPU), or an empty tensor where oneDNN is unavailable or refuses the dtype (then at::mm)."""
+    CPU), or None where oneDNN is unavailable or refuses the dtype (then at::mm)."""
     if not torch.backends.mkldnn.is_available():
-        return _NONE
+        return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_M)
     except RuntimeError:
-        return _NONE
+        return None
 
 
 def _plain_linears(model: nn.Module) -> bool:

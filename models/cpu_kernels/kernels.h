@@ -12,7 +12,7 @@ namespace tgserve {
 // Error codes returned by kernels that validate indices inside a parallel region.
 enum KernelError : int { kOk = 0, kBadSeqLen = 1, kBadBlock = 2 };
 
-// Paged DECODE attention, one query per sequence.
+// Paged attention, one query per row (a decode, or one token of a prefill chunk).
 // q [B, H, D]; caches [num_blocks, block_size, KVH, D]; tables [B, table_width] block ids;
 // seq_lens [B]; out [B, H, D]. Sequence b attends to its keys max(0, len - window) .. len - 1
 // (window <= 0: all). Scores, softmax and the V sum in float32.

@@ -14,7 +14,7 @@ from engine.config import (
     kv_cache_budget_bytes,
     num_kv_blocks,
     resolve_device,
-    resolve_dtype,
+    resolve_dtype_name,
     resolve_max_model_len,
 )
 
@@ -85,11 +85,11 @@ def test_auto_device_follows_cuda_availability_and_explicit_cuda_needs_it():
 
 
 def test_auto_dtype_is_bfloat16_where_native_else_float32_on_cpu_or_float16_on_cuda():
-    assert resolve_dtype("auto", "cpu", bf16_supported=False) == "float32"
-    assert resolve_dtype("auto", "cpu", bf16_supported=True) == "bfloat16"
-    assert resolve_dtype("auto", "cuda") == "bfloat16"
-    assert resolve_dtype("auto", "cuda:0", bf16_supported=False) == "float16"
-    assert resolve_dtype("float16", "cpu") == "float16"
+    assert resolve_dtype_name("auto", "cpu", bf16_supported=False) == "float32"
+    assert resolve_dtype_name("auto", "cpu", bf16_supported=True) == "bfloat16"
+    assert resolve_dtype_name("auto", "cuda") == "bfloat16"
+    assert resolve_dtype_name("auto", "cuda:0", bf16_supported=False) == "float16"
+    assert resolve_dtype_name("float16", "cpu") == "float16"
     assert [dtype_bytes(d) for d in ("float32", "bfloat16", "float16")] == [4, 2, 2]
     with pytest.raises(ValueError, match="resolved"):
         dtype_bytes("auto")
@@ -133,12 +133,3 @@ def test_bookkeeping_modules_do_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_native_bf16_is_read_from_the_cpu_flags():
-    from engine.engine_factory import cpu_has_native_bf16
-
-    assert cpu_has_native_bf16("processor : 0\nflags : fpu avx512f avx512_bf16 avx512vl\n")
-    assert cpu_has_native_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
-    assert not cpu_has_native_bf16("flags : fpu avx2 avx512f avx512_fp16\n")
-    assert not cpu_has_native_bf16("model name : something without flags\n")

@@ -27,12 +27,13 @@ class _Chunk:
     sample: bool
 
 
-def _runner(sampleable_vocab=None) -> tuple[ModelRunner, torch.nn.Module]:
+def _runner(sampleable_vocab=None, dtype=torch.float32) -> tuple[ModelRunner, torch.nn.Module]:
     hf = make_hf_model("llama")
     config = ModelConfig.from_hf_dict(hf.config.to_dict())
-    model = build_model(config, torch.float32, "cpu")
+    model = build_model(config, dtype, "cpu")
     model.load_weights(hf.state_dict().items())
-    runner = ModelRunner(model, config, 16, 4, torch.float32, torch.device("cpu"), sampleable_vocab=sampleable_vocab)
+    cpu = torch.device("cpu")
+    runner = ModelRunner(model, config, 16, 4, dtype, cpu, sampleable_vocab=sampleable_vocab)
     return runner, hf
 
 
@@ -57,21 +58,20 @@ def test_padded_vocabulary_rows_are_never_offered_to_the_sampler() -> None:
 
 
 def test_one_token_steps_without_onednn_equal_the_onednn_path(monkeypatch) -> None:
-    """The M = 1 fast path (oneDNN off) against the ordinary path, fp32 and bf16."""
-    import contextlib
+    """The M = 1 fast path (torch's GEMV, never oneDNN) against the ordinary path (F.linear),
+    fp32 and bf16; torch's global oneDNN flag is never touched."""
+    from models import forward_path
 
-    import engine.model_runner as model_runner
-
+    onednn = torch.backends.mkldnn.enabled
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
         outs = []
         for fast in (True, False):
             if not fast:
-                monkeypatch.setattr(model_runner, "_linear_backend", lambda *a, **k: contextlib.nullcontext())
-            runner, _ = _runner()
-            runner.model.to(dtype)
-            runner.kv_caches = [(k.to(dtype), v.to(dtype)) for k, v in runner.kv_caches]
+                monkeypatch.setattr(forward_path, "route_single_rows", lambda model: 0)
+            runner, _ = _runner(dtype=dtype)
             seq = _Seq(list(range(3, 12)))
             runner.execute([_Chunk(seq, 0, 8, False)])
             outs.append(runner.execute([_Chunk(seq, 8, 1, True)]).sampling.float())
         torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=0)
         monkeypatch.undo()
+    assert torch.backends.mkldnn.enabled == onednn

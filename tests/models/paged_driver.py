@@ -30,7 +30,7 @@ class PagedDriver:
 
     def step(self, new_tokens: dict[int, list[int]], fused=None) -> dict[int, torch.Tensor]:
         """Feeds new tokens for some sequences in ONE forward; returns logits [n, V] per seq.
-        With `fused` (a FusedDecoder over self.kv), a decode-only step runs through it."""
+        With `fused` (a FusedDecoder over self.kv), the step runs through it."""
         ids, positions, tables, seq_lens, query_lens = [], [], [], [], []
         for seq, toks in new_tokens.items():
             start = self.lens[seq]

@@ -109,3 +109,14 @@ def test_a_token_count_that_disagrees_with_the_metadata_is_refused() -> None:
     meta = AttentionMetadata.build([[0]], [3], [3], block_size=4)
     with pytest.raises(ValueError, match="3 new tokens"):
         fused.hidden(torch.tensor([5, 6]), torch.tensor([0, 1]), meta)
+
+
+def test_the_cpp_decoder_takes_a_layers_weights_by_name() -> None:
+    from models import cpu_kernels
+
+    ext = cpu_kernels.extension()
+    weight = torch.ones(4, 4)
+    with pytest.raises(TypeError):
+        ext.LinearWeights(weight)  # keyword-only: no tensor is matched by its position
+    linear = ext.LinearWeights(weight=weight)
+    assert linear.weight is not None and linear.packed is None and linear.bias is None

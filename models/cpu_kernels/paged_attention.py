@@ -1,5 +1,7 @@
-"""A CPU kernel for paged DECODE attention (one query token per sequence), reading K/V
-straight from the block tables instead of gathering them into a padded copy first.
+"""A CPU kernel for paged attention with ONE query per row, reading K/V straight from the
+block tables instead of gathering them into a padded copy first. Every token of a step, a
+decode or a row of a prefill chunk, is such a query over its own context
+(`AttentionMetadata.row_plan`), so this kernel serves whole steps, not only decodes.
 
 Contract: `paged_decode_attention(q [B, H, D], k_cache, v_cache, block_tables [B, nb] int64,
 seq_lens [B] int64, scale, sliding_window) -> [B, H, D]` in q's dtype equals SDPA of each
@@ -8,8 +10,8 @@ sits in block `block_tables[b, t // block_size]` at offset `t % block_size` of c
 `[num_blocks, block_size, kv_heads, head_dim]` (contiguous, float32 / bfloat16 / float16,
 same dtype as q). Scores, softmax and the V sum run in float32.
 
-The C++ source (models/cpu_kernels/attention.cpp) is built with the other CPU kernels at
-first use (see models/cpu_kernels). `is_available()` says False (and logs why, once) when it
+The C++ source (attention.cpp) is built with the other CPU kernels at first use (see
+models/cpu_kernels/__init__.py). `is_available()` says False (and logs why, once) when it
 cannot be built or the device is not a CPU; callers then keep their SDPA path.
 """
 
@@ -36,7 +38,7 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, D] (one query per sequence, at position seq_len - 1) -> [B, H, D]."""
+    """q: [B, H, D] (one query per row, at position seq_len - 1 of its row) -> [B, H, D]."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
             f"expected q [B, H, D] and equal caches [blocks, bs, KVH, D]; got q {tuple(q.shape)},"
@@ -62,7 +64,7 @@ def paged_decode_attention(
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
     ext = cpu_kernels.extension()
     if ext is None or q.device.type != "cpu":
-        raise ValueError("the CPU decode kernel is unavailable here; check is_available() first")
+        raise ValueError("the CPU attention kernel is unavailable here; check is_available() first")
     return ext.paged_decode(
         q.contiguous(),
         k_cache,

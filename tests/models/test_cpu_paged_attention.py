@@ -1,8 +1,8 @@
-"""The CPU paged-decode kernel equals the float64 reference attention for float32, bfloat16 and
-float16 across GQA ratios (1, 3, all heads on one KV head), block sizes (1, 4, 16), head dims
-(64, 128 and odd ones that leave partial vectors), uneven seq_lens crossing block boundaries,
-sliding windows, scores that keep rising (the online softmax's rescaling) and the split-keys
-path of small batches.
+"""The CPU paged attention kernel (one query per row) equals the float64 reference attention
+for float32, bfloat16 and float16 across GQA ratios (1, 3, all heads on one KV head), block
+sizes (1, 4, 16), head dims (64, 128 and odd ones that leave partial vectors), uneven seq_lens
+crossing block boundaries, sliding windows, scores that keep rising (the online softmax's
+rescaling) and the split-keys path of small batches.
 
 The extension is compiled on first use (~45 s cold, cached afterwards); without a compiler
 the tests that need it fail loudly rather than skip, since is_available() must then be False
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from models.attention import reference_attention
-from models.cpu_decode_kernel import is_available, paged_decode_attention
+from models.cpu_kernels.paged_attention import is_available, paged_decode_attention
 
 HEAD_DIM = 64
 

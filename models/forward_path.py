@@ -1,0 +1,134 @@
+"""The one seam that picks how a step's forward runs, and the object the model runner calls.
+
+Contract: `select_forward_path(model, kv_caches, device, cpu_kernels=...)` returns a
+`ForwardPath`:
+- `hidden(input_ids [T], positions [T], meta) -> [T, hidden]`: the final-normed hidden states
+  of a step's new tokens (decodes and prefill chunks, flat as the runner lays them out), their
+  K/V written into `kv_caches` at `meta.slot_mapping`;
+- `logits(hidden [R, hidden]) -> [R, vocab]` float32;
+- `attention_kernel`: True when the step's `AttentionMetadata` must send its rows through the
+  C++ paged attention (the runner builds the metadata with it);
+- `description`: one line for the engine's start-up log.
+
+The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; each name maps
+to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
+not one it serves (the next is tried; past the list the model's own forward runs). GPU
+backends (CUDA graphs, Triton attention) and tensor-parallel ones register here: a builder in
+`BUILDERS` and its name in the device's list. Nothing else in the engine chooses a forward
+path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from models import cpu_kernels
+from models.attention import AttentionMetadata, KVCache
+from models.linear_backend import route_single_rows
+
+
+class ForwardPath(Protocol):
+    description: str
+    attention_kernel: bool
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class PathRequest:
+    """What a backend's builder sees: the loaded model, its KV cache, and what was asked for."""
+
+    model: nn.Module
+    kv_caches: list[KVCache]
+    device: torch.device
+    cpu_kernels: bool  # tgserve's C++ CPU kernels asked for (EngineConfig.cpu_kernels)
+
+
+class PyTorchPath:
+    """The model's own forward: the readable reference every fast path is tested against."""
+
+    def __init__(self, model: nn.Module, kv_caches: list[KVCache], attention_kernel: bool) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.attention_kernel = attention_kernel
+        self.description = (
+            "PyTorch layers with tgserve's C++ paged attention"
+            if attention_kernel
+            else "PyTorch ops only"
+        )
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, meta, self.kv_caches)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+
+class CppStepPath:
+    """Every step of a Llama-family model in one C++ call (models/cpu_kernels/fused_decoder)."""
+
+    description = "forward steps by tgserve's C++ CPU kernels"
+    attention_kernel = True
+
+    def __init__(self, decoder) -> None:
+        self.hidden = decoder.hidden
+        self.logits = decoder.logits
+
+
+def cpu_kernels_ready(device: torch.device) -> bool:
+    """Builds (first run on a machine, ~1 min) or loads the C++ kernels now, not at the first
+    step; False on other devices or when they cannot be built (logged: PyTorch paths then)."""
+    return device.type == "cpu" and cpu_kernels.is_available(device)
+
+
+def _cpp_step(req: PathRequest) -> ForwardPath | None:
+    if not (req.cpu_kernels and cpu_kernels_ready(req.device)):
+        return None
+    from models.cpu_kernels.fused_decoder import FusedDecoder
+
+    decoder = FusedDecoder.build(req.model, req.kv_caches)
+    return None if decoder is None else CppStepPath(decoder)
+
+
+def _pytorch_cpu(req: PathRequest) -> ForwardPath:
+    """PyTorch layers on a CPU, with the C++ paged attention where it is asked for and built;
+    one-row linear layers through torch's GEMV (models/linear_backend), chosen here once."""
+    route_single_rows(req.model)
+    kernel = req.cpu_kernels and cpu_kernels_ready(req.device)
+    return PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
+
+
+Builder = Callable[[PathRequest], ForwardPath | None]
+
+BUILDERS: dict[str, Builder] = {
+    "cpp_step": _cpp_step,
+    "pytorch_cpu": _pytorch_cpu,
+}
+# Backends each device type may use, best first; past them (or for a device type not listed,
+# e.g. "cuda" until its kernels register) the model's own forward runs.
+BACKENDS_BY_DEVICE: dict[str, tuple[str, ...]] = {
+    "cpu": ("cpp_step", "pytorch_cpu"),
+}
+
+
+def select_forward_path(
+    model: nn.Module, kv_caches: list[KVCache], device: torch.device, *, cpu_kernels: bool
+) -> ForwardPath:
+    """The first backend listed for `device` that serves this model (see the module doc)."""
+    req = PathRequest(model, kv_caches, torch.device(device), cpu_kernels)
+    for name in BACKENDS_BY_DEVICE.get(req.device.type, ()):
+        path = BUILDERS[name](req)
+        if path is not None:
+            return path
+    return PyTorchPath(model, kv_caches, attention_kernel=False)

@@ -1,0 +1,74 @@
+"""Which kernel a linear layer runs for a batch of M rows: decided here and nowhere else.
+
+The C++ step (`models/cpu_kernels/fused_decoder.py` for its layers and its LM head) and the
+PyTorch forward on CPU both ask `linear_kernel(num_rows, dtype, cpp_step=...)`:
+
+- STREAMING (C++ step only): tgserve's small-M kernel (`cpu_kernels/linear.cpp`), each thread
+  streaming its share of W once per 4 rows of x. It wins while a layer is bound by reading
+  its weights: up to `SMALL_M_MAX` rows (from M = 3-4 on oneDNN's GEMM over prepacked
+  weights is faster; measured in PERFORMANCE.md).
+- GEMV (PyTorch path only): torch's own matrix-vector kernel (`torch.mv`, never oneDNN) for a
+  single row of bfloat16 / float16. There oneDNN's GEMM streams the weights at about half the
+  speed (6.5 vs 11.5 GB/s measured on an AVX512-BF16 host), while for M >= 4 it is 3-30x
+  faster than torch's own GEMM. float32 never goes through oneDNN, so it has nothing to gain.
+- GEMM: everything else (oneDNN over the packed copy or at::mm in the C++ step, `F.linear` in
+  the PyTorch path).
+
+Contract: `route_single_rows(model)` makes every plain `nn.Linear` of a model follow that
+choice (switched on once, by `models.forward_path` for models on a CPU). Numerics are those of
+`F.linear`: `torch.mv` runs the very kernel a one-row bfloat16 matmul runs without oneDNN,
+and layers with a bias stay on `F.linear` (adding it after `mv` would round twice).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Batches up to this size run the C++ step's streaming kernel.
+SMALL_M_MAX = 2
+# Dtypes whose matmuls torch hands to oneDNN on CPU (float32 goes to MKL's sgemm).
+_ONEDNN_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class LinearKernel(enum.Enum):
+    STREAMING = "streaming"
+    GEMV = "gemv"
+    GEMM = "gemm"
+
+
+def linear_kernel(
+    num_rows: int, dtype: torch.dtype, *, cpp_step: bool, small_m_max: int = SMALL_M_MAX
+) -> LinearKernel:
+    """The kernel for x [num_rows, K] @ W^T in `dtype`; `cpp_step` when the C++ step (with its
+    streaming kernel) runs the layer, else the PyTorch forward."""
+    if cpp_step:
+        return LinearKernel.STREAMING if num_rows <= small_m_max else LinearKernel.GEMM
+    # dtype first: under torch.compile a float32 layer then never guards on its row count.
+    if dtype in _ONEDNN_DTYPES and num_rows == 1:
+        return LinearKernel.GEMV
+    return LinearKernel.GEMM
+
+
+def row_routed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)` for x [M, K], through the kernel `linear_kernel` picks for M rows."""
+    if (
+        layer.bias is None
+        and x.dim() == 2
+        and linear_kernel(x.shape[0], x.dtype, cpp_step=False) is LinearKernel.GEMV
+    ):
+        return torch.mv(layer.weight, x[0]).unsqueeze(0)  # [1, N]
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def route_single_rows(model: nn.Module) -> int:
+    """Points every plain nn.Linear's forward at `row_routed_linear`; returns how many.
+    Instance attributes shadow the method, so the class keeps the plain forward."""
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    for layer in linears:
+        layer.forward = functools.partial(row_routed_linear, layer)
+    return len(linears)
