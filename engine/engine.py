@@ -36,6 +36,7 @@ from engine.requests.request_state import RequestState
 from engine.sampling.sampler import Sampler
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats
 
@@ -94,20 +95,15 @@ class Engine:
     ) -> Request:
         """Validates a request (ValueError if it could never be served) and builds it, with
         `max_tokens=None` filled in; changes nothing, so any thread may call it."""
-        if not prompt_token_ids:
-            raise ValueError("the prompt must hold at least one token")
-        vocab = self.info.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary (size {vocab})")
-        params.validate_for_vocab(vocab)  # ids it may sample
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
-        if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids)))
+        check_request(prompt_token_ids, params, self.info.vocab_size, self.tokenizer is not None)
         if params.use_beam_search:
             check_beam_params(params)
-        self.scheduler.check_admissible(len(prompt_token_ids), params, request_id)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids)))
+        sched = self.scheduler
+        check_admissible(
+            len(prompt_token_ids), params, request_id, sched.max_model_len, self.config.max_num_seqs, sched.block_manager
+        )
         return Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
 
     def add(self, request: Request) -> None:

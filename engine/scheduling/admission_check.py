@@ -1,11 +1,29 @@
-"""Whether a request of a given shape could ever run on an engine: its context, its width and
-its worst-case KV blocks (after a preemption every sequence recomputes into blocks of its own).
-Checked once, where a request enters the engine (`Engine.new_request`)."""
+"""Whether a request could ever be served, checked once, where it enters the engine
+(`Engine.new_request`): `check_request` for its prompt and token ids (beam search adds its own
+rules, decoding/beam_search.py), `check_admissible` for its shape — context, width and
+worst-case KV blocks (after a preemption every sequence recomputes into blocks of its own). Both raise ValueError with a message a user can act on."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.sampling.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
+
+
+def check_request(
+    prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, has_tokenizer: bool
+) -> None:
+    if not prompt_token_ids:
+        raise ValueError("the prompt must hold at least one token")
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary (size {vocab_size})")
+    params.validate_for_vocab(vocab_size)  # ids it may sample
+    if params.stop and not has_tokenizer:
+        raise ValueError(
+            "stop strings need a tokenizer, and this model has none; use stop_token_ids"
+        )
 
 
 def check_admissible(

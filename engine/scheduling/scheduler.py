@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.requests.outputs import FINISH_REASONS
 from engine.requests.request import Request, RequestStatus, TokenSequence
-from engine.sampling.sampling_params import SamplingParams
-from engine.scheduling.admission_check import check_admissible
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
 from engine.scheduling.step_plan import (
     QueueFullError,
@@ -73,7 +71,7 @@ class Scheduler:
 
     # ----- intake --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queues a new request checked by `check_admissible` (the engine does, once);
+        """Queues a new request checked by `admission_check` (the engine does, once);
         raises QueueFullError if the waiting queue is at `max_queued_requests`."""
         rid = request.request_id
         if request.status is not RequestStatus.WAITING or request.seqs[0].num_computed_tokens:
@@ -84,19 +82,6 @@ class Scheduler:
                 "retry later"
             )
         self._waiting.append(request)
-
-    def check_admissible(
-        self, prompt_len: int, params: SamplingParams, rid: str = "request"
-    ) -> None:
-        """Raises ValueError when a request of this shape could never run on this engine."""
-        check_admissible(
-            prompt_len,
-            params,
-            rid,
-            self.max_model_len,
-            self.config.max_num_seqs,
-            self.block_manager,
-        )
 
     def abort(self, request: Request) -> None:
         """Aborts at the next `schedule()`; finished or unknown requests are ignored."""

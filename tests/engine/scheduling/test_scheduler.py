@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.requests.request import Request
 from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.admission_check import check_admissible
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import QueueFullError, Scheduler, SchedulerOutput
 
@@ -54,7 +55,8 @@ class Driver:
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, n: int = 1) -> Request:
         request = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, n=n))
-        self.sched.check_admissible(len(prompt), request.params, rid)  # as Engine.new_request
+        sched = self.sched  # as Engine.new_request does
+        check_admissible(len(prompt), request.params, rid, sched.max_model_len, sched.config.max_num_seqs, sched.block_manager)
         self.sched.add_request(request)
         self.queue.append(rid)
         self.requests[rid] = request
