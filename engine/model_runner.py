@@ -2,7 +2,8 @@
 them (prefill chunks and decodes mixed), and returns logits only for the rows that sample.
 
 Contract: `execute(chunks, block_copies)` where each chunk has `.seq` (with `token_ids` and
-`block_table`), `.start` (tokens already in the cache), `.num_new_tokens` and `.sample`.
+`block_table`), `.start` (tokens already in the cache), `.num_new_tokens`, `.seq_len` (start +
+num_new_tokens) and `.sample`.
 Returns `[num_sampling_chunks, vocab]` float32 logits in chunk order, plus, when asked,
 the logits of every new row (for prompt logprobs). The KV cache is owned here; how the
 forward runs (C++ step, PyTorch layers with C++ attention, plain PyTorch) is chosen once, in
@@ -71,7 +72,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         row_starts: list[int] = []
         for chunk in chunks:
-            start, end = chunk.start, chunk.start + chunk.num_new_tokens
+            start, end = chunk.start, chunk.seq_len
             row_starts.append(len(ids))
             ids.extend(chunk.seq.token_ids[start:end])
             positions.extend(range(start, end))

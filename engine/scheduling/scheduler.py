@@ -283,7 +283,6 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self._running),
             num_waiting=len(self._waiting),
-            num_running_seqs=sum(len(r.live_seqs) for r in self._running),
             num_preemptions=self._num_preemptions,
             blocks=usage,
         )

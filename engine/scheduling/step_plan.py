@@ -62,7 +62,6 @@ class SchedulerOutput:
 class SchedulerStats:
     num_running: int  # requests
     num_waiting: int
-    num_running_seqs: int
     num_preemptions: int  # cumulative
     blocks: BlockUsage
 

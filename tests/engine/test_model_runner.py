@@ -26,6 +26,10 @@ class _Chunk:
     num_new_tokens: int
     sample: bool
 
+    @property
+    def seq_len(self) -> int:  # as ScheduledChunk's
+        return self.start + self.num_new_tokens
+
 
 def _runner(sampleable_vocab=None, dtype=torch.float32) -> tuple[ModelRunner, torch.nn.Module]:
     hf = make_hf_model("llama")

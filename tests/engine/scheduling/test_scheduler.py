@@ -302,8 +302,8 @@ def test_forked_sequences_share_the_prompt_and_survive_preemption():
 
 def test_forked_sequences_use_fewer_blocks_than_independent_ones():
     d = Driver(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
-    d.add("g", list(range(42)), 4, n=4)  # 11 prompt blocks (the last one partial)
-    while d.sched.stats().num_running_seqs < 4:
+    g = d.add("g", list(range(42)), 4, n=4)  # 11 prompt blocks (the last one partial)
+    while len(g.live_seqs) < 4:
         d.step()
     assert d.bm.num_used_blocks == 11  # forks share every block
     out = d.step()  # each writes into the shared partial block: 3 copies, the 4th writes in place
