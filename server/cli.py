@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("server.serve", "serve a model over HTTP (OpenAI and TGI APIs)"),
     "generate": ("server.generate_command", "generate text for one prompt, streamed to the terminal"),
-    "bench": ("server.bench_command", "measure latency, throughput and serving performance"),
+    "bench": ("bench.cli", "measure latency, throughput and serving performance"),
 }
 
 

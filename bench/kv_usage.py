@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from server.bench.model_shapes import kv_bytes_per_token
+from bench.model_shapes import kv_bytes_per_token
 
 
 @dataclass(frozen=True)

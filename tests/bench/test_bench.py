@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from server.bench.backends import BackendOptions, BackendUnavailable, load_backend
-from server.bench.kv_usage import KvPeakTracker
-from server.bench.workload import WorkloadSpec, make_workload
+from bench.backends import BackendOptions, BackendUnavailable, load_backend
+from bench.kv_usage import KvPeakTracker
+from bench.workload import WorkloadSpec, make_workload
 from server.cli import main
 from tests.checkpoints import VOCAB, save_checkpoint
 

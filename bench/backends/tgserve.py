@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import count
 
-from server.bench.backends import BackendOptions, LatencySample, ThroughputSample, count_tokens
-from server.bench.kv_usage import KvPeakTracker
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.backends import BackendOptions, LatencySample, ThroughputSample, count_tokens
+from bench.kv_usage import KvPeakTracker
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 
 class TgserveBackend:

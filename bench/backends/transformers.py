@@ -16,15 +16,15 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 
-from server.bench.backends import (
+from bench.backends import (
     BackendOptions,
     BackendUnavailable,
     LatencySample,
     ThroughputSample,
     count_tokens,
 )
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 
 class _FirstTokenClock:
