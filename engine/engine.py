@@ -261,3 +261,20 @@ class Engine:
             generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps,
         )
+
+    def kv_slots(self, request_id: str) -> list[tuple[int, int]]:
+        """KV cache slots of a request's live sequences: `(allocated, cached)` per sequence.
+
+        `allocated` = `len(block_table) * block_size` (the slots its blocks hold), `cached` =
+        `num_computed_tokens` (the slots holding a token). Only sequences that hold blocks are
+        listed, in creation order; an unknown or finished request gives `[]`.
+        """
+        request = self.scheduler.get_request(request_id)
+        if request is None or request.is_finished:
+            return []
+        block_size = self.config.block_size
+        return [
+            (len(seq.block_table) * block_size, seq.num_computed_tokens)
+            for seq in request.live_seqs
+            if seq.block_table
+        ]
