@@ -1,6 +1,6 @@
 """llama.cpp through `llama-cpp-python` as a benchmark backend, when that package is installed.
 
-Contract (see bench/backends/__init__.py): llama.cpp loads GGUF files only, so this backend needs `--model` to
+Contract (see bench.backends): llama.cpp loads GGUF files only, so this backend needs `--model` to
 be a .gguf file (the default model is one).
 Weights: by default the ones tgserve runs. A GGUF whose matrices are not stored in `--dtype`
 (the default model is Q4_1) is rewritten once by gguf_requant.py (tensors dequantised then

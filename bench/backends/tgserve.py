@@ -1,6 +1,6 @@
 """tgserve's own engine as a benchmark backend.
 
-Contract (see bench/backends/__init__.py): requests go through `Engine.add_request` / `step()` exactly as the
+Contract (see bench.backends): requests go through `Engine.add_request` / `step()` exactly as the
 server drives them, greedy, `ignore_eos=True` and `max_tokens = output_len`, so every request
 decodes its full count. Latency times engine steps directly: prefill is submission until the step
 that samples the first token, decode is the remaining steps. Throughput submits every request at

@@ -1,6 +1,6 @@
 """transformers `generate` as a benchmark backend: the baseline a user gets without a server.
 
-Contract (see bench/backends/__init__.py): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
+Contract (see bench.backends): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
 bench dtype (for a GGUF, the converted copy in tgserve's cache: the same tensors). Greedy, with
 `min_new_tokens = max_new_tokens` so EOS never ends a row early and every backend decodes the same
 counts. Latency: one request, batch 1; a streamer timestamps the first generated token (generate

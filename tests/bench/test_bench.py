@@ -112,7 +112,9 @@ def test_kv_tracker_counts_waste_at_the_peak_from_block_tables():
         stats=lambda: SimpleNamespace(kv_blocks_used=usage["blocks"]),
         config=SimpleNamespace(block_size=16),
         kv_slots=lambda rid: [  # Engine.kv_slots: (allocated, cached) per sequence holding blocks
-            (len(s.block_table) * 16, s.num_computed_tokens) for s in seqs.get(rid, []) if s.block_table
+            (len(s.block_table) * 16, s.num_computed_tokens)
+            for s in seqs.get(rid, [])
+            if s.block_table
         ],
         runner=SimpleNamespace(kv_caches=[(k, k.clone()) for _ in range(3)]),
         model_config=SimpleNamespace(num_layers=3, num_heads=6, num_kv_heads=2, head_dim=4),
