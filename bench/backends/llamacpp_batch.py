@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from server.bench.workload import BenchRequest
+from bench.workload import BenchRequest
 
 
 @dataclass(frozen=True)

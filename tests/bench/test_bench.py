@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from server.bench.backends import BackendOptions, BackendUnavailable, load_backend
-from server.bench.kv_usage import KvPeakTracker
-from server.bench.workload import WorkloadSpec, make_workload
+from bench.backends import BackendOptions, BackendUnavailable, load_backend
+from bench.kv_usage import KvPeakTracker
+from bench.workload import WorkloadSpec, make_workload
 from server.cli import main
 from tests.checkpoints import VOCAB, save_checkpoint
 
@@ -111,8 +111,8 @@ def test_kv_tracker_counts_waste_at_the_peak_from_block_tables():
     engine = SimpleNamespace(
         stats=lambda: SimpleNamespace(kv_blocks_used=usage["blocks"]),
         config=SimpleNamespace(block_size=16),
-        scheduler=SimpleNamespace(
-            get_request=lambda rid: SimpleNamespace(live_seqs=seqs[rid]) if rid in seqs else None
+        get_request=lambda rid: (  # Engine.get_request: the live request, or None
+            SimpleNamespace(is_finished=False, live_seqs=seqs[rid]) if rid in seqs else None
         ),
         runner=SimpleNamespace(kv_caches=[(k, k.clone()) for _ in range(3)]),
         model_config=SimpleNamespace(num_layers=3, num_heads=6, num_kv_heads=2, head_dim=4),

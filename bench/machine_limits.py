@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server.bench.model_shapes import (
+from bench.model_shapes import (
     flops_per_token,
     layer_linears,
     lm_head,

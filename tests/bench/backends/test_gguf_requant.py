@@ -1,4 +1,4 @@
-"""The GGUF rewrite for llama.cpp (server/bench/gguf_requant.py): tensors equal the GGML block
+"""The GGUF rewrite for llama.cpp (bench/backends/gguf_requant.py): tensors equal the GGML block
 formats decoded by hand then rounded by torch (what tgserve runs), metadata equal GGUFReader's view
 of the source, the cache keyed on the source file and written atomically.
 """
@@ -14,9 +14,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from bench.backends import gguf_requant
+from bench.backends.gguf_requant import needs_requant, requantized_gguf, write_requantized
 from models.gguf.file import open_gguf
-from server.bench import gguf_requant
-from server.bench.gguf_requant import needs_requant, requantized_gguf, write_requantized
 from tests.ggml_blocks import hand_dequantise
 
 ROWS, COLS = 6, 64  # two 32-wide blocks per row

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from server.bench.serve_load import LoadSpec, arrival_gaps, run_load
-from server.bench.serve_metrics import percentile, summarize, summarize_run
-from server.bench.workload import BenchRequest
+from bench.serve_load import LoadSpec, arrival_gaps, run_load
+from bench.serve_metrics import percentile, summarize, summarize_run
+from bench.workload import BenchRequest
 from server.cli import main
 
 

@@ -1,4 +1,4 @@
-"""Continuous batching plans for llama.cpp (server/bench/llamacpp_batch.py), run against a fake
+"""Continuous batching plans for llama.cpp (bench/backends/llamacpp_batch.py), run against a fake
 llama.cpp context: a per-seq_id KV history whose next token is a hash of that history. The oracle
 is the same hash applied to each request alone, one token at a time (the serial path).
 """
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from server.bench.llamacpp_batch import ContinuousBatcher
-from server.bench.workload import BenchRequest
+from bench.backends.llamacpp_batch import ContinuousBatcher
+from bench.workload import BenchRequest
 
 VOCAB = 1000
 

@@ -1,6 +1,6 @@
 """llama.cpp through `llama-cpp-python` as a benchmark backend, when that package is installed.
 
-Contract (see backends.py): llama.cpp loads GGUF files only, so this backend needs `--model` to
+Contract (see bench.backends): llama.cpp loads GGUF files only, so this backend needs `--model` to
 be a .gguf file (the default model is one).
 Weights: by default the ones tgserve runs. A GGUF whose matrices are not stored in `--dtype`
 (the default model is Q4_1) is rewritten once by gguf_requant.py (tensors dequantised then
@@ -29,16 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from server.bench.backends import (
+from bench.backends import (
     BackendOptions,
     BackendUnavailable,
     LatencySample,
     ThroughputSample,
     count_tokens,
 )
-from server.bench.llamacpp_batch import ContinuousBatcher, StepToken
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.backends.llamacpp_batch import ContinuousBatcher, StepToken
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 INSTALL_HINT = (
     'install it in its own virtual environment: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
@@ -208,7 +208,7 @@ def _plain_cpu_buffers(lib) -> Iterator[None]:
 
 def weights_for(gguf: Path, dtype: str) -> tuple[Path, str]:
     """(file llama.cpp loads, what its weights are) per `WEIGHTS_ENV` (read now, not at import)."""
-    from server.bench.gguf_requant import needs_requant, requantized_gguf, stored_types
+    from bench.backends.gguf_requant import needs_requant, requantized_gguf, stored_types
 
     mode = os.environ.get(WEIGHTS_ENV, "same")
     if mode not in ("same", "stored"):
@@ -236,7 +236,7 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
     import torch
 
     gguf_path, weights = weights_for(source.gguf_file, options.dtype)
-    from server.bench.gguf_requant import TARGET_TYPES, stored_types
+    from bench.backends.gguf_requant import TARGET_TYPES, stored_types
 
     float_types = {t.name for t in TARGET_TYPES.values()}
     quantised = not set(stored_types(gguf_path)) <= float_types

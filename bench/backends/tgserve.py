@@ -1,6 +1,6 @@
 """tgserve's own engine as a benchmark backend.
 
-Contract (see backends.py): requests go through `Engine.add_request` / `step()` exactly as the
+Contract (see bench.backends): requests go through `Engine.add_request` / `step()` exactly as the
 server drives them, greedy, `ignore_eos=True` and `max_tokens = output_len`, so every request
 decodes its full count. Latency times engine steps directly: prefill is submission until the step
 that samples the first token, decode is the remaining steps. Throughput submits every request at
@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import count
 
-from server.bench.backends import BackendOptions, LatencySample, ThroughputSample, count_tokens
-from server.bench.kv_usage import KvPeakTracker
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.backends import BackendOptions, LatencySample, ThroughputSample, count_tokens
+from bench.kv_usage import KvPeakTracker
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 
 class TgserveBackend:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from server.bench.workload import BenchRequest
+from bench.workload import BenchRequest
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """KV cache figures of a tgserve run: bytes per token and allocation waste at peak usage.
 
 Contract: `KvPeakTracker(engine, request_ids)` is told `observe()` after every engine step; it
-keeps the step where the most KV blocks were in use and, at that step, walks the live sequences
-of the tracked requests through the public `scheduler.get_request`: a sequence holding
-`len(block_table)` blocks for `num_computed_tokens` cached tokens wastes
+keeps the step where the most KV blocks were in use and, at that step, asks the engine for the
+tracked requests' live sequences (`kv_slots`, through `Engine.get_request`): a sequence holding `len(block_table)`
+blocks for `num_computed_tokens` cached tokens wastes
 `len(block_table) * block_size - num_computed_tokens` slots. Paged allocation promises at most
 one partial block per sequence (waste <= block_size - 1); `figures()` reports the total, the
 worst sequence and whether the promise held. Bytes per token are measured on the cache tensors
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from server.bench.model_shapes import kv_bytes_per_token
+from bench.model_shapes import kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,7 @@ class KvPeakTracker:
         if used <= self._peak_blocks:
             return
         self._peak_blocks = used
-        block_size = self._engine.config.block_size
-        seqs = []
-        for rid in self._ids:
-            request = self._engine.scheduler.get_request(rid)
-            if request is None:
-                continue
-            for seq in request.live_seqs:
-                if seq.block_table:
-                    seqs.append((len(seq.block_table) * block_size, seq.num_computed_tokens))
-        self._peak_seqs = seqs
+        self._peak_seqs = [slots for rid in self._ids for slots in kv_slots(self._engine, rid)]
 
     def figures(self) -> KvCacheFigures:
         engine = self._engine
@@ -81,3 +72,21 @@ class KvPeakTracker:
             max_waste_slots_per_seq=max(waste, default=0),
             waste_within_one_block=all(0 <= w <= block_size - 1 for w in waste),
         )
+
+
+def kv_slots(engine: Any, request_id: str) -> list[tuple[int, int]]:
+    """KV cache slots of a request's live sequences: `(allocated, cached)` per sequence.
+
+    `allocated` = `len(block_table) * block_size` (the slots its blocks hold), `cached` =
+    `num_computed_tokens` (the slots holding a token). Only sequences that hold blocks are
+    listed, in creation order; an unknown or finished request gives `[]`.
+    """
+    request = engine.get_request(request_id)
+    if request is None or request.is_finished:
+        return []
+    block_size = engine.config.block_size
+    return [
+        (len(seq.block_table) * block_size, seq.num_computed_tokens)
+        for seq in request.live_seqs
+        if seq.block_table
+    ]

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any, TextIO
 
-from server.bench.latency import LatencyResult
-from server.bench.machine_limits import MachineLimits
-from server.bench.serve_metrics import Percentiles, ServeResult
-from server.bench.throughput import ThroughputResult
+from bench.latency import LatencyResult
+from bench.machine_limits import MachineLimits
+from bench.serve_metrics import Percentiles, ServeResult
+from bench.throughput import ThroughputResult
 
 
 def to_json_line(result: Any) -> str:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.bench.serve_load import LoadSpec, RequestRecord
+from bench.serve_load import LoadSpec, RequestRecord
 
 MAX_ERRORS_SHOWN = 5
 

@@ -19,16 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from server.bench.kv_usage import KvCacheFigures
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.kv_usage import KvCacheFigures
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 BACKENDS: dict[str, str] = {
-    "tgserve": "server.bench.backend_tgserve",
-    "tgserve-serial": "server.bench.backend_tgserve_serial",
-    "transformers": "server.bench.backend_transformers",
-    "vllm": "server.bench.backend_vllm",
-    "llamacpp": "server.bench.backend_llamacpp",
+    "tgserve": "bench.backends.tgserve",
+    "tgserve-serial": "bench.backends.tgserve_serial",
+    "transformers": "bench.backends.transformers",
+    "vllm": "bench.backends.vllm",
+    "llamacpp": "bench.backends.llamacpp",
 }
 
 

@@ -16,13 +16,13 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
+from bench.backends import BackendOptions, LatencySample, load_backend
+from bench.machine_limits import MachineLimits, decode_bound_tok_s
+from bench.model_shapes import flops_per_token
+from bench.model_source import ModelSource
+from bench.progress import ProgressBar
+from bench.workload import WorkloadSpec, make_workload
 from engine.config import dtype_bytes
-from server.bench.backends import BackendOptions, LatencySample, load_backend
-from server.bench.machine_limits import MachineLimits, decode_bound_tok_s
-from server.bench.model_shapes import flops_per_token
-from server.bench.model_source import ModelSource
-from server.bench.progress import ProgressBar
-from server.bench.workload import WorkloadSpec, make_workload
 
 
 @dataclass(frozen=True)

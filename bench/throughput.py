@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from server.bench.backends import BackendOptions, ThroughputSample, load_backend
-from server.bench.kv_usage import KvCacheFigures
-from server.bench.machine_limits import MachineLimits, min_compute_seconds
-from server.bench.model_source import ModelSource
-from server.bench.progress import ProgressBar
-from server.bench.workload import BenchRequest, WorkloadSpec, make_workload
+from bench.backends import BackendOptions, ThroughputSample, load_backend
+from bench.kv_usage import KvCacheFigures
+from bench.machine_limits import MachineLimits, min_compute_seconds
+from bench.model_source import ModelSource
+from bench.progress import ProgressBar
+from bench.workload import BenchRequest, WorkloadSpec, make_workload
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """transformers `generate` as a benchmark backend: the baseline a user gets without a server.
 
-Contract (see backends.py): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
+Contract (see bench.backends): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
 bench dtype (for a GGUF, the converted copy in tgserve's cache: the same tensors). Greedy, with
 `min_new_tokens = max_new_tokens` so EOS never ends a row early and every backend decodes the same
 counts. Latency: one request, batch 1; a streamer timestamps the first generated token (generate
@@ -16,15 +16,15 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 
-from server.bench.backends import (
+from bench.backends import (
     BackendOptions,
     BackendUnavailable,
     LatencySample,
     ThroughputSample,
     count_tokens,
 )
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 
 class _FirstTokenClock:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from server.bench.backend_tgserve import TgserveBackend
-from server.bench.backend_tgserve import load as load_batched
-from server.bench.backends import BackendOptions, ThroughputSample, count_tokens
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.backends import BackendOptions, ThroughputSample, count_tokens
+from bench.backends.tgserve import TgserveBackend
+from bench.backends.tgserve import load as load_batched
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 
 class SerialTgserveBackend(TgserveBackend):

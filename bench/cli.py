@@ -1,0 +1,163 @@
+"""`tgserve bench latency|throughput|serve`: the arguments, and the entry `tgserve` dispatches to.
+
+Contract: `add_arguments(parser)` declares the three subcommands; `run(args) -> int` runs one
+(commands.py) and prints its results (a table, or `--json`: one JSON object per line, the machine
+limits first) to stdout, with a progress bar on stderr when it is a terminal. `--backend` may be
+repeated (tgserve, transformers, vllm, llamacpp): every backend runs the same seeded workload in
+the same command, and ratios are against the first one named. latency and throughput measure the
+machine's limits first (skip with `--skip-limits`) and report each result as a fraction of its
+bound. Bad arguments raise ValueError (the CLI prints it and exits 2). server/cli.py imports this
+module only when the `bench` subcommand is asked for; heavy imports happen in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from bench.backends import BACKENDS
+
+DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+    latency = sub.add_parser("latency", help="batch-1 prefill and decode tok/s")
+    _model_args(latency)
+    _lengths(latency)
+    latency.add_argument("--runs", type=int, default=3, help="timed runs (the median is reported)")
+    latency.add_argument("--warmup-runs", type=int, default=1)
+    throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
+    throughput.add_argument("--runs", type=int, default=1, help="timed runs per backend (median)")
+    _model_args(throughput)
+    _workload_args(throughput, default_requests=64)
+    throughput.add_argument(
+        "--hf-batch-size", type=int, default=16, help="transformers static batch size"
+    )
+    serve = sub.add_parser(
+        "serve", help="streaming load against a running server's /v1/completions"
+    )
+    serve.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    serve.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="requests in flight (default 32 without --request-rate)",
+    )
+    serve.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="Poisson arrivals per second (default: all at once)",
+    )
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="the served weights (optional): for text data sets and the compute bound",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the request's model field (default: the first of /v1/models)",
+    )
+    serve.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="random prompt ids are drawn below it (default: --model's, else 1000)",
+    )
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    serve.add_argument(
+        "--long-prompt-every", type=int, default=0, help="every K-th request gets a long prompt"
+    )
+    serve.add_argument("--long-prompt-len", type=int, default=0)
+    serve.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=DTYPE_CHOICES,
+        help="for the compute bound with --model",
+    )
+    serve.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="the server's, for the compute bound",
+    )
+    _workload_args(serve, default_requests=64)
+    _output_args(serve)
+
+
+def _lengths(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
+    p.add_argument(
+        "--output-len", type=int, default=128, help="tokens decoded per request (EOS ignored)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload (prompts and lengths)")
+
+
+def _workload_args(p: argparse.ArgumentParser, default_requests: int) -> None:
+    _lengths(p)
+    p.add_argument("--num-requests", type=int, default=default_requests)
+    p.add_argument(
+        "--dist", default="fixed", choices=["fixed", "uniform", "text"], help="length distribution"
+    )
+    p.add_argument(
+        "--range-ratio", type=float, default=0.5, help="uniform: lengths in len * [1 - r, 1 + r]"
+    )
+    p.add_argument(
+        "--dataset", type=Path, default=None, help="--dist text: a UTF-8 file, one prompt per line"
+    )
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=list(BACKENDS),
+        help="repeatable; the first is the reference",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=64, help="tgserve / vLLM running batch")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="tgserve / vLLM tokens per step"
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="off by default: measure compute, not cache hits",
+    )
+    p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
+    p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
+    p.add_argument(
+        "--disable-cpu-kernels",
+        action="store_true",
+        help="tgserve: PyTorch ops only (no C++ decode step / attention kernel)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+    )
+    p.add_argument(
+        "--skip-limits", action="store_true", help="do not measure bandwidth and matmul rates"
+    )
+    _output_args(p)
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when a terminal)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.commands import run_command
+
+    return run_command(args)

@@ -1,0 +1,158 @@
+"""What `tgserve bench latency|throughput|serve` runs, once bench/cli.py has parsed the arguments.
+
+Contract: `run_command(args) -> int` warns on stderr when the machine is already busy, runs the
+offline benchmarks (latency, throughput: backends loaded in this process) or the serving load
+(serve: streams against a running server's /v1/completions), measures the machine's limits when
+asked, and emits the results on stdout (report.py). Bad arguments raise ValueError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.backends import BackendOptions
+from bench.latency import LatencyResult, LatencySpec, run_latency_bench
+from bench.machine_limits import MachineLimits, measure_machine_limits, min_compute_seconds
+from bench.model_source import resolve_model
+from bench.progress import ProgressBar, enabled_by_default
+from bench.report import emit
+from bench.serve_load import LoadSpec, discover_model, run_load
+from bench.serve_metrics import ServeResult, summarize_run
+from bench.throughput import ThroughputResult, decode_batch, run_throughput_bench
+from bench.workload import WorkloadSpec, make_workload
+
+if TYPE_CHECKING:
+    from models.tokenizer import Tokenizer
+
+
+def run_command(args: argparse.Namespace) -> int:
+    show_progress = enabled_by_default() if args.progress is None else args.progress
+    _warn_if_busy()
+    if args.bench_command == "serve":
+        results, limits = _run_serve(args, show_progress)
+    else:
+        results, limits = _run_offline(args, show_progress)
+    emit(results, limits, args.json, sys.stdout)
+    print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    return 0
+
+
+def _warn_if_busy() -> None:
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    print(f"load average before: {load:.2f} ({cores} cores)", file=sys.stderr)
+    if load > 0.5 * cores:
+        print("warning: the machine is busy; figures will be low and noisy", file=sys.stderr)
+
+
+def _run_offline(
+    args: argparse.Namespace, show_progress: bool
+) -> tuple[list[LatencyResult] | list[ThroughputResult], MachineLimits | None]:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    names = list(dict.fromkeys(args.backend or ["tgserve"]))
+    source = resolve_model(args.model)
+    if args.bench_command == "latency":
+        spec = LatencySpec(args.input_len, args.output_len, args.runs, args.warmup_runs, args.seed)
+        num_requests, max_len = 1, args.input_len + args.output_len
+        batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step
+    else:
+        spec = _workload_spec(args)
+        num_requests, max_len, batched_tokens = (
+            args.num_requests,
+            spec.max_request_len(),
+            args.max_num_batched_tokens,
+        )
+    options = BackendOptions(
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=batched_tokens,
+        hf_batch_size=getattr(args, "hf_batch_size", 1),
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_model_len=max_len,
+        num_requests=num_requests,
+        quantization=args.quantization,
+        compile=args.compile,
+        cpu_kernels=not args.disable_cpu_kernels,
+    )
+    limits = None
+    if args.bench_command == "latency":
+        if not args.skip_limits:
+            limits = measure_machine_limits(source.config, args.dtype, (1, args.input_len))
+        return run_latency_bench(names, source, options, spec, limits, show_progress), limits
+    if not args.skip_limits:
+        limits = measure_machine_limits(
+            source.config, args.dtype, (1, decode_batch(options), batched_tokens)
+        )
+    tokenizer = _tokenizer(source.path) if spec.dist == "text" else None
+    return run_throughput_bench(
+        names, source, options, spec, limits, show_progress, tokenizer, args.runs
+    ), limits
+
+
+def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(
+        num_requests=args.num_requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        dist=args.dist,
+        seed=args.seed,
+        range_ratio=args.range_ratio,
+        dataset=args.dataset,
+        long_prompt_every=getattr(args, "long_prompt_every", 0),
+        long_prompt_len=getattr(args, "long_prompt_len", 0),
+    )
+
+
+def _tokenizer(path: Path) -> Tokenizer:
+    from models.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _run_serve(
+    args: argparse.Namespace, show_progress: bool
+) -> tuple[list[ServeResult], MachineLimits | None]:
+    concurrency = (
+        args.concurrency
+        if args.concurrency is not None or not math.isinf(args.request_rate)
+        else 32
+    )
+    spec = _workload_spec(args)
+    if spec.dist == "text" and not args.model:
+        raise ValueError("--dist text needs --model: its tokenizer turns the lines into prompts")
+    source = resolve_model(args.model) if args.model else None
+    vocab = args.vocab_size or (source.config.vocab_size if source else 1000)
+    tokenizer = _tokenizer(source.path) if source and spec.dist == "text" else None
+    requests = make_workload(spec, vocab, tokenizer)
+    model_name = args.served_model_name or discover_model(args.url, args.api_key)
+    load_spec = LoadSpec(
+        args.url, concurrency, args.request_rate, args.seed, model_name, args.timeout, args.api_key
+    )
+    with ProgressBar("serve", len(requests), show_progress) as bar:
+        load_before = os.getloadavg()
+        records, duration = run_load(load_spec, requests, bar.update)
+        load_after = os.getloadavg()
+    limits = bound = None
+    if source is not None:
+        decode_m = min(concurrency or len(requests), len(requests))
+        limits = measure_machine_limits(
+            source.config, args.dtype, (decode_m, args.max_num_batched_tokens)
+        )
+        good = [r for r in records if r.ok]
+        bound = min_compute_seconds(
+            limits,
+            source.config,
+            sum(r.prompt_tokens for r in good),
+            sum(r.output_tokens for r in good),
+            args.max_num_batched_tokens,
+            decode_m,
+        )
+    return [summarize_run(load_spec, records, duration, load_before, load_after, bound)], limits
