@@ -24,7 +24,7 @@ from engine import (
 )
 from server.errors import ApiError
 from server.metrics import RequestTimer, ServerMetrics
-from server.schemas import to_api_error
+from server.request_params import to_api_error
 
 
 async def open_streams(

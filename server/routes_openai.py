@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
 from server.errors import ApiError, parse_body
-from server.schemas import chat_params, completion_params
+from server.request_params import chat_params, completion_params
 from server.schemas_openai import (
     ChatCompletionRequest,
     ChatMessage,

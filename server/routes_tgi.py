@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from engine import MAX_N, MAX_STOP_STRINGS, CompletionOutput, RequestOutput
 from server import schemas_tgi as tgi
 from server.errors import ApiError, parse_body
-from server.schemas import tgi_params
+from server.request_params import tgi_params
 from server.state import ServerState, get_state
 from server.streaming import EventStreamResponse, final_output, run_until_disconnect, sse
 
