@@ -155,12 +155,12 @@ class RequestTimer:
             if self._last_token_time is None:
                 self._m.ttft.observe(now - self._start)
                 first = output.metrics.first_token_time if output.metrics else None
-                if new > 1 and first is not None:  # later tokens merged into the first snapshot
+                if new > 1 and first is not None:  # later tokens merged into the first output
                     gap = max(0.0, time.time() - first) / (new - 1)
                     for _ in range(new - 1):
                         self._m.itl.observe(gap)
             else:
-                gap = (now - self._last_token_time) / new  # a merged snapshot: spread the gap
+                gap = (now - self._last_token_time) / new  # merged deltas: spread the gap
                 for _ in range(new):
                     self._m.itl.observe(gap)
             self._tokens, self._last_token_time = tokens, now

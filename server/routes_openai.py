@@ -2,8 +2,8 @@
 
 Contract: each request is parsed (400 on any invalid field), tokenized off the event loop,
 admitted (400 / 429 / 503 before any byte), then answered as one JSON body or as SSE chunks
-ending with `data: [DONE]`. Streamed text is the concatenation of deltas of the engine's
-cumulative text, so it equals the non-streamed text; each choice gets exactly one chunk with a
+ending with `data: [DONE]`. The engine's outputs are deltas with offsets; streamed text is their
+concatenation and the non-streamed text their sum (OutputAccumulator), so the two are equal; each choice gets exactly one chunk with a
 finish_reason; `stream_options.include_usage` adds a last chunk with `choices: []` and usage.
 Several prompts in one completion request run as separate engine requests; choice index =
 prompt_index * n + sample index. A client that disconnects aborts its requests.
