@@ -35,7 +35,7 @@ class TgserveBackend:
         self._ids = count()
 
     def _params(self, output_len: int):
-        from engine.sampling.sampling_params import SamplingParams
+        from engine import SamplingParams
 
         return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
 
@@ -96,8 +96,7 @@ class TgserveBackend:
 
 
 def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
-    from engine.config import EngineConfig
-    from engine.engine import Engine
+    from engine import Engine, EngineConfig
 
     config = EngineConfig(
         dtype=options.dtype,
