@@ -30,7 +30,9 @@ _OPENAI_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     503: "service_unavailable_error",
 }
 _TGI_TYPES = {
@@ -38,7 +40,9 @@ _TGI_TYPES = {
     401: "authentication",
     404: "not_found",
     413: "validation",
+    415: "validation",
     429: "overloaded",
+    431: "validation",
     503: "unhealthy",
 }
 _REJECTION_REASONS = {
@@ -47,7 +51,9 @@ _REJECTION_REASONS = {
     404: "not_found",
     405: "not_found",
     413: "body_too_large",
+    415: "unsupported_media_type",
     429: "overloaded",
+    431: "headers_too_large",
     503: "unavailable",
 }
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,7 +1,8 @@
 """The guard: pure ASGI middleware (it must not buffer streams) that answers before any route.
 
-Contract: 413 when the body is larger than `max_body_bytes` (Content-Length, or counted while
-reading), 401 without a valid `Authorization: Bearer` key (constant-time comparison; the key is
+Contract: 431 (with `Connection: close`) when the request carries more than `max_headers`
+header fields or more than `max_header_bytes` of header names and values together; 413 when the
+body is larger than `max_body_bytes` (Content-Length, or counted while reading), 401 without a valid `Authorization: Bearer` key (constant-time comparison; the key is
 never logged), 503 while loading or draining. `settings.public_routes` skip auth and readiness.
 Every refusal is counted in the metrics by reason.
 """
@@ -13,6 +14,7 @@ import hmac
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import ApiError, error_response, rejection_reason
+from server.settings import Settings
 from server.state import ServerState
 
 
@@ -27,35 +29,40 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        error = _header_error(scope["headers"], self.state.settings) or self._refusal(scope)
+        if error is not None:
+            self.state.metrics.reject(rejection_reason(error.status))
+            return await error_response(scope["path"], error)(scope, receive, send)
+        await self.app(scope, _limited(receive, self.state.settings.max_body_bytes), send)
+
+    def _refusal(self, scope: Scope) -> ApiError | None:
+        """413, 401 or 503 when this request must be answered before any route; else None."""
         path, state = scope["path"], self.state
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         limit = state.settings.max_body_bytes
-        error = None
         if _content_length(headers) > limit:
-            error = ApiError(
+            return ApiError(
                 413, f"the request body is larger than {limit} bytes", code="request_too_large"
             )
-        elif path not in state.settings.public_routes:
-            if self.keys and not self._authorized(headers.get("authorization", "")):
-                error = ApiError(
-                    401,
-                    "a valid API key is needed: 'Authorization: Bearer <key>'",
-                    code="invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            elif state.draining:
-                error = ApiError(503, "the server is shutting down", code="draining")
-            elif not state.ready:
-                error = ApiError(
-                    503,
-                    "the model is still loading; retry shortly",
-                    code="not_ready",
-                    headers={"Retry-After": "5"},
-                )
-        if error is not None:
-            state.metrics.reject(rejection_reason(error.status))
-            return await error_response(path, error)(scope, receive, send)
-        await self.app(scope, _limited(receive, limit), send)
+        if path in state.settings.public_routes:
+            return None
+        if self.keys and not self._authorized(headers.get("authorization", "")):
+            return ApiError(
+                401,
+                "a valid API key is needed: 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if state.draining:
+            return ApiError(503, "the server is shutting down", code="draining")
+        if not state.ready:
+            return ApiError(
+                503,
+                "the model is still loading; retry shortly",
+                code="not_ready",
+                headers={"Retry-After": "5"},
+            )
+        return None
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
@@ -64,6 +71,23 @@ class Guard:
         for key in self.keys:  # no early exit: the time taken does not depend on which key
             matched |= hmac.compare_digest(given, key)
         return matched and scheme.lower() == "bearer"
+
+
+def _header_error(raw: list[tuple[bytes, bytes]], settings: Settings) -> ApiError | None:
+    """431 past the header count or size limit; the connection is closed after the answer."""
+    size = sum(len(name) + len(value) for name, value in raw)
+    if len(raw) <= settings.max_headers and size <= settings.max_header_bytes:
+        return None
+    if len(raw) > settings.max_headers:
+        what = f"{len(raw)} header fields (at most {settings.max_headers} are accepted)"
+    else:
+        what = f"{size} bytes of headers (at most {settings.max_header_bytes} are accepted)"
+    return ApiError(
+        431,
+        f"the request carries {what}",
+        code="request_header_fields_too_large",
+        headers={"Connection": "close"},
+    )
 
 
 def _content_length(headers: dict[str, str]) -> int:

@@ -85,10 +85,18 @@ def serve_app(app: Any, settings: Settings) -> int:
         log_config=None,  # our logging configuration; uvicorn's loggers propagate to it
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=5,  # streams have ended by then: the drain ran first
+        # h11 refuses (400, connection closed) a header section larger than this before the
+        # guard sees it; the slack leaves the guard's 431 as the limit users meet.
+        h11_max_incomplete_event_size=h11_header_bound(settings),
     )
     server = _Server(config, app.state.tgserve, settings)
     asyncio.run(server.serve())
     return server.exit_code
+
+
+def h11_header_bound(settings: Settings) -> int:
+    """Bytes of a whole header section on the wire: request line, names, values, separators."""
+    return settings.max_header_bytes + 4 * settings.max_headers + 16 * 1024
 
 
 class _Server(uvicorn.Server):

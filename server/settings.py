@@ -99,6 +99,12 @@ OPTIONS: tuple[_Option, ...] = (
         "/health fails when no engine step ends for this long while work is pending",
     ),
     _Option("max_body_bytes", parse_size, "largest request body accepted (413 beyond)"),
+    _Option(
+        "max_header_bytes",
+        parse_size,
+        "largest total size of a request's header names and values (431 beyond)",
+    ),
+    _Option("max_headers", int, "most header fields one request may carry (431 beyond)"),
     _Option("public_routes", _words, "comma list of routes served without a key"),
     _Option("log_level", str, "debug | info | warning | error"),
 )
@@ -126,6 +132,8 @@ class Settings:
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0
     max_body_bytes: int = 4 * 1024 * 1024
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
     log_level: str = "info"
 
@@ -134,6 +142,12 @@ class Settings:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be at least 1KiB, got {self.max_body_bytes}")
+        if self.max_header_bytes < 1024:
+            raise ValueError(
+                f"--max-header-bytes must be at least 1KiB, got {self.max_header_bytes}"
+            )
+        if self.max_headers < 8:
+            raise ValueError(f"--max-headers must be at least 8, got {self.max_headers}")
         if any(not key for key in self.api_key):
             raise ValueError("--api-key must not be empty")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

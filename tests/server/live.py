@@ -19,6 +19,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
+from server.serve import h11_header_bound
 from server.settings import Settings
 
 
@@ -48,6 +49,7 @@ class LiveServer:
             port=self.port,
             log_level="warning",
             timeout_graceful_shutdown=2,
+            h11_max_incomplete_event_size=h11_header_bound(self.settings),  # as serve_app does
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
