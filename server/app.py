@@ -3,7 +3,11 @@
 Contract: `create_app(settings, engine_factory, admission_limit)` returns a FastAPI app whose
 lifespan starts `ServerState.start()` (server/state.py: load in a worker thread, warm up, turn
 ready) and drains on shutdown; `Guard` (server/guard.py) answers 413 / 401 / 503 before any
-route; errors render in each API's own shape (server/errors.py).
+route; errors render in each API's own shape (server/errors.py). With `allowed_origins`,
+Starlette's CORSMiddleware wraps OUTSIDE the guard: preflights from those origins are answered
+before auth, and every response the guard or a route gives them (401 / 429 / 503 included)
+carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
+never allowed: clients send their key in the Authorization header, which is allowed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from engine import EngineCore
 from server.errors import install_error_handlers
@@ -46,4 +51,14 @@ def create_app(
     for module in (routes_openai, routes_tgi, routes_misc):
         app.include_router(module.router)
     app.add_middleware(Guard, state=state)
+    if settings.allowed_origins:  # added last: it wraps the guard
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+            allow_credentials=False,
+            max_age=600,
+        )
     return app

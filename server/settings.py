@@ -48,6 +48,15 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
+def _origins(text: str) -> tuple[str, ...]:
+    """Origins from one flag value: `*` or scheme://host[:port], a trailing slash dropped."""
+    origins = tuple(o.rstrip("/") for o in _words(text))
+    for origin in origins:
+        if origin != "*" and not re.match(r"^https?://[^/\s]+$", origin):
+            raise ValueError(f"expected * or an origin such as https://app.example, got {origin!r}")
+    return origins
+
+
 @dataclass(frozen=True)
 class _Option:
     dest: str
@@ -106,6 +115,13 @@ OPTIONS: tuple[_Option, ...] = (
     ),
     _Option("max_headers", int, "most header fields one request may carry (431 beyond)"),
     _Option("public_routes", _words, "comma list of routes served without a key"),
+    _Option(
+        "allowed_origins",
+        _origins,
+        "browser origins allowed by CORS, e.g. https://app.example (repeatable or a comma list; "
+        "* allows any; none: no CORS headers)",
+        repeatable=True,
+    ),
     _Option("log_level", str, "debug | info | warning | error"),
 )
 
@@ -135,9 +151,16 @@ class Settings:
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
+    allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        flat = tuple(
+            origin
+            for item in self.allowed_origins
+            for origin in ((item,) if isinstance(item, str) else item)
+        )
+        object.__setattr__(self, "allowed_origins", flat)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.max_body_bytes < 1024:
