@@ -5,7 +5,8 @@ error)` renders it as `{"error": {"message", "type", "param", "code"}}` on OpenA
 and `{"error", "error_type"}` on TGI routes (where invalid input is 422, as TGI does). Bodies
 never carry tracebacks, exception reprs or file paths: unexpected exceptions become a generic
 500 and are logged server-side only. FastAPI's bare 422 never escapes: bodies are parsed by
-the routes (`parse_body`) and any stray validation error is turned into a 400.
+the routes (`read_body`: 415 unless the body is declared as JSON, then `parse_body`) and any
+stray validation error is turned into a 400.
 """
 
 from __future__ import annotations
@@ -140,6 +141,26 @@ def _is_field(part: object) -> bool:
     return (
         isinstance(part, str) and bool(_IDENTIFIER.match(part)) and part.lower() not in _TYPE_TAGS
     )
+
+
+def is_json_media_type(content_type: str) -> bool:
+    """application/json or application/*+json, with any parameters (e.g. charset)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+async def read_body(request: Request, model: type[ModelT]) -> ModelT:
+    """The body parsed as `model`; 415 when it is not declared as JSON (before reading it)."""
+    content_type = request.headers.get("content-type", "")
+    if not is_json_media_type(content_type):
+        given = f"'{content_type}'" if content_type else "no Content-Type"
+        raise ApiError(
+            415,
+            f"the request body must be JSON sent as 'Content-Type: application/json', got {given}",
+            code="unsupported_media_type",
+        )
+    return parse_body(model, await request.body())
 
 
 def parse_body(model: type[ModelT], body: bytes) -> ModelT:

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.errors import ApiError, parse_body
+from server.errors import ApiError, read_body
 from server.routes_openai import chat_prompt
 from server.schemas_openai import DetokenizeRequest, TokenizeRequest
 from server.state import get_state
@@ -49,7 +49,7 @@ async def metrics(request: Request) -> Response:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
     state = get_state(request)
-    req = parse_body(TokenizeRequest, await request.body())
+    req = await read_body(request, TokenizeRequest)
     state.model_name(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise ApiError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
@@ -66,7 +66,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict[str, Any]:
     state = get_state(request)
-    req = parse_body(DetokenizeRequest, await request.body())
+    req = await read_body(request, DetokenizeRequest)
     state.model_name(req.model)
     tokenizer = state.require_tokenizer()
     vocab = tokenizer.vocab_size

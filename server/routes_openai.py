@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
-from server.errors import ApiError, parse_body
+from server.errors import ApiError, read_body
 from server.request_params import chat_params, completion_params
 from server.schemas_openai import (
     ChatCompletionRequest,
@@ -240,7 +240,7 @@ def _check_logprobs(state: ServerState, wanted: bool) -> None:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     state = get_state(request)
-    req = parse_body(CompletionRequest, await request.body())
+    req = await read_body(request, CompletionRequest)
     model = state.model_name(req.model)
     prompts = await _completion_prompts(state, req.prompt)
     params = [completion_params(req) for _ in prompts]
@@ -263,7 +263,7 @@ async def completions(request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = get_state(request)
-    req = parse_body(ChatCompletionRequest, await request.body())
+    req = await read_body(request, ChatCompletionRequest)
     model = state.model_name(req.model)
     prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False)
     params = chat_params(req)

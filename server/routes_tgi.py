@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine import MAX_N, MAX_STOP_STRINGS, CompletionOutput, RequestOutput
 from server import schemas_tgi as tgi
-from server.errors import ApiError, parse_body
+from server.errors import ApiError, read_body
 from server.request_params import tgi_params
 from server.state import ServerState, get_state
 from server.streaming import EventStreamResponse, final_output, run_until_disconnect, sse
@@ -163,17 +163,17 @@ async def _stream(request: Request, req: tgi.TgiRequest) -> Response:
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    return JSONResponse(await _generate(request, parse_body(tgi.TgiRequest, await request.body())))
+    return JSONResponse(await _generate(request, await read_body(request, tgi.TgiRequest)))
 
 
 @router.post("/generate_stream")
 async def generate_stream(request: Request) -> Response:
-    return await _stream(request, parse_body(tgi.TgiRequest, await request.body()))
+    return await _stream(request, await read_body(request, tgi.TgiRequest))
 
 
 @router.post("/")
 async def compat_generate(request: Request) -> Response:
-    req = parse_body(tgi.TgiRequest, await request.body())
+    req = await read_body(request, tgi.TgiRequest)
     if req.stream:
         return await _stream(request, req)
     return JSONResponse([await _generate(request, req)])

@@ -71,7 +71,13 @@ OPENAI_CASES = [
         "tools",
         "not supported",
     ),
-    ("/v1/chat/completions", {**OK_CHAT, "use_beam_search": True, "stop": ["x"]}, 400, None, "beam"),
+    (
+        "/v1/chat/completions",
+        {**OK_CHAT, "use_beam_search": True, "stop": ["x"]},
+        400,
+        None,
+        "beam",
+    ),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 10_000}, 400, None, "context length"),
     ("/tokenize", {}, 400, "prompt", "exactly one"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens", "vocabulary"),
@@ -149,7 +155,11 @@ def test_bodies_over_the_limit_are_413_whether_declared_or_streamed(server):
             yield b"x" * 1000
         yield b'"}'
 
-    streamed = httpx.post(server.url + "/v1/completions", content=chunks())  # chunked: no length
+    streamed = httpx.post(  # chunked: no length
+        server.url + "/v1/completions",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
     assert streamed.status_code == 413
     tgi = httpx.post(server.url + "/generate", json={"inputs": "x" * 5000})
     assert tgi.status_code == 413 and "error_type" in tgi.json()
