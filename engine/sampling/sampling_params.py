@@ -3,6 +3,8 @@
 Contract: frozen; `validate(vocab_size)` (also run on construction for the vocabulary-free
 rules) raises `ValueError` with a message naming the field, so the server can turn it into a
 400 before any work starts. The HTTP schemas are the one place API fields map onto this class.
+Greedy decoding (temperature 0) with n > 1 or best_of > 1 is refused, as vLLM does: every
+sequence would be the same. Beam search is the deterministic way to get several outputs.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ class SamplingParams:
         need(1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
         if self.best_of is not None:
             need(self.n <= self.best_of <= MAX_N, "best_of", f"must be in [n={self.n}, {MAX_N}], got {self.best_of}")
+        if self.greedy and not self.use_beam_search:
+            same = "with temperature 0 (greedy decoding) every sequence is the same; use temperature > 0 or use_beam_search"
+            need(self.n == 1, "n", f"must be 1 {same}, got {self.n}")
+            need(self.best_of in (None, 1), "best_of", f"must be 1 {same}, got {self.best_of}")
         if self.seed is not None:
             need(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
 

@@ -104,25 +104,36 @@ def test_streamed_chat_equals_non_streamed_with_role_first_and_usage_last(client
 
 
 def test_n_samples_and_several_prompts_get_their_own_choice_indices(client):
-    result = client.completions.create(
-        model="fake-model", prompt=["ab", "cd"], n=2, max_tokens=5, temperature=0
-    )
+    # Seeded sampling (greedy n > 1 is refused): each prompt's request draws the same samples.
+    body = {"model": "fake-model", "prompt": ["ab", "cd"], "n": 2, "max_tokens": 5, "seed": 11}
+    result = client.completions.create(**body)
     by_index = {c.index: c.text for c in result.choices}
     assert sorted(by_index) == [0, 1, 2, 3]
-    for prompt_index, prompt in enumerate(["ab", "cd"]):
-        for sample in range(2):
-            expected = expected_greedy_text(completion_ids(prompt), 5, index=sample)
-            assert by_index[prompt_index * 2 + sample] == expected
+    assert all(len(text) == 5 for text in by_index.values())
+    assert by_index[0] != by_index[1] and (by_index[0], by_index[1]) == (by_index[2], by_index[3])
     assert result.usage.completion_tokens == 20
     streamed: dict[int, str] = {}
     finishes: dict[int, int] = {}
-    for chunk in client.completions.create(
-        model="fake-model", prompt=["ab", "cd"], n=2, max_tokens=5, temperature=0, stream=True
-    ):
+    for chunk in client.completions.create(**body, stream=True):
         for choice in chunk.choices:
             streamed[choice.index] = streamed.get(choice.index, "") + choice.text
             finishes[choice.index] = finishes.get(choice.index, 0) + bool(choice.finish_reason)
     assert streamed == by_index and set(finishes.values()) == {1}
+
+
+def test_greedy_n_is_refused_naming_n_but_beam_search_is_served(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="fake-model", prompt="ab", n=2, temperature=0)
+    assert refused.value.status_code == 400 and refused.value.body["param"] == "n"
+    beams = client.completions.create(
+        model="fake-model",
+        prompt="ab",
+        n=2,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"use_beam_search": True},
+    )
+    assert sorted(c.index for c in beams.choices) == [0, 1]
 
 
 def test_token_id_prompts_are_accepted(client):
