@@ -6,7 +6,7 @@ model failed to load. Bad settings raise ValueError / FileNotFoundError before a
 `serve_app(app, settings)` is the uvicorn part alone (tests use it with a fake engine).
 
 Shutdown: the first SIGTERM or SIGINT makes /ready answer 503 and new requests 503, gives
-in-flight requests `--shutdown-timeout` seconds, aborts what is left (open streams end with a
+in-flight requests `--shutdown-timeout` seconds (0: none), aborts what is left (open streams end with a
 final `finish_reason: "abort"` chunk and `[DONE]`), then stops uvicorn. A second signal forces
 the exit. uvicorn's own handlers are not installed: they would re-raise the signal at exit.
 """

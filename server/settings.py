@@ -44,6 +44,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
@@ -100,7 +107,11 @@ OPTIONS: tuple[_Option, ...] = (
         "keep to PyTorch ops on CPU (default: tgserve's C++ decode kernels, built at start-up)",
         flag_is_switch=True,
     ),
-    _Option("shutdown_timeout", _positive_float, "seconds in-flight requests get after SIGTERM"),
+    _Option(
+        "shutdown_timeout",
+        _non_negative_float,
+        "seconds in-flight requests get after SIGTERM (0: abort them at once)",
+    ),
     _Option("request_timeout", _positive_float, "default per-request deadline in seconds"),
     _Option(
         "health_stall_timeout",
@@ -165,6 +176,8 @@ class Settings:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be at least 1KiB, got {self.max_body_bytes}")
+        if not (self.shutdown_timeout >= 0 and math.isfinite(self.shutdown_timeout)):
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.max_header_bytes < 1024:
             raise ValueError(
                 f"--max-header-bytes must be at least 1KiB, got {self.max_header_bytes}"

@@ -6,17 +6,21 @@ process the shutdown tests can signal:
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from server.app import create_app
-from server.serve import configure_logging, serve_app
+from server.serve import add_arguments, configure_logging, serve_app
 from server.settings import Settings
 from tests.server.fake_engine import FakeEngine
 
 
 def main() -> int:
-    port, shutdown_timeout, step_delay = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-    settings = Settings(host="127.0.0.1", port=port, shutdown_timeout=shutdown_timeout)
+    port, shutdown_timeout, step_delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # the timeout goes through the CLI's own parsing and validation
+    flags = ["--host", "127.0.0.1", "--port", port, "--shutdown-timeout", shutdown_timeout]
+    settings = Settings.resolve(parser.parse_args(flags), {})
     configure_logging("info")
     app = create_app(
         settings, lambda: FakeEngine(step_delay=step_delay, max_model_len=4096), admission_limit=16

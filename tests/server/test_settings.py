@@ -99,3 +99,15 @@ def test_run_refuses_a_missing_model_path_before_starting(tmp_path):
     args = parser().parse_args(["--model", str(tmp_path / "nowhere")])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         serve.run(args)
+
+
+def test_shutdown_timeout_zero_is_allowed_and_negative_is_refused():
+    assert (
+        Settings.resolve(parser().parse_args(["--shutdown-timeout", "0"]), {}).shutdown_timeout == 0
+    )
+    env = {"TGSERVE_SHUTDOWN_TIMEOUT": "0"}
+    assert Settings.resolve(parser().parse_args([]), env).shutdown_timeout == 0
+    with pytest.raises(ValueError, match="TGSERVE_SHUTDOWN_TIMEOUT"):
+        Settings.resolve(parser().parse_args([]), {"TGSERVE_SHUTDOWN_TIMEOUT": "-1"})
+    with pytest.raises(ValueError, match="shutdown-timeout"):
+        Settings(shutdown_timeout=float("inf"))

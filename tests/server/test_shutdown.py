@@ -109,6 +109,37 @@ def test_signal_drains_then_aborts_open_streams_and_exits_zero(sig):
     assert "draining" in output
 
 
+def test_shutdown_timeout_zero_aborts_in_flight_streams_at_once_and_exits_zero():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start(["-m", "tests.server.fake_server_main", str(port), "0", "0.01"], port)
+    try:
+        events: list[str] = []
+        body = {"prompt": "long", "max_tokens": 3000, "temperature": 0, "stream": True}
+        reader = threading.Thread(target=read_stream, args=(url + "/v1/completions", body, events))
+        reader.start()
+        while len(events) < 3:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        reader.join(20)
+        aborted_after = time.monotonic() - t0
+        output, _ = process.communicate(timeout=20)
+        code = process.returncode
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 0, output
+    assert aborted_after < 3  # 3000 tokens at 10ms a step would take 30s
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert 0 < len(text) < 3000
+    assert text == expected_greedy_text([BOS, *b"long"], len(text))
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert finishes[-1] == "abort" and finishes.count("abort") == 1
+
+
 def test_cli_serve_reads_flags_and_environment_and_stops_cleanly_on_sigterm(tiny_model_folder):
     folder = tiny_model_folder
     port = free_port()
