@@ -3,7 +3,9 @@
 Contract: 431 (with `Connection: close`) when the request carries more than `max_headers`
 header fields or more than `max_header_bytes` of header names and values together; 413 when the
 body is larger than `max_body_bytes` (Content-Length, or counted while reading), 401 without a valid `Authorization: Bearer` key (constant-time comparison; the key is
-never logged), 503 while loading or draining. `settings.public_routes` skip auth and readiness.
+never logged), 503 while loading or draining. `settings.public_routes` skip auth; only the
+operational routes (/health, /ready, /metrics) also skip readiness, so a route made public still
+answers 503 + Retry-After while the model loads.
 Every refusal is counted in the metrics by reason.
 """
 
@@ -16,6 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.errors import ApiError, error_response, rejection_reason
 from server.settings import Settings
 from server.state import ServerState
+
+OPERATIONAL_ROUTES = frozenset({"/health", "/ready", "/metrics"})  # answered while loading
 
 
 class Guard:
@@ -44,25 +48,15 @@ class Guard:
             return ApiError(
                 413, f"the request body is larger than {limit} bytes", code="request_too_large"
             )
-        if path in state.settings.public_routes:
-            return None
-        if self.keys and not self._authorized(headers.get("authorization", "")):
+        public = path in state.settings.public_routes
+        if not public and self.keys and not self._authorized(headers.get("authorization", "")):
             return ApiError(
                 401,
                 "a valid API key is needed: 'Authorization: Bearer <key>'",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if state.draining:
-            return ApiError(503, "the server is shutting down", code="draining")
-        if not state.ready:
-            return ApiError(
-                503,
-                "the model is still loading; retry shortly",
-                code="not_ready",
-                headers={"Retry-After": "5"},
-            )
-        return None
+        return None if path in OPERATIONAL_ROUTES else state.readiness_error()
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")

@@ -5,6 +5,8 @@ Contract:
   /health meanwhile), starts the AsyncEngine, runs one warm-up request and only then turns
   ready. A failed load is logged and `on_fatal` is called.
 - `open()` is how routes start generation (see server/admission.py).
+- `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
+  first, so a request sent while loading is told to retry, never that its model is unknown.
 - `drain(timeout)`: not ready any more; in-flight work gets `timeout` seconds, then is aborted.
 """
 
@@ -101,7 +103,26 @@ class ServerState:
         if self.engine is not None:
             await self.engine.shutdown(timeout)
 
+    def readiness_error(self) -> ApiError | None:
+        """The 503 to answer while draining or loading (with Retry-After); None once ready."""
+        if self.draining:
+            return ApiError(503, "the server is shutting down", code="draining")
+        if not self.ready:
+            return ApiError(
+                503,
+                "the model is still loading; retry shortly",
+                code="not_ready",
+                headers={"Retry-After": "5"},
+            )
+        return None
+
+    def require_ready(self) -> None:
+        error = self.readiness_error()
+        if error is not None:
+            raise error
+
     def model_name(self, requested: str | None) -> str:
+        self.require_ready()  # before the name check: the names are known once loaded
         if requested is None or requested in self.model_names:
             return requested or self.model_names[0]
         raise ApiError(
@@ -122,8 +143,7 @@ class ServerState:
         self, prompts: list[list[int]], params: list[SamplingParams], timeout: float | None
     ) -> list[AsyncIterator[RequestOutput]]:
         """Admits one engine request per prompt (all or none); raises ApiError before any byte."""
-        if self.engine is None:
-            raise ApiError(503, "the model is still loading", code="not_ready")
+        self.require_ready()
         return await open_streams(
             self.engine, self.metrics, prompts, params, timeout, self.settings.request_timeout
         )

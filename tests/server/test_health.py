@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.server.fake_engine import FakeEngine
+from tests.server.fake_engine import BOS, FakeEngine, expected_greedy_text
 from tests.server.live import LiveServer
 
 
@@ -44,6 +44,34 @@ def test_ready_waits_for_loading_and_warm_up_while_health_stays_up():
             ).status_code
             == 200
         )
+
+
+def test_loading_wins_over_the_model_name_check_even_on_public_routes():
+    release = threading.Event()
+
+    def blocked_factory() -> FakeEngine:
+        release.wait(10)
+        return FakeEngine()
+
+    public = ("/health", "/ready", "/metrics", "/v1/completions", "/tokenize")
+    with LiveServer(blocked_factory, wait_ready=False, public_routes=public) as live:
+        try:
+            for body in ({"model": "fake-model", "prompt": "x"}, {"prompt": "x"}):
+                refused = httpx.post(live.url + "/v1/completions", json=body)
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "not_ready"
+                assert refused.headers["retry-after"] == "5"
+            tokenize = httpx.post(
+                live.url + "/tokenize", json={"model": "fake-model", "prompt": "x"}
+            )
+            assert tokenize.status_code == 503 and tokenize.headers["retry-after"] == "5"
+            assert httpx.get(live.url + "/metrics").status_code == 200  # answered while loading
+        finally:
+            release.set()
+        wait_for(lambda: httpx.get(live.url + "/ready").status_code == 200)
+        body = {"model": "fake-model", "prompt": "x", "max_tokens": 2, "temperature": 0}
+        served = httpx.post(live.url + "/v1/completions", json=body)
+        assert served.json()["choices"][0]["text"] == expected_greedy_text([BOS, ord("x")], 2)
 
 
 def test_health_fails_while_the_loop_is_stalled_with_work_pending_and_recovers():
