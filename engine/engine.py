@@ -114,7 +114,6 @@ class Engine:
         self._states[request.request_id] = RequestState(
             request, self.tokenizer, self.eos_token_ids, self.runner.device
         )
-        self._prompt_tokens_total += len(request.prompt_token_ids)
 
     def add_request(
         self,
@@ -188,7 +187,8 @@ class Engine:
             self._beam_step(self._states[rid], group, logits.sampling)
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self._states[chunk.request.request_id]
-            state.mark_scheduled(now)
+            if state.mark_scheduled(now):  # counted once, at first scheduling (as vLLM)
+                self._prompt_tokens_total += len(state.request.prompt_token_ids)
             if chunk.sample:
                 moved[chunk.request.request_id] = state
         return list(moved.values())

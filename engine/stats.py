@@ -18,7 +18,10 @@ class EngineStats:
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # prompt tokens found there
     num_preemptions: int
-    prompt_tokens_total: int  # prompt tokens of admitted requests
+    # Whole prompts of requests the engine scheduled, counted once at their first step (prefix-
+    # cache hits included, recompute after preemption not again; as vLLM). A request aborted
+    # while still queued counts nothing.
+    prompt_tokens_total: int
     generation_tokens_total: int  # tokens sampled
     num_steps: int
 

@@ -82,9 +82,12 @@ class RequestState:
             self._prompt_logprobs[pos] = TokenLogprob(prompt[pos], float(chosen[r]), top)
 
     # ----- timings --------------------------------------------------------------------------
-    def mark_scheduled(self, now: float) -> None:
+    def mark_scheduled(self, now: float) -> bool:
+        """True the first time only: the request's first chunk ran."""
         if self.first_scheduled_time is None:
             self.first_scheduled_time = now
+            return True
+        return False
 
     def mark_token(self, now: float) -> None:
         if self.first_token_time is None:

@@ -4,6 +4,9 @@ family counts what the requests imply (oracle: the requests' own prompt lengths 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -60,3 +63,22 @@ def test_metrics_parse_and_count_what_the_requests_imply():
     for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
         assert metric(text, f"tgserve_{name}_seconds_count") == 3
     assert metric(text, "tgserve_inter_token_latency_seconds_count") == (5 - 1) + (7 - 1) + (4 - 1)
+
+
+def test_a_request_that_times_out_while_queued_adds_no_prompt_tokens():
+    with LiveServer(lambda: FakeEngine(max_num_seqs=1, step_delay=0.01)) as live:
+        long = {"prompt": "long", "max_tokens": 60, "temperature": 0}
+        queued = {"prompt": "never scheduled", "max_tokens": 5, "temperature": 0, "timeout": 0.2}
+        with httpx.Client(base_url=live.url, timeout=30) as client:
+            worker = threading.Thread(
+                target=client.post, args=("/v1/completions",), kwargs={"json": long}
+            )
+            worker.start()
+            while metric(client.get("/metrics").text, "tgserve_num_requests_running") < 1:
+                time.sleep(0.005)
+            timed_out = client.post("/v1/completions", json=queued)
+            worker.join(30)
+            text = client.get("/metrics").text
+    assert timed_out.json()["choices"][0]["finish_reason"] == "abort", timed_out.text
+    # the warm-up's one prompt token (BOS) and BOS + "long": the queued prompt was never computed
+    assert metric(text, "tgserve_prompt_tokens_total") == 1 + 5
