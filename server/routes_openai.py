@@ -2,9 +2,11 @@
 
 Contract: each request is parsed (400 on any invalid field), tokenized off the event loop,
 admitted (400 / 429 / 503 before any byte), then answered as one JSON body or as SSE chunks
-ending with `data: [DONE]`. The engine's outputs are deltas with offsets; streamed text is their
-concatenation and the non-streamed text their sum (OutputAccumulator), so the two are equal; each choice gets exactly one chunk with a
-finish_reason; `stream_options.include_usage` adds a last chunk with `choices: []` and usage.
+ending with `data: [DONE]`. The engine's outputs are deltas with offsets; streamed text is
+their concatenation and the non-streamed text their sum (OutputAccumulator), so the two are
+equal. Each choice gets exactly one chunk with a finish_reason; every chunk carries text, logprobs
+asked for, or a finish_reason (never empty text alone, as while a character's bytes are held
+back); `stream_options.include_usage` adds a last chunk with `choices: []` and usage.
 Several prompts in one completion request run as separate engine requests; choice index =
 prompt_index * n + sample index. A client that disconnects aborts its requests.
 """
@@ -100,14 +102,15 @@ class _Job:
         cut_chars, cut_tokens = seen.chars - out.text_offset, seen.tokens - out.token_offset
         text, new_ids = out.text[max(0, cut_chars) :], out.token_ids[max(0, cut_tokens) :]
         entries = list(out.logprobs[max(0, cut_tokens) :]) if out.logprobs is not None else []
-        if delta_only and not text and not new_ids and out.finish_reason is None:
-            return None
         seen.chars, seen.tokens, seen.finished = (
             out.text_end,
             out.num_tokens,
             out.finish_reason is not None,
         )
         prompt = self.prompts[prompt_index]
+        echoed = self.echo and first and self.kind != "chat.completion"
+        if delta_only and not (text or echoed or out.finish_reason or (self.logprobs and new_ids)):
+            return None  # e.g. only bytes of a character not complete yet: nothing to show
         if self.kind == "chat.completion":
             lp = chat_logprobs(self.state.token_texts, entries) if self.logprobs else None
             body = {"content": text} if delta_only else {"role": "assistant", "content": text}
@@ -126,7 +129,7 @@ class _Job:
                 prompt_entries = list(prompt_lp or [None] * len(prompt.token_ids))
                 entries, ids = prompt_entries + entries, prompt.token_ids + ids
             lp = seen.logprobs.render(entries, ids)
-        if self.echo and first:
+        if echoed:
             text = prompt.echo_text(self.state.tokenizer) + text
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
 

@@ -227,7 +227,7 @@ class FakeEngine:
             if p.logprobs is not None:
                 top = tuple((token + k if k else token, -0.5 - k) for k in range(p.logprobs))
                 s.logprobs.append(TokenLogprob(token, -0.5, top))
-            s.text = self.tokenizer.decode(s.tokens)
+            s.text = self.tokenizer.decode_stable(s.tokens)  # partial characters held back
             if token == EOS and not p.ignore_eos and pos + 1 >= p.min_tokens:
                 s.finish_reason, s.stop_reason = "stop", EOS
             for stop in p.stop:
@@ -237,6 +237,8 @@ class FakeEngine:
                     break
             if s.finish_reason is None and len(s.tokens) >= p.max_tokens:
                 s.finish_reason = "length"
+            if s.finish_reason and not isinstance(s.stop_reason, str):  # flush held-back bytes
+                s.text = self.tokenizer.decode(s.tokens)
 
     def _snapshot(self, req: _Req, finished: bool) -> RequestOutput:
         """The deltas since the last snapshot, as the engine reports them."""

@@ -3,7 +3,10 @@ the oracle that server tests compute expected texts from."""
 
 from __future__ import annotations
 
+import codecs
+
 BOS, EOS = 256, 257
+EURO = "€".encode()  # a prompt holding it makes the fake model write "€" a byte per token
 SPECIAL_TEXT = {BOS: "<s>", EOS: "</s>"}
 
 
@@ -22,6 +25,12 @@ class FakeTokenizer:
             b"" if (i in SPECIAL_TEXT and skip_special_tokens) else self.token_bytes(i) for i in ids
         ).decode("utf-8", errors="replace")
 
+    def decode_stable(self, ids) -> str:
+        """The text of `ids` less the bytes of a character not complete yet (held back, as the
+        real detokenizer does); `decode` at the finish turns such bytes into U+FFFD."""
+        data = b"".join(b"" if i in SPECIAL_TEXT else self.token_bytes(i) for i in ids)
+        return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
+
     def token_bytes(self, token_id: int) -> bytes:
         return SPECIAL_TEXT[token_id].encode() if token_id in SPECIAL_TEXT else bytes([token_id])
 
@@ -34,7 +43,10 @@ class FakeTokenizer:
 
 
 def greedy_token(prompt: list[int], position: int, index: int = 0) -> int:
-    """The fake model's greedy choice: lowercase letters, a space every 5th token."""
+    """The fake model's greedy choice: lowercase letters, a space every 5th token; after a
+    prompt holding "€", the bytes of "€" over and over (a character split over 3 tokens)."""
+    if EURO in bytes(t for t in prompt if t < 256):
+        return EURO[position % len(EURO)]
     if position % 5 == 4:
         return ord(" ")
     return ord("a") + (sum(prompt) + 7 * position + 3 * index) % 26
@@ -42,4 +54,5 @@ def greedy_token(prompt: list[int], position: int, index: int = 0) -> int:
 
 def expected_greedy_text(prompt: list[int], max_tokens: int, index: int = 0) -> str:
     """The oracle: what a greedy request of max_tokens must return (no stop strings, no EOS)."""
-    return "".join(chr(greedy_token(prompt, p, index)) for p in range(max_tokens))
+    ids = [greedy_token(prompt, p, index) for p in range(max_tokens)]
+    return FakeTokenizer().decode(ids)
