@@ -102,11 +102,8 @@ class _Job:
         cut_chars, cut_tokens = seen.chars - out.text_offset, seen.tokens - out.token_offset
         text, new_ids = out.text[max(0, cut_chars) :], out.token_ids[max(0, cut_tokens) :]
         entries = list(out.logprobs[max(0, cut_tokens) :]) if out.logprobs is not None else []
-        seen.chars, seen.tokens, seen.finished = (
-            out.text_end,
-            out.num_tokens,
-            out.finish_reason is not None,
-        )
+        seen.chars, seen.tokens = out.text_end, out.num_tokens
+        seen.finished = out.finish_reason is not None
         prompt = self.prompts[prompt_index]
         echoed = self.echo and first and self.kind != "chat.completion"
         if delta_only and not (text or echoed or out.finish_reason or (self.logprobs and new_ids)):
