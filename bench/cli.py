@@ -3,11 +3,15 @@
 Contract: `add_arguments(parser)` declares the three subcommands; `run(args) -> int` runs one
 (commands.py) and prints its results (a table, or `--json`: one JSON object per line, the machine
 limits first) to stdout, with a progress bar on stderr when it is a terminal. `--backend` may be
-repeated (tgserve, transformers, vllm, llamacpp): every backend runs the same seeded workload in
-the same command, and ratios are against the first one named. latency and throughput measure the
-machine's limits first (skip with `--skip-limits`) and report each result as a fraction of its
-bound. Bad arguments raise ValueError (the CLI prints it and exits 2). server/cli.py imports this
-module only when the `bench` subcommand is asked for; heavy imports happen in `run`.
+repeated (tgserve, transformers, vllm, llamacpp, tgserve-baseline): every backend runs the same
+seeded workload in the same command, and ratios are against the first one named. To measure a
+change against the previous build in one command, check that build out (`git worktree add
+/tmp/base COMMIT`) and add `--backend tgserve-baseline --baseline-tree /tmp/base`: it runs that
+checkout's own tgserve backend in a subprocess (bench/backends/tgserve_baseline.py). latency
+and throughput measure the machine's limits first (skip with `--skip-limits`) and report each
+result as a fraction of its bound. Bad arguments raise ValueError (the CLI prints it and exits
+2). server/cli.py imports this module only when the `bench` subcommand is asked for; heavy
+imports happen in `run`.
 """
 
 from __future__ import annotations
@@ -137,6 +141,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--disable-cpu-kernels",
         action="store_true",
         help="tgserve: PyTorch ops only (no C++ decode step / attention kernel)",
+    )
+    p.add_argument(
+        "--baseline-tree",
+        default=None,
+        metavar="PATH",
+        help="with --backend tgserve-baseline: another tgserve checkout (e.g. made by `git "
+        "worktree add /tmp/base COMMIT`), run in its own subprocess on the same model, options "
+        "and requests; reported as tgserve@COMMIT",
     )
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"

@@ -58,6 +58,11 @@ def _run_offline(
 
         torch.set_num_threads(args.threads)
     names = list(dict.fromkeys(args.backend or ["tgserve"]))
+    if ("tgserve-baseline" in names) != bool(args.baseline_tree):
+        raise ValueError(
+            "--backend tgserve-baseline and --baseline-tree PATH go together: the baseline "
+            "backend runs the checkout at PATH (e.g. `git worktree add /tmp/base COMMIT`)"
+        )
     source = resolve_model(args.model)
     if args.bench_command == "latency":
         spec = LatencySpec(args.input_len, args.output_len, args.runs, args.warmup_runs, args.seed)
@@ -81,6 +86,7 @@ def _run_offline(
         quantization=args.quantization,
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
+        baseline_tree=args.baseline_tree,
     )
     limits = None
     if args.bench_command == "latency":

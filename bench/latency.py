@@ -97,7 +97,7 @@ def run_latency_bench(
                 load_after = os.getloadavg()
             results.append(
                 _result(
-                    name,
+                    backend.name,
                     source,
                     options,
                     spec,

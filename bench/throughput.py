@@ -79,7 +79,7 @@ def run_throughput_bench(
             sample = sorted(samples, key=lambda s: s.elapsed_s)[len(samples) // 2]
             results.append(
                 _result(
-                    name,
+                    backend.name,
                     source,
                     options,
                     spec,

@@ -26,6 +26,7 @@ from bench.workload import BenchRequest
 BACKENDS: dict[str, str] = {
     "tgserve": "bench.backends.tgserve",
     "tgserve-serial": "bench.backends.tgserve_serial",
+    "tgserve-baseline": "bench.backends.tgserve_baseline",  # another checkout, in a subprocess
     "transformers": "bench.backends.transformers",
     "vllm": "bench.backends.vllm",
     "llamacpp": "bench.backends.llamacpp",
@@ -48,6 +49,7 @@ class BackendOptions:
     quantization: str | None = None  # tgserve: None | "int8"
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
+    baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class ThroughputSample:
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # as the report shows it (e.g. tgserve@32957a0 for a baseline tree)
     note: str  # what this backend really runs (e.g. quantised weights), shown in the report
 
     def run_latency(self, request: BenchRequest) -> LatencySample: ...
