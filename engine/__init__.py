@@ -7,9 +7,10 @@ stays light);
 out as `RequestOutput` deltas (see engine/requests/outputs.py).
 """
 
-from engine.api import EngineCore, EngineInfo
+from engine.api import EngineCore, EngineInfo, FatalEngineError
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
 from engine.config import EngineConfig
+from engine.faults import FaultSpec
 from engine.requests.outputs import (
     FINISH_REASONS,
     CompletionOutput,
@@ -35,6 +36,8 @@ __all__ = [
     "EngineInfo",
     "EngineStats",
     "EngineUnavailable",
+    "FatalEngineError",
+    "FaultSpec",
     "OutputAccumulator",
     "Overloaded",
     "QueueFullError",

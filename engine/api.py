@@ -16,6 +16,8 @@
     every admitted request ends with exactly one finished output;
   - `has_unfinished_requests()`, `stats()` (a frozen `EngineStats`), `info`.
 - `Overloaded` and `EngineUnavailable`: why `AsyncEngine.generate` refused a request.
+- `FatalEngineError`: raised by `step()` when the engine cannot go on; `AsyncEngine` stops its
+  loop at once (other exceptions fail the step's requests and the loop retries).
 """
 
 from __future__ import annotations
@@ -83,3 +85,7 @@ class Overloaded(Exception):
 
 class EngineUnavailable(Exception):
     """The engine is shutting down or its loop has died; no new request is taken."""
+
+
+class FatalEngineError(Exception):
+    """The engine cannot go on (e.g. an injected kill, engine/faults.py): the loop must stop."""

@@ -15,7 +15,9 @@ Contract:
 - Admission bound: admitted-but-unfinished requests (running + waiting + inbox) <= `max_pending`.
 - A deadline (a `time.monotonic()` value) aborts the request at the next step, even when queued.
 - An exception in `step()` ends every in-flight request with finish_reason "error"; the loop
-  goes on, and declares itself dead after `MAX_CONSECUTIVE_FAILURES` failing steps in a row.
+  goes on, and declares itself dead after `MAX_CONSECUTIVE_FAILURES` failing steps in a row,
+  or at once when the exception is a `FatalEngineError`. A dead loop calls `on_dead(reason)`
+  (from the loop thread) once: the server uses it to exit so an orchestrator restarts it.
 - `is_healthy()` is False when the loop is dead or work is pending and no loop iteration
   completed for `stall_timeout` seconds.
 - `shutdown(timeout)` stops admission, lets in-flight work finish for `timeout` seconds, aborts
@@ -29,9 +31,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.api import EngineCore, EngineInfo, EngineUnavailable, Overloaded
+from engine.api import EngineCore, EngineInfo, EngineUnavailable, FatalEngineError, Overloaded
 from engine.requests.outputs import RequestOutput, closing_output
 from engine.requests.request import Request
 from engine.requests.request_stream import OutputSlot, RequestStream
@@ -64,6 +67,7 @@ class AsyncEngine:
         max_pending: int,
         stall_timeout: float = 60.0,
         retry_after: float = 1.0,
+        on_dead: Callable[[str], None] | None = None,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
@@ -71,6 +75,7 @@ class AsyncEngine:
         self.max_pending = max_pending
         self.stall_timeout = stall_timeout
         self.retry_after = retry_after
+        self.on_dead = on_dead
         self.last_progress_time = time.monotonic()
         self._cond = threading.Condition()
         self._inbox: deque[_Add | _Abort] = deque()  # bounded: adds are counted in _pending
@@ -169,7 +174,7 @@ class AsyncEngine:
     # ---- loop thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
-        failures = 0
+        failures, dead_reason = 0, None
         while True:
             with self._cond:
                 while not (self._stopping or self._inbox or self.engine.has_unfinished_requests()):
@@ -189,12 +194,19 @@ class AsyncEngine:
                 failures += 1
                 logger.exception("engine step failed (%d in a row)", failures)
                 self._fail_in_flight(exc)
-                if failures >= MAX_CONSECUTIVE_FAILURES:
-                    logger.error("engine loop stops: %d engine steps failed in a row", failures)
+                if isinstance(exc, FatalEngineError) or failures >= MAX_CONSECUTIVE_FAILURES:
+                    dead_reason = (
+                        str(exc)
+                        if isinstance(exc, FatalEngineError)
+                        else f"{failures} engine steps failed in a row"
+                    )
+                    logger.error("engine loop stops: %s", dead_reason)
                     break
             self._refresh_stats()
             self.last_progress_time = time.monotonic()
-        self._close_out(f"{failures} engine steps failed in a row" if failures else None)
+        self._close_out(dead_reason)
+        if dead_reason is not None and self.on_dead is not None:
+            self.on_dead(dead_reason)
 
     def _close_out(self, dead_reason: str | None) -> None:
         """The loop ends: refuse adds still queued, end every open stream (nobody else will)."""

@@ -29,6 +29,7 @@ from engine.config import EngineConfig
 from engine.decoding.beam_search import check_beam_params
 from engine.decoding.parallel_sampling import SampleTarget, sample_targets
 from engine.decoding.stop_checker import finish_after_token
+from engine.faults import apply_faults
 from engine.model_runner import ModelRunner, StepLogits
 from engine.requests.outputs import OutputAccumulator, RequestOutput
 from engine.requests.request import Request, TokenSequence
@@ -154,7 +155,7 @@ class Engine:
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._fail(sched, exc)
-        return outputs + self._emit(moved)
+        return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
 
     def _execute(self, sched: SchedulerOutput) -> StepLogits:
         """One forward over every scheduled chunk; afterwards their tokens are in the KV cache."""
@@ -236,9 +237,8 @@ class Engine:
             state.mark_finished(time.time())
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
-        outputs = []
+        outputs = [state.output() for state in moved]
         for state in moved:
-            outputs.append(state.output())
             if state.request.is_finished:
                 del self._states[state.request.request_id]
         return outputs

@@ -7,7 +7,8 @@ the HTTP edge (TGI's stricter ranges, options we refuse, option combinations) ar
 Defaults: an OpenAI request without `max_tokens` fills the context, as vLLM does: it passes
 `max_tokens=None`, which the engine turns into the room left after the prompt in the context
 and the KV cache (`EngineInfo.default_max_tokens`, so it always fits); TGI `max_new_tokens` 100. TGI decodes greedily unless `do_sample` or a sampling
-knob asks otherwise, and always returns each token's logprob.
+knob asks otherwise, and always returns each token's logprob. The tests' `fault` field (a
+FaultSpec, engine/faults.py) is a 400 naming it unless `allow_faults` (--enable-fault-injection).
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from engine import SamplingParams
+from engine import FaultSpec, SamplingParams
 from server.errors import ApiError
-from server.schemas_openai import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.schemas_openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    FaultFields,
+    SamplingFields,
+)
 from server.schemas_tgi import TgiParameters
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
@@ -66,7 +72,24 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...] | None:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _shared(req: SamplingFields) -> dict[str, Any]:
+def _fault(fault: FaultFields | None, allowed: bool) -> FaultSpec | None:
+    """The tests' fault spec; refused (never ignored) unless --enable-fault-injection is on."""
+    if fault is None:
+        return None
+    if not allowed:
+        raise ApiError(
+            400,
+            "fault is a testing field, accepted only when the server runs with "
+            "--enable-fault-injection",
+            param="fault",
+        )
+    try:
+        return FaultSpec(fault.fail_after_tokens, fault.kill_engine_after_tokens)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="fault") from None
+
+
+def _shared(req: SamplingFields, allow_faults: bool) -> dict[str, Any]:
     if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
         raise ApiError(400, "best_of > n cannot be streamed; set stream to false", param="best_of")
     return {
@@ -90,19 +113,23 @@ def _shared(req: SamplingFields) -> dict[str, Any]:
         "length_penalty": req.length_penalty,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens,
+        "fault": _fault(req.fault, allow_faults),
     }
 
 
-def completion_params(req: CompletionRequest) -> SamplingParams:
+def completion_params(req: CompletionRequest, allow_faults: bool = False) -> SamplingParams:
     if req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     return _build(
-        max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs, **_shared(req)
+        max_tokens=req.max_tokens,
+        logprobs=req.logprobs,
+        prompt_logprobs=echo_logprobs,
+        **_shared(req, allow_faults),
     )
 
 
-def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, allow_faults: bool = False) -> SamplingParams:
     if req.tools:
         raise ApiError(400, "tools are not supported by this server", param="tools")
     if req.response_format and req.response_format.get("type", "text") != "text":
@@ -116,14 +143,17 @@ def chat_params(req: ChatCompletionRequest) -> SamplingParams:
     )
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _build(
-        {"logprobs": "top_logprobs"}, max_tokens=max_tokens, logprobs=logprobs, **_shared(req)
+        {"logprobs": "top_logprobs"},
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        **_shared(req, allow_faults),
     )
 
 
 _TGI_RENAMES = {"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"}
 
 
-def tgi_params(p: TgiParameters | None) -> SamplingParams:
+def tgi_params(p: TgiParameters | None, allow_faults: bool = False) -> SamplingParams:
     p = p or TgiParameters()
     for name in ("typical_p", "grammar", "adapter_id"):
         if getattr(p, name) is not None:
@@ -156,4 +186,5 @@ def tgi_params(p: TgiParameters | None) -> SamplingParams:
         best_of=p.best_of if p.best_of and p.best_of > 1 else None,
         logprobs=p.top_n_tokens or 0,
         prompt_logprobs=0 if p.decoder_input_details else None,
+        fault=_fault(p.fault, allow_faults),
     )

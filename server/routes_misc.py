@@ -2,9 +2,10 @@
 
 Contract: /health is 200 while the process is alive and the engine loop makes progress (the
 AsyncEngine watchdog; loading counts as healthy), else 503. /ready is 200 only once weights
-are loaded and the warm-up request ran, and 503 again while draining. /metrics is Prometheus
-text. /tokenize takes `prompt` (text) or `messages` (through the chat template) and returns
-`{"tokens", "count", "max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`.
+are loaded and the warm-up request ran, and 503 again while draining or once the engine loop
+died. /metrics is Prometheus text. /tokenize takes `prompt` (text) or `messages` (through the
+chat template) and returns `{"tokens", "count", "max_model_len"}`; /detokenize turns `tokens`
+back into `{"prompt"}`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ async def ready(request: Request) -> Response:
     state = get_state(request)
     if state.ready:
         return JSONResponse({"status": "ready"})
-    status = "draining" if state.draining else "loading"
+    status = "dead" if state.dead_reason else "draining" if state.draining else "loading"
     return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
 
 

@@ -7,8 +7,9 @@ their concatenation and the non-streamed text their sum (OutputAccumulator), so 
 equal. Each choice gets exactly one chunk with a finish_reason; every chunk carries text, logprobs
 asked for, or a finish_reason (never empty text alone, as while a character's bytes are held
 back); `stream_options.include_usage` adds a last chunk with `choices: []` and usage.
-Several prompts in one completion request run as separate engine requests; choice index =
-prompt_index * n + sample index. A client that disconnects aborts its requests.
+An engine error ends a stream with its "error" finish chunk, an `{"error": {...}}` event and
+`[DONE]` (non-streamed: a 500). Several prompts in one request run as separate engine requests
+(choice index = prompt_index * n + sample index). A client that disconnects aborts them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from server.streaming import (
     merge_streams,
     run_until_disconnect,
     sse,
+    sse_error,
 )
 
 router = APIRouter()
@@ -162,13 +164,9 @@ async def _respond(request: Request, job: _Job, stream: bool) -> Response:
 async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
     finals: list[RequestOutput | None] = [None] * len(streams)
     if job.kind == "chat.completion":  # the role comes first, once per choice
+        delta = {"role": "assistant", "content": ""}
         roles = [
-            {
-                "index": i,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
+            {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
             for i in range(len(streams) * job.n)
         ]
         yield sse(job.body(roles, None, chunk=True))
@@ -181,6 +179,10 @@ async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> Asy
                 )
                 if choice is not None:
                     yield sse(job.body([choice], None, chunk=True))
+            if output.error is not None:  # after its "error" finish: the error, then [DONE]
+                yield sse_error(output.error)
+                yield SSE_DONE
+                return  # closing `merged` aborts the other prompts' requests
     if job.include_usage:
         yield sse(job.body([], _usage(job, finals), chunk=True))
     yield SSE_DONE
@@ -243,7 +245,7 @@ async def completions(request: Request) -> Response:
     req = await read_body(request, CompletionRequest)
     model = state.model_name(req.model)
     prompts = await _completion_prompts(state, req.prompt)
-    params = [completion_params(req) for _ in prompts]
+    params = [completion_params(req, state.settings.enable_fault_injection) for _ in prompts]
     _check_logprobs(state, req.logprobs is not None)
     job = _Job(
         "text_completion",
@@ -266,7 +268,7 @@ async def chat_completions(request: Request) -> Response:
     req = await read_body(request, ChatCompletionRequest)
     model = state.model_name(req.model)
     prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False)
-    params = chat_params(req)
+    params = chat_params(req, state.settings.enable_fault_injection)
     _check_logprobs(state, bool(req.logprobs))
     job = _Job(
         "chat.completion",

@@ -35,7 +35,7 @@ async def _open(
     if not req.inputs:
         raise ApiError(400, "`inputs` cannot be empty", param="inputs")
     params = req.parameters or tgi.TgiParameters()
-    sampling = tgi_params(params)
+    sampling = tgi_params(params, state.settings.enable_fault_injection)
     ids = await asyncio.to_thread(state.require_tokenizer().encode, req.inputs, True)
     if params.truncate is not None:
         ids = ids[-params.truncate :]

@@ -31,6 +31,15 @@ class StreamOptions(_Body):
     include_usage: bool | None = None
 
 
+class FaultFields(BaseModel):
+    """Tests only (--enable-fault-injection): exactly one of these, counted in generated tokens;
+    see engine/faults.py. Unknown keys are refused, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid")
+    fail_after_tokens: int | None = None
+    kill_engine_after_tokens: int | None = None
+
+
 class SamplingFields(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions (None: the default)."""
 
@@ -58,6 +67,7 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None
     timeout: float | None = None  # seconds; the request is aborted after it, even if queued
+    fault: FaultFields | None = None  # 400 unless --enable-fault-injection
 
 
 class CompletionRequest(SamplingFields):

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine import CompletionOutput, TokenLogprob
-from server.schemas_openai import clamp
+from server.schemas_openai import FaultFields, clamp
 
 
 class _Body(BaseModel):
@@ -43,6 +43,7 @@ class TgiParameters(_Body):
     grammar: Any = None
     adapter_id: str | None = None
     timeout: float | None = None  # seconds; an extension of ours
+    fault: FaultFields | None = None  # ours, tests only: 422 unless --enable-fault-injection
 
 
 class TgiRequest(_Body):

@@ -2,13 +2,17 @@
 
 Contract: `add_arguments(parser)` declares the flags (server/settings.py); `run(args) -> int`
 serves until SIGTERM / SIGINT and returns the exit code: 0 after a graceful drain, 1 when the
-model failed to load. Bad settings raise ValueError / FileNotFoundError before anything starts.
+model failed to load or the engine loop died (ServerState.on_fatal: in-flight streams get
+their error events, then the process exits so an orchestrator restarts it), 128 + the signal
+number (130 SIGINT, 143 SIGTERM, as a shell reports a process killed by it) when a second
+signal forced the exit. Bad settings raise ValueError / FileNotFoundError before anything starts.
 `serve_app(app, settings)` is the uvicorn part alone (tests use it with a fake engine).
 
 Shutdown: the first SIGTERM or SIGINT makes /ready answer 503 and new requests 503, gives
 in-flight requests `--shutdown-timeout` seconds (0: none), aborts what is left (open streams end with a
-final `finish_reason: "abort"` chunk and `[DONE]`), then stops uvicorn. A second signal forces
-the exit. uvicorn's own handlers are not installed: they would re-raise the signal at exit.
+final `finish_reason: "abort"` chunk and `[DONE]`), then stops uvicorn. A second signal during
+the drain forces the exit at once (as uvicorn and vLLM do): open connections are cut, nothing
+more is waited for. uvicorn's own handlers are not installed: they would re-raise the signal.
 """
 
 from __future__ import annotations
@@ -133,7 +137,8 @@ class _Server(uvicorn.Server):
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._draining is not None:
-            logger.warning("%s again: exiting now", sig.name)
+            logger.warning("%s again: exiting now, cutting in-flight requests", sig.name)
+            self.exit_code = 128 + int(sig)
             self.force_exit = self.should_exit = True
             return
         timeout = self.settings.shutdown_timeout

@@ -134,6 +134,12 @@ OPTIONS: tuple[_Option, ...] = (
         repeatable=True,
     ),
     _Option("log_level", str, "debug | info | warning | error"),
+    _Option(
+        "enable_fault_injection",
+        _bool,
+        "FOR TESTS ONLY: accept the `fault` request field (fail a request or kill the engine)",
+        flag_is_switch=True,
+    ),
 )
 
 
@@ -164,6 +170,7 @@ class Settings:
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
     allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
     log_level: str = "info"
+    enable_fault_injection: bool = False
 
     def __post_init__(self) -> None:
         flat = tuple(

@@ -8,11 +8,14 @@ Contract:
 - `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
 - `drain(timeout)`: not ready any more; in-flight work gets `timeout` seconds, then is aborted.
+- When the engine loop dies (AsyncEngine's `on_dead`), the state turns not ready, logs why and
+  calls `on_fatal` on the event loop: `tgserve serve` then exits non-zero to be restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -49,12 +52,18 @@ class ServerState:
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
         self.draining = False
+        self.dead_reason: str | None = None  # the engine loop died: the process is stopping
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
         self.on_fatal: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
         """Load, start the loop, warm up, turn ready; any failure is fatal (logged, no trace)."""
+        if self.settings.enable_fault_injection:
+            logger.warning(
+                "fault injection is ON (--enable-fault-injection): requests may fail or kill the "
+                "engine on purpose; for tests only, never in production"
+            )
         try:
             engine = await asyncio.to_thread(self.engine_factory)
             self._adopt(engine)
@@ -74,8 +83,12 @@ class ServerState:
         self.token_texts = TokenTexts(info.tokenizer) if info.tokenizer is not None else None
         self.max_model_len = info.max_model_len
         self.model_names = self.model_names or (info.model_name,)
+        loop = asyncio.get_running_loop()
         self.engine = AsyncEngine(
-            engine, self.admission_limit, stall_timeout=self.settings.health_stall_timeout
+            engine,
+            self.admission_limit,
+            stall_timeout=self.settings.health_stall_timeout,
+            on_dead=lambda reason: _call_soon(loop, self._engine_died, reason),
         )
         self.engine.start()
         logger.info(
@@ -87,6 +100,11 @@ class ServerState:
             info.kv_block_size,
             info.kv_tokens,
         )
+
+    def _engine_died(self, reason: str) -> None:
+        self.ready, self.dead_reason = False, reason
+        logger.error("the engine loop died (%s); the server stops", reason)
+        self.on_fatal()
 
     async def _warm_up(self) -> None:
         token = getattr(self.tokenizer, "bos_token_id", None) or 0
@@ -105,6 +123,8 @@ class ServerState:
 
     def readiness_error(self) -> ApiError | None:
         """The 503 to answer while draining or loading (with Retry-After); None once ready."""
+        if self.dead_reason is not None:
+            return ApiError(503, "the engine has stopped; the server is restarting", code="dead")
         if self.draining:
             return ApiError(503, "the server is shutting down", code="draining")
         if not self.ready:
@@ -147,6 +167,11 @@ class ServerState:
         return await open_streams(
             self.engine, self.metrics, prompts, params, timeout, self.settings.request_timeout
         )
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], arg: str) -> None:
+    with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody to tell
+        loop.call_soon_threadsafe(callback, arg)
 
 
 def get_state(request: Request) -> ServerState:

@@ -1,7 +1,9 @@
 """Server-sent events and client-disconnect handling: the one place responses are streamed.
 
 Contract:
-- `sse(data)` frames one event as `data: <json>\\n\\n`; `SSE_DONE` is `data: [DONE]\\n\\n`.
+- `sse(data)` frames one event as `data: <json>\\n\\n`; `SSE_DONE` is `data: [DONE]\\n\\n`;
+  `sse_error(message)` is an engine error mid-stream in the OpenAI error shape (code
+  "engine_error", as the non-streamed 500 of `final_output`).
 - `EventStreamResponse(events)` streams an async iterator of already framed bytes while it
   watches the connection: when the client disconnects, the task pulling `events` is cancelled,
   so the generator's cleanup (closing its RequestStream) aborts the engine request at once,
@@ -38,6 +40,12 @@ def sse(data: Any) -> bytes:
     return (
         b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
     )
+
+
+def sse_error(message: str) -> bytes:
+    """An engine error mid-stream, as one event in the OpenAI error shape (as vLLM sends it)."""
+    error = {"message": message, "type": "server_error", "param": None, "code": "engine_error"}
+    return sse({"error": error})
 
 
 class EventStreamResponse(Response):

@@ -10,6 +10,10 @@ sequence would be the same. Beam search is the deterministic way to get several 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.faults import FaultSpec
 
 MAX_N = 16  # upper bound of n and best_of: each extra sequence costs KV blocks and a batch row
 MAX_LOGPROBS = 20  # OpenAI's own limit of top logprobs
@@ -45,6 +49,8 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool = False
+    # Tests only (engine/faults.py): fail this request or kill the engine after k tokens.
+    fault: FaultSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):

@@ -5,7 +5,8 @@ abort_request, step, has_unfinished_requests, stats; a test checks it), with a b
 tokenizer, and emits deltas as the real engine does. Generation is a pure function of (prompt, position, sequence index)
 for greedy requests, so expected texts can be computed independently by `expected_greedy_text`.
 Knobs for tests: `step_delay` (seconds per step), `fail_steps` (next N steps raise),
-`stall` (a threading.Event: while set, step() blocks), `num_blocks`.
+`stall` (a threading.Event: while set, step() blocks), `num_blocks`. It honours
+`SamplingParams.fault` as the real engine does (engine/faults.py).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class _Req:
     aborted: bool = False
     first_token_time: float | None = None
     prompt_logprobs_sent: bool = False
+    error: str | None = None
 
 
 class FakeEngine:
@@ -239,6 +241,19 @@ class FakeEngine:
                 s.finish_reason = "length"
             if s.finish_reason and not isinstance(s.stop_reason, str):  # flush held-back bytes
                 s.text = self.tokenizer.decode(s.tokens)
+        self._apply_fault(req)
+
+    def _apply_fault(self, req: _Req) -> None:
+        fault = req.params.fault
+        if fault is None or all(s.finish_reason for s in req.seqs):
+            return
+        due = fault.due(max(len(s.tokens) for s in req.seqs))
+        if due == "kill":
+            raise fault.kill_error(req.request_id)
+        if due == "fail":
+            for s in req.seqs:
+                s.finish_reason = s.finish_reason or "error"
+            req.error = fault.error_message()
 
     def _snapshot(self, req: _Req, finished: bool) -> RequestOutput:
         """The deltas since the last snapshot, as the engine reports them."""
@@ -255,7 +270,9 @@ class FakeEngine:
             first_token_time=req.first_token_time,
             finished_time=now if finished else None,
         )
-        return RequestOutput(req.request_id, tuple(req.prompt), outs, finished, prompt_lp, metrics)
+        return RequestOutput(
+            req.request_id, tuple(req.prompt), outs, finished, prompt_lp, metrics, req.error
+        )
 
     def _delta(self, s: _Seq, p: SamplingParams) -> CompletionOutput:
         if len(s.text) < s.sent_chars:  # a stop string cut text already sent: restart from 0

@@ -1,7 +1,9 @@
 """The real `serve_app` (uvicorn with tgserve's signal handling) on the fake engine, as a
 process the shutdown tests can signal:
 
-    python -m tests.server.fake_server_main PORT SHUTDOWN_TIMEOUT STEP_DELAY
+    python -m tests.server.fake_server_main PORT SHUTDOWN_TIMEOUT STEP_DELAY [FLAG...]
+
+Further arguments are more `tgserve serve` flags (e.g. --enable-fault-injection).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     add_arguments(parser)  # the timeout goes through the CLI's own parsing and validation
     flags = ["--host", "127.0.0.1", "--port", port, "--shutdown-timeout", shutdown_timeout]
+    flags += sys.argv[4:]
     settings = Settings.resolve(parser.parse_args(flags), {})
     configure_logging("info")
     app = create_app(
