@@ -12,7 +12,9 @@ exits 1) when any of these holds, each named in `report.failures`:
   their value before the load;
 - no RSS / FD sample could be read at all (no `process_*` metrics and no `--pid`).
 Windows of `window_s` seconds (by finish time) report requests, p50 / p99 TTFT and end-to-end
-latency of the completed ones, and the last RSS / FD sample in the window. `render(report)` is a
+latency of the completed ones, and the last RSS / FD / running + waiting sample in the window
+(a `busy` count that keeps rising means the rate is above capacity: a backlog, not a steady
+state; RSS then grows as KV-cache pages are first touched, which is not a leak). `render(report)` is a
 text table; `as_json(report)` a JSON-ready dict.
 """
 
@@ -48,6 +50,7 @@ class Window:
     e2e_p99_ms: float | None
     rss_mb: float | None
     open_fds: float | None
+    in_server: float | None  # running + waiting at the window's last sample: steady or backlog
 
 
 @dataclass
@@ -183,9 +186,15 @@ def _windows(run: SoakRun, window_s: float) -> list[Window]:
                 e2e_p99_ms=_p([o.e2e_s for o in done], 99),
                 rss_mb=rss / MB if rss is not None else None,
                 open_fds=_last(in_window, "open_fds"),
+                in_server=_in_server(in_window),
             )
         )
     return windows
+
+
+def _in_server(samples: list[Sample]) -> float | None:
+    busy = [s for s in samples if s.running is not None and s.waiting is not None]
+    return busy[-1].running + busy[-1].waiting if busy else None
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -193,13 +202,15 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def render(report: SoakReport) -> str:
-    head = "window_s  reqs  done  left  fail  ttft_p50  ttft_p99  e2e_p50  e2e_p99  rss_mb   fds"
+    head = (
+        "window_s  reqs  done  left  fail  ttft_p50  ttft_p99  e2e_p50  e2e_p99  rss_mb   fds  busy"
+    )
     lines = [head]
     for w in report.windows:
         lines.append(
             f"{w.start_s:8.0f}  {w.requests:4d}  {w.completed:4d}  {w.left:4d}  {w.failed:4d}  "
             f"{_fmt(w.ttft_p50_ms):>8}  {_fmt(w.ttft_p99_ms):>8}  {_fmt(w.e2e_p50_ms):>7}  "
-            f"{_fmt(w.e2e_p99_ms):>7}  {_fmt(w.rss_mb):>6}  {_fmt(w.open_fds, 0):>4}"
+            f"{_fmt(w.e2e_p99_ms):>7}  {_fmt(w.rss_mb):>6}  {_fmt(w.open_fds, 0):>4}  {_fmt(w.in_server, 0):>4}"
         )
     r = report
     lines += [

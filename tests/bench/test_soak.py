@@ -48,7 +48,7 @@ def _run(rss_mb, fds_after=20.0, running_after=0.0, statuses=(200,)) -> SoakRun:
     ]
     run.samples = [Sample(-1.0, "before", 100 * MB, 20.0, 0.0, 0.0, 0.0)]
     run.samples += [
-        Sample(float(t), "load", rss(t) * MB, 30.0, 4.0, 0.0, 9.0)
+        Sample(float(t), "load", rss(t) * MB, 30.0, 4.0, 1.0, 9.0)
         for t in range(0, 60, 2)
         for rss in [rss_mb]
     ]
@@ -60,6 +60,7 @@ def test_a_flat_run_passes_and_each_kind_of_leak_fails_it():
     flat = judge(_run(lambda t: 100 + (t % 4)), Limits())
     assert flat.passed, flat.failures
     assert "PASS" in render(flat)
+    assert [w.in_server for w in flat.windows] == [5.0]
     growing = judge(_run(lambda t: 100 + t), Limits())  # 60 MB/min
     assert not growing.passed and "RSS grows" in growing.failures[0]
     assert growing.rss_slope_mb_per_min == pytest.approx(60.0)
