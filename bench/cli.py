@@ -1,6 +1,7 @@
-"""`tgserve bench latency|throughput|serve`: the arguments, and the entry `tgserve` dispatches to.
+"""`tgserve bench latency|throughput|serve|soak`: the arguments, and the entry `tgserve` calls.
 
-Contract: `add_arguments(parser)` declares the three subcommands; `run(args) -> int` runs one
+Contract: `add_arguments(parser)` declares the four subcommands (soak: bench/soak.py, exits 1
+when it finds a leak or a 5xx); `run(args) -> int` runs one
 (commands.py) and prints its results (a table, or `--json`: one JSON object per line, the machine
 limits first) to stdout, with a progress bar on stderr when it is a terminal. `--backend` may be
 repeated (tgserve, transformers, vllm, llamacpp, tgserve-baseline): every backend runs the same
@@ -91,6 +92,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _workload_args(serve, default_requests=64)
     _output_args(serve)
+    _soak_args(sub.add_parser("soak", help="a long run at a fixed rate: fails on leaks or 5xx"))
+
+
+def _soak_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load")
+    p.add_argument("--request-rate", type=float, default=4.0, help="requests per second (fixed)")
+    p.add_argument(
+        "--disconnect-fraction", type=float, default=0.2, help="clients leaving mid-stream"
+    )
+    p.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (EOS ignored)")
+    p.add_argument("--vocab-size", type=int, default=1000, help="prompt ids are drawn below it")
+    p.add_argument("--max-in-flight", type=int, default=256, help="arrivals beyond are skipped")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--sample-interval", type=float, default=2.0, help="seconds between samples")
+    p.add_argument("--window", type=float, default=60.0, help="seconds per report window")
+    p.add_argument("--drain", type=float, default=60.0, help="seconds to wait for idle after")
+    p.add_argument(
+        "--pid", type=int, default=None, help="read RSS / FDs from /proc/PID, not /metrics"
+    )
+    p.add_argument("--max-rss-slope", type=float, default=8.0, help="MB/min, second half")
+    p.add_argument("--max-fd-growth", type=int, default=8, help="open FDs, idle to idle")
+    p.add_argument("--model", default=None, help="the request's model field (default: none)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
 
 def _lengths(p: argparse.ArgumentParser) -> None:

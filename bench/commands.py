@@ -1,9 +1,10 @@
-"""What `tgserve bench latency|throughput|serve` runs, once bench/cli.py has parsed the arguments.
+"""What `tgserve bench latency|throughput|serve|soak` runs, once bench/cli.py parsed the arguments.
 
 Contract: `run_command(args) -> int` warns on stderr when the machine is already busy, runs the
 offline benchmarks (latency, throughput: backends loaded in this process) or the serving load
 (serve: streams against a running server's /v1/completions), measures the machine's limits when
-asked, and emits the results on stdout (report.py). Bad arguments raise ValueError.
+asked, and emits the results on stdout (report.py); soak prints its own report (soak_report.py)
+and returns 1 when the soak failed. Bad arguments raise ValueError.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.bench_command == "soak":
+        return _run_soak(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
     _warn_if_busy()
     if args.bench_command == "serve":
@@ -162,3 +165,33 @@ def _run_serve(
             decode_m,
         )
     return [summarize_run(load_spec, records, duration, load_before, load_after, bound)], limits
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    import json
+
+    from bench.soak import SoakSpec, run_soak
+    from bench.soak_report import Limits, as_json, judge, render
+
+    spec = SoakSpec(
+        url=args.url.rstrip("/"),
+        duration_s=args.duration,
+        request_rate=args.request_rate,
+        disconnect_fraction=args.disconnect_fraction,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        vocab_size=args.vocab_size,
+        max_in_flight=args.max_in_flight,
+        timeout_s=args.timeout,
+        sample_interval_s=args.sample_interval,
+        drain_s=args.drain,
+        seed=args.seed,
+        pid=args.pid,
+        model=args.model,
+        api_key=args.api_key,
+    )
+    limits = Limits(args.max_rss_slope, args.max_fd_growth, args.window)
+    discover_model(spec.url, spec.api_key)  # a clear error when nothing answers at --url
+    report = judge(run_soak(spec), limits)
+    print(json.dumps(as_json(report)) if args.json else render(report))
+    return 0 if report.passed else 1

@@ -8,6 +8,7 @@ Starlette's CORSMiddleware wraps OUTSIDE the guard: preflights from those origin
 before auth, and every response the guard or a route gives them (401 / 429 / 503 included)
 carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
 never allowed: clients send their key in the Authorization header, which is allowed.
+GET /openapi.json serves the API's OpenAPI document (server/openapi.py); no docs UI is served.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 from engine import EngineCore
 from server.errors import install_error_handlers
 from server.guard import Guard
+from server.openapi import install_openapi
 from server.settings import Settings
 from server.state import ServerState, get_state
 
@@ -44,12 +46,18 @@ def create_app(
         await state.drain(0.0)
 
     app = FastAPI(
-        title="tgserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+        title="tgserve",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
     )
     app.state.tgserve = state
     install_error_handlers(app, state.metrics.reject)
     for module in (routes_openai, routes_tgi, routes_misc):
         app.include_router(module.router)
+    install_openapi(app, settings)
     app.add_middleware(Guard, state=state)
     if settings.allowed_origins:  # added last: it wraps the guard
         app.add_middleware(

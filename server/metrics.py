@@ -6,6 +6,8 @@ and prefix-cache counters) are read from `stats_source()` — the AsyncEngine's 
 EngineStats snapshot — at scrape time. Per-request values come from `RequestTimer`s: time to
 first token, inter-token latency, end-to-end latency and queue time histograms, finished
 requests by finish reason and aborts. Rejections are counted by reason via `reject(reason)`.
+The standard `process_*` metrics (resident memory, open FDs, CPU seconds; Linux only) come from
+prometheus_client's ProcessCollector: `tgserve bench soak` watches them for leaks.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -123,6 +126,7 @@ class ServerMetrics:
             registry=reg,
         )
         reg.register(_EngineStatsCollector(stats_source))
+        ProcessCollector(registry=reg)  # process_resident_memory_bytes, process_open_fds, ...
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason=reason).inc()

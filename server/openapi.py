@@ -1,0 +1,180 @@
+"""The OpenAPI document served at GET /openapi.json.
+
+Contract: `install_openapi(app, settings)` replaces FastAPI's generated document (the routes read
+raw bodies, so FastAPI sees no body parameters) with one that declares, for every route, its
+request body (the JSON Schema of the pydantic model the route parses with, all definitions under
+`components.schemas`) and its responses: the 200 body (JSON and, for routes that can stream,
+`text/event-stream`) and a `default` error body in the route family's own shape (OpenAI
+`{"error": {...}}`, TGI `{"error", "error_type"}`). Schemas describe what the server promises,
+loosely where the body is open-ended (extra fields are allowed everywhere). When API keys are
+configured, operations outside `settings.public_routes` carry a bearer security requirement.
+/openapi.json itself follows the same rule as any route: it needs the key unless it is listed in
+`--public-routes`, and it answers 503 while the model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from server import schemas_openai as oai
+from server import schemas_tgi as tgi
+from server.errors import is_tgi_path
+from server.settings import Settings
+
+_REF = "#/components/schemas/{model}"
+
+# (path, method) -> the model the route parses its body with
+_BODIES: dict[tuple[str, str], type[BaseModel]] = {
+    ("/v1/completions", "post"): oai.CompletionRequest,
+    ("/v1/chat/completions", "post"): oai.ChatCompletionRequest,
+    ("/tokenize", "post"): oai.TokenizeRequest,
+    ("/detokenize", "post"): oai.DetokenizeRequest,
+    ("/generate", "post"): tgi.TgiRequest,
+    ("/generate_stream", "post"): tgi.TgiRequest,
+    ("/", "post"): tgi.TgiRequest,
+}
+
+
+def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+_INT, _STR, _NUM = {"type": "integer"}, {"type": "string"}, {"type": "number"}
+_NULL_STR = {"type": ["string", "null"]}
+_OPENAI_ERROR = _obj(
+    ["error"],
+    error=_obj(
+        ["message", "type", "param", "code"],
+        message=_STR,
+        type=_STR,
+        param=_NULL_STR,
+        code=_NULL_STR,
+    ),
+)
+_TGI_ERROR = _obj(["error", "error_type"], error=_STR, error_type=_STR)
+_USAGE = _obj(
+    ["prompt_tokens", "completion_tokens", "total_tokens"],
+    prompt_tokens=_INT,
+    completion_tokens=_INT,
+    total_tokens=_INT,
+)
+_FINISH = {"type": ["string", "null"]}
+
+
+def _completion(choice_key: str) -> dict[str, Any]:
+    choice = _obj(["index", "finish_reason"], index=_INT, finish_reason=_FINISH)
+    choice["properties"][choice_key] = {"type": "object"} if choice_key == "message" else _STR
+    return _obj(
+        ["id", "object", "created", "model", "choices", "usage"],
+        id=_STR,
+        object=_STR,
+        created=_INT,
+        model=_STR,
+        choices={"type": "array", "items": choice},
+        usage=_USAGE,
+    )
+
+
+_TGI_GENERATED = _obj(["generated_text"], generated_text=_STR, details={"type": "object"})
+_STATUS = _obj(["status"], status=_STR)
+_OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each route
+    ("/v1/completions", "post"): _completion("text"),
+    ("/v1/chat/completions", "post"): _completion("message"),
+    ("/v1/models", "get"): _obj(
+        ["object", "data"],
+        object=_STR,
+        data={"type": "array", "items": _obj(["id", "object", "owned_by"], id=_STR)},
+    ),
+    ("/tokenize", "post"): _obj(
+        ["tokens", "count", "max_model_len"],
+        tokens={"type": "array", "items": _INT},
+        count=_INT,
+        max_model_len=_INT,
+    ),
+    ("/detokenize", "post"): _obj(["prompt"], prompt=_STR),
+    ("/generate", "post"): _TGI_GENERATED,
+    ("/", "post"): {"type": "array", "items": _TGI_GENERATED},
+    ("/info", "get"): _obj(
+        ["model_id", "max_total_tokens", "max_input_tokens"],
+        model_id=_NULL_STR,
+        max_total_tokens=_INT,
+        max_input_tokens=_INT,
+    ),
+    ("/health", "get"): _STATUS,
+    ("/ready", "get"): _STATUS,
+}
+_STREAMING = frozenset(
+    {
+        ("/v1/completions", "post"),
+        ("/v1/chat/completions", "post"),
+        ("/generate_stream", "post"),
+        ("/", "post"),
+    }
+)
+_NOT_READY = frozenset({("/health", "get"), ("/ready", "get")})  # 503 carries {"status"}
+
+
+def _responses(path: str, method: str) -> dict[str, Any]:
+    key = (path, method)
+    content: dict[str, Any] = {}
+    if key in _OK:
+        content["application/json"] = {"schema": _OK[key]}
+    if key in _STREAMING:
+        content["text/event-stream"] = {"schema": _STR}
+    if path == "/metrics":
+        content["text/plain"] = {"schema": _STR}
+    error = _TGI_ERROR if is_tgi_path(path) else _OPENAI_ERROR
+    responses: dict[str, Any] = {
+        "200": {"description": "OK", "content": content},
+        "default": {
+            "description": "An error, in the route family's shape",
+            "content": {"application/json": {"schema": error}},
+        },
+    }
+    if key in _NOT_READY:
+        responses["503"] = {
+            "description": "Unhealthy, loading or draining",
+            "content": {"application/json": {"schema": _STATUS}},
+        }
+    return responses
+
+
+def _request_body(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template=_REF)
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    ref = {"$ref": _REF.format(model=model.__name__)}
+    return {"required": True, "content": {"application/json": {"schema": ref}}}
+
+
+def build_document(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components: dict[str, Any] = {}
+    for path, item in doc.get("paths", {}).items():
+        for method, operation in item.items():
+            model = _BODIES.get((path, method))
+            if model is not None:
+                operation["requestBody"] = _request_body(model, components)
+            operation["responses"] = _responses(path, method)
+            if settings.api_key:
+                public = path in settings.public_routes
+                operation["security"] = [] if public else [{"bearer": []}]
+    doc["components"] = {"schemas": components}
+    if settings.api_key:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Serve `build_document` (built once, on first request) as the app's OpenAPI document."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_document(app, settings)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
