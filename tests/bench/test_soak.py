@@ -1,7 +1,7 @@
 """`tgserve bench soak`: a short soak against the fake engine passes; the verdict's rules hold.
 
-The live run: ~20 s at 15 requests/s with 30% of clients leaving mid-stream, RSS / FDs read from
-the server's own /metrics (process_* from prometheus_client's ProcessCollector; this test
+The live run: 60 s (the issue's CI share) at 15 requests/s with 30% of clients leaving
+mid-stream, RSS / FDs read from the server's own /metrics (process_* from prometheus_client's ProcessCollector; this test
 process is the server process). The verdict is checked on hand-made runs: a growing RSS, an FD
 leak, a 5xx and a server that does not go idle each fail it.
 """
@@ -26,7 +26,7 @@ def test_a_short_soak_against_the_fake_engine_passes(capsys):
         return FakeEngine(max_model_len=128, max_num_seqs=64, max_queued_requests=64)
 
     with LiveServer(engine, admission_limit=96) as server:
-        argv = ["bench", "soak", "--url", server.url, "--duration", "20", "--request-rate", "15"]
+        argv = ["bench", "soak", "--url", server.url, "--duration", "60", "--request-rate", "15"]
         argv += ["--disconnect-fraction", "0.3", "--max-tokens", "32", "--prompt-len", "8"]
         argv += ["--vocab-size", "250", "--sample-interval", "0.5", "--window", "5", "--json"]
         argv += ["--drain", "15", "--max-rss-slope", "30"]
@@ -35,9 +35,9 @@ def test_a_short_soak_against_the_fake_engine_passes(capsys):
     print(json.dumps({k: v for k, v in report.items() if k != "windows"}))
     assert code == 0, report["failures"]
     assert report["passed"] and report["status_5xx"] == 0 and report["other_failures"] == 0
-    assert report["requests"] == 300 and report["left"] > 40 and report["completed"] > 150
+    assert report["requests"] == 900 and report["left"] > 40 and report["completed"] > 150
     assert report["fds_before"] > 0 and report["rss_slope_mb_per_min"] is not None
-    assert len(report["windows"]) == 4 and report["e2e_p99_ms"] > 0
+    assert len(report["windows"]) == 12 and report["e2e_p99_ms"] > 0
 
 
 def _run(rss_mb, fds_after=20.0, running_after=0.0, statuses=(200,)) -> SoakRun:
