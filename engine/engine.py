@@ -247,9 +247,7 @@ class Engine:
         failed = []
         for rid in dict.fromkeys(c.request.request_id for c in sched.chunks):
             state = self._states.pop(rid)
-            self.scheduler.finish(state.request, "error")
-            state.error = f"internal error during generation: {type(exc).__name__}"
-            state.mark_finished(time.time())
+            state.fail(self.scheduler, f"internal error during generation: {type(exc).__name__}")
             failed.append(state.output())
         return failed
 

@@ -16,7 +16,6 @@ Contract:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,7 +74,5 @@ def apply_faults(scheduler: Scheduler, moved: list[RequestState]) -> list[Reques
         if due == "kill":
             raise fault.kill_error(request.request_id)
         if due == "fail":
-            scheduler.finish(request, "error")  # frees its blocks; the others are untouched
-            state.error = fault.error_message()
-            state.mark_finished(time.time())
+            state.fail(scheduler, fault.error_message())  # the others are untouched
     return moved

@@ -99,11 +99,8 @@ class _Job:
         if seen.finished:
             return None
         first = seen.chars == 0 and seen.tokens == 0
-        # `out` covers text from out.text_offset and ids from out.token_offset (a delta, or
-        # a whole output from 0): keep what this choice has not sent yet.
-        cut_chars, cut_tokens = seen.chars - out.text_offset, seen.tokens - out.token_offset
-        text, new_ids = out.text[max(0, cut_chars) :], out.token_ids[max(0, cut_tokens) :]
-        entries = list(out.logprobs[max(0, cut_tokens) :]) if out.logprobs is not None else []
+        new = out.unseen(seen.chars, seen.tokens)  # a delta, or a whole output from offset 0
+        text, new_ids, entries = new.text, new.token_ids, list(new.logprobs or ())
         seen.chars, seen.tokens = out.text_end, out.num_tokens
         seen.finished = out.finish_reason is not None
         prompt = self.prompts[prompt_index]

@@ -113,14 +113,14 @@ async def _events(
         if output.error is not None:
             yield sse({"error": output.error, "error_type": "generation"})
             return
-        cut = max(0, tokens - out.token_offset)  # `out` is a delta from its offsets
-        new_ids = list(out.token_ids[cut:])
-        entries = list(out.logprobs[cut:]) if out.logprobs is not None else [None] * len(new_ids)
+        new = out.unseen(chars, tokens)  # `out` is a delta from its offsets
+        new_ids = list(new.token_ids)
+        entries = list(new.logprobs) if new.logprobs is not None else [None] * len(new_ids)
         if not new_ids and not output.finished:
             continue
         if not new_ids:  # finished without a new token (aborted): a closing event still needs one
             new_ids, entries = [last_id], [None]
-        delta = out.text[max(0, chars - out.text_offset) :]
+        delta = new.text
         chars, tokens, last_id = out.text_end, out.num_tokens, new_ids[-1]
         generated.append(delta)
         for k, (token_id, entry) in enumerate(zip(new_ids, entries, strict=True)):

@@ -58,6 +58,20 @@ class CompletionOutput:
     def text_end(self) -> int:
         return self.text_offset + len(self.text)
 
+    def unseen(self, chars: int, tokens: int) -> CompletionOutput:
+        """The part of this output a reader holding `chars` characters and `tokens` ids of
+        this index does not have yet (its offsets move to where the reader stands)."""
+        cut_chars = max(0, chars - self.text_offset)
+        cut_tokens = max(0, tokens - self.token_offset)
+        return replace(
+            self,
+            text=self.text[cut_chars:],
+            token_ids=self.token_ids[cut_tokens:],
+            logprobs=self.logprobs[cut_tokens:] if self.logprobs is not None else None,
+            text_offset=self.text_offset + cut_chars,
+            token_offset=self.token_offset + cut_tokens,
+        )
+
     def merge(self, newer: CompletionOutput) -> CompletionOutput:
         """One output carrying this delta and the newer one (which may restart from 0)."""
         if newer.text_offset < self.text_offset or newer.token_offset < self.token_offset:

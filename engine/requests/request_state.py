@@ -8,6 +8,8 @@ parallel_sampling.select_outputs and beam_stream.BeamStream for n > 1 and beams)
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.decoding.beam_search import BeamSearch
@@ -18,7 +20,7 @@ from engine.decoding.stop_checker import StopCriteria
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.sampler import gather_logprobs, seeded_generator
-from engine.scheduling.scheduler import ScheduledChunk
+from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 
 
 class RequestState:
@@ -95,6 +97,12 @@ class RequestState:
 
     def mark_finished(self, now: float) -> None:
         self.finished_time = now
+
+    def fail(self, scheduler: Scheduler, message: str) -> None:
+        """Ends the request with finish_reason "error" and `message`, freeing its blocks."""
+        scheduler.finish(self.request, "error")
+        self.error = message
+        self.mark_finished(time.time())
 
     # ----- the output -----------------------------------------------------------------------
     def output(self) -> RequestOutput:
