@@ -3,10 +3,10 @@
 The C++ step (`models/cpu_kernels/fused_decoder.py` for its layers and its LM head) and the
 PyTorch forward on CPU both ask `linear_kernel(num_rows, dtype, cpp_step=...)`:
 
-- STREAMING (C++ step only): tgserve's small-M kernel (`cpu_kernels/linear.cpp`), each thread
-  streaming its share of W once per 4 rows of x. It wins while a layer is bound by reading
-  its weights: up to `SMALL_M_MAX` rows (from M = 3-4 on oneDNN's GEMM over prepacked
-  weights is faster; measured in PERFORMANCE.md).
+- PACKED (C++ step only, every M): tgserve's kernel over weights packed in 16-column panels
+  (`cpu_kernels/linear.cpp`). One kernel family for every batch size, so a row's values do not
+  depend on the batch (its accumulation order is fixed by K alone); it streams the weights at
+  memory speed at M = 1 and runs like a GEMM at large M.
 - GEMV (PyTorch path only): torch's own matrix-vector kernel (`torch.mv`, never oneDNN) for a
   single row of bfloat16 / float16. There oneDNN's GEMM streams the weights at about half the
   speed (6.5 vs 11.5 GB/s measured on an AVX512-BF16 host), while for M >= 4 it is 3-30x
@@ -29,25 +29,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Batches up to this size run the C++ step's streaming kernel.
-SMALL_M_MAX = 2
 # Dtypes whose matmuls torch hands to oneDNN on CPU (float32 goes to MKL's sgemm).
 _ONEDNN_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class LinearKernel(enum.Enum):
-    STREAMING = "streaming"
+    PACKED = "packed"
     GEMV = "gemv"
     GEMM = "gemm"
 
 
-def linear_kernel(
-    num_rows: int, dtype: torch.dtype, *, cpp_step: bool, small_m_max: int = SMALL_M_MAX
-) -> LinearKernel:
+def linear_kernel(num_rows: int, dtype: torch.dtype, *, cpp_step: bool) -> LinearKernel:
     """The kernel for x [num_rows, K] @ W^T in `dtype`; `cpp_step` when the C++ step (with its
-    streaming kernel) runs the layer, else the PyTorch forward."""
+    packed kernel) runs the layer, else the PyTorch forward."""
     if cpp_step:
-        return LinearKernel.STREAMING if num_rows <= small_m_max else LinearKernel.GEMM
+        return LinearKernel.PACKED
     # dtype first: under torch.compile a float32 layer then never guards on its row count.
     if dtype in _ONEDNN_DTYPES and num_rows == 1:
         return LinearKernel.GEMV

@@ -40,20 +40,42 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   return out;
 }
 
-// x [M, K] @ w [N, K]^T (+ bias) -> [M, N] float32 (the LM head) or in x's dtype.
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
-                     bool float_out) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+// w [N, K] -> its packed copy (see kernels.h), a [panels, elements per panel] tensor.
+torch::Tensor pack_linear(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "pack_linear: a contiguous [N, K] weight");
+  const int64_t N = w.size(0), K = w.size(1);
+  const bool pairs = w.scalar_type() == at::kBFloat16;
+  const int64_t steps = tgserve::packed_linear_steps(K, pairs);
+  auto packed = torch::empty({(N + 15) / 16, steps * 16 * (pairs ? 2 : 1)}, w.options());
+  dispatch(w.scalar_type(), "pack_linear", [&](auto tag) {
+    using T = decltype(tag);
+    tgserve::pack_linear_weight<T>(static_cast<const T*>(w.data_ptr()), N, K,
+                                   static_cast<T*>(packed.data_ptr()));
+  });
+  return packed;
+}
+
+// x [M, K] @ W [N, K]^T (+ bias) from W's packed copy -> [M, N] float32 (the LM head) or in
+// x's dtype.
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                     int64_t N, bool float_out) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == packed.scalar_type(),
+              "linear: x must be a contiguous [M, K] tensor of the packed weight's dtype");
+  const int64_t M = x.size(0), K = x.size(1);
+  const bool pairs = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(packed.size(0) == (N + 15) / 16 &&
+                  packed.size(1) == tgserve::packed_linear_steps(K, pairs) * 16 * (pairs ? 2 : 1),
+              "linear: the packed weight does not match N and x's K");
   auto y = torch::empty({M, N}, x.options().dtype(float_out ? at::kFloat : x.scalar_type()));
   dispatch(x.scalar_type(), "linear", [&](auto tag) {
     using T = decltype(tag);
     const T* b = bias ? static_cast<const T*>(bias->data_ptr()) : nullptr;
     const T* xp = static_cast<const T*>(x.data_ptr());
-    const T* wp = static_cast<const T*>(w.data_ptr());
+    const T* wp = static_cast<const T*>(packed.data_ptr());
     if (float_out)
-      tgserve::small_m_linear<T, float>(xp, M, K, wp, b, y.data_ptr<float>(), N);
+      tgserve::packed_linear<T, float>(xp, M, K, wp, b, y.data_ptr<float>(), N);
     else
-      tgserve::small_m_linear<T, T>(xp, M, K, wp, b, static_cast<T*>(y.data_ptr()), N);
+      tgserve::packed_linear<T, T>(xp, M, K, wp, b, static_cast<T*>(y.data_ptr()), N);
   });
   return y;
 }
@@ -62,6 +84,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (see kernels.h)");
-  m.def("linear", &linear, "small-M linear layer (see kernels.h)");
+  m.def("pack_linear", &pack_linear, "a linear weight packed for linear (see kernels.h)");
+  m.def("linear", &linear, "linear layer over a packed weight (see kernels.h)");
   tgserve::bind_decoder(m);
 }

@@ -8,11 +8,11 @@
 
 namespace tgserve {
 
-// A linear layer: its weight [N, K] as stored, oneDNN's prepacked copy (none when oneDNN
-// cannot pack it or memory is short) and its bias [N] (none when the layer has none).
+// A linear layer: its weight [N, K] as stored, its packed copy for packed_linear (kernels.h)
+// and its bias [N] (none when the layer has none).
 struct LinearWeights {
-  torch::Tensor weight;
-  std::optional<torch::Tensor> packed, bias;
+  torch::Tensor weight, packed;
+  std::optional<torch::Tensor> bias;
 };
 
 // One pre-norm decoder layer of the Llama family, named as in models/llama.py.

@@ -4,9 +4,8 @@ Why: SmolLM2-135M has 30 thin layers; eager PyTorch spends a decode step dispatc
 small ops, its bf16 matrix-vector product streams the weights at about half the memory
 bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
 round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
-as a handful of parallel loops: small-batch linear layers stream weights at memory speed
-(oneDNN's GEMM for larger batches; models/linear_backend.py decides which, per batch size),
-and every token, prefill or decode, is one query of the paged attention kernel over its own
+as a handful of parallel loops: linear layers run one packed kernel for every batch size
+(streaming the weights at memory speed at batch 1; models/linear_backend.py), and every token, prefill or decode, is one query of the paged attention kernel over its own
 context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
@@ -15,36 +14,31 @@ on a CPU, or the extension cannot be built). Otherwise `hidden(input_ids [T], po
 meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
 would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
 `compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
-tests/models/test_fused_decoder.py against it and against transformers). The model runner
-reaches it only through the forward-path seam (models/forward_path.py).
+tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
+depend on the other rows of the step (batch invariance: the linear and attention kernels fix
+their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
+through the forward-path seam (models/forward_path.py). The packed copies of the weights add
+the linear layers' bytes once more to memory.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
-from models.linear_backend import SMALL_M_MAX, LinearKernel, linear_kernel
-
-# oneDNN picks the packed layout for a batch size; 64 served M = 4 .. 2048 best here.
-_PACK_FOR_M = 64
 
 
 class FusedDecoder:
-    def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache], small_m_max: int) -> None:
+    def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache]) -> None:
         c = model.config
         inner = model.model
-        # Prepacked copies double the weights' memory: only when that leaves room to spare.
-        pack = prepack if _can_afford_copy(model) else _no_pack
 
         def linear(layer: nn.Linear):
-            weight = layer.weight.detach()
+            weight = layer.weight.detach().contiguous()
             bias = None if layer.bias is None else layer.bias.detach()
-            return ext.LinearWeights(weight=weight, packed=pack(weight), bias=bias)
+            return ext.LinearWeights(weight=weight, packed=ext.pack_linear(weight), bias=bias)
 
         layers = [
             ext.LayerWeights(
@@ -59,9 +53,9 @@ class FusedDecoder:
         ]
         self._model = model
         self._ext = ext
-        self._small_m_max = small_m_max
-        self._lm_head = model.lm_head.weight.detach()
-        self._lm_head_packed = pack(self._lm_head)
+        lm_head = model.lm_head.weight.detach().contiguous()
+        self._vocab_size = lm_head.shape[0]
+        self._lm_head_packed = ext.pack_linear(lm_head)
         self._decoder = ext.LlamaDecoder(
             layers=layers,
             final_norm=inner.norm.weight.detach(),
@@ -75,9 +69,7 @@ class FusedDecoder:
         )
 
     @classmethod
-    def build(
-        cls, model: nn.Module, kv_caches: list[KVCache], small_m_max: int = SMALL_M_MAX
-    ) -> FusedDecoder | None:
+    def build(cls, model: nn.Module, kv_caches: list[KVCache]) -> FusedDecoder | None:
         from models.llama import LlamaForCausalLM
 
         if not isinstance(model, LlamaForCausalLM) or not _plain_linears(model):
@@ -85,12 +77,14 @@ class FusedDecoder:
         weight = model.lm_head.weight
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return None
-        if any(k.dtype != weight.dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
+        if any(
+            k.dtype != weight.dtype or not k.is_contiguous() for cache in kv_caches for k in cache
+        ):
             return None
         ext = cpu_kernels.extension()
         if ext is None:
             return None
-        return cls(model, ext, kv_caches, small_m_max)
+        return cls(model, ext, kv_caches)
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -112,49 +106,13 @@ class FusedDecoder:
             slots=meta.slot_mapping,
             tables=tables,
             seq_lens=lens,
-            streaming=self._streaming(x.shape[0]),
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
-        if self._streaming(hidden.shape[0]):
-            return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
-        if self._lm_head_packed is None:
-            return self._model.compute_logits(hidden)
-        return torch.ops.mkldnn._linear_pointwise(
-            hidden, self._lm_head_packed, None, "none", [None], ""
-        ).float()
-
-    def _streaming(self, num_rows: int) -> bool:
-        """Whether `num_rows` rows go through our streaming kernel (else the GEMM)."""
-        dtype, small_m_max = self._lm_head.dtype, self._small_m_max
-        kernel = linear_kernel(num_rows, dtype, cpp_step=True, small_m_max=small_m_max)
-        return kernel is LinearKernel.STREAMING
-
-
-def _no_pack(weight: torch.Tensor) -> None:
-    return None
-
-
-def _can_afford_copy(model: nn.Module) -> bool:
-    """True when a second copy of the weights fits in half the memory still available."""
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not on this OS: stay on the plain GEMM
-        return False
-    return 2 * weight_bytes < available
-
-
-def prepack(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's packed copy of a linear weight [N, K] (what inductor's freezing pass makes on
-    CPU), or None where oneDNN is unavailable or refuses the dtype (then at::mm)."""
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_M)
-    except RuntimeError:
-        return None
+        return self._ext.linear(
+            hidden.contiguous(), self._lm_head_packed, None, self._vocab_size, True
+        )
 
 
 def _plain_linears(model: nn.Module) -> bool:

@@ -22,10 +22,17 @@ int paged_decode_attention(const T* q, const T* k_cache, const T* v_cache, const
                            int64_t H, int64_t KVH, int64_t D, int64_t block_size,
                            int64_t num_blocks, float scale, int64_t window);
 
-// y [M, N] = x [M, K] @ W[N, K]^T (+ bias [N]), accumulated in float32, for small M (the
-// weights are streamed once per 4 rows of x). OutT is T or float.
+// Linear layers over prepacked weights (linear.cpp: the layout and the accumulation order
+// every row follows whatever M is). pack_linear_weight: W [N, K] -> Wp
+// [ceil(N / 16), packed_linear_steps(K, pairs), 16 (, 2 for bfloat16)], zero-padded.
+int64_t packed_linear_steps(int64_t K, bool pairs);
+template <typename T>
+void pack_linear_weight(const T* W, int64_t N, int64_t K, T* Wp);
+
+// y [M, N] = x [M, K] @ W [N, K]^T (+ bias [N]) from the packed Wp, accumulated in float32 and
+// rounded once to OutT (T or float).
 template <typename T, typename OutT>
-void small_m_linear(const T* x, int64_t M, int64_t K, const T* W, const T* bias, OutT* y,
-                    int64_t N);
+void packed_linear(const T* x, int64_t M, int64_t K, const T* Wp, const T* bias, OutT* y,
+                   int64_t N);
 
 }  // namespace tgserve

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.linear_backend import (
-    SMALL_M_MAX,
     LinearKernel,
     linear_kernel,
     route_single_rows,
@@ -17,13 +16,10 @@ from models.linear_backend import (
 )
 
 
-def test_the_cpp_step_streams_small_batches_and_runs_the_gemm_beyond() -> None:
+def test_the_cpp_step_runs_one_packed_kernel_for_every_batch_size() -> None:
     for dtype in (torch.float32, torch.bfloat16):
-        for m in range(1, SMALL_M_MAX + 1):
-            assert linear_kernel(m, dtype, cpp_step=True) is LinearKernel.STREAMING
-        assert linear_kernel(SMALL_M_MAX + 1, dtype, cpp_step=True) is LinearKernel.GEMM
-    assert linear_kernel(1, torch.float32, cpp_step=True, small_m_max=0) is LinearKernel.GEMM
-    assert linear_kernel(8, torch.float32, cpp_step=True, small_m_max=8) is LinearKernel.STREAMING
+        for m in (1, 2, 3, 64, 2048):
+            assert linear_kernel(m, dtype, cpp_step=True) is LinearKernel.PACKED
 
 
 def test_the_pytorch_path_takes_the_gemv_for_one_reduced_precision_row_only() -> None:
