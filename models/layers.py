@@ -132,6 +132,7 @@ class PagedSelfAttention(nn.Module):
         qkv_bias: bool,
         out_bias: bool,
         rotary: bool,
+        qk_norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -142,6 +143,9 @@ class PagedSelfAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, hidden, bias=out_bias)
         self.rotary = rotary
         self.scale = head_dim**-0.5
+        # Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before rotary.
+        self.q_norm = None if qk_norm_eps is None else RMSNorm(head_dim, qk_norm_eps)
+        self.k_norm = None if qk_norm_eps is None else RMSNorm(head_dim, qk_norm_eps)
 
     def project(
         self, x: torch.Tensor, rope: Rope | None
@@ -151,6 +155,8 @@ class PagedSelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         return q, k, v

@@ -91,9 +91,16 @@ class LlamaDecoder {
       T* qkvp = static_cast<T*>(qkv.data_ptr());
       T* kc = static_cast<T*>(k_caches_[l].data_ptr());
       T* vc = static_cast<T*>(v_caches_[l].data_ptr());
+      const T* q_norm = w.q_norm ? static_cast<const T*>(w.q_norm->data_ptr()) : nullptr;
+      const T* k_norm = w.k_norm ? static_cast<const T*>(w.k_norm->data_ptr()) : nullptr;
 #pragma omp parallel for if (wide)
-      for (int64_t b = 0; b < B; ++b) {  // rotary on q and k, then k and v into their slot
+      for (int64_t b = 0; b < B; ++b) {  // (q/k norms,) rotary on q and k, then k, v to the cache
         T* row = qkvp + b * qkv_size;
+        if (q_norm && k_norm) {  // in place, per head: as models/layers.py's RMSNorm over D
+          for (int64_t h = 0; h < H_; ++h) rms_norm_row(row + h * D_, q_norm, row + h * D_, D_, eps_);
+          for (int64_t g = 0; g < KVH_; ++g)
+            rms_norm_row(row + q_size + g * D_, k_norm, row + q_size + g * D_, D_, eps_);
+        }
         rope_heads(row, cosp + b * D_, sinp + b * D_, H_ + KVH_, D_);
         std::copy(row, row + q_size, qp + b * q_size);
         std::copy(row + q_size, row + q_size + kv_size, kc + slot[b] * kv_size);
@@ -152,12 +159,17 @@ void bind_decoder(pybind11::module& m) {
       .def_readonly("bias", &LinearWeights::bias);
   py::class_<LayerWeights>(m, "LayerWeights")
       .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
-                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down) {
+                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down,
+                       std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm) {
+             TORCH_CHECK(q_norm.has_value() == k_norm.has_value(),
+                         "LayerWeights: q_norm and k_norm come together");
              return LayerWeights{std::move(input_norm), std::move(qkv),    std::move(o_proj),
-                                 std::move(post_norm),  std::move(gate_up), std::move(down)};
+                                 std::move(post_norm),  std::move(gate_up), std::move(down),
+                                 std::move(q_norm),     std::move(k_norm)};
            }),
            py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("o_proj"),
-           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"));
+           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
+           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<LlamaDecoder>(m, "LlamaDecoder")
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>(),

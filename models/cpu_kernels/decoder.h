@@ -23,6 +23,8 @@ struct LayerWeights {
   torch::Tensor post_norm;   // [hidden] RMSNorm before the MLP
   LinearWeights gate_up;     // [2 * intermediate, hidden]: gate rows, then up rows
   LinearWeights down;        // [hidden, intermediate]
+  // [head_dim] RMSNorm weights over each q / k head before rotary (Qwen3), else none.
+  std::optional<torch::Tensor> q_norm, k_norm;
 };
 
 void bind_decoder(pybind11::module& m);

@@ -48,6 +48,8 @@ class FusedDecoder:
                 post_norm=layer.post_attention_layernorm.weight.detach(),
                 gate_up=linear(layer.mlp.gate_up_proj),
                 down=linear(layer.mlp.down_proj),
+                q_norm=_norm_weight(layer.self_attn.q_norm),
+                k_norm=_norm_weight(layer.self_attn.k_norm),
             )
             for layer in inner.layers
         ]
@@ -113,6 +115,10 @@ class FusedDecoder:
         return self._ext.linear(
             hidden.contiguous(), self._lm_head_packed, None, self._vocab_size, True
         )
+
+
+def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight.detach()
 
 
 def _plain_linears(model: nn.Module) -> bool:

@@ -94,7 +94,7 @@ def test_an_attention_row_does_not_depend_on_the_batch(dtype: torch.dtype, windo
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(dtype, arch) -> None:
     """The same prompt, prefilled alone in one chunk, or in chunks of 3 beside other
     sequences' prefills and decodes: identical logits and identical K/V in the cache."""

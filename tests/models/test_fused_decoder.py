@@ -32,7 +32,7 @@ def prompts(lengths: tuple[int, ...], seed: int = 1) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "mistral"])
 def test_fused_steps_equal_transformers(arch: str) -> None:
     hf = make_hf_model(arch)
     ours = ours_from(hf, torch.float32)
@@ -66,7 +66,7 @@ def test_fused_steps_equal_transformers(arch: str) -> None:
             )
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_fused_bfloat16_matches_the_eager_path(arch: str) -> None:
     hf = make_hf_model(arch)
     ours = ours_from(hf, torch.bfloat16)
