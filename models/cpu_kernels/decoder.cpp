@@ -54,15 +54,24 @@ class LlamaDecoder {
   }
 
  private:
-  // [B, N] = x [B, K] @ w^T (+ bias), from w's packed copy.
+  // [B, N] = x [B, K] @ w^T (* scales) (+ bias), from w's packed copy (int8 or x's dtype).
   template <typename T>
   torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
     const int64_t N = w.weight.size(0);
     auto y = torch::empty({x.size(0), N}, x.options());
-    packed_linear<T, T>(static_cast<const T*>(x.data_ptr()), x.size(0), x.size(1),
-                        static_cast<const T*>(w.packed.data_ptr()),
-                        w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr,
-                        static_cast<T*>(y.data_ptr()), N);
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* bias = w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr;
+    T* yp = static_cast<T*>(y.data_ptr());
+    if (w.packed.scalar_type() == at::kChar) {
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        packed_linear<T, T, int8_t>(xp, x.size(0), x.size(1), w.packed.data_ptr<int8_t>(),
+                                    w.scales->data_ptr<float>(), bias, yp, N);
+        return y;
+      }
+      TORCH_CHECK(false, "LlamaDecoder: int8 weights need bfloat16 activations");
+    }
+    packed_linear<T, T, T>(xp, x.size(0), x.size(1), static_cast<const T*>(w.packed.data_ptr()),
+                           nullptr, bias, yp, N);
     return y;
   }
 
@@ -150,13 +159,21 @@ void bind_decoder(pybind11::module& m) {
   // Keyword-only constructors: Python names every weight, no tensor is matched by position.
   py::class_<LinearWeights>(m, "LinearWeights")
       .def(py::init([](torch::Tensor weight, torch::Tensor packed,
-                       std::optional<torch::Tensor> bias) {
-             return LinearWeights{std::move(weight), std::move(packed), std::move(bias)};
+                       std::optional<torch::Tensor> bias, std::optional<torch::Tensor> scales) {
+             const bool int8 = packed.scalar_type() == at::kChar;
+             TORCH_CHECK(int8 == scales.has_value() &&
+                             (!scales || (scales->scalar_type() == at::kFloat &&
+                                          scales->numel() == weight.size(0))),
+                         "LinearWeights: int8 weights come with float32 scales [N], only they");
+             return LinearWeights{std::move(weight), std::move(packed), std::move(bias),
+                                  std::move(scales)};
            }),
-           py::kw_only(), py::arg("weight"), py::arg("packed"), py::arg("bias") = py::none())
+           py::kw_only(), py::arg("weight"), py::arg("packed"), py::arg("bias") = py::none(),
+           py::arg("scales") = py::none())
       .def_readonly("weight", &LinearWeights::weight)
       .def_readonly("packed", &LinearWeights::packed)
-      .def_readonly("bias", &LinearWeights::bias);
+      .def_readonly("bias", &LinearWeights::bias)
+      .def_readonly("scales", &LinearWeights::scales);
   py::class_<LayerWeights>(m, "LayerWeights")
       .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
                        torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down,

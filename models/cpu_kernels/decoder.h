@@ -8,11 +8,12 @@
 
 namespace tgserve {
 
-// A linear layer: its weight [N, K] as stored, its packed copy for packed_linear (kernels.h)
-// and its bias [N] (none when the layer has none).
+// A linear layer: its weight [N, K] as stored (int8 when quantized), its packed copy for
+// packed_linear (kernels.h), its bias [N] (none when the layer has none) and, for int8
+// weights only, the float32 scale of each output row [N].
 struct LinearWeights {
   torch::Tensor weight, packed;
-  std::optional<torch::Tensor> bias;
+  std::optional<torch::Tensor> bias, scales;
 };
 
 // One pre-norm decoder layer of the Llama family, named as in models/llama.py.

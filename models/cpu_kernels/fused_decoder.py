@@ -9,9 +9,9 @@ as a handful of parallel loops: linear layers run one packed kernel for every ba
 context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
-runs (not the Llama family, int8-quantized layers, a dtype other than float32 / bfloat16, not
-on a CPU, or the extension cannot be built). Otherwise `hidden(input_ids [T], positions [T],
-meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
+runs (not the Llama family, a dtype other than float32 / bfloat16, weight-only int8 layers
+with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
+`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
 would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
 `compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
@@ -28,6 +28,7 @@ from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
+from models.quantization import Int8Linear
 
 
 class FusedDecoder:
@@ -35,10 +36,12 @@ class FusedDecoder:
         c = model.config
         inner = model.model
 
-        def linear(layer: nn.Linear):
-            weight = layer.weight.detach().contiguous()
+        def linear(layer: nn.Module):
             bias = None if layer.bias is None else layer.bias.detach()
-            return ext.LinearWeights(weight=weight, packed=ext.pack_linear(weight), bias=bias)
+            weight, scales = _weight_and_scales(layer)
+            return ext.LinearWeights(
+                weight=weight, packed=ext.pack_linear(weight), bias=bias, scales=scales
+            )
 
         layers = [
             ext.LayerWeights(
@@ -55,7 +58,7 @@ class FusedDecoder:
         ]
         self._model = model
         self._ext = ext
-        lm_head = model.lm_head.weight.detach().contiguous()
+        lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
         self._vocab_size = lm_head.shape[0]
         self._lm_head_packed = ext.pack_linear(lm_head)
         self._decoder = ext.LlamaDecoder(
@@ -74,14 +77,12 @@ class FusedDecoder:
     def build(cls, model: nn.Module, kv_caches: list[KVCache]) -> FusedDecoder | None:
         from models.llama import LlamaForCausalLM
 
-        if not isinstance(model, LlamaForCausalLM) or not _plain_linears(model):
+        if not isinstance(model, LlamaForCausalLM):
             return None
-        weight = model.lm_head.weight
-        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        dtype = model.model.embed_tokens.weight.dtype
+        if not _linears_it_runs(model, dtype):
             return None
-        if any(
-            k.dtype != weight.dtype or not k.is_contiguous() for cache in kv_caches for k in cache
-        ):
+        if any(k.dtype != dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
             return None
         ext = cpu_kernels.extension()
         if ext is None:
@@ -113,7 +114,12 @@ class FusedDecoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
         return self._ext.linear(
-            hidden.contiguous(), self._lm_head_packed, None, self._vocab_size, True
+            hidden.contiguous(),
+            self._lm_head_packed,
+            None,
+            self._vocab_size,
+            True,
+            self._lm_head_scales,
         )
 
 
@@ -121,7 +127,24 @@ def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
     return None if norm is None else norm.weight.detach()
 
 
-def _plain_linears(model: nn.Module) -> bool:
-    """False when the linear layers were swapped (int8 quantization): those keep their path."""
-    first = model.model.layers[0]
-    return type(first.self_attn.qkv_proj) is nn.Linear
+def _is_int8(layer: nn.Module) -> bool:
+    return isinstance(layer, Int8Linear)
+
+
+def _weight_and_scales(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight to pack [N, K] (int8 for weight-only int8 layers, with their float32 row
+    scales [N]; else the layer's own weight and None)."""
+    if _is_int8(layer):
+        return layer.weight_int8.contiguous(), layer.scale.float().contiguous()
+    return layer.weight.detach().contiguous(), None
+
+
+def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
+    """Plain linears in float32 / bfloat16 on a CPU, or weight-only int8 ones with bfloat16
+    activations (the int8 kernel widens the weights to bf16 pairs); anything else keeps its path."""
+    layers = [model.model.layers[0].self_attn.qkv_proj, model.lm_head]
+    if model.model.embed_tokens.weight.device.type != "cpu":
+        return False
+    if all(type(layer) is nn.Linear for layer in layers):
+        return dtype in (torch.float32, torch.bfloat16)
+    return all(_is_int8(layer) for layer in layers) and dtype == torch.bfloat16

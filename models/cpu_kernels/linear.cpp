@@ -11,6 +11,9 @@
 // the other rows change which lanes are computed together, never the sequence of operations
 // inside a lane. Batch invariance (issue #14) rests on this.
 //
+// int8 weights (weight-only, one scale per output row): the same layout and order, the int8
+// pairs widened to bf16 in registers (exact: |q| <= 127), y = round(acc * scale[n] + bias[n]).
+//
 // Speed: a pass runs MR rows of x against NR panels (MR * NR accumulators, no horizontal
 // sums); the NR panels of W stay in L1/L2 while all rows of x pass over them, so W is read
 // from memory once per call (at M = 1 the kernel streams W at memory speed; at large M it is
@@ -37,16 +40,30 @@ constexpr int64_t step_k() {
   return std::is_same_v<T, c10::BFloat16> ? 2 : 1;
 }
 
+// y [nn] = round(v * scale + bias) (scale: int8 weights only, else null).
 template <typename OutT>
-inline void store_row(const float* v, const float* bias_f, int64_t nn, OutT* y) {
-  for (int64_t j = 0; j < nn; ++j) y[j] = static_cast<OutT>(v[j] + bias_f[j]);
+inline void store_row(const float* v, const float* scale, const float* bias_f, int64_t nn,
+                      OutT* y) {
+  if (scale)
+    for (int64_t j = 0; j < nn; ++j) y[j] = static_cast<OutT>(v[j] * scale[j] + bias_f[j]);
+  else
+    for (int64_t j = 0; j < nn; ++j) y[j] = static_cast<OutT>(v[j] + bias_f[j]);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
+// One k-step of a panel: 16 columns x a pair of k, as vdpbf16ps's operand.
+inline __m512bh load_pairs(const c10::BFloat16* w) { return (__m512bh)_mm512_loadu_si512(w); }
+inline __m512bh load_pairs(const int8_t* w) {  // 32 int8, widened exactly to bf16
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
+  const __m512 hi =
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16))));
+  return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
 // One pass: rows x[0 .. MR) against panels Wp[0 .. NR) (each `steps` * 16 * step_k long).
-template <int MR, int NR>
-inline void pass_bf16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* Wp, int64_t steps,
+template <int MR, int NR, typename WT>
+inline void pass_bf16(const c10::BFloat16* x, int64_t K, const WT* Wp, int64_t steps,
                       __m512 acc[kMaxMR][kMaxNR]) {
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -55,7 +72,7 @@ inline void pass_bf16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* Wp
   for (int64_t s = 0; s < steps; ++s) {
     __m512bh w[NR];
     for (int j = 0; j < NR; ++j)
-      w[j] = (__m512bh)_mm512_loadu_si512(Wp + j * stride + s * 32);
+      w[j] = load_pairs(Wp + j * stride + s * 32);
     for (int m = 0; m < MR; ++m) {
       int32_t pair;
       if (s < full) {
@@ -87,19 +104,19 @@ inline void pass_f32(const float* x, int64_t K, const float* Wp, int64_t steps,
   }
 }
 
-template <typename T, int MR, int NR>
-inline void pass(const T* x, int64_t K, const T* Wp, int64_t steps, float* out) {
+template <typename T, int MR, int NR, typename WT>
+inline void pass(const T* x, int64_t K, const WT* Wp, int64_t steps, float* out) {
   __m512 acc[kMaxMR][kMaxNR];
   if constexpr (std::is_same_v<T, c10::BFloat16>)
-    pass_bf16<MR, NR>(x, K, Wp, steps, acc);
+    pass_bf16<MR, NR, WT>(x, K, Wp, steps, acc);
   else
     pass_f32<MR, NR>(x, K, Wp, steps, acc);
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) _mm512_storeu_ps(out + (m * kMaxNR + j) * kPanel, acc[m][j]);
 }
 
-template <typename T, int NR>
-inline void pass_rows(const T* x, int64_t K, const T* Wp, int64_t steps, int mr, float* out) {
+template <typename T, int NR, typename WT>
+inline void pass_rows(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, float* out) {
   switch (mr) {
     case 1: pass<T, 1, NR>(x, K, Wp, steps, out); break;
     case 2: pass<T, 2, NR>(x, K, Wp, steps, out); break;
@@ -110,8 +127,8 @@ inline void pass_rows(const T* x, int64_t K, const T* Wp, int64_t steps, int mr,
   }
 }
 
-template <typename T>
-inline void any_pass(const T* x, int64_t K, const T* Wp, int64_t steps, int mr, int nr,
+template <typename T, typename WT>
+inline void any_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr,
                      float* out) {
   switch (nr) {
     case 1: pass_rows<T, 1>(x, K, Wp, steps, mr, out); break;
@@ -121,26 +138,30 @@ inline void any_pass(const T* x, int64_t K, const T* Wp, int64_t steps, int mr, 
   }
 }
 
-template <typename T>
-constexpr bool kHasSimdPass = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+// Which (activation, weight) pairs have the SIMD pass: float/float and bf16 with bf16 or int8.
+template <typename T, typename WT>
+constexpr bool kHasSimdPass =
+    (std::is_same_v<T, float> && std::is_same_v<WT, float>) ||
+    (std::is_same_v<T, c10::BFloat16> &&
+     (std::is_same_v<WT, c10::BFloat16> || std::is_same_v<WT, int8_t>));
 
 #else
-template <typename T>
+template <typename T, typename WT>
 constexpr bool kHasSimdPass = false;
-template <typename T>
-inline void any_pass(const T*, int64_t, const T*, int64_t, int, int, float*) {}
+template <typename T, typename WT>
+inline void any_pass(const T*, int64_t, const WT*, int64_t, int, int, float*) {}
 #endif
 
 // Portable pass (CPUs without AVX-512 BF16, and float16): the same per-lane order, as plain
 // loops over the 16 lanes (which the compiler vectorizes without reordering a lane's sums).
-template <typename T>
-void portable_pass(const T* x, int64_t K, const T* Wp, int64_t steps, int mr, int nr,
+template <typename T, typename WT>
+void portable_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr,
                    float* out) {
   constexpr int64_t sk = step_k<T>();
   for (int m = 0; m < mr; ++m)
     for (int j = 0; j < nr; ++j) {
       float acc[kPanel] = {};
-      const T* panel = Wp + j * steps * kPanel * sk;
+      const WT* panel = Wp + j * steps * kPanel * sk;
       for (int64_t s = 0; s < steps; ++s)
         for (int64_t i = 0; i < sk; ++i) {
           const int64_t k = s * sk + i;
@@ -156,8 +177,8 @@ void portable_pass(const T* x, int64_t K, const T* Wp, int64_t steps, int mr, in
 
 int64_t packed_linear_steps(int64_t K, bool pairs) { return pairs ? (K + 1) / 2 : K; }
 
-template <typename T>
-void pack_linear_weight(const T* W, int64_t N, int64_t K, T* Wp) {
+template <typename T, typename WT>
+void pack_linear_weight(const WT* W, int64_t N, int64_t K, WT* Wp) {
   constexpr int64_t sk = step_k<T>();
   const int64_t steps = packed_linear_steps(K, sk == 2), panels = (N + kPanel - 1) / kPanel;
 #pragma omp parallel for schedule(static)
@@ -166,18 +187,18 @@ void pack_linear_weight(const T* W, int64_t N, int64_t K, T* Wp) {
       for (int64_t l = 0; l < kPanel; ++l)
         for (int64_t i = 0; i < sk; ++i) {
           const int64_t n = p * kPanel + l, k = s * sk + i;
-          Wp[((p * steps + s) * kPanel + l) * sk + i] = n < N && k < K ? W[n * K + k] : T(0.0f);
+          Wp[((p * steps + s) * kPanel + l) * sk + i] = n < N && k < K ? W[n * K + k] : WT(0);
         }
 }
 
-template <typename T, typename OutT>
-void packed_linear(const T* x, int64_t M, int64_t K, const T* Wp, const T* bias, OutT* y,
-                   int64_t N) {
+template <typename T, typename OutT, typename WT>
+void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* scales,
+                   const T* bias, OutT* y, int64_t N) {
   constexpr int64_t sk = step_k<T>();
   const int64_t steps = packed_linear_steps(K, sk == 2), panels = (N + kPanel - 1) / kPanel;
   const int64_t panel_elems = steps * kPanel * sk;
   // Panels per pass: as many as stay in L2 together (never more than kMaxNR).
-  const int64_t fit = kPanelBytesInL2 / std::max<int64_t>(1, panel_elems * sizeof(T));
+  const int64_t fit = kPanelBytesInL2 / std::max<int64_t>(1, panel_elems * sizeof(WT));
   const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxNR));
   const int64_t groups = (panels + nr_max - 1) / nr_max;
 #pragma omp parallel for schedule(static)
@@ -191,7 +212,7 @@ void packed_linear(const T* x, int64_t M, int64_t K, const T* Wp, const T* bias,
     alignas(64) float out[kMaxMR * kMaxNR * kPanel];
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-      if constexpr (kHasSimdPass<T>)
+      if constexpr (kHasSimdPass<T, WT>)
         any_pass(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr, out);
       else
         portable_pass(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr, out);
@@ -199,24 +220,30 @@ void packed_linear(const T* x, int64_t M, int64_t K, const T* Wp, const T* bias,
         for (int j = 0; j < nr; ++j) {
           const int64_t c = j * kPanel, cn = std::min<int64_t>(kPanel, nn - c);
           if (cn > 0)
-            store_row(out + (m * kMaxNR + j) * kPanel, bias_f + c, cn, y + (m0 + m) * N + n0 + c);
+            store_row(out + (m * kMaxNR + j) * kPanel, scales ? scales + n0 + c : nullptr,
+                      bias_f + c, cn, y + (m0 + m) * N + n0 + c);
         }
     }
   }
 }
 
-#define TGSERVE_INSTANTIATE(T, OutT)                                                         \
-  template void packed_linear<T, OutT>(const T*, int64_t, int64_t, const T*, const T*, OutT*, \
-                                       int64_t);
-TGSERVE_INSTANTIATE(float, float)
-TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
-TGSERVE_INSTANTIATE(c10::BFloat16, float)
-TGSERVE_INSTANTIATE(c10::Half, c10::Half)
-TGSERVE_INSTANTIATE(c10::Half, float)
+#define TGSERVE_INSTANTIATE(T, OutT, WT)                                                     \
+  template void packed_linear<T, OutT, WT>(const T*, int64_t, int64_t, const WT*, const float*, \
+                                           const T*, OutT*, int64_t);
+TGSERVE_INSTANTIATE(float, float, float)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::BFloat16, float, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16, int8_t)
+TGSERVE_INSTANTIATE(c10::BFloat16, float, int8_t)
+TGSERVE_INSTANTIATE(c10::Half, c10::Half, c10::Half)
+TGSERVE_INSTANTIATE(c10::Half, float, c10::Half)
 #undef TGSERVE_INSTANTIATE
-template void pack_linear_weight<float>(const float*, int64_t, int64_t, float*);
-template void pack_linear_weight<c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t,
-                                                c10::BFloat16*);
-template void pack_linear_weight<c10::Half>(const c10::Half*, int64_t, int64_t, c10::Half*);
+template void pack_linear_weight<float, float>(const float*, int64_t, int64_t, float*);
+template void pack_linear_weight<c10::BFloat16, c10::BFloat16>(const c10::BFloat16*, int64_t,
+                                                               int64_t, c10::BFloat16*);
+template void pack_linear_weight<c10::BFloat16, int8_t>(const int8_t*, int64_t, int64_t,
+                                                        int8_t*);
+template void pack_linear_weight<c10::Half, c10::Half>(const c10::Half*, int64_t, int64_t,
+                                                       c10::Half*);
 
 }  // namespace tgserve

@@ -133,3 +133,24 @@ def _slots(driver: PagedDriver, seq: int) -> torch.Tensor:
     return torch.tensor(
         [driver.tables[seq][t // bs] * bs + t % bs for t in range(driver.lens[seq])]
     )
+
+
+@pytest.mark.parametrize("float_out", [True, False])
+def test_int8_weights_equal_their_dequantised_matmul_and_keep_rows_invariant(float_out) -> None:
+    """Weight-only int8 (one scale per output row): the values of a float64 matmul over the
+    dequantised weights, and the same bits for a row whatever else is in the batch."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 100, 577
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales = torch.rand(n, generator=gen) / 100
+    bias = torch.randn(n, generator=gen).bfloat16()
+    packed = ext().pack_linear(q)
+    x = torch.randn(7, k, generator=gen).bfloat16()
+    got = ext().linear(x, packed, bias, n, True, scales)
+    want = x.double() @ (q.double() * scales.double()[:, None]).T + bias.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * k**0.5, rtol=1e-5)
+    solo = ext().linear(x[:1], packed, bias, n, float_out, scales)[0]
+    for m in (2, 6, 13, 64):
+        others = torch.randn(m, k, generator=gen).bfloat16()
+        others[m - 1] = x[0]
+        assert torch.equal(ext().linear(others, packed, bias, n, float_out, scales)[m - 1], solo)
