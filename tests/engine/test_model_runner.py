@@ -71,7 +71,7 @@ def test_one_token_steps_without_onednn_equal_the_onednn_path(monkeypatch) -> No
         outs = []
         for fast in (True, False):
             if not fast:
-                monkeypatch.setattr(forward_path, "route_single_rows", lambda model: 0)
+                monkeypatch.setattr(forward_path, "use_invariant_linears", lambda model: 0)
             runner, _ = _runner(dtype=dtype)
             seq = _Seq(list(range(3, 12)))
             runner.execute([_Chunk(seq, 0, 8, False)])

@@ -12,7 +12,7 @@ from models.linear_backend import (
     SMALL_M_MAX,
     LinearKernel,
     linear_kernel,
-    route_single_rows,
+    use_invariant_linears,
     row_routed_linear,
 )
 
@@ -54,6 +54,6 @@ def test_routing_touches_plain_linears_only_and_leaves_the_class_alone() -> None
         pass
 
     model = nn.Sequential(nn.Linear(8, 8), Custom(8, 8), nn.Linear(8, 4))
-    assert route_single_rows(model) == 2
+    assert use_invariant_linears(model) == 2
     assert "forward" in vars(model[0]) and "forward" not in vars(model[1])
     assert nn.Linear.forward is not None and "forward" not in vars(nn.Linear(2, 2))
