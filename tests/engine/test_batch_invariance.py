@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine.requests.outputs import OutputAccumulator
 from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB
-from tests.engine.engine_fixtures import assert_no_leaks, tiny_engine
+from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, run_staggered, tiny_engine
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 SOLO_BLOCK_SIZE = 16
@@ -130,3 +130,32 @@ def test_every_request_equals_its_solo_run(folder, dtype: str, kernels: bool, ca
     for i in range(len(reqs)):
         assert got[i] == _solo(folder, dtype, kernels, prompts[i], params[i]), f"request {i}"
     assert_no_leaks(engine)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_dense_halves_keep_every_request_equal_to_its_solo_run(folder, dtype) -> None:
+    """torch.compile (EngineConfig.compile) fuses the blocks' elementwise ops with its own
+    code: the padded linears and the row order must survive it."""
+    prompts = random_prompts(5, (1, 40), seed=5)
+    params = [
+        SamplingParams(
+            max_tokens=6,
+            temperature=0.9 if i % 2 else 0.0,
+            seed=i if i % 2 else None,
+            logprobs=2,
+            ignore_eos=True,
+        )
+        for i in range(5)
+    ]
+    engine = tiny_engine(
+        folder,
+        dtype=dtype,
+        compile=True,
+        cpu_kernels=False,
+        max_num_seqs=8,
+        max_num_batched_tokens=13,
+        enable_prefix_caching=False,
+    )
+    batched = run_staggered(engine, prompts, params, arrive_every=1)
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        assert _answer(batched[i]) == _answer(engine.generate([prompt], p)[0]), f"request {i}"
