@@ -132,8 +132,9 @@ class FakeEngine:
         return Request(request_id, tuple(prompt_token_ids), params, time.monotonic())
 
     def add(self, request: Request) -> None:
-        if len(self._waiting) >= self.max_queued_requests:
-            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests})")
+        limit = self.max_num_seqs + self.max_queued_requests  # the engine's one rule
+        if len(self._waiting) + len(self._running) >= limit:
+            raise QueueFullError(f"{limit} requests in flight")
         params = request.params
         seqs = [_Seq(i) for i in range(params.n)]
         rng = random.Random(params.seed)
