@@ -94,9 +94,7 @@ class EngineConfig:
                 "max_model_len", self.max_model_len, "or None for the model's context length"
             )
         if self.dtype not in DTYPE_CHOICES:
-            raise ValueError(
-                f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"
-            )
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if not _valid_device(self.device):
             raise ValueError(
                 f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
@@ -124,7 +122,6 @@ class EngineConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-
 
     @property
     def max_in_flight(self) -> int:

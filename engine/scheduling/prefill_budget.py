@@ -35,10 +35,6 @@ class PrefillBudget:
         self.windowed = delivers and self.target_s is not None
         self.prefill_tokens = 0
 
-    def capacity(self) -> int:
-        """Prefill tokens from position 0 this step could still take (the chunk-size gauge)."""
-        return self.fit(0, self.tokens_left)
-
     def fit(self, start: int, want: int, floor: int = 0) -> int:
         n = min(want, self.tokens_left)
         if n <= 0:

@@ -138,7 +138,7 @@ class Scheduler:
         step = _Step(budget=self.config.max_num_batched_tokens)
         self._schedule_decodes(step)
         budget = self._prefill_budget(step)
-        self._prefill_capacity = budget.capacity()
+        self._prefill_capacity = budget.fit(0, budget.tokens_left, MIN_PREFILL_CHUNK)
         self._schedule_prefills(step, budget)
         chunks = tuple(c for p in step.plans.values() for c in p.chunks)
         return SchedulerOutput(

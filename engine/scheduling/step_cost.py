@@ -79,9 +79,7 @@ class StepCostModel:
         """The largest step (rows) the model may be asked about."""
         return max(1, int(self.growth * self.max_rows_seen))
 
-    def max_chunk(
-        self, rows: int, pairs: int, start: int, want: int, seconds: float
-    ) -> int:
+    def max_chunk(self, rows: int, pairs: int, start: int, want: int, seconds: float) -> int:
         """The most tokens (<= want) of a chunk from position `start` that a step already
         holding `rows` rows and `pairs` pairs can add and still be predicted to end within
         `seconds`; 0 when not even one fits."""

@@ -34,10 +34,17 @@ def solo(prompt: list[int] | tuple[int, ...], max_tokens: int) -> list[int]:
 class Driver:
     """Engine.step() in miniature: schedule -> fake forward -> on_step_done -> append/finish."""
 
-    def __init__(self, num_blocks: int, block_size: int = 4, max_model_len: int = 512, **cfg):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 4,
+        max_model_len: int = 512,
+        cost_model=None,
+        **cfg,
+    ):
         self.config = EngineConfig(block_size=block_size, **cfg)
         self.bm = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching)
-        self.sched = Scheduler(self.config, self.bm, max_model_len)
+        self.sched = Scheduler(self.config, self.bm, max_model_len, cost_model)
         self.bs = block_size
         self.slots: list[list[tuple[int, int] | None]] = [
             [None] * block_size for _ in range(num_blocks)
@@ -47,10 +54,20 @@ class Driver:
         self.fork_n: dict[str, int] = {}  # request id -> sequences to fork after the prompt
         self.requests: dict[str, Request] = {}
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, n: int = 1) -> Request:
-        request = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, n=n))
+    def add(
+        self, rid: str, prompt: list[int], max_tokens: int, n: int = 1, priority: int = 0
+    ) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, n=n, priority=priority)
+        request = Request(rid, prompt, params)
         sched = self.sched  # as Engine.new_request does
-        check_admissible(len(prompt), request.params, rid, sched.max_model_len, sched.config.max_num_seqs, sched.block_manager)
+        check_admissible(
+            len(prompt),
+            request.params,
+            rid,
+            sched.max_model_len,
+            sched.config.max_num_seqs,
+            sched.block_manager,
+        )
         self.sched.add_request(request)
         self.requests[rid] = request
         if n > 1:
