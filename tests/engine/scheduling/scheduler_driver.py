@@ -111,6 +111,7 @@ class Driver:
         """The admission order of the scheduler's docstring: apart from the oldest waiting
         request of the best priority (it may be the anchor), the requests admitted in a step
         are a prefix of the waiting ones sorted by (priority, tokens to compute, arrival)."""
+        waiting_before = [w for w in waiting_before if w[-1] not in out.aborted]
         admitted = {c.request.request_id for c in out.chunks} & {w[-1] for w in waiting_before}
         if out.preempted:
             assert not admitted, "admitted a waiting request in a step that preempted"
