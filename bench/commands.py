@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 def run_command(args: argparse.Namespace) -> int:
     if args.bench_command == "soak":
         return _run_soak(args)
+    if args.bench_command in ("burst", "short-behind-long"):
+        return _run_probe(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
     _warn_if_busy()
     if args.bench_command == "serve":
@@ -90,6 +92,7 @@ def _run_offline(
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
         baseline_tree=args.baseline_tree,
+        target_itl_ms=args.target_itl_ms,
     )
     limits = None
     if args.bench_command == "latency":
@@ -195,3 +198,39 @@ def _run_soak(args: argparse.Namespace) -> int:
     report = judge(run_soak(spec), limits)
     print(json.dumps(as_json(report)) if args.json else render(report))
     return 0 if report.passed else 1
+
+
+def _run_probe(args: argparse.Namespace) -> int:
+    """`bench burst` and `bench short-behind-long`: probes of a running server's scheduling."""
+    print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    url = args.url.rstrip("/")
+    if args.bench_command == "burst":
+        from bench import burst
+
+        spec = burst.BurstSpec(
+            url,
+            args.num_requests,
+            args.in_flight,
+            args.prompt_len,
+            args.max_tokens,
+            args.runs,
+            args.seed,
+            args.model,
+        )
+        print(burst.render(spec, burst.run_burst(spec)))
+    else:
+        from bench import short_behind_long as probe
+
+        pspec = probe.ProbeSpec(
+            url,
+            args.num_long,
+            args.long_len,
+            args.short_len,
+            args.delay,
+            args.runs,
+            args.seed,
+            args.model,
+        )
+        print(probe.render(pspec, *probe.run_probe(pspec)))
+    print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    return 0

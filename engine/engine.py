@@ -39,7 +39,7 @@ from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.sampling_params import SamplingParams
 from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
-from engine.stats import EngineStats
+from engine.stats import EngineStats, StepTimings
 
 log = logging.getLogger("tgserve.engine")
 
@@ -77,6 +77,7 @@ class Engine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
+        self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
 
     @classmethod
     def from_model(
@@ -142,6 +143,7 @@ class Engine:
     # ----- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
+        start = time.perf_counter()
         sched = self.scheduler.schedule()
         self._num_steps += 1
         outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
@@ -155,6 +157,7 @@ class Engine:
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._fail(sched, exc)
+        self._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
         return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
 
     def _execute(self, sched: SchedulerOutput) -> StepLogits:
@@ -295,4 +298,7 @@ class Engine:
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps,
+            step_seconds=self._timings.step_seconds(),
+            prefill_tokens_per_step=self._timings.prefill_tokens(),
+            prefill_chunk_tokens=s.prefill_capacity,
         )

@@ -113,6 +113,7 @@ def _shared(req: SamplingFields, allow_faults: bool) -> dict[str, Any]:
         "length_penalty": req.length_penalty,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens,
+        "priority": req.priority,
         "fault": _fault(req.fault, allow_faults),
     }
 
@@ -186,5 +187,6 @@ def tgi_params(p: TgiParameters | None, allow_faults: bool = False) -> SamplingP
         best_of=p.best_of if p.best_of and p.best_of > 1 else None,
         logprobs=p.top_n_tokens or 0,
         prompt_logprobs=0 if p.decoder_input_details else None,
+        priority=p.priority,
         fault=_fault(p.fault, allow_faults),
     )

@@ -67,6 +67,7 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None
     timeout: float | None = None  # seconds; the request is aborted after it, even if queued
+    priority: int | None = None  # an extension (as vLLM's): lower runs first; default 0
     fault: FaultFields | None = None  # 400 unless --enable-fault-injection
 
 

@@ -43,6 +43,7 @@ class TgiParameters(_Body):
     grammar: Any = None
     adapter_id: str | None = None
     timeout: float | None = None  # seconds; an extension of ours
+    priority: int | None = None  # ours too: lower runs first (as vLLM's); default 0
     fault: FaultFields | None = None  # ours, tests only: 422 unless --enable-fault-injection
 
 

@@ -51,6 +51,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not (value == 0 or 1 <= value <= 60_000):
+        raise ValueError(f"expected 0 (off) or milliseconds in [1, 60000], got {text!r}")
+    return value
+
+
 def _words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
@@ -93,13 +100,30 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("max_model_len", int, "context length admitted (default: the model's)"),
     _Option("block_size", int, "tokens per KV cache block"),
     _Option("max_num_seqs", int, "sequences running at once"),
-    _Option("max_num_batched_tokens", int, "token budget of one engine step"),
+    _Option(
+        "max_num_batched_tokens",
+        int,
+        "upper bound on the tokens of one engine step, for experts (below it --target-itl-ms "
+        "sizes prefill chunks; a step with no token to deliver fills it)",
+    ),
+    _Option(
+        "target_itl_ms",
+        _milliseconds,
+        "step-time target while streams decode: prefill chunks are sized so a step that "
+        "delivers tokens stays under it (0: off, steps fill --max-num-batched-tokens; "
+        "default: the engine's, 100 ms)",
+    ),
     _Option(
         "kv_cache_memory",
         parse_size,
         "KV cache budget, e.g. 2GiB (default: a share of free memory)",
     ),
-    _Option("max_queued_requests", int, "bound on waiting requests (beyond it: 429)"),
+    _Option(
+        "max_queued_requests",
+        int,
+        "requests that may wait beyond the running ones: in flight = --max-num-seqs + this; "
+        "beyond it 429 with Retry-After",
+    ),
     _Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     _Option(
         "disable_cpu_kernels",
@@ -157,6 +181,7 @@ class Settings:
     block_size: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    target_itl_ms: float | None = None  # None: the engine's default; 0: no step-time target
     kv_cache_memory: int | None = None
     max_queued_requests: int | None = None
     disable_prefix_caching: bool = False

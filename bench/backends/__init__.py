@@ -50,6 +50,7 @@ class BackendOptions:
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
     baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
+    target_itl_ms: float | None = None  # tgserve: step-time target; None: default, 0: off
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,9 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool = False
+    # Scheduling order (not sampling): lower runs first, as vLLM's; admission, prefill order
+    # and preemption (the highest value is preempted first). Outputs never depend on it.
+    priority: int = 0
     # Tests only (engine/faults.py): fail this request or kill the engine after k tokens.
     fault: FaultSpec | None = None
 
@@ -105,6 +108,11 @@ class SamplingParams:
             need(self.best_of in (None, 1), "best_of", f"must be 1 {same}, got {self.best_of}")
         if self.seed is not None:
             need(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
+        need(
+            isinstance(self.priority, int) and not isinstance(self.priority, bool) and -(2**31) <= self.priority < 2**31,
+            "priority",
+            f"must be an integer in [-2**31, 2**31), got {self.priority!r}",
+        )
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Checks the token ids this request names against the model's vocabulary."""
