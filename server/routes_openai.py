@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
 from server.errors import ApiError, read_body
-from server.request_params import chat_params, completion_params
+from server.request_params import chat_params, completion_params, engine_error_renames
 from server.schemas_openai import (
     ChatCompletionRequest,
     ChatMessage,
@@ -86,6 +86,7 @@ class _Job:
     logprobs: bool = False
     include_usage: bool = False
     timeout: float | None = None
+    renames: dict[str, str] = field(default_factory=dict)  # engine field -> API field (400s)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, _Choice] = field(default_factory=dict)
@@ -144,7 +145,9 @@ def _usage(job: _Job, finals: list[RequestOutput | None]) -> dict[str, int]:
 
 
 async def _respond(request: Request, job: _Job, stream: bool) -> Response:
-    streams = await job.state.open([p.token_ids for p in job.prompts], job.params, job.timeout)
+    streams = await job.state.open(
+        [p.token_ids for p in job.prompts], job.params, job.timeout, job.renames
+    )
     if stream:
         return EventStreamResponse(_events(job, streams))
     finals = await run_until_disconnect(
@@ -255,6 +258,7 @@ async def completions(request: Request) -> Response:
         logprobs=req.logprobs is not None,
         include_usage=_include_usage(req),
         timeout=req.timeout,
+        renames=engine_error_renames(req),
     )
     return await _respond(request, job, bool(req.stream))
 
@@ -277,6 +281,7 @@ async def chat_completions(request: Request) -> Response:
         logprobs=bool(req.logprobs),
         include_usage=_include_usage(req),
         timeout=req.timeout,
+        renames=engine_error_renames(req),
     )
     return await _respond(request, job, bool(req.stream))
 
