@@ -17,7 +17,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from engine import FaultSpec, SamplingParams
+from engine import FaultSpec, SamplingParams, StructuredOutput
 from server.errors import ApiError
 from server.schemas_openai import (
     ChatCompletionRequest,
@@ -129,9 +129,15 @@ def completion_params(req: CompletionRequest, allow_faults: bool = False) -> Sam
     )
 
 
-def chat_params(req: ChatCompletionRequest, allow_faults: bool = False) -> SamplingParams:
-    if req.tools:
-        raise ApiError(400, "tools are not supported by this server", param="tools")
+def chat_params(
+    req: ChatCompletionRequest,
+    allow_faults: bool = False,
+    tool_grammar: str | None = None,
+    keep_special_tokens: bool = False,
+) -> SamplingParams:
+    """`tool_grammar`: the grammar `tool_choice` holds the output to (server/tool_calls/);
+    `keep_special_tokens`: the tool-call format writes special tokens, which the text must
+    keep unless the request says otherwise."""
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise ApiError(
             400, "only response_format {'type': 'text'} is supported", param="response_format"
@@ -142,11 +148,15 @@ def chat_params(req: ChatCompletionRequest, allow_faults: bool = False) -> Sampl
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    shared = _shared(req, allow_faults)
+    if keep_special_tokens and req.skip_special_tokens is None:
+        shared["skip_special_tokens"] = False
     return _build(
-        {"logprobs": "top_logprobs"},
+        {"logprobs": "top_logprobs", "structured_output": "tool_choice"},
         max_tokens=max_tokens,
         logprobs=logprobs,
-        **_shared(req, allow_faults),
+        structured_output=StructuredOutput("grammar", tool_grammar) if tool_grammar else None,
+        **shared,
     )
 
 

@@ -56,6 +56,16 @@ class ToolParser(ABC):
     @abstractmethod
     def grammar(self, tools: Sequence[FunctionSpec], parallel: bool) -> str: ...
 
+    @abstractmethod
+    def render_calls(self, calls: Sequence[ToolCall]) -> str:
+        """Calls written the way the model writes them (for histories and prompts)."""
+
+
+def call_object(call: ToolCall, args_key: str = "arguments") -> str:
+    """`{"name": ..., "<args_key>": <arguments>}` with the arguments' JSON text as it is."""
+    name = json.dumps(call.name, ensure_ascii=False)
+    return f'{{"name": {name}, "{args_key}": {call.arguments}}}'
+
 
 def scan_whole(body: str) -> ToolCall | None:
     """The call a complete body holds, or None when it is not a call."""

@@ -20,10 +20,11 @@ from server.tool_calls.base import (
     ToolStream,
     assemble,
     call_json,
+    call_object,
     calls_rule,
     scan_whole,
 )
-from server.tool_calls.events import ContentDelta, ParsedOutput, ToolEvent
+from server.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
 from server.tool_calls.holdback import TextUntilTag, partial_tag
 from server.tool_calls.json_scan import CallScanner
 
@@ -47,6 +48,9 @@ class HermesParser(ToolParser):
 
     def stream(self) -> ToolStream:
         return _HermesStream()
+
+    def render_calls(self, calls: Sequence[ToolCall]) -> str:
+        return "\n".join(f"{OPEN}\n{call_object(c)}\n{CLOSE}" for c in calls)
 
     def grammar(self, tools: Sequence[FunctionSpec], parallel: bool) -> str:
         start = calls_rule(parallel, r'"\n"')

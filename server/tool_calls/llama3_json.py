@@ -12,9 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from server.tool_calls.base import FunctionSpec, ToolParser, ToolStream, call_json, calls_rule
+from server.tool_calls.base import (
+    FunctionSpec,
+    ToolParser,
+    ToolStream,
+    call_json,
+    call_object,
+    calls_rule,
+)
 from server.tool_calls.call_sequence import CallSequence, read_sequence
-from server.tool_calls.events import ContentDelta, ParsedOutput, ToolEvent
+from server.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
 from server.tool_calls.holdback import WHITESPACE
 
 TAG = "<|python_tag|>"
@@ -43,6 +50,9 @@ class Llama3JsonParser(ToolParser):
 
     def stream(self) -> ToolStream:
         return _Llama3Stream()
+
+    def render_calls(self, calls: Sequence[ToolCall]) -> str:
+        return "; ".join(call_object(c, "parameters") for c in calls)
 
     def grammar(self, tools: Sequence[FunctionSpec], parallel: bool) -> str:
         start = calls_rule(parallel, '"; "')

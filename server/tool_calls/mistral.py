@@ -18,6 +18,7 @@ from server.tool_calls.base import (
     ToolStream,
     assemble,
     call_json,
+    call_object,
     calls_rule,
 )
 from server.tool_calls.call_sequence import CallSequence, read_sequence
@@ -53,6 +54,9 @@ class MistralParser(ToolParser):
 
     def stream(self) -> ToolStream:
         return _MistralStream()
+
+    def render_calls(self, calls: Sequence[ToolCall]) -> str:
+        return TAG + "[" + ", ".join(call_object(c) for c in calls) + "]"
 
     def grammar(self, tools: Sequence[FunctionSpec], parallel: bool) -> str:
         marker = f"<[{self._marker_ids[TAG]}]>" if TAG in self._marker_ids else f'"{TAG}"'
