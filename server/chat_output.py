@@ -3,10 +3,11 @@
 Contract: a `ChatOutputFormat` says what to read out of a choice's text: a reasoning split
 (server/reasoning.py) and/or tool calls (a parser of server/tool_calls/), applied in that order
 (calls are read from the answer, never from the reasoning). `message(text)` is the whole
-message: `content` (None when calls were made and no text was written), `reasoning_content`
+message: `content` (None when no answer text was written), `reasoning_content`
 when the output reasoned, and `tool_calls` as OpenAI shows them (`{id, type: "function",
 function: {name, arguments}}`). `stream()` gives a `MessageStream` whose `feed(text)` /
-`finish()` return OpenAI chat deltas in output order: `reasoning_content` and `content`
+`finish()` return OpenAI chat deltas in output order (after a first delta of role and null
+content: `first_delta`): `reasoning_content` and `content`
 fragments, a call's `{index, id, type, function: {name, arguments: ""}}` before any of its
 `{index, function: {arguments}}` fragments. Reassembled as the openai client does (strings
 concatenated, tool_calls merged by index), they equal `message` of the whole text, ids aside.
@@ -29,6 +30,11 @@ from server.tool_calls import (
 )
 
 Delta = dict[str, Any]
+
+
+def first_delta(fmt: ChatOutputFormat) -> Delta:
+    """The role chunk: content starts null when the text may hold no answer (calls only)."""
+    return {"role": "assistant", "content": "" if fmt.plain else None}
 
 
 def call_id() -> str:
@@ -65,9 +71,10 @@ class ChatOutputFormat:
                 }
                 for c in parsed.calls
             ]
-            message["content"] = parsed.content if parsed.content or not calls else None
+            message["content"] = parsed.content
             if calls:
                 message["tool_calls"] = calls
+        message["content"] = message["content"] or None  # as the stream's null first delta
         return message
 
     def stream(self) -> MessageStream:

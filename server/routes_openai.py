@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
-from server.chat_output import ChatOutputFormat, MessageStream, finish_reason
+from server.chat_output import ChatOutputFormat, MessageStream, finish_reason, first_delta
 from server.errors import ApiError, read_body
 from server.reasoning import ReasoningParser, prompt_opens_reasoning
 from server.request_params import chat_params, completion_params
@@ -207,7 +207,7 @@ async def _respond(request: Request, job: _Job, stream: bool) -> Response:
 async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
     finals: list[RequestOutput | None] = [None] * len(streams)
     if job.kind == "chat.completion":  # the role comes first, once per choice
-        delta = {"role": "assistant", "content": ""}
+        delta = first_delta(job.output_format)
         roles = [
             {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
             for i in range(len(streams) * job.n)

@@ -33,6 +33,7 @@ from tests.server.fake_tokenizer import BOS, EOS, FakeTokenizer, expected_greedy
 
 __all__ = ["BOS", "EOS", "FakeEngine", "FakeTokenizer", "expected_greedy_text"]
 
+
 @dataclass(frozen=True)
 class FakeStats:
     num_running: int
@@ -138,7 +139,14 @@ class FakeEngine:
         seqs = [_Seq(i) for i in range(params.n)]
         rng = random.Random(params.seed)
         self._waiting.append(
-            _Req(request.request_id, list(request.prompt_token_ids), params, request.arrival_time, seqs, rng)
+            _Req(
+                request.request_id,
+                list(request.prompt_token_ids),
+                params,
+                request.arrival_time,
+                seqs,
+                rng,
+            )
         )
 
     def add_request(
