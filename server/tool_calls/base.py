@@ -4,7 +4,8 @@ Contract: a `ToolParser` knows one output format. `parse(text)` reads a whole ou
 `stream()` gives a `ToolStream` whose `feed(delta)` / `finish()` events fold (events.fold_events)
 to exactly `parse` of the concatenated deltas, however the text was split. `grammar(tools,
 parallel)` is a Lark grammar (llguidance's dialect) that only lets the model write calls to the
-given functions in this format, their arguments valid against each function's JSON schema: one
+given functions in this format, their arguments valid against each function's JSON schema (an
+arguments object declaring `properties` gets no others unless its schema asks for them): one
 call, or one or more when `parallel`. `markers` are the special tokens the format writes, which
 the output text must keep (the request then decodes with skip_special_tokens off).
 """
@@ -111,7 +112,7 @@ def call_json(
     defs: dict[str, Any] = {}
     options = []
     for i, tool in enumerate(tools):
-        params = _hoist_defs(tool.parameters, f"t{i}_", defs)
+        params = _closed(_hoist_defs(tool.parameters, f"t{i}_", defs))
         options.append(
             {
                 "type": "object",
@@ -125,6 +126,23 @@ def call_json(
     if defs:
         schema["$defs"] = defs
     return "%json " + json.dumps(schema, ensure_ascii=False)
+
+
+_OPEN_ENDED = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_COMPOSED = ("allOf", "anyOf", "oneOf", "not", "if", "$ref")
+
+
+def _closed(schema: Any) -> Any:
+    """The arguments object limited to the properties it declares, unless the schema says
+    otherwise: every such object still satisfies the schema, and a small model is kept from
+    inventing keys forever. Schemas built by composition are left as they are."""
+    if (
+        not isinstance(schema, dict)
+        or "properties" not in schema
+        or any(key in schema for key in _OPEN_ENDED + _COMPOSED)
+    ):
+        return schema
+    return {**schema, "additionalProperties": False}
 
 
 def _hoist_defs(schema: Any, prefix: str, defs: dict[str, Any]) -> Any:

@@ -137,3 +137,15 @@ def test_a_reasoning_model_may_think_before_the_enforced_call():
     optional = tool_grammar(make_parser("hermes"), plan, "optional")
     assert accepts(optional, call)
     assert accepts(optional, f"<think>hmm</think>\n\n{call}")
+
+
+def test_enforced_arguments_keep_to_the_declared_properties_unless_the_schema_opens_them():
+    open_ = FunctionSpec("f", None, {"type": "object", "properties": {"a": {"type": "integer"}}})
+    extra = '{"a": 1, "b": 2}'
+    grammar = tool_grammar(make_parser("hermes"), ToolPlan((open_,), "required"), None)
+    assert accepts(grammar, calls_text("hermes", [("f", {"a": 1})]))
+    assert not accepts(grammar, make_parser("hermes").render_calls([ToolCall("f", extra)]))
+    schema = {**open_.parameters, "additionalProperties": {"type": "integer"}}
+    wide = FunctionSpec("f", None, schema)
+    grammar = tool_grammar(make_parser("hermes"), ToolPlan((wide,), "required"), None)
+    assert accepts(grammar, make_parser("hermes").render_calls([ToolCall("f", extra)]))
