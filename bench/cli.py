@@ -1,4 +1,4 @@
-"""`tgserve bench latency|throughput|serve|soak`: the arguments, and the entry `tgserve` calls.
+"""`tgserve bench latency|throughput|grammar|serve|soak`: the arguments, and the entry `tgserve` calls.
 
 Contract: `add_arguments(parser)` declares the four subcommands (soak: bench/soak.py, exits 1
 when it finds a leak or a 5xx); `run(args) -> int` runs one
@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     throughput.add_argument(
         "--hf-batch-size", type=int, default=16, help="transformers static batch size"
     )
+    grammar = sub.add_parser(
+        "grammar", help="first-token latency a JSON schema adds (new: compiled; cached)"
+    )
+    grammar.add_argument("--runs", type=int, default=20, help="timed requests of each kind")
+    grammar.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
+    grammar.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    _model_args(grammar)
     serve = sub.add_parser(
         "serve", help="streaming load against a running server's /v1/completions"
     )
@@ -183,6 +190,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--skip-limits", action="store_true", help="do not measure bandwidth and matmul rates"
+    )
+    p.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --backend tgserve-json: every request follows this JSON schema (structured "
+        "outputs; bench/schemas/records.json cannot end early, so counts match tgserve's)",
     )
     _output_args(p)
 

@@ -1,4 +1,4 @@
-"""What `tgserve bench latency|throughput|serve|soak` runs, once bench/cli.py parsed the arguments.
+"""What `tgserve bench latency|throughput|grammar|serve|soak` runs, once bench/cli.py parsed the arguments.
 
 Contract: `run_command(args) -> int` warns on stderr when the machine is already busy, runs the
 offline benchmarks (latency, throughput: backends loaded in this process) or the serving load
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.backends import BackendOptions
+from bench.grammar_latency import run_grammar_bench
 from bench.latency import LatencyResult, LatencySpec, run_latency_bench
 from bench.machine_limits import MachineLimits, measure_machine_limits, min_compute_seconds
 from bench.model_source import resolve_model
@@ -66,8 +67,17 @@ def _run_offline(
             "--backend tgserve-baseline and --baseline-tree PATH go together: the baseline "
             "backend runs the checkout at PATH (e.g. `git worktree add /tmp/base COMMIT`)"
         )
+    grammar = args.bench_command == "grammar"
+    if grammar and args.json_schema is None:
+        raise ValueError("bench grammar needs --json-schema FILE")
+    if not grammar and ("tgserve-json" in names) != (args.json_schema is not None):
+        raise ValueError("--backend tgserve-json and --json-schema FILE go together")
+    json_schema = args.json_schema.read_text() if args.json_schema is not None else None
     source = resolve_model(args.model)
-    if args.bench_command == "latency":
+    if grammar:
+        spec = None
+        num_requests, max_len, batched_tokens = 1, args.input_len + 1, args.max_num_batched_tokens
+    elif args.bench_command == "latency":
         spec = LatencySpec(args.input_len, args.output_len, args.runs, args.warmup_runs, args.seed)
         num_requests, max_len = 1, args.input_len + args.output_len
         batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step
@@ -90,8 +100,14 @@ def _run_offline(
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
         baseline_tree=args.baseline_tree,
+        json_schema=json_schema,
     )
     limits = None
+    if grammar:
+        result = run_grammar_bench(
+            source, options, json_schema, args.runs, args.input_len, args.seed
+        )
+        return [result], None
     if args.bench_command == "latency":
         if not args.skip_limits:
             limits = measure_machine_limits(source.config, args.dtype, (1, args.input_len))

@@ -109,8 +109,11 @@ class Engine:
             check_beam_params(params)
         if params.structured_output is not None:  # compiled (and cached) now: a bad one is a 400
             if self.grammars is None:
-                raise ValueError(NO_TOKENIZER)
-            self.grammars.compile(params)
+                raise ValueError(f"structured_output: {NO_TOKENIZER}")
+            try:
+                self.grammars.compile(params)
+            except ValueError as exc:  # named for the server, which renames it to the API field
+                raise ValueError(f"structured_output: {exc}") from None
         if params.max_tokens is None:
             params = dataclasses.replace(
                 params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids))

@@ -30,7 +30,7 @@ from engine import CompletionOutput, RequestOutput, SamplingParams
 from server.chat_output import ChatOutputFormat, MessageStream, finish_reason, first_delta
 from server.errors import ApiError, read_body
 from server.reasoning import ReasoningParser, prompt_opens_reasoning
-from server.request_params import chat_params, completion_params
+from server.request_params import chat_params, completion_params, engine_error_renames
 from server.schemas_openai import (
     ChatCompletionRequest,
     ChatMessage,
@@ -93,6 +93,7 @@ class _Job:
     logprobs: bool = False
     include_usage: bool = False
     timeout: float | None = None
+    renames: dict[str, str] = field(default_factory=dict)  # engine field -> API field (400s)
     output_format: ChatOutputFormat = field(default_factory=ChatOutputFormat)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -189,7 +190,9 @@ def _usage(job: _Job, finals: list[RequestOutput | None]) -> dict[str, int]:
 
 
 async def _respond(request: Request, job: _Job, stream: bool) -> Response:
-    streams = await job.state.open([p.token_ids for p in job.prompts], job.params, job.timeout)
+    streams = await job.state.open(
+        [p.token_ids for p in job.prompts], job.params, job.timeout, job.renames
+    )
     if stream:
         return EventStreamResponse(_events(job, streams))
     finals = await run_until_disconnect(
@@ -305,6 +308,7 @@ async def completions(request: Request) -> Response:
         logprobs=req.logprobs is not None,
         include_usage=_include_usage(req),
         timeout=req.timeout,
+        renames=engine_error_renames(req),
     )
     return await _respond(request, job, bool(req.stream))
 
@@ -334,6 +338,7 @@ async def chat_completions(request: Request) -> Response:
         logprobs=bool(req.logprobs),
         include_usage=_include_usage(req),
         timeout=req.timeout,
+        renames=engine_error_renames(req),
         output_format=output_format,
     )
     return await _respond(request, job, bool(req.stream))

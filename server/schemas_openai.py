@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from engine import TokenLogprob
+from server.schemas_structured import GuidedFields, ResponseFormat
 
 MIN_LOGPROB = -9999.0
 
@@ -40,7 +41,7 @@ class FaultFields(BaseModel):
     kill_engine_after_tokens: int | None = None
 
 
-class SamplingFields(_Body):
+class SamplingFields(_Body, GuidedFields):
     """Fields shared by /v1/completions and /v1/chat/completions (None: the default)."""
 
     model: str | None = None
@@ -148,7 +149,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

@@ -163,12 +163,23 @@ class ServerState:
         return self.tokenizer
 
     async def open(
-        self, prompts: list[list[int]], params: list[SamplingParams], timeout: float | None
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        timeout: float | None,
+        renames: dict[str, str] | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
-        """Admits one engine request per prompt (all or none); raises ApiError before any byte."""
+        """Admits one engine request per prompt (all or none); raises ApiError before any byte.
+        `renames`: engine field names -> the request's API fields, for a 400's `param`."""
         self.require_ready()
         return await open_streams(
-            self.engine, self.metrics, prompts, params, timeout, self.settings.request_timeout
+            self.engine,
+            self.metrics,
+            prompts,
+            params,
+            timeout,
+            self.settings.request_timeout,
+            renames,
         )
 
 

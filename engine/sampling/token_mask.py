@@ -68,9 +68,3 @@ class TokenMask:
         else:
             additive = self.additive[torch.tensor([g for _, g in picked], dtype=torch.int64)]
         return TokenMask(tuple(i for i, _ in picked), additive)
-
-    def row(self, i: int) -> torch.Tensor | None:
-        """The additive mask [V] of logits row i, or None when it is not constrained."""
-        if i not in self.rows:
-            return None
-        return self.additive[self.rows.index(i)]
