@@ -144,6 +144,8 @@ def engine_error_renames(req: GuidedFields | TgiParameters) -> dict[str, str]:
     fmt = getattr(req, "response_format", None)
     names = ["response_format"] if fmt is not None and fmt.type != "text" else []
     names += [name for name, _ in _guided(req)]
+    if getattr(req, "tool_choice", None) not in (None, "auto", "none"):
+        names.append("tools")  # the grammar of an enforced tool_choice comes from the tools
     return {"structured_output": names[0]} if names else {}
 
 
@@ -212,20 +214,39 @@ def completion_params(req: CompletionRequest, allow_faults: bool = False) -> Sam
     )
 
 
-def chat_params(req: ChatCompletionRequest, allow_faults: bool = False) -> SamplingParams:
-    if req.tools:
-        raise ApiError(400, "tools are not supported by this server", param="tools")
+def chat_params(
+    req: ChatCompletionRequest,
+    allow_faults: bool = False,
+    tool_grammar: str | None = None,
+    keep_special_tokens: bool = False,
+) -> SamplingParams:
+    """`tool_grammar`: the grammar `tool_choice` holds the output to (server/tool_calls/);
+    `keep_special_tokens`: the tool-call format writes special tokens, which the text must
+    keep unless the request says otherwise."""
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    shared = _shared(req, allow_faults)
+    if keep_special_tokens and req.skip_special_tokens is None:
+        shared["skip_special_tokens"] = False
+    if tool_grammar is not None:
+        if shared["structured_output"] is not None:
+            field = engine_error_renames(req)["structured_output"]
+            raise ApiError(
+                400,
+                f"tool_choice {req.tool_choice!r} already constrains the output; it cannot be "
+                f"combined with {field}",
+                param=field,
+            )
+        shared["structured_output"] = StructuredOutput("grammar", tool_grammar)
     return _build(
-        {"logprobs": "top_logprobs"},
+        {"logprobs": "top_logprobs", **engine_error_renames(req)},
         max_tokens=max_tokens,
         logprobs=logprobs,
-        **_shared(req, allow_faults),
+        **shared,
     )
 
 

@@ -15,6 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# Kept in step with server/tool_calls.PARSERS (a test checks it); not imported, so parsing
+# settings stays free of the parsers' imports.
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("auto", "think", "none")
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -157,6 +161,18 @@ OPTIONS: tuple[_Option, ...] = (
         "* allows any; none: no CORS headers)",
         repeatable=True,
     ),
+    _Option(
+        "tool_call_parser",
+        str,
+        "format of the model's tool calls: auto (from the chat template) | hermes | "
+        "llama3_json | mistral",
+    ),
+    _Option(
+        "reasoning_parser",
+        str,
+        "split <think>...</think> into reasoning_content: auto (when the chat template uses "
+        "<think>) | think (always) | none",
+    ),
     _Option("log_level", str, "debug | info | warning | error"),
     _Option(
         "enable_fault_injection",
@@ -194,6 +210,8 @@ class Settings:
     max_headers: int = 100
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
     allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
     log_level: str = "info"
     enable_fault_injection: bool = False
 
@@ -218,6 +236,16 @@ class Settings:
             raise ValueError(f"--max-headers must be at least 8, got {self.max_headers}")
         if any(not key for key in self.api_key):
             raise ValueError("--api-key must not be empty")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
+                f"got {self.reasoning_parser!r}"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(
                 f"--log-level must be debug, info, warning or error, got {self.log_level!r}"
