@@ -10,6 +10,8 @@ The scheduler's view (issue #12) comes from the same snapshot: a histogram of en
 times, one of prefill tokens per step, and the prefill chunk the step-time target allows now.
 The standard `process_*` metrics (resident memory, open FDs, CPU seconds; Linux only) come from
 prometheus_client's ProcessCollector: `tgserve bench soak` watches them for leaks.
+The router gauges (last block) repeat the queue length and KV-cache use under the names LLM
+routers and the Kubernetes Gateway API Inference Extension scrape from vLLM-style servers.
 """
 
 from __future__ import annotations
@@ -79,8 +81,10 @@ class _EngineStatsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats_source()
-        if stats is None:  # the model is still loading
-            return
+        if stats is not None:  # None: the model is still loading
+            yield from self._families(stats)
+
+    def _families(self, stats: Any) -> Iterator[Metric]:
         for field, name, doc in _GAUGES:
             yield GaugeMetricFamily(name, doc, value=getattr(stats, field))
         for field, name, doc in _COUNTERS:
@@ -134,6 +138,7 @@ class ServerMetrics:
         )
         reg.register(_EngineStatsCollector(stats_source))
         reg.register(_SchedulerCollector(stats_source))
+        reg.register(_RouterGaugesCollector(stats_source))
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, process_open_fds, ...
 
     def reject(self, reason: str) -> None:
@@ -231,3 +236,26 @@ class _SchedulerCollector(Collector):
             "step-time target (--target-itl-ms) allows now.",
             value=stats.prefill_chunk_tokens,
         )
+
+
+# ---- Router gauges --------------------------------------------------------------------------
+# Load-aware routers and the Gateway API Inference Extension's endpoint picker read a model
+# server's queue and KV-cache use from /metrics under vLLM's names (its "model server protocol").
+# tgserve exports the same values under those names too, so such a router can pick among tgserve
+# replicas (and an HPA can scale on the queue) without a name map. Usage is a fraction in [0, 1]:
+# blocks held by sequences over the pool; parked prefix-cache blocks are free, as in vLLM.
+_ROUTER_GAUGES = (
+    ("vllm:num_requests_waiting", "Requests waiting to be scheduled."),
+    ("vllm:num_requests_running", "Requests in the running batch."),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage as a fraction: 1 means every block is in use."),
+    ("vllm:gpu_cache_usage_perc", "Older name of vllm:kv_cache_usage_perc, read by older routers."),
+)
+
+
+class _RouterGaugesCollector(_EngineStatsCollector):
+    def _families(self, stats: Any) -> Iterator[Metric]:
+        total = stats.kv_blocks_total
+        usage = stats.kv_blocks_used / total if total else 0.0
+        values = (stats.num_waiting, stats.num_running, usage, usage)
+        for (name, doc), value in zip(_ROUTER_GAUGES, values, strict=True):
+            yield GaugeMetricFamily(name, doc, value=value)

@@ -1,4 +1,4 @@
-"""Shared fixtures of the server tests."""
+"""Fixtures shared by the test packages (server, deploy)."""
 
 from __future__ import annotations
 

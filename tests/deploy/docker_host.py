@@ -1,0 +1,128 @@
+"""A Docker daemon and an offline-built base image for the container test.
+
+No image registry is reachable from these machines, so the test cannot pull `python:3.11-slim`.
+Instead `base_image()` builds a Debian bookworm root file system from Debian packages with
+mmdebstrap (Python 3.11, venv, headers, g++), with the host's CA bundle in place of Debian's (a
+build reaches the package index only through it), and `docker import`s it under a tag keyed by
+its recipe and that bundle, so later runs on the same machine reuse it (~1-3 minutes saved).
+`wheel_server()` serves pip's configured find-links folder (the local CPU torch wheel) over HTTP
+on loopback, for a build run with `--network host`.
+
+`ensure_tools()` installs Debian's docker.io, mmdebstrap and docker-compose with apt-get (as root)
+where they are missing; `ensure_docker()` then starts dockerd when `docker info` fails.
+Anything that stops it fails the test loudly: the container test is never skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+BASE_PACKAGES = "python3,python3-venv,python3-pip,python3-dev,python-is-python3,g++,ca-certificates"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+APT_SOURCES = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
+TOOLS = {
+    "docker": "docker.io",
+    "dockerd": "docker.io",
+    "mmdebstrap": "mmdebstrap",
+    "docker-compose": "docker-compose",  # v1, to validate deploy/docker-compose.yml
+}
+DOCKERD_LOG = Path(tempfile.gettempdir()) / "tgserve-test-dockerd.log"
+
+
+def run(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        pytest.fail(f"{' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done
+
+
+def _docker_answers() -> bool:
+    return shutil.which("docker") is not None and run("docker", "info", check=False).returncode == 0
+
+
+@functools.cache
+def ensure_tools() -> None:
+    """Installs the missing Debian packages of TOOLS, or fails saying which are missing."""
+    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            pytest.fail(f"the deploy tests need Debian's {' '.join(missing)} (apt-get install)")
+        run("apt-get", "update", "-qq", timeout=600)
+        run("apt-get", "install", "-y", "-qq", *missing, timeout=900)
+
+
+@functools.cache
+def ensure_docker() -> None:
+    ensure_tools()
+    if _docker_answers():
+        return
+    with DOCKERD_LOG.open("ab") as log:  # the daemon outlives the test run, like a service
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not _docker_answers():
+        if time.monotonic() > deadline:
+            pytest.fail(f"dockerd did not start; its log:\n{DOCKERD_LOG.read_text()[-3000:]}")
+        time.sleep(1)
+
+
+def base_image() -> str:
+    """The tag of the imported Debian base, built the first time on this machine."""
+    recipe = f"bookworm {BASE_PACKAGES}".encode() + HOST_CA_BUNDLE.read_bytes()
+    tag = f"tgserve-test-base:bookworm-{hashlib.sha1(recipe).hexdigest()[:12]}"
+    if run("docker", "image", "inspect", tag, check=False).returncode == 0:
+        return tag
+    sources = [str(p) for p in APT_SOURCES if p.exists()][:1]  # the host's Debian mirror
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = str(Path(tmp) / "base.tar")
+        run(
+            "mmdebstrap", "--variant=apt", f"--include={BASE_PACKAGES}",
+            f"--customize-hook=upload {HOST_CA_BUNDLE} /etc/ssl/certs/ca-certificates.crt",
+            "bookworm", tar, *sources, timeout=900,
+        )  # fmt: skip
+        run("docker", "import", tar, tag, timeout=300)
+    return tag
+
+
+def find_links() -> Path | None:
+    """pip's configured find-links folder, where the local CPU torch wheel lies (if any)."""
+    listing = run(sys.executable, "-m", "pip", "config", "list").stdout
+    for line in listing.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links") and Path(value.strip("'\"")).is_dir():
+            return Path(value.strip("'\""))
+    return None
+
+
+@contextmanager
+def wheel_server(folder: Path) -> Iterator[str]:
+    """An HTTP directory listing of `folder` on loopback (pip reads it as find-links)."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/"
+    finally:
+        server.shutdown()
+        server.server_close()
