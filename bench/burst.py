@@ -2,7 +2,7 @@
 
 Contract: `run_burst(spec)` sends `num_requests` completions at once (every other one streaming;
 random token-id prompts, greedy, `max_tokens` tokens with EOS ignored, so none finishes during
-the burst), reads every response to its end, and returns a `BurstResult` per run: the status
+the burst) over connections opened beforehand, reads every response to its end, and returns a `BurstResult` per run: the status
 codes, the latency of each 429 (send until the response headers, the client's monotonic clock),
 the Retry-After values, whether every 429 came as JSON (no stream began) and, given the
 server's in-flight limit (`--in-flight`: its max_num_seqs + max_queued_requests), whether the
@@ -75,6 +75,9 @@ async def _burst(spec: BurstSpec, run: int) -> BurstResult:
     limits = httpx.Limits(max_connections=spec.num_requests + 8)
     async with httpx.AsyncClient(timeout=spec.timeout_s, limits=limits) as client:
         await _wait_idle(client, spec.url)
+        # Open every connection first (keep-alive), so the timings are the server's answer,
+        # not N TCP handshakes queued in this client.
+        await asyncio.gather(*(client.get(spec.url + "/health") for _ in range(spec.num_requests)))
         answers = await asyncio.gather(
             *(_one(client, spec, i, run) for i in range(spec.num_requests))
         )
