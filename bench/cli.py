@@ -1,4 +1,5 @@
-"""`tgserve bench latency|throughput|serve|soak`: the arguments, and the entry `tgserve` calls.
+"""`tgserve bench latency|throughput|grammar|serve|soak|burst|short-behind-long`: the arguments, and
+the entry `tgserve` calls.
 
 Contract: `add_arguments(parser)` declares the four subcommands (soak: bench/soak.py, exits 1
 when it finds a leak or a 5xx); `run(args) -> int` runs one
@@ -40,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     throughput.add_argument(
         "--hf-batch-size", type=int, default=16, help="transformers static batch size"
     )
+    grammar = sub.add_parser(
+        "grammar", help="first-token latency a JSON schema adds (new: compiled; cached)"
+    )
+    grammar.add_argument("--runs", type=int, default=20, help="timed requests of each kind")
+    grammar.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
+    grammar.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    _model_args(grammar)
     serve = sub.add_parser(
         "serve", help="streaming load against a running server's /v1/completions"
     )
@@ -87,12 +95,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=512,
+        default=2048,
         help="the server's, for the compute bound",
     )
     _workload_args(serve, default_requests=64)
     _output_args(serve)
     _soak_args(sub.add_parser("soak", help="a long run at a fixed rate: fails on leaks or 5xx"))
+    _burst_args(sub.add_parser("burst", help="N simultaneous requests: 429 arithmetic and latency"))
+    _probe_args(
+        sub.add_parser(
+            "short-behind-long", help="TTFT of a short request while long prompts prefill"
+        )
+    )
+
+
+def _burst_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--num-requests", type=int, default=40, help="requests sent at once")
+    p.add_argument(
+        "--in-flight",
+        type=int,
+        default=None,
+        help="the server's --max-num-seqs + --max-queued-requests: checks 429s = N - this",
+    )
+    p.add_argument("--prompt-len", type=int, default=16, help="random prompt tokens")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (EOS ignored)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--model", default=None, help="the request's model field (default: none)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _probe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--num-long", type=int, default=4, help="long prompts sent at once")
+    p.add_argument(
+        "--long-len", type=int, default=8190, help="their tokens (they generate one more)"
+    )
+    p.add_argument("--short-len", type=int, default=5, help="the short request's prompt tokens")
+    p.add_argument("--delay", type=float, default=5.0, help="seconds between longs and short")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--model", default=None, help="the request's model field (default: none)")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def _soak_args(p: argparse.ArgumentParser) -> None:
@@ -156,7 +199,16 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-num-seqs", type=int, default=64, help="tgserve / vLLM running batch")
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=512, help="tgserve / vLLM tokens per step"
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="tgserve / vLLM tokens per step (tgserve: the upper bound, as its default)",
+    )
+    p.add_argument(
+        "--target-itl-ms",
+        type=float,
+        default=None,
+        help="tgserve: step-time target (0: off, fixed budget; default: the engine's)",
     )
     p.add_argument(
         "--enable-prefix-caching",
@@ -183,6 +235,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--skip-limits", action="store_true", help="do not measure bandwidth and matmul rates"
+    )
+    p.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --backend tgserve-json: every request follows this JSON schema (structured "
+        "outputs; bench/schemas/records.json cannot end early, so counts match tgserve's)",
     )
     _output_args(p)
 

@@ -1,4 +1,4 @@
-"""What `tgserve bench latency|throughput|serve|soak` runs, once bench/cli.py parsed the arguments.
+"""What `tgserve bench latency|throughput|grammar|serve|soak` runs, once bench/cli.py parsed the arguments.
 
 Contract: `run_command(args) -> int` warns on stderr when the machine is already busy, runs the
 offline benchmarks (latency, throughput: backends loaded in this process) or the serving load
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.backends import BackendOptions
+from bench.grammar_latency import run_grammar_bench
 from bench.latency import LatencyResult, LatencySpec, run_latency_bench
 from bench.machine_limits import MachineLimits, measure_machine_limits, min_compute_seconds
 from bench.model_source import resolve_model
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 def run_command(args: argparse.Namespace) -> int:
     if args.bench_command == "soak":
         return _run_soak(args)
+    if args.bench_command in ("burst", "short-behind-long"):
+        return _run_probe(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
     _warn_if_busy()
     if args.bench_command == "serve":
@@ -66,8 +69,17 @@ def _run_offline(
             "--backend tgserve-baseline and --baseline-tree PATH go together: the baseline "
             "backend runs the checkout at PATH (e.g. `git worktree add /tmp/base COMMIT`)"
         )
+    grammar = args.bench_command == "grammar"
+    if grammar and args.json_schema is None:
+        raise ValueError("bench grammar needs --json-schema FILE")
+    if not grammar and ("tgserve-json" in names) != (args.json_schema is not None):
+        raise ValueError("--backend tgserve-json and --json-schema FILE go together")
+    json_schema = args.json_schema.read_text() if args.json_schema is not None else None
     source = resolve_model(args.model)
-    if args.bench_command == "latency":
+    if grammar:
+        spec = None
+        num_requests, max_len, batched_tokens = 1, args.input_len + 1, args.max_num_batched_tokens
+    elif args.bench_command == "latency":
         spec = LatencySpec(args.input_len, args.output_len, args.runs, args.warmup_runs, args.seed)
         num_requests, max_len = 1, args.input_len + args.output_len
         batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step
@@ -90,8 +102,15 @@ def _run_offline(
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
         baseline_tree=args.baseline_tree,
+        target_itl_ms=args.target_itl_ms,
+        json_schema=json_schema,
     )
     limits = None
+    if grammar:
+        result = run_grammar_bench(
+            source, options, json_schema, args.runs, args.input_len, args.seed
+        )
+        return [result], None
     if args.bench_command == "latency":
         if not args.skip_limits:
             limits = measure_machine_limits(source.config, args.dtype, (1, args.input_len))
@@ -195,3 +214,39 @@ def _run_soak(args: argparse.Namespace) -> int:
     report = judge(run_soak(spec), limits)
     print(json.dumps(as_json(report)) if args.json else render(report))
     return 0 if report.passed else 1
+
+
+def _run_probe(args: argparse.Namespace) -> int:
+    """`bench burst` and `bench short-behind-long`: probes of a running server's scheduling."""
+    print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    url = args.url.rstrip("/")
+    if args.bench_command == "burst":
+        from bench import burst
+
+        spec = burst.BurstSpec(
+            url,
+            args.num_requests,
+            args.in_flight,
+            args.prompt_len,
+            args.max_tokens,
+            args.runs,
+            args.seed,
+            args.model,
+        )
+        print(burst.render(spec, burst.run_burst(spec)))
+    else:
+        from bench import short_behind_long as probe
+
+        pspec = probe.ProbeSpec(
+            url,
+            args.num_long,
+            args.long_len,
+            args.short_len,
+            args.delay,
+            args.runs,
+            args.seed,
+            args.model,
+        )
+        print(probe.render(pspec, *probe.run_probe(pspec)))
+    print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    return 0

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any, TextIO
 
+from bench.grammar_latency import GrammarResult, format_grammar
 from bench.latency import LatencyResult
 from bench.machine_limits import MachineLimits
 from bench.serve_metrics import Percentiles, ServeResult
@@ -41,6 +42,7 @@ def emit(
     parts += [format_latency(latency)] if latency else []
     parts += [format_throughput(throughput)] if throughput else []
     parts += [format_serve(r) for r in results if isinstance(r, ServeResult)]
+    parts += [format_grammar(r) for r in results if isinstance(r, GrammarResult)]
     stream.write("\n\n".join(parts) + "\n")
     stream.flush()
 

@@ -21,6 +21,7 @@ from engine.requests.outputs import (
 )
 from engine.requests.request_stream import RequestStream
 from engine.sampling.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
+from engine.sampling.structured_output import StructuredOutput
 from engine.scheduling.scheduler import QueueFullError
 from engine.stats import EngineStats
 
@@ -45,6 +46,7 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutput",
     "TokenLogprob",
 ]
 

@@ -12,7 +12,11 @@ Contract:
   `stream.admitted()` waits until the engine took the request (or re-raises why it refused:
   the engine's ValueError, or `Overloaded` for its QueueFullError).
   The stream ends after the finished output; closing or cancelling it early aborts the request.
-- Admission bound: admitted-but-unfinished requests (running + waiting + inbox) <= `max_pending`.
+- Admission bound, the one rule (`EngineConfig.max_in_flight`, the engine's own bound is the
+  same number): admitted-but-unfinished requests (running + waiting + inbox) <= `max_pending`,
+  decided here, under one lock, before anything is queued, so a burst of N requests with room
+  for R gets exactly N - R `Overloaded`, at once, however it interleaves with engine steps.
+  `Overloaded.retry_after` comes from the observed drain rate (engine/drain_rate.py).
 - A deadline (a `time.monotonic()` value) aborts the request at the next step, even when queued.
 - An exception in `step()` ends every in-flight request with finish_reason "error"; the loop
   goes on, and declares itself dead after `MAX_CONSECUTIVE_FAILURES` failing steps in a row,
@@ -35,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.api import EngineCore, EngineInfo, EngineUnavailable, FatalEngineError, Overloaded
+from engine.drain_rate import DrainRate
 from engine.requests.outputs import RequestOutput, closing_output
 from engine.requests.request import Request
 from engine.requests.request_stream import OutputSlot, RequestStream
@@ -75,6 +80,7 @@ class AsyncEngine:
         self.max_pending = max_pending
         self.stall_timeout = stall_timeout
         self.retry_after = retry_after
+        self._drain = DrainRate(default=retry_after)  # guarded by _cond
         self.on_dead = on_dead
         self.last_progress_time = time.monotonic()
         self._cond = threading.Condition()
@@ -114,7 +120,7 @@ class AsyncEngine:
             if self._pending >= self.max_pending:
                 raise Overloaded(
                     f"the server has {self._pending} requests in flight (limit {self.max_pending})",
-                    self.retry_after,
+                    self._drain.refused(time.monotonic()),
                 )
             self._pending += 1
             self._inbox.append(_Add(request, slot, deadline))
@@ -218,7 +224,7 @@ class AsyncEngine:
         refusal = EngineUnavailable(dead_reason or "the server is shutting down")
         for item in items:
             if isinstance(item, _Add):
-                self._release(1)
+                self._release(1, drained=False)
                 item.slot.admit(refusal)
         for request_id, slot in self._slots.items():
             slot.put(closing_output(request_id, slot.last, "abort", None))
@@ -238,12 +244,14 @@ class AsyncEngine:
     def _add(self, item: _Add) -> None:
         try:
             self.engine.add(item.request)
-        except QueueFullError as exc:  # admission bound looser than the engine's queue
-            self._release(1)
-            item.slot.admit(Overloaded(str(exc), self.retry_after))
+        except QueueFullError as exc:  # only when max_pending exceeds the engine's own bound
+            self._release(1, drained=False)
+            with self._cond:
+                retry = self._drain.refused(time.monotonic())
+            item.slot.admit(Overloaded(str(exc), retry))
             return
         except Exception as exc:  # refused as invalid: the caller re-raises it
-            self._release(1)
+            self._release(1, drained=False)
             item.slot.admit(exc)
             return
         request_id = item.request.request_id
@@ -286,10 +294,13 @@ class AsyncEngine:
         except Exception:  # best effort: the engine may be in a bad state after a failure
             logger.exception("aborting %s failed", request_id)
 
-    def _release(self, count: int) -> None:
+    def _release(self, count: int, drained: bool = True) -> None:
+        """Frees `count` in-flight places; `drained`: their requests ran (the drain rate)."""
         if count:
             with self._cond:
                 self._pending -= count
+                if drained:
+                    self._drain.released(time.monotonic(), count)
 
     def _refresh_stats(self) -> None:
         try:

@@ -34,12 +34,20 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # explicit KV budget; wins over the fraction
     kv_cache_memory_fraction: float = 0.3  # of the memory free after loading weights
     max_num_seqs: int = 64  # sequences (batch rows) running at once; n>1/beams count each
-    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
+    # Upper bound on the tokens of one step (decodes + prefill chunks); a step in which nobody
+    # receives a token (long prompts only) fills it. Below it, `target_itl_ms` sizes the chunks.
+    max_num_batched_tokens: int = 2048
+    # Step-time target while streams decode: prefill chunks are sized by the fitted step cost
+    # model (engine/scheduling/step_cost.py) so a step that delivers tokens stays under it.
+    # None: the token budget alone (every step may fill max_num_batched_tokens).
+    target_itl_ms: float | None = 100.0
     max_model_len: int | None = None  # None: the model's own context length
     dtype: str = "auto"  # "float32" | "bfloat16" | "float16" | "auto"
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     enable_prefix_caching: bool = True
-    max_queued_requests: int = 256  # bound on the waiting queue (beyond it: QueueFullError)
+    # Requests in flight (running + waiting) are bounded by max_num_seqs + this (see
+    # `max_in_flight`: the one admission rule; beyond it QueueFullError, a 429 on the server).
+    max_queued_requests: int = 256
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
@@ -86,9 +94,7 @@ class EngineConfig:
                 "max_model_len", self.max_model_len, "or None for the model's context length"
             )
         if self.dtype not in DTYPE_CHOICES:
-            raise ValueError(
-                f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}"
-            )
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if not _valid_device(self.device):
             raise ValueError(
                 f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
@@ -98,6 +104,16 @@ class EngineConfig:
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
         positive_int("max_queued_requests", self.max_queued_requests, "it bounds the waiting queue")
+        target = self.target_itl_ms
+        if target is not None and (
+            isinstance(target, bool)
+            or not isinstance(target, int | float)
+            or not 1.0 <= target <= 60_000.0
+        ):
+            raise ValueError(
+                f"target_itl_ms must be a number of milliseconds in [1, 60000] or None, got "
+                f"{target!r}; e.g. 100 (None: size steps by max_num_batched_tokens alone)"
+            )
         if not isinstance(self.cpu_kernels, bool):
             raise ValueError(f"cpu_kernels must be a bool, got {self.cpu_kernels!r}")
         if not isinstance(self.compile, bool):
@@ -106,6 +122,13 @@ class EngineConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def max_in_flight(self) -> int:
+        """The one admission rule: requests admitted and unfinished (running + waiting) never
+        exceed max_num_seqs + max_queued_requests. A burst of N requests on an idle engine gets
+        exactly N - max_in_flight refusals, however the arrivals interleave with steps."""
+        return self.max_num_seqs + self.max_queued_requests
 
 
 def _valid_device(device: object) -> bool:

@@ -34,12 +34,15 @@ from engine.model_runner import ModelRunner, StepLogits
 from engine.requests.outputs import OutputAccumulator, RequestOutput
 from engine.requests.request import Request, TokenSequence
 from engine.requests.request_state import RequestState
+from engine.sampling.grammar_engine import NO_TOKENIZER, GrammarEngine
+from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.sampling_params import SamplingParams
+from engine.sampling.token_mask import TokenMask
 from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
-from engine.stats import EngineStats
+from engine.stats import EngineStats, StepTimings
 
 log = logging.getLogger("tgserve.engine")
 
@@ -71,16 +74,22 @@ class Engine:
             vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
         )
         self.sampler = Sampler(eos_token_ids, seed=config.seed, device=runner.device)
+        # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
+        self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)
         # Unseeded beam sampling draws from this one (seeded requests own their generator).
         self._beam_generator = torch.Generator(device=runner.device).manual_seed(config.seed)
         self._states: dict[str, RequestState] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
+        self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
 
     @classmethod
     def from_model(
-        cls, model_path: str | None = None, config: EngineConfig | None = None, progress: bool = False
+        cls,
+        model_path: str | None = None,
+        config: EngineConfig | None = None,
+        progress: bool = False,
     ) -> Engine:
         from engine.engine_factory import build_engine
 
@@ -99,21 +108,38 @@ class Engine:
         check_request(prompt_token_ids, params, self.info.vocab_size, self.tokenizer is not None)
         if params.use_beam_search:
             check_beam_params(params)
+        if params.structured_output is not None:  # compiled (and cached) now: a bad one is a 400
+            if self.grammars is None:
+                raise ValueError(f"structured_output: {NO_TOKENIZER}")
+            try:
+                self.grammars.compile(params)
+            except ValueError as exc:  # named for the server, which renames it to the API field
+                raise ValueError(f"structured_output: {exc}") from None
         if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids)))
+            params = dataclasses.replace(
+                params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids))
+            )
         sched = self.scheduler
         check_admissible(
-            len(prompt_token_ids), params, request_id, sched.max_model_len, self.config.max_num_seqs, sched.block_manager
+            len(prompt_token_ids),
+            params,
+            request_id,
+            sched.max_model_len,
+            self.config.max_num_seqs,
+            sched.block_manager,
         )
         return Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
 
     def add(self, request: Request) -> None:
         """Queues a request made by `new_request` (QueueFullError when the queue is full)."""
         if request.request_id in self._states:
-            raise ValueError(f"request id {request.request_id!r} is already in use; ids must be unique")
+            raise ValueError(
+                f"request id {request.request_id!r} is already in use; ids must be unique"
+            )
+        grammar = self.grammars.compile(request.params) if self.grammars is not None else None
         self.scheduler.add_request(request)
         self._states[request.request_id] = RequestState(
-            request, self.tokenizer, self.eos_token_ids, self.runner.device
+            request, self.tokenizer, self.eos_token_ids, self.runner.device, grammar
         )
 
     def add_request(
@@ -142,6 +168,7 @@ class Engine:
     # ----- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
+        start = time.perf_counter()
         sched = self.scheduler.schedule()
         self._num_steps += 1
         outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
@@ -150,26 +177,46 @@ class Engine:
         if sched.is_empty:
             return outputs
         try:
-            logits = self._execute(sched)
-            moved = self._sample_and_update(sched, logits)
+            logits, grammar = self._execute(sched)
+            moved = self._sample_and_update(sched, logits, grammar)
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._fail(sched, exc)
+        self._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
         return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
 
-    def _execute(self, sched: SchedulerOutput) -> StepLogits:
-        """One forward over every scheduled chunk; afterwards their tokens are in the KV cache."""
+    def _execute(self, sched: SchedulerOutput) -> tuple[StepLogits, TokenMask | None]:
+        """One forward over every scheduled chunk; afterwards their tokens are in the KV cache.
+        The grammar masks of the rows to sample are computed meanwhile on a worker thread."""
         full_rows = frozenset(
-            i for i, c in enumerate(sched.chunks) if self._states[c.request.request_id].wants_prompt_logprobs(c)
+            i
+            for i, c in enumerate(sched.chunks)
+            if self._states[c.request.request_id].wants_prompt_logprobs(c)
         )
-        logits = self.runner.execute(sched.chunks, sched.block_copies, full_rows)
+        pending = self._start_grammar_masks(sched)
+        try:
+            logits = self.runner.execute(sched.chunks, sched.block_copies, full_rows)
+        finally:  # wait even when the forward failed: the matchers are the engine's again
+            grammar = pending.result() if pending is not None else None
         self.scheduler.on_step_done(sched)
-        return logits
+        return logits, grammar
 
-    def _sample_and_update(self, sched: SchedulerOutput, logits: StepLogits) -> list[RequestState]:
+    def _start_grammar_masks(self, sched: SchedulerOutput) -> PendingMask | None:
+        if self.grammars is None:
+            return None
+        jobs = []
+        for row, chunk in enumerate(c for c in sched.chunks if c.sample):
+            matchers = self._states[chunk.request.request_id].grammar
+            if matchers is not None:
+                jobs.append((row, matchers.matcher(chunk.seq)))
+        return self.grammars.start_masks(jobs)
+
+    def _sample_and_update(
+        self, sched: SchedulerOutput, logits: StepLogits, grammar: TokenMask | None
+    ) -> list[RequestState]:
         """Prompt logprobs; one token per sampled sequence (parallel groups fork on their first
-        token); one beam-search step per beam group. Row i of `logits.sampling` belongs to the
-        i-th chunk with `sample=True`."""
+        token); one beam-search step per beam group. Row i of `logits.sampling` (and of the
+        grammar masks) belongs to the i-th chunk with `sample=True`."""
         now = time.time()
         moved: dict[str, RequestState] = {}
         for i, rows in logits.all_rows.items():
@@ -183,9 +230,9 @@ class Engine:
                 beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
             else:
                 targets += sample_targets(self.scheduler, chunk, row)
-        self._sample(targets, logits.sampling)
+        self._sample(targets, logits.sampling, grammar)
         for rid, group in beam_groups.items():
-            self._beam_step(self._states[rid], group, logits.sampling)
+            self._beam_step(self._states[rid], group, logits.sampling, grammar)
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self._states[chunk.request.request_id]
             if state.mark_scheduled(now):  # counted once, at first scheduling (as vLLM)
@@ -194,13 +241,18 @@ class Engine:
                 moved[chunk.request.request_id] = state
         return list(moved.values())
 
-    def _sample(self, targets: list[SampleTarget], logits: torch.Tensor) -> None:
+    def _sample(
+        self, targets: list[SampleTarget], logits: torch.Tensor, grammar: TokenMask | None
+    ) -> None:
         if not targets:
             return
-        if [t.row for t in targets] != list(range(logits.shape[0])):  # forks reuse a row
-            logits = logits[torch.tensor([t.row for t in targets], device=logits.device)]
+        target_rows = [t.row for t in targets]
+        if target_rows != list(range(logits.shape[0])):  # forks reuse a row
+            logits = logits[torch.tensor(target_rows, device=logits.device)]
         rows = [self._sampling_row(t) for t in targets]
-        result = self.sampler(logits, rows)
+        result = self.sampler(
+            logits, rows, grammar.select(target_rows) if grammar is not None else None
+        )
         for target, token, entry in zip(targets, result.token_ids, result.logprobs, strict=True):
             self._append(self._states[target.request.request_id], target.seq, token, entry)
 
@@ -219,18 +271,36 @@ class Engine:
         seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
         self._generation_tokens_total += 1
         state.mark_token(time.time())
-        finish = finish_after_token(state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens)
-        if finish is not None:
-            self.scheduler.finish_seq(state.request, seq, finish.reason, finish.stop_reason)
+        finish = finish_after_token(
+            state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens
+        )
+        reason, stop_reason = (finish.reason, finish.stop_reason) if finish else (None, None)
+        # A grammar that is complete and allows nothing more ends the sequence: "stop" (also
+        # when that happens on the last allowed token).
+        if state.grammar is not None and reason in (None, "length") and state.grammar.advance(seq):
+            reason, stop_reason = "stop", None
+        if reason is not None:
+            self.scheduler.finish_seq(state.request, seq, reason, stop_reason)
             if state.request.is_finished:
                 state.mark_finished(time.time())
 
-    def _beam_step(self, state: RequestState, group: list[tuple[TokenSequence, int]], logits: torch.Tensor) -> None:
-        rows = torch.tensor([row for _, row in group], device=logits.device)
+    def _beam_step(
+        self,
+        state: RequestState,
+        group: list[tuple[TokenSequence, int]],
+        logits: torch.Tensor,
+        grammar: TokenMask | None,
+    ) -> None:
+        rows = [row for _, row in group]
         generator = state.generator(0)  # beam sampling draws once per group and step
         if generator is None:
             generator = self._beam_generator
-        state.beam.step(self.scheduler, state.request, [seq for seq, _ in group], logits[rows], generator)
+        beams = [seq for seq, _ in group]
+        mask = grammar.select(rows) if grammar is not None else None
+        logits = logits[torch.tensor(rows, device=logits.device)]
+        moved = state.beam.step(self.scheduler, state.request, beams, logits, generator, mask)
+        if state.grammar is not None:
+            state.grammar.follow_beams(moved, state.request.live_seqs)
         self._generation_tokens_total += len(group)
         state.mark_token(time.time())
         if state.request.is_finished:
@@ -258,7 +328,11 @@ class Engine:
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Runs a batch to completion; outputs in prompt order."""
-        params_list = list(params) if isinstance(params, list | tuple) else [params or SamplingParams()] * len(prompts)
+        params_list = (
+            list(params)
+            if isinstance(params, list | tuple)
+            else [params or SamplingParams()] * len(prompts)
+        )
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         ids = []
@@ -295,4 +369,7 @@ class Engine:
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps,
+            step_seconds=self._timings.step_seconds(),
+            prefill_tokens_per_step=self._timings.prefill_tokens(),
+            prefill_chunk_tokens=s.prefill_capacity,
         )

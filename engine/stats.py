@@ -1,11 +1,74 @@
-"""EngineStats: the figures the server's metrics read after each step (a frozen snapshot).
+"""EngineStats: the figures the server's metrics read after each step (a frozen snapshot), and
+StepTimings, the engine's record of its own steps (it also feeds the step cost model).
 
-Counters are cumulative since start; gauges are the values at the snapshot.
+Counters are cumulative since start; gauges are the values at the snapshot. Histograms are
+`Histogram` snapshots: per-bucket counts (the last bucket is +Inf) and the sum, which the
+server turns into Prometheus histograms without importing anything here into prometheus.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from engine.scheduling.step_cost import StepCostModel
+from engine.scheduling.step_plan import SchedulerOutput
+
+STEP_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+PREFILL_TOKENS_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    bounds: tuple[float, ...]  # upper bounds (inclusive); one more count for +Inf
+    counts: tuple[int, ...]  # per bucket, not cumulative
+    total: float  # sum of the observed values
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass
+class _Counts:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def snapshot(self) -> Histogram:
+        return Histogram(self.bounds, tuple(self.counts), self.total)
+
+
+class StepTimings:
+    """Wall time of each engine step that ran a forward (schedule -> outputs), its prefill rows,
+    and the cost model they teach. The first such step pays one-time costs (lazy kernel and
+    allocator set-up), so it is recorded in the histograms but not taught to the model."""
+
+    def __init__(self, cost_model: StepCostModel) -> None:
+        self.cost_model = cost_model
+        self._seconds = _Counts(STEP_SECONDS_BUCKETS)
+        self._prefill = _Counts(PREFILL_TOKENS_BUCKETS)
+        self._num_timed = 0
+
+    def record(self, out: SchedulerOutput, seconds: float) -> None:
+        self._seconds.observe(seconds)
+        self._prefill.observe(out.num_prefill_tokens)
+        if self._num_timed:
+            self.cost_model.observe(out.num_batched_tokens, out.num_pairs, seconds)
+        self._num_timed += 1
+
+    def step_seconds(self) -> Histogram:
+        return self._seconds.snapshot()
+
+    def prefill_tokens(self) -> Histogram:
+        return self._prefill.snapshot()
 
 
 @dataclass(frozen=True)
@@ -24,6 +87,11 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int  # tokens sampled
     num_steps: int
+    # The scheduler's view (issue #12): step wall times, prefill rows per step, and the
+    # prefill chunk the step-time target allows now (tokens from position 0 after the decodes).
+    step_seconds: Histogram | None = None
+    prefill_tokens_per_step: Histogram | None = None
+    prefill_chunk_tokens: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

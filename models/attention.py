@@ -5,7 +5,7 @@ A step's batch is flat: sequence i brings `query_lens[i]` new tokens (rows
 tokens: the cached prefix plus the new tokens. K/V live per layer in a cache of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]` (KV heads only, never repeated for GQA);
 token t of a sequence sits in block `block_table[t // block_size]` at offset
-`t % block_size`. The same code runs on CPU and CUDA (SDPA picks the kernel).
+`t % block_size`. The attention itself is models/block_attention.py (or the C++ kernel).
 """
 
 from __future__ import annotations
@@ -13,43 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_blocks, block_size, kv_heads, head_dim]
+from models.block_attention import BlockPlan, block_attention
 
-
-class _AdditiveMask:
-    """The plan's bool mask as 0 / -inf in the compute dtype, made once per step (SDPA would
-    convert a bool mask on every call, i.e. in every layer)."""
-
-    mask: torch.Tensor
-
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        cached = self.__dict__.get("_additive")
-        if cached is None or cached.dtype != dtype:
-            cached = self.__dict__["_additive"] = _additive(self.mask, dtype)
-        return cached
-
-
-@dataclass
-class DecodePlan(_AdditiveMask):
-    """What every layer needs for the batched decode rows; built once per step."""
-
-    rows: torch.Tensor  # [B] rows of the decode tokens in the flat batch
-    tables: torch.Tensor  # [B * nb] block ids covering the longest decode context, row-major
-    mask: torch.Tensor  # [B, 1, 1, L] bool: key visible to the query
-    max_len: int  # L
-
-
-@dataclass
-class PrefillPlan(_AdditiveMask):
-    """One sequence with several new tokens (a prefill chunk)."""
-
-    row_start: int
-    q_len: int
-    seq_len: int
-    table: torch.Tensor  # [nb] block ids covering seq_len tokens
-    mask: torch.Tensor | None  # [q_len, seq_len] bool, None when plainly causal from 0
+KVCache = tuple[
+    torch.Tensor, torch.Tensor
+]  # (k, v), each [num_blocks, block_size, kv_heads, head_dim]
 
 
 @dataclass
@@ -63,9 +32,8 @@ class AttentionMetadata:
     sliding_window: int | None = None
     use_cpu_kernel: bool = False  # every row through models/cpu_kernels/paged_attention (the
     # forward path, models/forward_path.py, says so: ForwardPath.attention_kernel)
-    _decode: DecodePlan | None = field(default=None, init=False, repr=False)
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
-    _prefills: list[PrefillPlan] | None = field(default=None, init=False, repr=False)
+    _blocks: BlockPlan | None = field(default=None, init=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -104,31 +72,6 @@ class AttentionMetadata:
             use_cpu_kernel=use_cpu_kernel,
         )
 
-    def decode_plan(self) -> DecodePlan | None:
-        """The decode rows' gather tables and mask, computed by the first layer only."""
-        if self._decode is None:
-            decode = [i for i, n in enumerate(self.query_lens) if n == 1]
-            if not decode:
-                return None
-            device = self.block_tables.device
-            starts = _query_starts(self.query_lens)
-            max_len = max(self.seq_lens_list[i] for i in decode)
-            num_blocks = -(-max_len // self.block_size)
-            if len(decode) == self.num_seqs:  # decode-only: rows and sequences are 0..B-1
-                rows = torch.arange(len(decode), device=device)
-                tables = self.block_tables[:, :num_blocks]
-                seq_len = self.seq_lens
-            else:
-                seqs = torch.tensor(decode, device=device)
-                rows = torch.tensor([starts[i] for i in decode], device=device)
-                tables = self.block_tables[seqs, :num_blocks]
-                seq_len = self.seq_lens[seqs]
-            lens = seq_len.view(-1, 1, 1, 1)
-            key_pos = torch.arange(max_len, device=device).view(1, 1, 1, -1)
-            mask = _attend_mask(lens - 1, key_pos, lens, self.sliding_window)
-            self._decode = DecodePlan(rows, tables.reshape(-1), mask, max_len)
-        return self._decode
-
     def row_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token block tables [T, nb] and context lengths [T]: the new token at position p
         of a sequence attends to its first p + 1 tokens, so every row, prefill or decode, is
@@ -151,28 +94,12 @@ class AttentionMetadata:
                 )
         return self._rows
 
-    def prefill_plans(self) -> list[PrefillPlan]:
-        if self._prefills is None:
-            device = self.block_tables.device
-            plans, start = [], 0
-            for i, q_len in enumerate(self.query_lens):
-                if q_len > 1:
-                    seq_len = self.seq_lens_list[i]
-                    mask = None
-                    if seq_len != q_len or self.sliding_window is not None:
-                        key_pos = torch.arange(seq_len, device=device).view(1, -1)
-                        query_pos = torch.arange(seq_len - q_len, seq_len, device=device).view(-1, 1)
-                        mask = _attend_mask(query_pos, key_pos, seq_len, self.sliding_window)
-                    table = self.block_tables[i, : -(-seq_len // self.block_size)]
-                    plans.append(PrefillPlan(start, q_len, seq_len, table, mask))
-                start += q_len
-            self._prefills = plans
-        return self._prefills
-
-
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return zeros.masked_fill(~mask, float("-inf"))
+    def block_plan(self, group: int) -> BlockPlan:
+        """The key-block layout of models/block_attention for `group` query heads per KV
+        head, built by the first layer only."""
+        if self._blocks is None or self._blocks.group != group:
+            self._blocks = BlockPlan.build(self, group)
+        return self._blocks
 
 
 def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -192,19 +119,14 @@ def _attend_mask(query_pos, key_pos, seq_len, window: int | None) -> torch.Tenso
 
 
 def paged_attention(
-    q: torch.Tensor,
-    cache: KVCache,
-    meta: AttentionMetadata,
-    scale: float,
-    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
+    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], this step's K/V
+    already written to `cache`.
 
-    Decode rows (one new token) of all sequences go through one batched SDPA call over their
-    gathered blocks; sequences with several new tokens (prefill chunks) go one at a time,
-    since padding them to a common length would waste most of the work. A chunk that starts
-    the sequence attends straight to this step's `new_kv` ([num_tokens, kv_heads, head_dim]
-    each) instead of reading it back from the cache.
+    Every row, prefill or decode, goes through one batch-invariant kernel: the C++ paged
+    attention when the forward path asks for it (`meta.use_cpu_kernel`), else the PyTorch
+    key-block attention (models/block_attention.py, which documents the order it fixes).
     """
     k_cache, v_cache = cache
     if meta.use_cpu_kernel:  # every row reads K/V in place through its block table
@@ -212,61 +134,8 @@ def paged_attention(
 
         tables, lens = meta.row_plan()
         return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.sliding_window)
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    gqa = q.shape[1] != kv_heads
-    decode = meta.decode_plan()
-    if decode is not None and len(decode.rows) == q.shape[0]:
-        return _decode_attention(q, cache, decode, scale, gqa)
-    out = torch.empty_like(q)
-    if decode is not None:
-        out[decode.rows] = _decode_attention(q[decode.rows], cache, decode, scale, gqa)
-    for plan in meta.prefill_plans():
-        rows = slice(plan.row_start, plan.row_start + plan.q_len)
-        if plan.q_len == plan.seq_len and new_kv is not None:
-            k, v = new_kv[0][rows], new_kv[1][rows]
-        else:
-            k = k_cache.index_select(0, plan.table).view(-1, kv_heads, head_dim)[: plan.seq_len]
-            v = v_cache.index_select(0, plan.table).view(-1, kv_heads, head_dim)[: plan.seq_len]
-        # 4-D inputs: with 3-D ones torch's CPU SDPA falls back to its slow math kernel.
-        o = F.scaled_dot_product_attention(
-            q[rows].transpose(0, 1).unsqueeze(0),  # [1, H, q_len, D]
-            k.transpose(0, 1).unsqueeze(0),  # [1, KVH, seq_len, D]
-            v.transpose(0, 1).unsqueeze(0),
-            attn_mask=None if plan.mask is None else plan.additive_mask(q.dtype),
-            is_causal=plan.mask is None,
-            scale=scale,
-            enable_gqa=gqa,
-        )
-        out[rows] = o[0].transpose(0, 1)
-    return out
-
-
-def _decode_attention(
-    q: torch.Tensor, cache: KVCache, plan: DecodePlan, scale: float, gqa: bool
-) -> torch.Tensor:
-    """q: [B, H, D], one query per sequence -> [B, H, D]."""
-    k_cache, v_cache = cache
-    b, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
-    # index_select on whole blocks is a row memcpy, ~4x faster than advanced indexing on CPU.
-    k = k_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
-    v = v_cache.index_select(0, plan.tables).view(b, -1, kv_heads, head_dim)[:, : plan.max_len]
-    o = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [B, H, 1, D]
-        k.transpose(1, 2),  # [B, KVH, L, D]
-        v.transpose(1, 2),
-        attn_mask=plan.additive_mask(q.dtype),
-        scale=scale,
-        enable_gqa=gqa,
-    )
-    return o.squeeze(2)
-
-
-def _query_starts(query_lens: list[int]) -> list[int]:
-    starts, total = [], 0
-    for n in query_lens:
-        starts.append(total)
-        total += n
-    return starts
+    plan = meta.block_plan(q.shape[1] // k_cache.shape[2])
+    return block_attention(q, k_cache, v_cache, plan, scale)
 
 
 def reference_attention(

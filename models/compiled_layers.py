@@ -6,6 +6,12 @@ Switched on in one place (`compile_dense_halves`, called by the engine factory w
 EngineConfig.compile is set) and tested against the eager blocks it wraps. One compiled
 function per half serves all layers: parameters are graph inputs, and shapes are dynamic in
 the number of tokens, so new batch sizes do not recompile.
+
+Outside the batch-invariance guarantee (issue #14): inductor generates its own kernels per
+graph, and a one-token step gets a graph of its own (sizes 0 and 1 are always specialised),
+so a request's bits can differ between running alone and batched. Seen here: of five mixed
+greedy and seeded bf16 requests through this path, one's tokens or logprobs differed from its
+solo run. Opt-in (EngineConfig.compile), off by default; the default paths keep the guarantee.
 """
 
 from __future__ import annotations

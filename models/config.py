@@ -2,7 +2,7 @@
 config.json dict (GGUF metadata is mapped to the same dict by the loader).
 
 Contract: `ModelConfig.from_hf_dict(d)` accepts the config.json of LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel and raises `ValueError` naming the
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense) and GPT2LMHeadModel and raises `ValueError` naming the
 architecture for anything else. The dataclass is frozen; nothing computed at run time is
 written back into it.
 """
@@ -17,6 +17,7 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
     "GPT2LMHeadModel": "gpt2",
 }
 
@@ -47,6 +48,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
     sliding_window: int | None = None  # Mistral: attend to at most this many previous tokens
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k, before rotary
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
@@ -83,8 +85,9 @@ class ModelConfig:
         hidden = d["hidden_size"]
         heads = d["num_attention_heads"]
         sliding = d.get("sliding_window")
-        # Qwen2 configs carry a sliding_window value but only apply it when use_sliding_window is set.
-        if arch == "Qwen2ForCausalLM" and not d.get("use_sliding_window", False):
+        # Qwen configs carry a sliding_window value but only apply it when use_sliding_window is set.
+        qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+        if qwen and not d.get("use_sliding_window", False):
             sliding = None
         return cls(
             architecture=arch,
@@ -105,6 +108,7 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", arch == "Qwen2ForCausalLM")),
             sliding_window=sliding,
+            qk_norm=arch == "Qwen3ForCausalLM",
             hidden_act=d.get("hidden_act", "silu"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_tuple(d.get("eos_token_id")),
@@ -126,6 +130,7 @@ def _guess_architecture(model_type: str | None) -> str:
         "llama": "LlamaForCausalLM",
         "mistral": "MistralForCausalLM",
         "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
         "gpt2": "GPT2LMHeadModel",
     }
     return by_type.get(model_type or "", str(model_type))

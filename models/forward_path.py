@@ -29,7 +29,7 @@ from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
-from models.linear_backend import route_single_rows
+from models.linear_backend import use_invariant_linears
 
 
 class ForwardPath(Protocol):
@@ -54,7 +54,9 @@ class PathRequest:
 
 
 class PyTorchPath:
-    """The model's own forward: the readable reference every fast path is tested against."""
+    """The model's own forward: the readable reference every fast path is tested against.
+    Batch-invariant on CPU (issue #14): each op's order is written in models/layers.py,
+    models/block_attention.py and models/linear_backend.py."""
 
     def __init__(self, model: nn.Module, kv_caches: list[KVCache], attention_kernel: bool) -> None:
         self.model = model
@@ -103,8 +105,9 @@ def _cpp_step(req: PathRequest) -> ForwardPath | None:
 
 def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     """PyTorch layers on a CPU, with the C++ paged attention where it is asked for and built;
-    one-row linear layers through torch's GEMV (models/linear_backend), chosen here once."""
-    route_single_rows(req.model)
+    linear layers through the batch-invariant padded GEMM (models/linear_backend), chosen
+    here once."""
+    use_invariant_linears(req.model)
     kernel = req.cpu_kernels and cpu_kernels_ready(req.device)
     return PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
 

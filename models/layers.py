@@ -3,6 +3,12 @@ self-attention block over the paged KV cache.
 
 Every module takes flat token batches: activations are `[num_tokens, hidden]`, never padded
 per sequence. Numerics follow transformers (norm statistics and rotary tables in float32).
+
+Batch invariance (issue #14): every op here computes a row from that row alone in an order
+fixed by the model's shapes: norms reduce each row over `hidden` (torch's row reductions
+never split a row while there are several rows), rotary tables and activations use
+position-independent elementwise code (models/pointwise.py), and the linears' order is
+fixed by the forward path (models/linear_backend.invariant_linear).
 """
 
 from __future__ import annotations
@@ -11,9 +17,9 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from models import pointwise
 from models.attention import AttentionMetadata, KVCache, paged_attention, write_kv
 
 
@@ -30,7 +36,9 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None
+) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies, with Llama-3 or linear scaling applied."""
     # Computed on the CPU even under a meta-device context: meta math would pull in dynamo.
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
@@ -98,7 +106,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(pointwise.silu(gate) * up)
 
 
 class GeluMLP(nn.Module):
@@ -108,12 +116,12 @@ class GeluMLP(nn.Module):
         super().__init__()
         if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
             raise ValueError(f"unsupported activation_function {act!r} for GPT-2")
-        self.approximate = "none" if act == "gelu" else "tanh"
+        self.act = pointwise.gelu_erf if act == "gelu" else pointwise.gelu_tanh
         self.c_fc = nn.Linear(hidden, intermediate)
         self.c_proj = nn.Linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class PagedSelfAttention(nn.Module):
@@ -132,16 +140,22 @@ class PagedSelfAttention(nn.Module):
         qkv_bias: bool,
         out_bias: bool,
         rotary: bool,
+        qk_norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, hidden, bias=out_bias)
         self.rotary = rotary
         self.scale = head_dim**-0.5
+        # Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before rotary.
+        self.q_norm = None if qk_norm_eps is None else RMSNorm(head_dim, qk_norm_eps)
+        self.k_norm = None if qk_norm_eps is None else RMSNorm(head_dim, qk_norm_eps)
 
     def project(
         self, x: torch.Tensor, rope: Rope | None
@@ -151,6 +165,8 @@ class PagedSelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         return q, k, v
@@ -165,7 +181,7 @@ class PagedSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """Stores k/v at their slots, attends over the cache: [T, H * D] (before o_proj)."""
         write_kv(cache, k, v, meta.slot_mapping)
-        return paged_attention(q, cache, meta, self.scale, new_kv=(k, v)).reshape(-1, self.q_size)
+        return paged_attention(q, cache, meta, self.scale).reshape(-1, self.q_size)
 
 
 class DecoderBlock(nn.Module):
@@ -181,6 +197,8 @@ class DecoderBlock(nn.Module):
     def dense_out(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, rope: Rope | None, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: Rope | None, meta: AttentionMetadata, cache: KVCache
+    ) -> torch.Tensor:
         q, k, v = self.dense_in(x, rope)
         return self.dense_out(x, self.attn.attend(q, k, v, meta, cache))

@@ -3,21 +3,27 @@
 The C++ step (`models/cpu_kernels/fused_decoder.py` for its layers and its LM head) and the
 PyTorch forward on CPU both ask `linear_kernel(num_rows, dtype, cpp_step=...)`:
 
-- STREAMING (C++ step only): tgserve's small-M kernel (`cpu_kernels/linear.cpp`), each thread
-  streaming its share of W once per 4 rows of x. It wins while a layer is bound by reading
-  its weights: up to `SMALL_M_MAX` rows (from M = 3-4 on oneDNN's GEMM over prepacked
-  weights is faster; measured in PERFORMANCE.md).
-- GEMV (PyTorch path only): torch's own matrix-vector kernel (`torch.mv`, never oneDNN) for a
-  single row of bfloat16 / float16. There oneDNN's GEMM streams the weights at about half the
-  speed (6.5 vs 11.5 GB/s measured on an AVX512-BF16 host), while for M >= 4 it is 3-30x
-  faster than torch's own GEMM. float32 never goes through oneDNN, so it has nothing to gain.
-- GEMM: everything else (oneDNN over the packed copy or at::mm in the C++ step, `F.linear` in
-  the PyTorch path).
+- PACKED (C++ step only, every M): tgserve's kernel over weights packed in 16-column panels
+  (`cpu_kernels/linear.cpp`). One kernel family for every batch size, so a row's values do not
+  depend on the batch (its accumulation order is fixed by K alone); it streams the weights at
+  memory speed at M = 1 and runs like a GEMM at large M.
+- GEMM (PyTorch path): `F.linear` over the rows padded to a multiple of `ROW_QUANTUM`, see below.
 
-Contract: `route_single_rows(model)` makes every plain `nn.Linear` of a model follow that
-choice (switched on once, by `models.forward_path` for models on a CPU). Numerics are those of
-`F.linear`: `torch.mv` runs the very kernel a one-row bfloat16 matmul runs without oneDNN,
-and layers with a bias stay on `F.linear` (adding it after `mv` would round twice).
+Batch invariance of the PyTorch path (issue #14): `invariant_linear` pads x [M, K] with zero
+rows to a multiple of `ROW_QUANTUM` = 8 and runs ONE `F.linear`. Why that fixes a row's
+bits: torch's small-M GEMMs are other kernels with another summation order over K (float32:
+MKL's M <= 3 path, and rows left in a 3-row tail of its 4-row blocks; bfloat16: `torch.mv`,
+the GEMV this module routed single rows to until then). From 8 rows on, MKL (float32) and
+oneDNN (bfloat16) run every row through the same 4-row micro-kernels with one K order, fixed
+by the weight's shape, whatever M, the row's place and the other rows are (a zero row changes
+no other row). That is a property of those libraries, not of our code, so it is pinned by
+tests/models/test_invariant_kernels.py (M from 1 to 1024, every position, 1 to 16 threads, the
+model shapes in both dtypes): if a torch upgrade breaks it, that test fails. Running exactly
+one fixed tile of rows per call would not depend on it, but costs 1.4-1.8x on prefill linears
+(the weights are repacked per call), so the padded single call is the design.
+
+Contract: `use_invariant_linears(model)` makes every plain `nn.Linear` of a model run
+`invariant_linear` (switched on once, by `models.forward_path` for models on a CPU).
 """
 
 from __future__ import annotations
@@ -29,43 +35,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Batches up to this size run the C++ step's streaming kernel.
-SMALL_M_MAX = 2
-# Dtypes whose matmuls torch hands to oneDNN on CPU (float32 goes to MKL's sgemm).
-_ONEDNN_DTYPES = (torch.bfloat16, torch.float16)
+# The PyTorch path's linears run on a multiple of this many rows (zero rows pad the rest).
+ROW_QUANTUM = 8
 
 
 class LinearKernel(enum.Enum):
-    STREAMING = "streaming"
-    GEMV = "gemv"
+    PACKED = "packed"
     GEMM = "gemm"
 
 
-def linear_kernel(
-    num_rows: int, dtype: torch.dtype, *, cpp_step: bool, small_m_max: int = SMALL_M_MAX
-) -> LinearKernel:
+def linear_kernel(num_rows: int, dtype: torch.dtype, *, cpp_step: bool) -> LinearKernel:
     """The kernel for x [num_rows, K] @ W^T in `dtype`; `cpp_step` when the C++ step (with its
-    streaming kernel) runs the layer, else the PyTorch forward."""
-    if cpp_step:
-        return LinearKernel.STREAMING if num_rows <= small_m_max else LinearKernel.GEMM
-    # dtype first: under torch.compile a float32 layer then never guards on its row count.
-    if dtype in _ONEDNN_DTYPES and num_rows == 1:
-        return LinearKernel.GEMV
-    return LinearKernel.GEMM
+    packed kernel) runs the layer, else the PyTorch forward (always the padded GEMM)."""
+    return LinearKernel.PACKED if cpp_step else LinearKernel.GEMM
+
+
+def invariant_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for x [..., K] whose every row's bits do not depend on how
+    many rows x has nor on their values: one GEMM over the rows zero-padded to a multiple of
+    ROW_QUANTUM (the bias, if any, is the GEMM's initial value, so it rounds once)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()  # [M, K]
+    rows = x2.shape[0]
+    padded = -(-rows // ROW_QUANTUM) * ROW_QUANTUM
+    if padded != rows:
+        x2 = torch.cat((x2, x2.new_zeros(padded - rows, shape[-1])))
+    y = F.linear(x2, weight, bias)[:rows]  # [M, N]
+    return y.reshape(*shape[:-1], y.shape[-1])
 
 
 def row_routed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)` for x [M, K], through the kernel `linear_kernel` picks for M rows."""
-    if (
-        layer.bias is None
-        and x.dim() == 2
-        and linear_kernel(x.shape[0], x.dtype, cpp_step=False) is LinearKernel.GEMV
-    ):
-        return torch.mv(layer.weight, x[0]).unsqueeze(0)  # [1, N]
-    return F.linear(x, layer.weight, layer.bias)
+    """`layer(x)` for x [M, K] through the PyTorch path's kernel (`invariant_linear`)."""
+    return invariant_linear(x, layer.weight, layer.bias)
 
 
-def route_single_rows(model: nn.Module) -> int:
+def use_invariant_linears(model: nn.Module) -> int:
     """Points every plain nn.Linear's forward at `row_routed_linear`; returns how many.
     Instance attributes shadow the method, so the class keeps the plain forward."""
     linears = [m for m in model.modules() if type(m) is nn.Linear]

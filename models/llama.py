@@ -1,5 +1,5 @@
-"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (qkv bias), SmolLM2 (tied
-embeddings) — pre-norm decoder layers with RMSNorm, rotary attention with GQA and SwiGLU.
+"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (dense: q/k
+RMSNorm per head), SmolLM2 (tied embeddings) — pre-norm decoder layers with RMSNorm, rotary attention with GQA and SwiGLU.
 
 Contract: `forward(input_ids[T], positions[T], meta, kv_caches) -> hidden[T, hidden]`;
 `compute_logits(hidden[R, hidden]) -> [R, vocab]` float32; `load_weights` takes
@@ -31,6 +31,7 @@ class LlamaDecoderLayer(DecoderBlock):
             qkv_bias=config.attention_bias,
             out_bias=False,
             rotary=True,
+            qk_norm_eps=config.norm_eps if config.qk_norm else None,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)

@@ -34,8 +34,10 @@ async def open_streams(
     params: list[SamplingParams],
     timeout: float | None,
     default_timeout: float | None,
+    renames: dict[str, str] | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
-    """Admits one engine request per prompt (all or none); raises ApiError before any byte."""
+    """Admits one engine request per prompt (all or none); raises ApiError before any byte.
+    `renames`: engine field names -> the API's, for the `param` of a 400."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ApiError(
             400, f"timeout must be a positive number of seconds, got {timeout}", param="timeout"
@@ -45,9 +47,9 @@ async def open_streams(
     streams: list[RequestStream] = []
     try:
         for prompt, sampling in zip(prompts, params, strict=True):
-            streams.append(_admit(engine, prompt, sampling, deadline))
+            streams.append(_admit(engine, prompt, sampling, deadline, renames))
         for stream in streams:
-            await _admitted(stream)
+            await _admitted(stream, renames)
     except BaseException:
         for stream in streams:
             stream.close()
@@ -60,6 +62,7 @@ def _admit(
     prompt: list[int],
     sampling: SamplingParams,
     deadline: float | None,
+    renames: dict[str, str] | None,
 ) -> RequestStream:
     try:
         return engine.generate(uuid.uuid4().hex, prompt, sampling, deadline)
@@ -68,16 +71,16 @@ def _admit(
     except EngineUnavailable as exc:
         raise ApiError(503, str(exc), code="unavailable") from None
     except ValueError as exc:
-        raise to_api_error(exc) from None
+        raise to_api_error(exc, renames) from None
 
 
-async def _admitted(stream: RequestStream) -> None:
+async def _admitted(stream: RequestStream, renames: dict[str, str] | None) -> None:
     try:
         await stream.admitted()
     except Overloaded as exc:
         raise _overloaded(exc) from None
     except ValueError as exc:
-        raise to_api_error(exc) from None
+        raise to_api_error(exc, renames) from None
 
 
 def _overloaded(exc: Overloaded) -> ApiError:

@@ -16,7 +16,10 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("server.serve", "serve a model over HTTP (OpenAI and TGI APIs)"),
-    "generate": ("server.generate_command", "generate text for one prompt, streamed to the terminal"),
+    "generate": (
+        "server.generate_command",
+        "generate text for one prompt, streamed to the terminal",
+    ),
     "bench": ("bench.cli", "measure latency, throughput and serving performance"),
 }
 # Subcommands whose module is imported only when that subcommand is the one asked for.
@@ -25,7 +28,9 @@ LAZY_SUBCOMMANDS = frozenset({"bench"})
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; a lazy subcommand gets its arguments only when it is `command`."""
-    parser = argparse.ArgumentParser(prog="tgserve", description="Text-generation inference server.")
+    parser = argparse.ArgumentParser(
+        prog="tgserve", description="Text-generation inference server."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)

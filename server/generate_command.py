@@ -13,8 +13,12 @@ import time
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text")
-    parser.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
     parser.add_argument("--chat", action="store_true", help="apply the model's chat template")
     parser.add_argument("--system", default=None, help="system message (with --chat)")
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -33,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     loaded = time.perf_counter()
     tokenizer = engine.tokenizer
     if tokenizer is None:
-        raise ValueError("this model has no tiktoken-compatible tokenizer; use the HTTP API with token ids")
+        raise ValueError(
+            "this model has no tiktoken-compatible tokenizer; use the HTTP API with token ids"
+        )
     text = args.prompt
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system else []

@@ -6,6 +6,8 @@ and prefix-cache counters) are read from `stats_source()` — the AsyncEngine's 
 EngineStats snapshot — at scrape time. Per-request values come from `RequestTimer`s: time to
 first token, inter-token latency, end-to-end latency and queue time histograms, finished
 requests by finish reason and aborts. Rejections are counted by reason via `reject(reason)`.
+The scheduler's view (issue #12) comes from the same snapshot: a histogram of engine step wall
+times, one of prefill tokens per step, and the prefill chunk the step-time target allows now.
 The standard `process_*` metrics (resident memory, open FDs, CPU seconds; Linux only) come from
 prometheus_client's ProcessCollector: `tgserve bench soak` watches them for leaks.
 The router gauges (last block) repeat the queue length and KV-cache use under the names LLM
@@ -26,7 +28,12 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from engine import RequestOutput
@@ -130,6 +137,7 @@ class ServerMetrics:
             registry=reg,
         )
         reg.register(_EngineStatsCollector(stats_source))
+        reg.register(_SchedulerCollector(stats_source))
         reg.register(_RouterGaugesCollector(stats_source))
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, process_open_fds, ...
 
@@ -190,6 +198,44 @@ class RequestTimer:
         if reason == "abort":
             self._m.aborts.inc()
         self._m.e2e.observe(time.monotonic() - self._start)
+
+
+# ----- the scheduler's view (issue #12): step times, prefill per step, current chunk size -----
+
+
+def _histogram(name: str, doc: str, snapshot: Any) -> HistogramMetricFamily:
+    """A Prometheus histogram from an engine `Histogram` snapshot (per-bucket counts)."""
+    buckets, running = [], 0
+    for bound, count in zip((*snapshot.bounds, float("inf")), snapshot.counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snapshot.total)
+
+
+class _SchedulerCollector(Collector):
+    def __init__(self, stats_source: Callable[[], Any]) -> None:
+        self._stats_source = stats_source
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats_source()
+        if stats is None or getattr(stats, "step_seconds", None) is None:
+            return  # loading, or an engine without step timings (the tests' fake)
+        yield _histogram(
+            "tgserve_engine_step_seconds",
+            "Wall time of engine steps that ran a forward (what one inter-token gap costs).",
+            stats.step_seconds,
+        )
+        yield _histogram(
+            "tgserve_prefill_tokens_per_step",
+            "Prompt (and recompute) tokens computed per engine step.",
+            stats.prefill_tokens_per_step,
+        )
+        yield GaugeMetricFamily(
+            "tgserve_prefill_chunk_tokens",
+            "Prefill tokens the last step could take after its decodes: the chunk size the "
+            "step-time target (--target-itl-ms) allows now.",
+            value=stats.prefill_chunk_tokens,
+        )
 
 
 # ---- Router gauges --------------------------------------------------------------------------

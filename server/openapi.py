@@ -63,11 +63,24 @@ _USAGE = _obj(
     total_tokens=_INT,
 )
 _FINISH = {"type": ["string", "null"]}
+_TOOL_CALL = _obj(
+    ["id", "type", "function"],
+    id=_STR,
+    type={"const": "function"},
+    function=_obj(["name", "arguments"], name=_STR, arguments=_STR),
+)
+_MESSAGE = _obj(  # a chat answer: text, reasoning (reasoning models), tool calls (with tools)
+    ["role", "content"],
+    role={"const": "assistant"},
+    content=_NULL_STR,
+    reasoning_content=_NULL_STR,
+    tool_calls={"type": "array", "items": _TOOL_CALL},
+)
 
 
 def _completion(choice_key: str) -> dict[str, Any]:
     choice = _obj(["index", "finish_reason"], index=_INT, finish_reason=_FINISH)
-    choice["properties"][choice_key] = {"type": "object"} if choice_key == "message" else _STR
+    choice["properties"][choice_key] = _MESSAGE if choice_key == "message" else _STR
     return _obj(
         ["id", "object", "created", "model", "choices", "usage"],
         id=_STR,

@@ -13,11 +13,12 @@ FaultSpec, engine/faults.py) is a 400 naming it unless `allow_faults` (--enable-
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import fields
 from typing import Any
 
-from engine import FaultSpec, SamplingParams
+from engine import FaultSpec, SamplingParams, StructuredOutput
 from server.errors import ApiError
 from server.schemas_openai import (
     ChatCompletionRequest,
@@ -25,6 +26,7 @@ from server.schemas_openai import (
     FaultFields,
     SamplingFields,
 )
+from server.schemas_structured import GuidedFields, ResponseFormat, TgiGrammar
 from server.schemas_tgi import TgiParameters
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
@@ -89,6 +91,87 @@ def _fault(fault: FaultFields | None, allowed: bool) -> FaultSpec | None:
         raise ApiError(400, str(exc), param="fault") from None
 
 
+def _schema_text(value: dict[str, Any] | bool | str, field: str) -> str:
+    """A schema given as an object or as JSON text, as JSON text (the engine checks it)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ApiError(400, f"{field} is not valid JSON: {exc}", param=field) from None
+        return value
+    return json.dumps(value)
+
+
+def _response_format(fmt: ResponseFormat | None) -> StructuredOutput | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutput("json_object")
+    if fmt.json_schema is None:
+        raise ApiError(
+            400,
+            "response_format of type json_schema needs a json_schema object",
+            param="response_format",
+        )
+    if fmt.json_schema.schema_ is None:  # a name without a schema: any JSON object
+        return StructuredOutput("json_object")
+    return StructuredOutput("json_schema", json.dumps(fmt.json_schema.schema_))
+
+
+def _guided(req: GuidedFields) -> list[tuple[str, StructuredOutput]]:
+    found = []
+    if req.guided_json is not None:
+        text = _schema_text(req.guided_json, "guided_json")
+        found.append(("guided_json", StructuredOutput("json_schema", text)))
+    if req.guided_regex is not None:
+        found.append(("guided_regex", StructuredOutput("regex", req.guided_regex)))
+    if req.guided_choice is not None:
+        if not req.guided_choice:
+            raise ApiError(
+                400, "guided_choice must list at least one string", param="guided_choice"
+            )
+        found.append(("guided_choice", StructuredOutput.from_choices(req.guided_choice)))
+    if req.guided_grammar is not None:
+        found.append(("guided_grammar", StructuredOutput("grammar", req.guided_grammar)))
+    return found
+
+
+def engine_error_renames(req: GuidedFields | TgiParameters) -> dict[str, str]:
+    """How the engine's errors about a request's structured output (a schema that does not
+    compile) name the API field it came from: {"structured_output": field}."""
+    if isinstance(req, TgiParameters):
+        return {"structured_output": "grammar"} if req.grammar is not None else {}
+    fmt = getattr(req, "response_format", None)
+    names = ["response_format"] if fmt is not None and fmt.type != "text" else []
+    names += [name for name, _ in _guided(req)]
+    if getattr(req, "tool_choice", None) not in (None, "auto", "none"):
+        names.append("tools")  # the grammar of an enforced tool_choice comes from the tools
+    return {"structured_output": names[0]} if names else {}
+
+
+def _structured(req: GuidedFields, fmt: ResponseFormat | None = None) -> StructuredOutput | None:
+    found = _guided(req)
+    from_format = _response_format(fmt)
+    if from_format is not None:
+        found.insert(0, ("response_format", from_format))
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise ApiError(
+            400, f"give at most one structured-output field, got {names}", param=found[1][0]
+        )
+    return found[0][1] if found else None
+
+
+def _tgi_grammar(grammar: TgiGrammar | None) -> StructuredOutput | None:
+    if grammar is None:
+        return None
+    if grammar.type == "json":
+        return StructuredOutput("json_schema", _schema_text(grammar.value, "grammar"))
+    if not isinstance(grammar.value, str):
+        raise ApiError(400, "grammar of type regex needs a string value", param="grammar")
+    return StructuredOutput("regex", grammar.value)
+
+
 def _shared(req: SamplingFields, allow_faults: bool) -> dict[str, Any]:
     if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
         raise ApiError(400, "best_of > n cannot be streamed; set stream to false", param="best_of")
@@ -113,7 +196,9 @@ def _shared(req: SamplingFields, allow_faults: bool) -> dict[str, Any]:
         "length_penalty": req.length_penalty,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens,
+        "priority": req.priority,
         "fault": _fault(req.fault, allow_faults),
+        "structured_output": _structured(req, getattr(req, "response_format", None)),
     }
 
 
@@ -129,24 +214,39 @@ def completion_params(req: CompletionRequest, allow_faults: bool = False) -> Sam
     )
 
 
-def chat_params(req: ChatCompletionRequest, allow_faults: bool = False) -> SamplingParams:
-    if req.tools:
-        raise ApiError(400, "tools are not supported by this server", param="tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise ApiError(
-            400, "only response_format {'type': 'text'} is supported", param="response_format"
-        )
+def chat_params(
+    req: ChatCompletionRequest,
+    allow_faults: bool = False,
+    tool_grammar: str | None = None,
+    keep_special_tokens: bool = False,
+) -> SamplingParams:
+    """`tool_grammar`: the grammar `tool_choice` holds the output to (server/tool_calls/);
+    `keep_special_tokens`: the tool-call format writes special tokens, which the text must
+    keep unless the request says otherwise."""
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    shared = _shared(req, allow_faults)
+    if keep_special_tokens and req.skip_special_tokens is None:
+        shared["skip_special_tokens"] = False
+    if tool_grammar is not None:
+        if shared["structured_output"] is not None:
+            field = engine_error_renames(req)["structured_output"]
+            raise ApiError(
+                400,
+                f"tool_choice {req.tool_choice!r} already constrains the output; it cannot be "
+                f"combined with {field}",
+                param=field,
+            )
+        shared["structured_output"] = StructuredOutput("grammar", tool_grammar)
     return _build(
-        {"logprobs": "top_logprobs"},
+        {"logprobs": "top_logprobs", **engine_error_renames(req)},
         max_tokens=max_tokens,
         logprobs=logprobs,
-        **_shared(req, allow_faults),
+        **shared,
     )
 
 
@@ -155,7 +255,7 @@ _TGI_RENAMES = {"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"}
 
 def tgi_params(p: TgiParameters | None, allow_faults: bool = False) -> SamplingParams:
     p = p or TgiParameters()
-    for name in ("typical_p", "grammar", "adapter_id"):
+    for name in ("typical_p", "adapter_id"):
         if getattr(p, name) is not None:
             raise ApiError(400, f"{name} is not supported by this server", param=name)
     if p.watermark:
@@ -186,5 +286,7 @@ def tgi_params(p: TgiParameters | None, allow_faults: bool = False) -> SamplingP
         best_of=p.best_of if p.best_of and p.best_of > 1 else None,
         logprobs=p.top_n_tokens or 0,
         prompt_logprobs=0 if p.decoder_input_details else None,
+        priority=p.priority,
         fault=_fault(p.fault, allow_faults),
+        structured_output=_tgi_grammar(p.grammar),
     )

@@ -20,14 +20,17 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
+from server.chat_output import ChatOutputFormat, MessageStream, finish_reason, first_delta
 from server.errors import ApiError, read_body
-from server.request_params import chat_params, completion_params
+from server.reasoning import ReasoningParser, prompt_opens_reasoning
+from server.request_params import chat_params, completion_params, engine_error_renames
 from server.schemas_openai import (
     ChatCompletionRequest,
     ChatMessage,
@@ -47,6 +50,9 @@ from server.streaming import (
     sse,
     sse_error,
 )
+from server.tool_calls.enforce import tool_grammar
+from server.tool_calls.prompt import template_inputs
+from server.tool_calls.request import ToolPlan, tool_plan
 
 router = APIRouter()
 
@@ -70,6 +76,7 @@ class _Choice:
     tokens: int = 0
     finished: bool = False
     logprobs: CompletionLogprobs | None = None
+    message: MessageStream | None = None  # chat with tools or reasoning: what is read so far
 
 
 @dataclass
@@ -86,18 +93,21 @@ class _Job:
     logprobs: bool = False
     include_usage: bool = False
     timeout: float | None = None
+    renames: dict[str, str] = field(default_factory=dict)  # engine field -> API field (400s)
+    output_format: ChatOutputFormat = field(default_factory=ChatOutputFormat)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, _Choice] = field(default_factory=dict)
 
-    def choice(
+    def choices_for(
         self, prompt_index: int, out: CompletionOutput, delta_only: bool, prompt_lp: Any
-    ) -> dict[str, Any] | None:
-        """The choice dict for `out` (the delta since the last call when streaming)."""
+    ) -> list[dict[str, Any]]:
+        """The choice dicts for `out`: when streaming, the chunks of its delta since the last
+        call (none when there is nothing to show), else the one whole choice."""
         index = prompt_index * self.n + out.index
         seen = self.choices.setdefault(index, _Choice())
         if seen.finished:
-            return None
+            return []
         first = seen.chars == 0 and seen.tokens == 0
         new = out.unseen(seen.chars, seen.tokens)  # a delta, or a whole output from offset 0
         text, new_ids, entries = new.text, new.token_ids, list(new.logprobs or ())
@@ -105,18 +115,24 @@ class _Job:
         seen.finished = out.finish_reason is not None
         prompt = self.prompts[prompt_index]
         echoed = self.echo and first and self.kind != "chat.completion"
-        if delta_only and not (text or echoed or out.finish_reason or (self.logprobs and new_ids)):
-            return None  # e.g. only bytes of a character not complete yet: nothing to show
         if self.kind == "chat.completion":
             lp = chat_logprobs(self.state.token_texts, entries) if self.logprobs else None
+            if not self.output_format.plain:
+                return self._read_message(index, seen, out, text, lp, delta_only)
+            if delta_only and not (text or out.finish_reason or (self.logprobs and new_ids)):
+                return []  # e.g. only bytes of a character not complete yet: nothing to show
             body = {"content": text} if delta_only else {"role": "assistant", "content": text}
             key = "delta" if delta_only else "message"
-            return {
-                "index": index,
-                key: body if text or not delta_only else {},
-                "logprobs": lp,
-                "finish_reason": out.finish_reason,
-            }
+            return [
+                {
+                    "index": index,
+                    key: body if text or not delta_only else {},
+                    "logprobs": lp,
+                    "finish_reason": out.finish_reason,
+                }
+            ]
+        if delta_only and not (text or echoed or out.finish_reason or (self.logprobs and new_ids)):
+            return []
         lp = None
         if self.logprobs:
             seen.logprobs = seen.logprobs or CompletionLogprobs(self.state.token_texts)
@@ -127,7 +143,37 @@ class _Job:
             lp = seen.logprobs.render(entries, ids)
         if echoed:
             text = prompt.echo_text(self.state.tokenizer) + text
-        return {"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
+        return [{"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}]
+
+    def _read_message(
+        self,
+        index: int,
+        seen: _Choice,
+        out: CompletionOutput,
+        text: str,
+        lp: dict[str, Any] | None,
+        delta_only: bool,
+    ) -> list[dict[str, Any]]:
+        """Chat with tools or reasoning: the text read into content, reasoning and calls."""
+        if not delta_only:
+            message = self.output_format.message(text)
+            made_calls = bool(message.get("tool_calls"))
+            reason = finish_reason(out.finish_reason, made_calls)
+            return [{"index": index, "message": message, "logprobs": lp, "finish_reason": reason}]
+        seen.message = seen.message or self.output_format.stream()
+        deltas = seen.message.feed(text)
+        if out.finish_reason is not None:
+            deltas += seen.message.finish()
+        if out.finish_reason is not None or (lp is not None and lp["content"]):
+            deltas = deltas or [{}]
+        chunks = [
+            {"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas
+        ]
+        if chunks:
+            chunks[0]["logprobs"] = lp
+            reason = finish_reason(out.finish_reason, seen.message.made_calls)
+            chunks[-1]["finish_reason"] = reason
+        return chunks
 
     def body(
         self, choices: list[dict[str, Any]], usage_: dict[str, int] | None, chunk: bool
@@ -144,16 +190,19 @@ def _usage(job: _Job, finals: list[RequestOutput | None]) -> dict[str, int]:
 
 
 async def _respond(request: Request, job: _Job, stream: bool) -> Response:
-    streams = await job.state.open([p.token_ids for p in job.prompts], job.params, job.timeout)
+    streams = await job.state.open(
+        [p.token_ids for p in job.prompts], job.params, job.timeout, job.renames
+    )
     if stream:
         return EventStreamResponse(_events(job, streams))
     finals = await run_until_disconnect(
         request.receive, asyncio.gather(*(final_output(s) for s in streams))
     )
     choices = [
-        job.choice(i, out, delta_only=False, prompt_lp=final.prompt_logprobs)
+        choice
         for i, final in enumerate(finals)
         for out in final.outputs  # best_of > n: the engine kept the n best, re-indexed
+        for choice in job.choices_for(i, out, delta_only=False, prompt_lp=final.prompt_logprobs)
     ]
     return JSONResponse(job.body(choices, _usage(job, finals), chunk=False))
 
@@ -161,7 +210,7 @@ async def _respond(request: Request, job: _Job, stream: bool) -> Response:
 async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
     finals: list[RequestOutput | None] = [None] * len(streams)
     if job.kind == "chat.completion":  # the role comes first, once per choice
-        delta = {"role": "assistant", "content": ""}
+        delta = first_delta(job.output_format)
         roles = [
             {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
             for i in range(len(streams) * job.n)
@@ -171,10 +220,9 @@ async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> Asy
         async for prompt_index, output in merged:
             finals[prompt_index] = output
             for out in output.outputs:
-                choice = job.choice(
+                for choice in job.choices_for(
                     prompt_index, out, delta_only=True, prompt_lp=output.prompt_logprobs
-                )
-                if choice is not None:
+                ):
                     yield sse(job.body([choice], None, chunk=True))
             if output.error is not None:  # after its "error" finish: the error, then [DONE]
                 yield sse_error(output.error)
@@ -209,15 +257,20 @@ async def _completion_prompts(state: ServerState, prompt: Any) -> list[_Prompt]:
 
 
 async def chat_prompt(
-    state: ServerState, messages: list[ChatMessage] | None, add_generation_prompt: bool
+    state: ServerState,
+    messages: list[ChatMessage] | None,
+    add_generation_prompt: bool,
+    tools: ToolPlan | None = None,
 ) -> _Prompt:
-    """Messages through the model's chat template, then tokenized (off the event loop)."""
+    """Messages (and tools) through the model's chat template, then tokenized (off the event
+    loop); see server/tool_calls/prompt.py for templates that do not render tools."""
     tokenizer = state.require_tokenizer()
     if not messages:
         raise ApiError(400, "messages must not be empty", param="messages")
-    dicts = [m.for_template() for m in messages]
+    dicts, extra = template_inputs(messages, tools, state.chat.parser, state.chat.takes_tools)
+    render = partial(tokenizer.apply_chat_template, dicts, add_generation_prompt, **extra)
     try:
-        text = await asyncio.to_thread(tokenizer.apply_chat_template, dicts, add_generation_prompt)
+        text = await asyncio.to_thread(render)
     except ValueError as exc:  # e.g. the model has no chat template
         raise ApiError(400, str(exc), param="messages") from None
     except Exception as exc:  # template errors (e.g. roles out of order) are the caller's to fix
@@ -255,6 +308,7 @@ async def completions(request: Request) -> Response:
         logprobs=req.logprobs is not None,
         include_usage=_include_usage(req),
         timeout=req.timeout,
+        renames=engine_error_renames(req),
     )
     return await _respond(request, job, bool(req.stream))
 
@@ -264,8 +318,15 @@ async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     req = await read_body(request, ChatCompletionRequest)
     model = state.model_name(req.model)
-    prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False)
-    params = chat_params(req, state.settings.enable_fault_injection)
+    tools = tool_plan(req)
+    prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False, tools)
+    output_format, grammar = _output_format(state, tools, prompt.text or "")
+    params = chat_params(
+        req,
+        state.settings.enable_fault_injection,
+        tool_grammar=grammar,
+        keep_special_tokens=bool(output_format.tools and output_format.tools.markers),
+    )
     _check_logprobs(state, bool(req.logprobs))
     job = _Job(
         "chat.completion",
@@ -277,8 +338,22 @@ async def chat_completions(request: Request) -> Response:
         logprobs=bool(req.logprobs),
         include_usage=_include_usage(req),
         timeout=req.timeout,
+        renames=engine_error_renames(req),
+        output_format=output_format,
     )
     return await _respond(request, job, bool(req.stream))
+
+
+def _output_format(
+    state: ServerState, tools: ToolPlan | None, prompt: str
+) -> tuple[ChatOutputFormat, str | None]:
+    """How to read the answer (reasoning, calls) and the grammar `tool_choice` asks for."""
+    parser = state.chat.parser if tools is not None and tools.parses_calls else None
+    reasoning, mode = None, None
+    if state.chat.reasoning:
+        inside = prompt_opens_reasoning(prompt)
+        reasoning, mode = ReasoningParser(inside), "inside" if inside else "optional"
+    return ChatOutputFormat(parser, reasoning), tool_grammar(state.chat.parser, tools, mode)
 
 
 @router.get("/v1/models")

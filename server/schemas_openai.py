@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from engine import TokenLogprob
+from server.schemas_structured import GuidedFields, ResponseFormat
 
 MIN_LOGPROB = -9999.0
 
@@ -40,7 +41,7 @@ class FaultFields(BaseModel):
     kill_engine_after_tokens: int | None = None
 
 
-class SamplingFields(_Body):
+class SamplingFields(_Body, GuidedFields):
     """Fields shared by /v1/completions and /v1/chat/completions (None: the default)."""
 
     model: str | None = None
@@ -67,6 +68,7 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None
     timeout: float | None = None  # seconds; the request is aborted after it, even if queued
+    priority: int | None = None  # an extension (as vLLM's): lower runs first; default 0
     fault: FaultFields | None = None  # 400 unless --enable-fault-injection
 
 
@@ -83,18 +85,62 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+class ToolCallItem(_Body):
+    """A call the assistant made (in a history message, or in a response)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of an object
+    strict: bool | None = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this answers
+    reasoning_content: str | None = None  # accepted for round trips; not shown to the model
 
-    def for_template(self) -> dict[str, str]:
-        text = (
-            self.content
-            if isinstance(self.content, str)
-            else "".join(p.text for p in self.content or [])
-        )
-        return {"role": self.role, "content": text}
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content or [])
+
+    def for_template(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return message
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -104,8 +150,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(_Body):

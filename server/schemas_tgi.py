@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine import CompletionOutput, TokenLogprob
 from server.schemas_openai import FaultFields, clamp
+from server.schemas_structured import TgiGrammar
 
 
 class _Body(BaseModel):
@@ -40,9 +41,10 @@ class TgiParameters(_Body):
     truncate: int | None = None
     typical_p: float | None = None
     watermark: bool | None = None
-    grammar: Any = None
+    grammar: TgiGrammar | None = None
     adapter_id: str | None = None
     timeout: float | None = None  # seconds; an extension of ours
+    priority: int | None = None  # ours too: lower runs first (as vLLM's); default 0
     fault: FaultFields | None = None  # ours, tests only: 422 unless --enable-fault-injection
 
 

@@ -59,10 +59,14 @@ def run(args: argparse.Namespace) -> int:
         "quantization": None if settings.quantization in (None, "none") else settings.quantization,
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
+        "target_itl_ms": settings.target_itl_ms,
         "enable_prefix_caching": not settings.disable_prefix_caching,
         "cpu_kernels": not settings.disable_cpu_kernels,
     }
-    config = EngineConfig(**{k: v for k, v in values.items() if v is not None})
+    values = {k: v for k, v in values.items() if v is not None}
+    if settings.target_itl_ms == 0:  # off: steps sized by the token budget alone
+        values["target_itl_ms"] = None
+    config = EngineConfig(**values)
 
     def load_engine() -> Any:
         from engine import Engine
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return Engine.from_model(settings.model, config, progress=True)
 
     configure_logging(settings.log_level)
-    app = create_app(settings, load_engine, config.max_num_seqs + config.max_queued_requests)
+    app = create_app(settings, load_engine, config.max_in_flight)  # the one admission rule
     return serve_app(app, settings)
 
 

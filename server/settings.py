@@ -15,6 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# Kept in step with server/tool_calls.PARSERS (a test checks it); not imported, so parsing
+# settings stays free of the parsers' imports.
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("auto", "think", "none")
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -48,6 +52,13 @@ def _non_negative_float(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):
         raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not (value == 0 or 1 <= value <= 60_000):
+        raise ValueError(f"expected 0 (off) or milliseconds in [1, 60000], got {text!r}")
     return value
 
 
@@ -93,13 +104,30 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("max_model_len", int, "context length admitted (default: the model's)"),
     _Option("block_size", int, "tokens per KV cache block"),
     _Option("max_num_seqs", int, "sequences running at once"),
-    _Option("max_num_batched_tokens", int, "token budget of one engine step"),
+    _Option(
+        "max_num_batched_tokens",
+        int,
+        "upper bound on the tokens of one engine step, for experts (below it --target-itl-ms "
+        "sizes prefill chunks; a step with no token to deliver fills it)",
+    ),
+    _Option(
+        "target_itl_ms",
+        _milliseconds,
+        "step-time target while streams decode: prefill chunks are sized so a step that "
+        "delivers tokens stays under it (0: off, steps fill --max-num-batched-tokens; "
+        "default: the engine's, 100 ms)",
+    ),
     _Option(
         "kv_cache_memory",
         parse_size,
         "KV cache budget, e.g. 2GiB (default: a share of free memory)",
     ),
-    _Option("max_queued_requests", int, "bound on waiting requests (beyond it: 429)"),
+    _Option(
+        "max_queued_requests",
+        int,
+        "requests that may wait beyond the running ones: in flight = --max-num-seqs + this; "
+        "beyond it 429 with Retry-After",
+    ),
     _Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     _Option(
         "disable_cpu_kernels",
@@ -133,6 +161,18 @@ OPTIONS: tuple[_Option, ...] = (
         "* allows any; none: no CORS headers)",
         repeatable=True,
     ),
+    _Option(
+        "tool_call_parser",
+        str,
+        "format of the model's tool calls: auto (from the chat template) | hermes | "
+        "llama3_json | mistral",
+    ),
+    _Option(
+        "reasoning_parser",
+        str,
+        "split <think>...</think> into reasoning_content: auto (when the chat template uses "
+        "<think>) | think (always) | none",
+    ),
     _Option("log_level", str, "debug | info | warning | error"),
     _Option(
         "enable_fault_injection",
@@ -157,6 +197,7 @@ class Settings:
     block_size: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    target_itl_ms: float | None = None  # None: the engine's default; 0: no step-time target
     kv_cache_memory: int | None = None
     max_queued_requests: int | None = None
     disable_prefix_caching: bool = False
@@ -169,6 +210,8 @@ class Settings:
     max_headers: int = 100
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
     allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
     log_level: str = "info"
     enable_fault_injection: bool = False
 
@@ -193,6 +236,16 @@ class Settings:
             raise ValueError(f"--max-headers must be at least 8, got {self.max_headers}")
         if any(not key for key in self.api_key):
             raise ValueError("--api-key must not be empty")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
+                f"got {self.reasoning_parser!r}"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(
                 f"--log-level must be debug, info, warning or error, got {self.log_level!r}"

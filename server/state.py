@@ -25,6 +25,7 @@ from fastapi import Request
 
 from engine import AsyncEngine, EngineCore, RequestOutput, SamplingParams
 from server.admission import open_streams
+from server.chat_setup import ChatSetup, chat_setup
 from server.errors import ApiError
 from server.metrics import ServerMetrics
 from server.schemas_openai import TokenTexts
@@ -48,6 +49,7 @@ class ServerState:
         self.engine: AsyncEngine | None = None
         self.tokenizer: Any = None
         self.token_texts: TokenTexts | None = None
+        self.chat: ChatSetup = chat_setup(None, settings)
         self.max_model_len = 0
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
@@ -81,6 +83,7 @@ class ServerState:
         info = engine.info
         self.tokenizer = info.tokenizer
         self.token_texts = TokenTexts(info.tokenizer) if info.tokenizer is not None else None
+        self.chat = chat_setup(info.tokenizer, self.settings)
         self.max_model_len = info.max_model_len
         self.model_names = self.model_names or (info.model_name,)
         loop = asyncio.get_running_loop()
@@ -160,12 +163,23 @@ class ServerState:
         return self.tokenizer
 
     async def open(
-        self, prompts: list[list[int]], params: list[SamplingParams], timeout: float | None
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        timeout: float | None,
+        renames: dict[str, str] | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
-        """Admits one engine request per prompt (all or none); raises ApiError before any byte."""
+        """Admits one engine request per prompt (all or none); raises ApiError before any byte.
+        `renames`: engine field names -> the request's API fields, for a 400's `param`."""
         self.require_ready()
         return await open_streams(
-            self.engine, self.metrics, prompts, params, timeout, self.settings.request_timeout
+            self.engine,
+            self.metrics,
+            prompts,
+            params,
+            timeout,
+            self.settings.request_timeout,
+            renames,
         )
 
 

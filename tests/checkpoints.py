@@ -25,7 +25,7 @@ _LLAMA_COMMON = dict(
     pad_token_id=0,
 )
 
-ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
 
 
 def make_hf_model(arch: str, seed: int = 0, **overrides):
@@ -49,6 +49,9 @@ def make_hf_model(arch: str, seed: int = 0, **overrides):
     elif arch == "qwen2":
         config = tf.Qwen2Config(**{**_LLAMA_COMMON, **overrides})
         cls = tf.Qwen2ForCausalLM
+    elif arch == "qwen3":  # head_dim 32, not hidden / heads: q is wider than the hidden state
+        config = tf.Qwen3Config(**{**_LLAMA_COMMON, "head_dim": 32, **overrides})
+        cls = tf.Qwen3ForCausalLM
     elif arch == "mistral":
         config = tf.MistralConfig(**{**_LLAMA_COMMON, "sliding_window": 8, **overrides})
         cls = tf.MistralForCausalLM

@@ -26,6 +26,7 @@ from bench.workload import BenchRequest
 BACKENDS: dict[str, str] = {
     "tgserve": "bench.backends.tgserve",
     "tgserve-serial": "bench.backends.tgserve_serial",
+    "tgserve-json": "bench.backends.tgserve_json",  # every request under --json-schema
     "tgserve-baseline": "bench.backends.tgserve_baseline",  # another checkout, in a subprocess
     "transformers": "bench.backends.transformers",
     "vllm": "bench.backends.vllm",
@@ -50,6 +51,8 @@ class BackendOptions:
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
     baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
+    target_itl_ms: float | None = None  # tgserve: step-time target; None: default, 0: off
+    json_schema: str | None = None  # tgserve-json: the schema (JSON text) every request follows
 
 
 @dataclass(frozen=True)

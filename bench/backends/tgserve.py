@@ -98,7 +98,11 @@ class TgserveBackend:
 def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
     from engine import Engine, EngineConfig
 
+    target = (
+        {} if options.target_itl_ms is None else {"target_itl_ms": options.target_itl_ms or None}
+    )
     config = EngineConfig(
+        **target,
         dtype=options.dtype,
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,

@@ -42,6 +42,7 @@ from engine.sampling.logits_processors import (
 from engine.sampling.sampler import process_logits
 from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling.sampling_params import SamplingParams
+from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler
 
 EARLY_STOPPING = (False, True, "never")
@@ -79,13 +80,16 @@ class Candidate:
 
 
 def beam_logprobs(
-    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tuple[int, ...]
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    eos_token_ids: tuple[int, ...],
+    grammar: TokenMask | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw, search) log-probs [B, V] of a group's beams: raw = log_softmax(logits); search =
-    the log of the distribution after bias / masks / penalties and, when sampling, temperature
-    and the top-k / top-p / min-p filters (the sampler's pipeline, steps 1-4)."""
+    the log of the distribution after bias / masks / penalties / the grammar's mask and, when
+    sampling, temperature and the top-k / top-p / min-p filters (the sampler's pipeline)."""
     raw = logits.log_softmax(dim=-1)
-    batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids)
+    batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids, grammar)
     processed = process_logits(logits, batch)  # the sampler's bias / masks / penalties
     f = batch.filters
     if f is None:
@@ -118,17 +122,21 @@ class BeamSearch:
         beams: list[TokenSequence],
         logits: torch.Tensor,
         generator: torch.Generator | None,
-    ) -> None:
-        """`logits` [B, V]: the rows of `beams` (the group's live sequences, all just computed).
-        Chooses the next beams and hypotheses and applies them to the request's sequences."""
+        grammar: TokenMask | None = None,
+    ) -> list[tuple[TokenSequence, TokenSequence]]:
+        """`logits` [B, V]: the rows of `beams` (the group's live sequences, all just computed);
+        `grammar`: the tokens each beam's grammar allows (structured outputs).
+        Chooses the next beams and hypotheses and applies them to the request's sequences.
+        Returns (beam, parent) per beam that took a token, a forked beam's parent being the
+        sequence it was forked from (itself otherwise): the grammar state follows it."""
         rows = [SamplingRow(self.params, s.prompt_token_ids, s.output_view()) for s in beams]
-        raw, search = beam_logprobs(logits, rows, self.eos_token_ids)
+        raw, search = beam_logprobs(logits, rows, self.eos_token_ids, grammar)
         next_beams = self._choose(beams, raw, search, generator)
         if self.done:
             for seq in request.live_seqs:
                 scheduler.remove_seq(request, seq)  # the last removal retires the request
-        else:
-            self._advance(scheduler, request, next_beams)
+            return []
+        return self._advance(scheduler, request, next_beams)
 
     def _choose(
         self, beams: list[TokenSequence], raw: torch.Tensor, search: torch.Tensor, generator
@@ -210,7 +218,9 @@ class BeamSearch:
             length = self.params.max_tokens
         return next_beams[0].score / length**penalty <= self.hypotheses[-1].score
 
-    def _advance(self, scheduler: Scheduler, request: Request, next_beams: list[Candidate]) -> None:
+    def _advance(
+        self, scheduler: Scheduler, request: Request, next_beams: list[Candidate]
+    ) -> list[tuple[TokenSequence, TokenSequence]]:
         """Scheduler protocol: fork the surviving parents, drop the others, then append."""
         children: dict[TokenSequence, list[Candidate]] = {}
         for cand in next_beams:
@@ -226,3 +236,4 @@ class BeamSearch:
         for seq, cand in pairs:
             seq.append_token(cand.token_id, cand.logprob, cand.entry)
             self._scores[seq.seq_id] = cand.score
+        return [(seq, cand.parent) for seq, cand in pairs]

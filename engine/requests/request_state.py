@@ -1,6 +1,7 @@
 """RequestState: what the engine keeps per request beside the scheduler's token bookkeeping —
 stop criteria, one incremental detokenizer and (for seeded requests) one generator per
-sequence, the beam-search state of a beam request, prompt logprobs, timings — and how it
+sequence, the grammar matchers of a structured-output request, the beam-search state of a
+beam request, prompt logprobs, timings — and how it
 becomes a `RequestOutput` of deltas: one `CompletionOutput` per returned sequence carrying what
 is new since the previous output, with `index` and offsets (see outputs.py, and
 parallel_sampling.select_outputs and beam_stream.BeamStream for n > 1 and beams).
@@ -15,22 +16,33 @@ import torch
 from engine.decoding.beam_search import BeamSearch
 from engine.decoding.beam_stream import BeamStream
 from engine.decoding.detokenizer import IncrementalDetokenizer
+from engine.decoding.grammar_matchers import SequenceMatchers
 from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
 from engine.decoding.stop_checker import StopCriteria
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from engine.requests.request import Request, TokenSequence
+from engine.sampling.grammar_compiler import CompiledGrammar
 from engine.sampling.sampler import gather_logprobs, seeded_generator
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 
 
 class RequestState:
-    def __init__(self, request: Request, tokenizer, eos_token_ids: tuple[int, ...], device) -> None:
+    def __init__(
+        self,
+        request: Request,
+        tokenizer,
+        eos_token_ids: tuple[int, ...],
+        device,
+        grammar: CompiledGrammar | None = None,
+    ) -> None:
         self.request = request
         self.tokenizer = tokenizer
         self.device = device
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
         self.beam: BeamSearch | None = None
+        # Structured outputs: one grammar matcher per sequence (grammar_matchers.py).
+        self.grammar = SequenceMatchers(grammar) if grammar is not None else None
         self._beam_stream: BeamStream | None = None
         if request.params.use_beam_search:
             self.beam = BeamSearch(request.params, self.criteria, eos_token_ids)
@@ -50,7 +62,9 @@ class RequestState:
         if self.tokenizer is None:
             return None
         if seq_id not in self._detokenizers:
-            self._detokenizers[seq_id] = IncrementalDetokenizer.from_params(self.tokenizer, self.request.params)
+            self._detokenizers[seq_id] = IncrementalDetokenizer.from_params(
+                self.tokenizer, self.request.params
+            )
         return self._detokenizers[seq_id]
 
     def generator(self, seq_id: int) -> torch.Generator | None:
@@ -65,12 +79,18 @@ class RequestState:
     # ----- prompt logprobs ------------------------------------------------------------------
     def wants_prompt_logprobs(self, chunk: ScheduledChunk) -> bool:
         k = self.request.params.prompt_logprobs
-        return k is not None and chunk.start < chunk.seq.num_prompt_tokens - 1 and chunk.seq.seq_id == 0
+        return (
+            k is not None
+            and chunk.start < chunk.seq.num_prompt_tokens - 1
+            and chunk.seq.seq_id == 0
+        )
 
     def record_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
         """logits: [num_new_tokens, V]; row r predicts the token at position start + r + 1."""
         prompt = self.request.prompt_token_ids
-        last = min(chunk.start + chunk.num_new_tokens, len(prompt) - 1)  # rows predicting prompt tokens
+        last = min(
+            chunk.start + chunk.num_new_tokens, len(prompt) - 1
+        )  # rows predicting prompt tokens
         rows = last - chunk.start
         if rows <= 0:
             return
@@ -111,10 +131,14 @@ class RequestState:
         if self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
         elif request.is_finished and keeps_best(request.params) and len(request.seqs) > 1:
-            completions = select_outputs([self._whole(i, s) for i, s in enumerate(request.seqs)], request.params, True)
+            completions = select_outputs(
+                [self._whole(i, s) for i, s in enumerate(request.seqs)], request.params, True
+            )
         else:
             completions = select_outputs(
-                [self._delta(i, seq) for i, seq in enumerate(request.seqs)], request.params, request.is_finished
+                [self._delta(i, seq) for i, seq in enumerate(request.seqs)],
+                request.params,
+                request.is_finished,
             )
         return RequestOutput(
             request_id=request.request_id,
@@ -160,7 +184,9 @@ class RequestState:
             text=text,
             token_ids=tuple(new_ids),
             cumulative_logprob=seq.cumulative_logprob,
-            logprobs=tuple(seq.logprobs[sent_tokens:]) if self.request.params.logprobs is not None else None,
+            logprobs=tuple(seq.logprobs[sent_tokens:])
+            if self.request.params.logprobs is not None
+            else None,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
             text_offset=sent_chars,

@@ -7,7 +7,9 @@ Per row, in order:
   2. while fewer than `min_tokens` tokens are out, stop_token_ids (and EOS unless ignore_eos)
      are masked;
   3. repetition penalty (prompt + output), then presence / frequency penalties (output);
-  4. greedy rows (temperature 0) take the argmax; the others are divided by their temperature,
+  4. rows under a grammar (structured outputs) get -inf on every token it does not allow (the
+     `TokenMask` the engine passes, computed while the forward ran);
+  5. greedy rows (temperature 0) take the argmax; the others are divided by their temperature,
      filtered by top-k, top-p, min-p (see `logits_processors`) and sampled.
 Sampling inverts each row's CDF at one uniform number (O(V) additions, no per-token random
 numbers; an exponential race `argmax(probs / E)` was ~10x slower on CPU). A row with its own
@@ -38,6 +40,7 @@ from engine.sampling.logits_processors import (
     mask_tokens,
 )
 from engine.sampling.sampling_batch import SamplingBatch, SamplingFilters, SamplingRow
+from engine.sampling.token_mask import TokenMask
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, index) over seeds
 
@@ -73,9 +76,9 @@ def gather_logprobs(
 
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Steps 1-3 (bias, min_tokens masks, penalties). Returns `logits` itself when no row needs
+    """Steps 1-4 (bias, min_tokens masks, penalties, grammar). Returns `logits` itself when no row needs
     any of them, else a processed copy: either way the caller's tensor is left intact."""
-    stages = (batch.bias, batch.banned, batch.repetition, batch.presence_frequency)
+    stages = (batch.bias, batch.banned, batch.repetition, batch.presence_frequency, batch.grammar)
     if all(stage is None for stage in stages):
         return logits
     out = logits.clone()
@@ -87,6 +90,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         apply_repetition_penalty(out, *batch.repetition)
     if batch.presence_frequency is not None:
         apply_presence_frequency(out, *batch.presence_frequency)
+    if batch.grammar is not None:
+        batch.grammar.apply(out)
     return out
 
 
@@ -107,12 +112,17 @@ class Sampler:
         else:
             self._generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+    def __call__(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], grammar: TokenMask | None = None
+    ) -> SamplerOutput:
+        """`grammar`: the allowed tokens of the rows that sample under a grammar (step 4)."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(
                 f"logits must be [rows, vocab] with {len(rows)} rows, got {tuple(logits.shape)}"
             )
-        batch = SamplingBatch.build(rows, logits.shape[1], logits.device, self.eos_token_ids)
+        batch = SamplingBatch.build(
+            rows, logits.shape[1], logits.device, self.eos_token_ids, grammar
+        )
         if batch.plain_greedy:
             return SamplerOutput(tuple(logits.argmax(dim=-1).tolist()), (None,) * len(rows))
         processed = process_logits(logits, batch)

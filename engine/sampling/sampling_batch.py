@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling.sampling_params import SamplingParams
+from engine.sampling.token_mask import TokenMask
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class SamplingBatch:
     # repetition penalty; or the output count, presence and frequency penalties.
     repetition: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     presence_frequency: tuple[torch.Tensor, ...] | None
+    grammar: TokenMask | None = None  # the allowed tokens of the rows under a grammar
 
     @classmethod
     def build(
@@ -96,6 +98,7 @@ class SamplingBatch:
         vocab_size: int,
         device: torch.device,
         eos_token_ids: Sequence[int] = (),
+        grammar: TokenMask | None = None,
     ) -> SamplingBatch:
         params = [r.params for r in rows]
         filters = SamplingFilters.build(params, device)
@@ -140,7 +143,7 @@ class SamplingBatch:
                 frequency[out_rows],
             )
         plain = filters is None and not asked and bias is None and banned is None
-        plain = plain and repetition is None and presence_frequency is None
+        plain = plain and repetition is None and presence_frequency is None and grammar is None
         return cls(
             num_rows=len(rows),
             plain_greedy=plain,
@@ -150,6 +153,7 @@ class SamplingBatch:
             banned=None if banned is None else banned[:2],
             repetition=repetition,
             presence_frequency=presence_frequency,
+            grammar=grammar,
         )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.sampling.structured_output import StructuredOutput
+
 if TYPE_CHECKING:
     from engine.faults import FaultSpec
 
@@ -49,6 +51,12 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool = False
+    # Scheduling order (not sampling): lower runs first, as vLLM's; admission, prefill order
+    # and preemption (the highest value is preempted first). Outputs never depend on it.
+    priority: int = 0
+    # A grammar the output must follow (JSON schema, regex, choice, Lark); compiled and checked
+    # by the engine at request validation (engine/sampling/structured_output.py).
+    structured_output: StructuredOutput | None = None
     # Tests only (engine/faults.py): fail this request or kill the engine after k tokens.
     fault: FaultSpec | None = None
 
@@ -73,41 +81,88 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"{name} {message}")
 
-        need(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        need(
+            self.max_tokens is None or self.max_tokens >= 1,
+            "max_tokens",
+            f"must be at least 1, got {self.max_tokens}",
+        )
         need(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         need(
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
         )
-        need(0.0 <= self.temperature <= 100.0, "temperature", f"must be in [0, 100], got {self.temperature}")
+        need(
+            0.0 <= self.temperature <= 100.0,
+            "temperature",
+            f"must be in [0, 100], got {self.temperature}",
+        )
         need(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
         need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        need(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
-        need(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
-        need(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
-        need(len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias", f"may hold at most {MAX_LOGIT_BIAS} entries")
+        need(
+            self.repetition_penalty > 0.0,
+            "repetition_penalty",
+            f"must be > 0, got {self.repetition_penalty}",
+        )
+        need(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            f"must be in [-2, 2], got {self.presence_penalty}",
+        )
+        need(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty}",
+        )
+        need(
+            len(self.logit_bias) <= MAX_LOGIT_BIAS,
+            "logit_bias",
+            f"may hold at most {MAX_LOGIT_BIAS} entries",
+        )
         for token_id, bias in self.logit_bias.items():
-            need(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100], got {bias} for token {token_id}")
-        need(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"may hold at most {MAX_STOP_STRINGS} strings")
+            need(
+                -100.0 <= bias <= 100.0,
+                "logit_bias",
+                f"values must be in [-100, 100], got {bias} for token {token_id}",
+            )
+        need(
+            len(self.stop) <= MAX_STOP_STRINGS,
+            "stop",
+            f"may hold at most {MAX_STOP_STRINGS} strings",
+        )
         for s in self.stop:
-            need(0 < len(s) <= MAX_STOP_STRING_LEN, "stop", f"strings must be 1..{MAX_STOP_STRING_LEN} characters")
+            need(
+                0 < len(s) <= MAX_STOP_STRING_LEN,
+                "stop",
+                f"strings must be 1..{MAX_STOP_STRING_LEN} characters",
+            )
         for name, k in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if k is not None:
                 need(0 <= k <= MAX_LOGPROBS, name, f"must be in [0, {MAX_LOGPROBS}], got {k}")
         need(1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
         if self.best_of is not None:
-            need(self.n <= self.best_of <= MAX_N, "best_of", f"must be in [n={self.n}, {MAX_N}], got {self.best_of}")
+            need(
+                self.n <= self.best_of <= MAX_N,
+                "best_of",
+                f"must be in [n={self.n}, {MAX_N}], got {self.best_of}",
+            )
         if self.greedy and not self.use_beam_search:
             same = "with temperature 0 (greedy decoding) every sequence is the same; use temperature > 0 or use_beam_search"
             need(self.n == 1, "n", f"must be 1 {same}, got {self.n}")
             need(self.best_of in (None, 1), "best_of", f"must be 1 {same}, got {self.best_of}")
         if self.seed is not None:
             need(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
+        need(
+            isinstance(self.priority, int) and not isinstance(self.priority, bool) and -(2**31) <= self.priority < 2**31,
+            "priority",
+            f"must be an integer in [-2**31, 2**31), got {self.priority!r}",
+        )
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Checks the token ids this request names against the model's vocabulary."""
         for token_id in list(self.logit_bias) + list(self.stop_token_ids):
             if not 0 <= token_id < vocab_size:
-                raise ValueError(f"token id {token_id} is outside the vocabulary (size {vocab_size})")
+                raise ValueError(
+                    f"token id {token_id} is outside the vocabulary (size {vocab_size})"
+                )

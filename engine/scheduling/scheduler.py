@@ -3,21 +3,34 @@
 Policy, every `schedule()`:
 1. Aborts asked for since the last step take effect (waiting or running); their ids are reported
    in `SchedulerOutput.aborted` and their blocks are freed.
-2. A budget of `max_num_batched_tokens` is handed out: running decodes first (one token per live
-   sequence), then running partial prefills, then waiting requests in FIFO order, bounded by
-   `max_num_seqs` sequences. A prompt longer than the budget left is chunked across steps, so it
-   never stalls the running streams. A sequence group (n > 1, beams) is scheduled as one unit and
-   its sequences reach their sampling step together.
-3. When a running request needs blocks and none are left, the most recently admitted running
-   request is preempted by recompute (blocks freed, `num_computed_tokens = 0` for all its
-   sequences, back to the FRONT of the waiting queue), repeatedly, until the request fits or is
-   itself the victim. No waiting request is admitted in a step that preempted.
+2. Running decodes first: one token per live sequence, higher priority first (a lower
+   `SamplingParams.priority` value runs first, as vLLM's), within `max_num_batched_tokens`.
+3. Prefill (engine/scheduling/prefill_budget.py sizes it): the step's remaining budget is
+   shared between running partial prefills and waiting requests, shortest remaining prefill
+   first (within a priority), so a short prompt never waits behind long ones; the oldest of
+   them (the anchor) always gets at least `MIN_PREFILL_CHUNK` tokens, so long prompts progress
+   every step and nothing starves. A step that delivers a token (a decode or a prompt's last
+   chunk) is held to the time target `target_itl_ms` by the fitted `StepCostModel`; a step
+   that delivers none fills the token budget. Waiting requests are admitted within
+   `max_num_seqs` sequences; when the first of them in admission order (the anchor first, then
+   the prefill order) finds no seat or blocks, nobody behind it is admitted in that step.
+   A prompt longer than its share is chunked across steps. A sequence group (n > 1, beams)
+   is scheduled as one unit and its sequences reach their sampling step together.
+4. When a running request needs blocks and none are left, the running request with the lowest
+   priority (the most recently admitted among equals) is preempted by recompute (blocks freed,
+   `num_computed_tokens = 0` for all its sequences, back to waiting with its original arrival
+   order, so it is the anchor soon), repeatedly, until the request fits or is itself the
+   victim. No waiting request is admitted in a step that preempted.
+5. Admission bound (the one rule, `EngineConfig.max_in_flight`): running + waiting requests
+   never exceed `max_num_seqs + max_queued_requests`; `add_request` raises QueueFullError
+   beyond it. AsyncEngine applies the same bound before queueing, so a server never meets it.
 
 The update protocol between `schedule()` and the next one is in engine/scheduling/step_plan.py.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -25,6 +38,8 @@ from engine.config import EngineConfig
 from engine.requests.outputs import FINISH_REASONS
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
+from engine.scheduling.prefill_budget import PrefillBudget
+from engine.scheduling.step_cost import StepCostModel, chunk_pairs
 from engine.scheduling.step_plan import (
     QueueFullError,
     ScheduledChunk,
@@ -34,6 +49,10 @@ from engine.scheduling.step_plan import (
 )
 
 __all__ = ["QueueFullError", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+
+# Prefill tokens the anchor (and the shortest prefill) get per step even past the time target:
+# progress for every prompt when the decodes alone fill the target.
+MIN_PREFILL_CHUNK = 32
 
 
 @dataclass
@@ -50,11 +69,25 @@ class _Step:
     budget: int
     plans: dict[str, _Plan] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
+    decodes: set[str] = field(default_factory=set)  # request ids placed by the decode pass
+
+
+@dataclass
+class _Allot:
+    """Phase 1 of the prefill pass: tokens per live sequence one request gets this step."""
+
+    request: Request
+    sizes: list[int]
+    matches: list[PrefixMatch] | None  # a waiting request's prefix-cache hits
 
 
 class Scheduler:
     def __init__(
-        self, config: EngineConfig, block_manager: BlockManager, max_model_len: int
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        max_model_len: int,
+        cost_model: StepCostModel | None = None,
     ) -> None:
         if block_manager.block_size != config.block_size:
             raise ValueError(
@@ -63,25 +96,34 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
+        # The step cost model the engine feeds with timed steps (None: no time target).
+        self.cost_model = cost_model if cost_model is not None else StepCostModel()
+        self._target_s = config.target_itl_ms / 1000 if config.target_itl_ms else None
         self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # admission order: the last is preempted first
+        self._running: list[Request] = []  # admission order: among equals the last is preempted
         # No id registry here: the engine holds the one (request id -> its state and Request).
         self._pending_aborts: list[Request] = []
+        self._arrival: dict[Request, int] = {}  # arrival order, kept across preemptions
+        self._arrivals = itertools.count()
         self._num_preemptions = 0
+        self._prefill_capacity = config.max_num_batched_tokens
 
     # ----- intake --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queues a new request checked by `admission_check` (the engine does, once);
-        raises QueueFullError if the waiting queue is at `max_queued_requests`."""
+        """Queues a new request checked by `admission_check` (the engine does, once); raises
+        QueueFullError when running + waiting requests are at `config.max_in_flight`."""
         rid = request.request_id
         if request.status is not RequestStatus.WAITING or request.seqs[0].num_computed_tokens:
             raise ValueError(f"request {rid!r} is not a fresh request")
-        if len(self._waiting) >= self.config.max_queued_requests:
+        limit = self.config.max_in_flight
+        if len(self._waiting) + len(self._running) >= limit:
             raise QueueFullError(
-                f"the waiting queue is full ({self.config.max_queued_requests} requests); "
-                "retry later"
+                f"the server has {limit} requests in flight (max_num_seqs "
+                f"{self.config.max_num_seqs} + max_queued_requests "
+                f"{self.config.max_queued_requests}); retry later"
             )
         self._waiting.append(request)
+        self._arrival[request] = next(self._arrivals)
 
     def abort(self, request: Request) -> None:
         """Aborts at the next `schedule()`; finished or unknown requests are ignored."""
@@ -94,10 +136,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         aborted = self._apply_aborts()
         step = _Step(budget=self.config.max_num_batched_tokens)
-        self._schedule_running(step, decode_pass=True)
-        self._schedule_running(step, decode_pass=False)
-        if not step.preempted:  # else the freed blocks go to the running requests first
-            self._admit_waiting(step)
+        self._schedule_decodes(step)
+        budget = self._prefill_budget(step)
+        self._prefill_capacity = budget.fit(0, budget.tokens_left, MIN_PREFILL_CHUNK)
+        self._schedule_prefills(step, budget)
         chunks = tuple(c for p in step.plans.values() for c in p.chunks)
         return SchedulerOutput(
             chunks=chunks,
@@ -105,61 +147,165 @@ class Scheduler:
             preempted=tuple(step.preempted),
             aborted=tuple(aborted),
             num_batched_tokens=sum(c.num_new_tokens for c in chunks),
+            num_pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in chunks),
+            num_prefill_tokens=sum(
+                p.num_tokens for rid, p in step.plans.items() if rid not in step.decodes
+            ),
         )
 
-    def _schedule_running(self, step: _Step, decode_pass: bool) -> None:
-        bm = self.block_manager
-        for request in list(self._running):
+    def _by_priority(self) -> list[Request]:
+        return sorted(self._running, key=lambda r: r.params.priority)  # stable: admission order
+
+    def _schedule_decodes(self, step: _Step) -> None:
+        for request in self._by_priority():
             if request.status is not RequestStatus.RUNNING or request.request_id in step.plans:
                 continue
-            seqs = request.live_seqs
-            remaining = [s.num_uncomputed_tokens for s in seqs]
+            remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
             if min(remaining) < 1:
                 raise RuntimeError(
                     f"request {request.request_id!r} has a sequence with nothing to compute: "
                     "append the sampled token or finish the sequence before schedule()"
                 )
-            if (max(remaining) == 1) != decode_pass:
-                continue
-            sizes = chunk_sizes(remaining, step.budget)
-            if sizes is None:
-                continue
-            chunks = list(zip(seqs, sizes, strict=True))
-            while bm.blocks_to_append(chunks) > bm.num_free_blocks:
-                victim = self._running[-1]
-                self._preempt(victim, step)
-                if victim is request:
-                    break
-            if request.status is RequestStatus.RUNNING:
-                copies = [c for s, n in chunks if n > 0 for c in bm.append(s, n)]
-                self._add_plan(step, request, chunks, copies)
+            if max(remaining) == 1:
+                sizes = chunk_sizes(remaining, step.budget)
+                if sizes is not None:
+                    self._schedule_running(step, request, sizes)
+                    step.decodes.add(request.request_id)
 
-    def _admit_waiting(self, step: _Step) -> None:
+    def _schedule_running(self, step: _Step, request: Request, sizes: list[int]) -> None:
         bm = self.block_manager
-        num_seqs = sum(r.num_seq_slots for r in self._running)
-        while self._waiting and step.budget > 0:
-            request = self._waiting[0]
-            if num_seqs + request.num_seq_slots > self.config.max_num_seqs:
+        chunks = list(zip(request.live_seqs, sizes, strict=True))
+        while bm.blocks_to_append(chunks) > bm.num_free_blocks:
+            victim = self._victim()
+            self._preempt(victim, step)
+            if victim is request:
                 return
+        copies = [c for s, n in chunks if n > 0 for c in bm.append(s, n)]
+        self._add_plan(step, request, chunks, copies)
+
+    def _victim(self) -> Request:
+        """The lowest priority (highest value) running request; the latest admitted of those."""
+        return max(reversed(self._running), key=lambda r: r.params.priority)
+
+    def _prefill_budget(self, step: _Step) -> PrefillBudget:
+        placed = [c for p in step.plans.values() for c in p.chunks]
+        return PrefillBudget(
+            tokens_left=step.budget,
+            target_s=self._target_s,
+            cost=self.cost_model,
+            rows=sum(c.num_new_tokens for c in placed),
+            pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in placed),
+            delivers=any(c.sample for c in placed),
+        )
+
+    def _prefill_key(self, request: Request) -> tuple[int, int, int]:
+        """Shortest remaining prefill first, within a priority; arrival order breaks ties."""
+        remaining = max(s.num_uncomputed_tokens for s in request.live_seqs)
+        return (request.params.priority, remaining, self._arrival[request])
+
+    def _schedule_prefills(self, step: _Step, budget: PrefillBudget) -> None:
+        partials = [
+            r
+            for r in self._running
+            if r.status is RequestStatus.RUNNING and r.request_id not in step.plans
+        ]
+        waiting = [] if step.preempted else list(self._waiting)  # freed blocks: running first
+        if not partials and not waiting:
+            return
+        order = sorted(partials + waiting, key=self._prefill_key)
+        best = order[0].params.priority
+        anchor = min(
+            (r for r in order if r.params.priority == best), key=lambda r: self._arrival[r]
+        )
+        seated = self._seated(waiting, anchor)
+        allots = self._allot(order, anchor, seated, budget)
+        for allot in allots:
+            if allot.matches is None and allot.request.status is RequestStatus.RUNNING:
+                self._schedule_running(step, allot.request, allot.sizes)
+        if step.preempted:
+            return
+        admits = [a for a in allots if a.matches is not None]
+        admits.sort(key=lambda a: a.request is not anchor)  # the anchor picks blocks first
+        for allot in admits:
+            if not self._admit(step, allot):
+                return  # nobody overtakes a request that waits for blocks
+
+    def _seated(self, waiting: list[Request], anchor: Request) -> set[Request]:
+        """Waiting requests that find seats within max_num_seqs: the anchor first, then in
+        prefill order, up to the first that does not fit."""
+        free = self.config.max_num_seqs - sum(r.num_seq_slots for r in self._running)
+        seated: set[Request] = set()
+        queue = sorted(waiting, key=lambda r: (r is not anchor, self._prefill_key(r)))
+        for request in queue:
+            if request.num_seq_slots > free:
+                break
+            free -= request.num_seq_slots
+            seated.add(request)
+        return seated
+
+    def _allot(
+        self,
+        order: list[Request],
+        anchor: Request,
+        seated: set[Request],
+        budget: PrefillBudget,
+    ) -> list[_Allot]:
+        """Phase 1: tokens per candidate in prefill order; the anchor's floor is held back."""
+        reserve = 0
+        if anchor is not order[0] and (anchor in seated or anchor.status is RequestStatus.RUNNING):
+            need = max(s.num_uncomputed_tokens for s in anchor.live_seqs)
+            reserve = min(MIN_PREFILL_CHUNK, need, budget.tokens_left)
+            budget.hold(reserve)
+        allots: list[_Allot] = []
+        first, waiting_open = True, True
+        for request in order:
+            if request.status is RequestStatus.WAITING and not (
+                request in seated and (waiting_open or request is anchor)
+            ):
+                continue
+            if request is anchor:
+                budget.release(reserve)
             seqs = request.live_seqs
-            matches = [self._prefix_match(request, s) for s in seqs]
-            remaining = [s.num_tokens - m.num_tokens for s, m in zip(seqs, matches, strict=True)]
-            sizes = chunk_sizes(remaining, step.budget)
+            matches = None
+            if request.status is RequestStatus.WAITING:
+                matches = [self._prefix_match(request, s) for s in seqs]
+                starts = [m.num_tokens for m in matches]
+            else:
+                starts = [s.num_computed_tokens for s in seqs]
+            remaining = [s.num_tokens - st for s, st in zip(seqs, starts, strict=True)]
+            floor = MIN_PREFILL_CHUNK if first or request is anchor else 0
+            n = budget.fit(starts[0], sum(remaining), floor)
+            sizes = chunk_sizes(remaining, n) if n > 0 else None
             if sizes is None:
-                return
-            totals = [m.num_tokens + n for m, n in zip(matches, sizes, strict=True)]
-            if bm.blocks_to_admit(matches, totals) > bm.num_free_blocks:
-                return  # strict FIFO: the head waits for blocks, nobody overtakes it
-            bm.admit(seqs, matches, totals)
-            for seq, match in zip(seqs, matches, strict=True):
-                seq.num_computed_tokens = match.num_tokens
-            if request.num_preemptions == 0:
-                request.num_cached_prompt_tokens = min(m.num_tokens for m in matches)
-            self._waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self._running.append(request)
-            num_seqs += request.num_seq_slots
-            self._add_plan(step, request, list(zip(seqs, sizes, strict=True)), [])
+                waiting_open = waiting_open and matches is None
+                continue
+            first = False
+            budget.take(starts[0], sum(sizes), delivers=sizes == remaining)
+            allots.append(_Allot(request, sizes, matches))
+        return allots
+
+    def _admit(self, step: _Step, allot: _Allot) -> bool:
+        bm, request = self.block_manager, allot.request
+        seqs = request.live_seqs
+        # Matched again: the running chunks placed since phase 1 may have evicted cached blocks.
+        matches = [self._prefix_match(request, s) for s in seqs]
+        remaining = [s.num_tokens - m.num_tokens for s, m in zip(seqs, matches, strict=True)]
+        sizes = chunk_sizes(remaining, sum(allot.sizes))
+        if sizes is None:
+            return False
+        totals = [m.num_tokens + n for m, n in zip(matches, sizes, strict=True)]
+        if bm.blocks_to_admit(matches, totals) > bm.num_free_blocks:
+            return False
+        bm.admit(seqs, matches, totals)
+        for seq, match in zip(seqs, matches, strict=True):
+            seq.num_computed_tokens = match.num_tokens
+        if request.num_preemptions == 0:
+            request.num_cached_prompt_tokens = min(m.num_tokens for m in matches)
+        self._waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        self._running.append(request)
+        self._add_plan(step, request, list(zip(seqs, sizes, strict=True)), [])
+        return True
 
     def _prefix_match(self, request: Request, seq: TokenSequence) -> PrefixMatch:
         if request.params.prompt_logprobs is not None:  # every prompt row's logits are wanted
@@ -268,6 +414,7 @@ class Scheduler:
             self._running.remove(request)
         elif request.status is RequestStatus.WAITING:
             self._waiting.remove(request)
+        self._arrival.pop(request, None)
         request.status = RequestStatus.FINISHED
 
     def _apply_aborts(self) -> list[str]:
@@ -285,4 +432,5 @@ class Scheduler:
             num_waiting=len(self._waiting),
             num_preemptions=self._num_preemptions,
             blocks=usage,
+            prefill_capacity=self._prefill_capacity,
         )

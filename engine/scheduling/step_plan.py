@@ -51,7 +51,9 @@ class SchedulerOutput:
     block_copies: tuple[tuple[int, int], ...]
     preempted: tuple[str, ...]  # request ids sent back to waiting this step
     aborted: tuple[str, ...]  # request ids removed by abort this step
-    num_batched_tokens: int
+    num_batched_tokens: int  # rows through the linears
+    num_pairs: int = 0  # query x key pairs through attention (step_cost.chunk_pairs summed)
+    num_prefill_tokens: int = 0  # rows of prompt (or recompute) chunks, decodes excluded
 
     @property
     def is_empty(self) -> bool:
@@ -64,6 +66,9 @@ class SchedulerStats:
     num_waiting: int
     num_preemptions: int  # cumulative
     blocks: BlockUsage
+    # Prefill tokens (from position 0) the last step could take after its decodes: the
+    # current chunk size the step-time target allows (the token budget when it does not apply).
+    prefill_capacity: int = 0
 
 
 def chunk_sizes(remaining: list[int], budget: int) -> list[int] | None:

@@ -1,8 +1,8 @@
 // Paged attention for CPU, one query per row: see kernels.h and paged_attention.py for the
 // contract.
 //
-// Work items are sequences, or (sequence, key range) pairs when the batch is too small to keep
-// every thread busy. An item walks its keys in chunks of 16: the chunk's cache rows are located
+// A sequence's keys are cut into ranges of a fixed length (kRangeKeys), attended one by one and
+// merged in order (see decode). A range walks its keys in chunks of 16: the chunk's cache rows are located
 // once, the next chunk's rows are prefetched, and for each KV head its G query heads are
 // scored, softmaxed (online) and V-summed together by the SIMD loops of attention_simd.h.
 #include "kernels.h"
@@ -114,72 +114,100 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* q, int64_t qstri
     l[h] = std::accumulate(lsum + h * kChunk, lsum + (h + 1) * kChunk, 0.0f);
 }
 
-// Work items are (sequence, split): with few sequences each one's keys are cut into `splits`
-// ranges so every thread works; partial (acc, m, l) are then merged per (sequence, head).
+// Keys per range: a sequence's keys [start, len) are cut into ranges of kRangeKeys keys from
+// `start` (the last one shorter), each attended on its own into (acc, m, l), then merged in
+// range order. The cut depends on the sequence alone, never on the batch: a row's output is
+// the same bits whichever other rows share the call and however the work is spread over
+// threads (batch invariance; only the grouping of work items changes with the batch).
+constexpr int64_t kRangeKeys = 256;
+
+// out [D] = the merge of ranges 0 .. R-1 of head h, in order: weights exp(m_r - max m) on the
+// partial sums. parts: acc [R, H, DA], then m [R, H], then l [R, H], at acc / pm / pl.
+template <typename T>
+void merge_ranges(const float* acc, const float* pm, const float* pl, int64_t R, int64_t H,
+                  int64_t h, int64_t DA, int64_t D, float* sum, T* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < R; ++r) mx = std::max(mx, pm[r * H + h]);
+  float total = 0.0f;
+  std::fill(sum, sum + DA, 0.0f);
+  for (int64_t r = 0; r < R; ++r) {
+    if (pm[r * H + h] == -std::numeric_limits<float>::infinity()) continue;  // no keys
+    const float w = tgserve::fast_exp(pm[r * H + h] - mx);
+    total += w * pl[r * H + h];
+    const float* pa = acc + (r * H + h) * DA;
+#pragma omp simd
+    for (int64_t d = 0; d < DA; ++d) sum[d] += w * pa[d];
+  }
+  tgserve::attn::store_row(sum, total > 0.0f ? 1.0f / total : 0.0f, D, out);
+}
+
+// Work items are the ranges of every row when the batch is too small to keep each thread
+// busy with whole rows, else whole rows (each walking its ranges in order). Either way each
+// range is computed by the same code into its own partials and merged by merge_ranges.
 template <typename T, int DC>
 void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
             T* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t nb,
-            int64_t num_blocks, float scale, int64_t window, int64_t splits, int* bad) {
+            int64_t num_blocks, float scale, int64_t window, int* bad) {
   namespace simd = tgserve::attn;
   using QT = typename simd::QPack<T>::type;
   const int64_t Dp = round_up(D, simd::QPack<T>::pad), DA = simd::acc_stride<T>(D);
-  const int64_t items = B * splits;
-  // Partials, only when splitting: acc [items, H, DA], then m [items, H], then l [items, H].
-  std::vector<float> part(splits > 1 ? items * H * (DA + 2) : 0);
-  float* const part_m = part.data() + items * H * DA;
-  float* const part_l = part_m + items * H;
+  const int64_t part_size = H * (DA + 2);  // one range's acc [H, DA], m [H], l [H]
+  // Row b's keys [start[b], len[b]) and its ranges first[b] .. first[b + 1] - 1.
+  std::vector<int64_t> start(B), len(B), first(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    len[b] = lens[b];
+    if (len[b] < 0 || len[b] > nb * bs) {
+      *bad = tgserve::kBadSeqLen;
+      len[b] = 0;
+    }
+    start[b] = window > 0 ? std::max<int64_t>(0, len[b] - window) : 0;
+    first[b + 1] = first[b] + std::max<int64_t>(1, (len[b] - start[b] + kRangeKeys - 1) / kRangeKeys);
+  }
+  const int64_t max_ranges = (nb * bs + kRangeKeys - 1) / kRangeKeys + 1;
+  const bool by_row = B >= 2 * omp_get_max_threads();
+  // Partials of every range (split work) or of one row per thread (by_row).
+  std::vector<float> shared_parts(by_row ? 0 : first[B] * part_size);
 #pragma omp parallel
   {
-    std::vector<QT> qp(H * Dp);  // this item's query heads, packed
-    // acc [H, DA], m [H], l [H], then attend_range's scratch [G + H, kChunk]
-    std::vector<float> scratch(H * DA + 2 * H + (H / KVH + H) * kChunk);
-    float* acc = scratch.data();
-    float* m = acc + H * DA;
-    float* l = m + H;
-    float* p = l + H;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t b = it / splits, sp = it % splits;
-      int64_t len = lens[b];
-      if (len < 0 || len > nb * bs) {
-        *bad = tgserve::kBadSeqLen;
-        len = 0;
-      }
-      const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t span = (len - start + splits - 1) / splits;
-      const int64_t k0 = std::min(len, start + sp * span), k1 = std::min(len, k0 + span);
+    std::vector<QT> qp(H * Dp);  // a row's query heads, packed
+    std::vector<float> own_parts(by_row ? max_ranges * part_size : 0);
+    // merge sum [DA], then attend_range's scratch [G + H, kChunk]
+    std::vector<float> scratch(DA + (H / KVH + H) * kChunk);
+    float* sum = scratch.data();
+    float* p = sum + DA;
+    // Range r of row b into parts (layout of merge_ranges, R ranges in all).
+    auto attend = [&](int64_t b, int64_t r, float* parts, int64_t R) {
+      const int64_t k0 = std::min(len[b], start[b] + r * kRangeKeys);
+      const int64_t k1 = std::min(len[b], k0 + kRangeKeys);
       for (int64_t h = 0; h < H; ++h) simd::pack_query(q + (b * H + h) * D, D, qp.data() + h * Dp);
-      if (splits == 1) {
-        attend_range<T, DC>(qp.data(), Dp, kc, vc, tables + b * nb, k0, k1, H, KVH, D, bs,
-                            num_blocks, scale, acc, m, l, p, bad);
-        for (int64_t h = 0; h < H; ++h)
-          simd::store_row(acc + h * DA, l[h] > 0.0f ? 1.0f / l[h] : 0.0f, D, out + (b * H + h) * D);
-      } else {
-        attend_range<T, DC>(qp.data(), Dp, kc, vc, tables + b * nb, k0, k1, H, KVH, D, bs,
-                            num_blocks, scale, part.data() + it * H * DA, part_m + it * H,
-                            part_l + it * H, p, bad);
+      float* acc = parts + r * H * DA;
+      float* m = parts + R * H * DA + r * H;
+      float* l = parts + R * H * (DA + 1) + r * H;
+      attend_range<T, DC>(qp.data(), Dp, kc, vc, tables + b * nb, k0, k1, H, KVH, D, bs,
+                          num_blocks, scale, acc, m, l, p, bad);
+    };
+    auto merge = [&](int64_t b, const float* parts, int64_t R) {
+      for (int64_t h = 0; h < H; ++h)
+        merge_ranges<T>(parts, parts + R * H * DA, parts + R * H * (DA + 1), R, H, h, DA, D, sum,
+                        out + (b * H + h) * D);
+    };
+    if (by_row) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t R = first[b + 1] - first[b];
+        for (int64_t r = 0; r < R; ++r) attend(b, r, own_parts.data(), R);
+        merge(b, own_parts.data(), R);
       }
-    }
-    if (splits > 1) {
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < first[B]; ++it) {
+        const int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
+        const int64_t R = first[b + 1] - first[b];
+        attend(b, it - first[b], shared_parts.data() + first[b] * part_size, R);
+      }
 #pragma omp for
-      for (int64_t bh = 0; bh < B * H; ++bh) {  // merge the splits of one (sequence, head)
-        const int64_t b = bh / H, h = bh % H;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t sp = 0; sp < splits; ++sp)
-          mx = std::max(mx, part_m[(b * splits + sp) * H + h]);
-        float total = 0.0f;
-        std::fill(acc, acc + DA, 0.0f);
-        for (int64_t sp = 0; sp < splits; ++sp) {
-          const int64_t ih = (b * splits + sp) * H + h;
-          if (part_m[ih] == -std::numeric_limits<float>::infinity()) continue;  // empty range
-          const float w = tgserve::fast_exp(part_m[ih] - mx);
-          total += w * part_l[ih];
-          const float* pa = part.data() + ih * DA;
-#pragma omp simd
-          for (int64_t d = 0; d < DA; ++d) acc[d] += w * pa[d];
-        }
-        simd::store_row(acc, total > 0.0f ? 1.0f / total : 0.0f, D, out + bh * D);
-      }
+      for (int64_t b = 0; b < B; ++b)
+        merge(b, shared_parts.data() + first[b] * part_size, first[b + 1] - first[b]);
     }
   }
 }
@@ -193,18 +221,10 @@ int paged_decode_attention(const T* q, const T* k_cache, const T* v_cache, const
                            int64_t table_width, const int64_t* seq_lens, T* out, int64_t B,
                            int64_t H, int64_t KVH, int64_t D, int64_t block_size,
                            int64_t num_blocks, float scale, int64_t window) {
-  // Key ranges per sequence: enough work items for every thread (4 each, for balance) when
-  // the batch is small, but no range shorter than ~256 keys (merging has a cost).
-  const int64_t threads = omp_get_max_threads();
-  const int64_t max_len = table_width * block_size;
-  const int64_t splits = B >= 2 * threads
-                             ? 1
-                             : std::max<int64_t>(1, std::min((4 * threads + B - 1) / B,
-                                                             (max_len + 255) / 256));
   int bad = kOk;
   const auto go = D == 64 ? decode<T, 64> : D == 128 ? decode<T, 128> : decode<T, 0>;
   go(q, k_cache, v_cache, tables, seq_lens, out, B, H, KVH, D, block_size, table_width,
-     num_blocks, scale, window, splits, &bad);
+     num_blocks, scale, window, &bad);
   return bad;
 }
 

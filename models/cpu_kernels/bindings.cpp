@@ -40,20 +40,62 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   return out;
 }
 
-// x [M, K] @ w [N, K]^T (+ bias) -> [M, N] float32 (the LM head) or in x's dtype.
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
-                     bool float_out) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+// w [N, K] -> its packed copy (see kernels.h), a [panels, elements per panel] tensor. int8
+// weights are packed for bfloat16 activations (pairs of k).
+torch::Tensor pack_linear(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "pack_linear: a contiguous [N, K] weight");
+  const int64_t N = w.size(0), K = w.size(1);
+  const bool int8 = w.scalar_type() == at::kChar;
+  const bool pairs = int8 || w.scalar_type() == at::kBFloat16;
+  const int64_t steps = tgserve::packed_linear_steps(K, pairs);
+  auto packed = torch::empty({(N + 15) / 16, steps * 16 * (pairs ? 2 : 1)}, w.options());
+  if (int8) {
+    tgserve::pack_linear_weight<c10::BFloat16, int8_t>(w.data_ptr<int8_t>(), N, K,
+                                                       packed.data_ptr<int8_t>());
+    return packed;
+  }
+  dispatch(w.scalar_type(), "pack_linear", [&](auto tag) {
+    using T = decltype(tag);
+    tgserve::pack_linear_weight<T, T>(static_cast<const T*>(w.data_ptr()), N, K,
+                                      static_cast<T*>(packed.data_ptr()));
+  });
+  return packed;
+}
+
+// x [M, K] @ W [N, K]^T (* scales, int8 weights) (+ bias) from W's packed copy -> [M, N]
+// float32 (the LM head) or in x's dtype.
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                     int64_t N, bool float_out, c10::optional<torch::Tensor> scales) {
+  const bool int8 = packed.scalar_type() == at::kChar;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "linear: x must be a contiguous [M, K] tensor");
+  TORCH_CHECK(int8 ? x.scalar_type() == at::kBFloat16 : x.scalar_type() == packed.scalar_type(),
+              "linear: x must be bfloat16 for int8 weights, else of the weight's dtype");
+  TORCH_CHECK(int8 == scales.has_value(), "linear: scales come with int8 weights, only");
+  TORCH_CHECK(!scales || (scales->scalar_type() == at::kFloat && scales->numel() == N),
+              "linear: scales must be float32 [N]");
+  const int64_t M = x.size(0), K = x.size(1);
+  const bool pairs = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(packed.size(0) == (N + 15) / 16 &&
+                  packed.size(1) == tgserve::packed_linear_steps(K, pairs) * 16 * (pairs ? 2 : 1),
+              "linear: the packed weight does not match N and x's K");
   auto y = torch::empty({M, N}, x.options().dtype(float_out ? at::kFloat : x.scalar_type()));
   dispatch(x.scalar_type(), "linear", [&](auto tag) {
     using T = decltype(tag);
     const T* b = bias ? static_cast<const T*>(bias->data_ptr()) : nullptr;
     const T* xp = static_cast<const T*>(x.data_ptr());
-    const T* wp = static_cast<const T*>(w.data_ptr());
-    if (float_out)
-      tgserve::small_m_linear<T, float>(xp, M, K, wp, b, y.data_ptr<float>(), N);
-    else
-      tgserve::small_m_linear<T, T>(xp, M, K, wp, b, static_cast<T*>(y.data_ptr()), N);
+    auto run = [&](auto wtag) {
+      using WT = decltype(wtag);
+      const WT* wp = static_cast<const WT*>(packed.data_ptr());
+      const float* sp = scales ? scales->data_ptr<float>() : nullptr;
+      if (float_out)
+        tgserve::packed_linear<T, float, WT>(xp, M, K, wp, sp, b, y.data_ptr<float>(), N);
+      else
+        tgserve::packed_linear<T, T, WT>(xp, M, K, wp, sp, b, static_cast<T*>(y.data_ptr()), N);
+    };
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (int8) return run(int8_t{});
+    }
+    run(T{});
   });
   return y;
 }
@@ -62,6 +104,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (see kernels.h)");
-  m.def("linear", &linear, "small-M linear layer (see kernels.h)");
+  m.def("pack_linear", &pack_linear, "a linear weight packed for linear (see kernels.h)");
+  m.def("linear", &linear, "linear layer over a packed weight (see kernels.h)", py::arg("x"),
+        py::arg("packed"), py::arg("bias"), py::arg("n"), py::arg("float_out"),
+        py::arg("scales") = py::none());
   tgserve::bind_decoder(m);
 }

@@ -17,21 +17,6 @@
 namespace tgserve {
 namespace {
 
-// oneDNN's linear over a prepacked weight (what inductor's freezing pass emits on CPU): the
-// weight is not reordered on every call, ~1.6x faster than at::mm at M = 64 here.
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
-                         const std::optional<at::Tensor>& bias) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                            c10::string_view, c10::List<std::optional<at::Scalar>>,
-                            std::optional<c10::string_view>)>();
-  c10::List<std::optional<at::Scalar>> scalars;
-  scalars.push_back(std::nullopt);
-  return op.call(x, packed, bias, "none", scalars, c10::string_view(""));
-}
-
 class LlamaDecoder {
  public:
   LlamaDecoder(std::vector<LayerWeights> layers, torch::Tensor final_norm,
@@ -50,19 +35,18 @@ class LlamaDecoder {
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
   // seq_lens [B] (context incl. this token). Returns the final-normed hidden [B, hidden].
-  // streaming: every linear layer of this step through small_m_linear, else the GEMM (the
-  // choice is the caller's: models/linear_backend.py decides it per batch size).
+  // Every linear layer runs packed_linear (linear.cpp), whose per-row accumulation order does
+  // not depend on B: a row's values are the same whatever else shares the step.
   torch::Tensor forward(torch::Tensor x, torch::Tensor rope_cos, torch::Tensor rope_sin,
-                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens,
-                        bool streaming) {
+                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens) {
     x = x.clone();
     torch::Tensor out;
     switch (x.scalar_type()) {
       case at::kFloat:
-        out = run<float>(x, rope_cos, rope_sin, slots, tables, seq_lens, streaming);
+        out = run<float>(x, rope_cos, rope_sin, slots, tables, seq_lens);
         break;
       case at::kBFloat16:
-        out = run<c10::BFloat16>(x, rope_cos, rope_sin, slots, tables, seq_lens, streaming);
+        out = run<c10::BFloat16>(x, rope_cos, rope_sin, slots, tables, seq_lens);
         break;
       default: TORCH_CHECK(false, "LlamaDecoder: unsupported dtype ", x.scalar_type());
     }
@@ -70,26 +54,31 @@ class LlamaDecoder {
   }
 
  private:
-  // [B, N] = x [B, K] @ w^T (+ bias): our streaming kernel for small batches (bound by
-  // reading the weights), else oneDNN's GEMM over the packed copy (at::mm without one).
+  // [B, N] = x [B, K] @ w^T (* scales) (+ bias), from w's packed copy (int8 or x's dtype).
   template <typename T>
-  torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w, bool streaming) const {
-    if (streaming) {
-      auto y = torch::empty({x.size(0), w.weight.size(0)}, x.options());
-      small_m_linear<T, T>(static_cast<const T*>(x.data_ptr()), x.size(0), x.size(1),
-                           static_cast<const T*>(w.weight.data_ptr()),
-                           w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr,
-                           static_cast<T*>(y.data_ptr()), w.weight.size(0));
-      return y;
+  torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
+    const int64_t N = w.weight.size(0);
+    auto y = torch::empty({x.size(0), N}, x.options());
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* bias = w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr;
+    T* yp = static_cast<T*>(y.data_ptr());
+    if (w.packed.scalar_type() == at::kChar) {
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        packed_linear<T, T, int8_t>(xp, x.size(0), x.size(1), w.packed.data_ptr<int8_t>(),
+                                    w.scales->data_ptr<float>(), bias, yp, N);
+        return y;
+      }
+      TORCH_CHECK(false, "LlamaDecoder: int8 weights need bfloat16 activations");
     }
-    if (w.packed) return onednn_linear(x, *w.packed, w.bias).contiguous();
-    return w.bias ? at::addmm(*w.bias, x, w.weight.t()) : at::mm(x, w.weight.t());
+    packed_linear<T, T, T>(xp, x.size(0), x.size(1), static_cast<const T*>(w.packed.data_ptr()),
+                           nullptr, bias, yp, N);
+    return y;
   }
 
   template <typename T>
   torch::Tensor run(torch::Tensor x, const torch::Tensor& rope_cos, const torch::Tensor& rope_sin,
                     const torch::Tensor& slots, const torch::Tensor& tables,
-                    const torch::Tensor& seq_lens, bool streaming) {
+                    const torch::Tensor& seq_lens) {
     const int64_t B = x.size(0), C = hidden_, I = intermediate_;
     const int64_t q_size = H_ * D_, kv_size = KVH_ * D_, qkv_size = q_size + 2 * kv_size;
     const auto opts = x.options();
@@ -107,13 +96,20 @@ class LlamaDecoder {
       const T* norm_in = static_cast<const T*>(w.input_norm.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) rms_norm_row(xp + b * C, norm_in, hp + b * C, C, eps_);
-      const torch::Tensor qkv = linear<T>(h, w.qkv, streaming);
+      const torch::Tensor qkv = linear<T>(h, w.qkv);
       T* qkvp = static_cast<T*>(qkv.data_ptr());
       T* kc = static_cast<T*>(k_caches_[l].data_ptr());
       T* vc = static_cast<T*>(v_caches_[l].data_ptr());
+      const T* q_norm = w.q_norm ? static_cast<const T*>(w.q_norm->data_ptr()) : nullptr;
+      const T* k_norm = w.k_norm ? static_cast<const T*>(w.k_norm->data_ptr()) : nullptr;
 #pragma omp parallel for if (wide)
-      for (int64_t b = 0; b < B; ++b) {  // rotary on q and k, then k and v into their slot
+      for (int64_t b = 0; b < B; ++b) {  // (q/k norms,) rotary on q and k, then k, v to the cache
         T* row = qkvp + b * qkv_size;
+        if (q_norm && k_norm) {  // in place, per head: as models/layers.py's RMSNorm over D
+          for (int64_t h = 0; h < H_; ++h) rms_norm_row(row + h * D_, q_norm, row + h * D_, D_, eps_);
+          for (int64_t g = 0; g < KVH_; ++g)
+            rms_norm_row(row + q_size + g * D_, k_norm, row + q_size + g * D_, D_, eps_);
+        }
         rope_heads(row, cosp + b * D_, sinp + b * D_, H_ + KVH_, D_);
         std::copy(row, row + q_size, qp + b * q_size);
         std::copy(row + q_size, row + q_size + kv_size, kc + slot[b] * kv_size);
@@ -124,7 +120,7 @@ class LlamaDecoder {
           static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_, k_caches_[l].size(1),
           k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)), window_);
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
-      torch::Tensor o = linear<T>(attn, w.o_proj, streaming);
+      torch::Tensor o = linear<T>(attn, w.o_proj);
       const T* op = static_cast<const T*>(o.data_ptr());
       const T* norm_post = static_cast<const T*>(w.post_norm.data_ptr());
 #pragma omp parallel for if (wide)
@@ -132,12 +128,12 @@ class LlamaDecoder {
         add_row(xp + b * C, op + b * C, C);
         rms_norm_row(xp + b * C, norm_post, hp + b * C, C, eps_);
       }
-      const torch::Tensor gate_up = linear<T>(h, w.gate_up, streaming);
+      const torch::Tensor gate_up = linear<T>(h, w.gate_up);
       const T* gup = static_cast<const T*>(gate_up.data_ptr());
       T* actp = static_cast<T*>(act.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
-      o = linear<T>(act, w.down, streaming);
+      o = linear<T>(act, w.down);
       op = static_cast<const T*>(o.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
@@ -162,23 +158,35 @@ void bind_decoder(pybind11::module& m) {
   namespace py = pybind11;
   // Keyword-only constructors: Python names every weight, no tensor is matched by position.
   py::class_<LinearWeights>(m, "LinearWeights")
-      .def(py::init([](torch::Tensor weight, std::optional<torch::Tensor> packed,
-                       std::optional<torch::Tensor> bias) {
-             return LinearWeights{std::move(weight), std::move(packed), std::move(bias)};
+      .def(py::init([](torch::Tensor weight, torch::Tensor packed,
+                       std::optional<torch::Tensor> bias, std::optional<torch::Tensor> scales) {
+             const bool int8 = packed.scalar_type() == at::kChar;
+             TORCH_CHECK(int8 == scales.has_value() &&
+                             (!scales || (scales->scalar_type() == at::kFloat &&
+                                          scales->numel() == weight.size(0))),
+                         "LinearWeights: int8 weights come with float32 scales [N], only they");
+             return LinearWeights{std::move(weight), std::move(packed), std::move(bias),
+                                  std::move(scales)};
            }),
-           py::kw_only(), py::arg("weight"), py::arg("packed") = py::none(),
-           py::arg("bias") = py::none())
+           py::kw_only(), py::arg("weight"), py::arg("packed"), py::arg("bias") = py::none(),
+           py::arg("scales") = py::none())
       .def_readonly("weight", &LinearWeights::weight)
       .def_readonly("packed", &LinearWeights::packed)
-      .def_readonly("bias", &LinearWeights::bias);
+      .def_readonly("bias", &LinearWeights::bias)
+      .def_readonly("scales", &LinearWeights::scales);
   py::class_<LayerWeights>(m, "LayerWeights")
       .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
-                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down) {
+                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down,
+                       std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm) {
+             TORCH_CHECK(q_norm.has_value() == k_norm.has_value(),
+                         "LayerWeights: q_norm and k_norm come together");
              return LayerWeights{std::move(input_norm), std::move(qkv),    std::move(o_proj),
-                                 std::move(post_norm),  std::move(gate_up), std::move(down)};
+                                 std::move(post_norm),  std::move(gate_up), std::move(down),
+                                 std::move(q_norm),     std::move(k_norm)};
            }),
            py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("o_proj"),
-           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"));
+           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
+           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<LlamaDecoder>(m, "LlamaDecoder")
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>(),
@@ -187,7 +195,7 @@ void bind_decoder(pybind11::module& m) {
            py::arg("head_dim"), py::arg("eps"), py::arg("window"))
       .def("forward", &LlamaDecoder::forward, py::kw_only(), py::arg("x"), py::arg("rope_cos"),
            py::arg("rope_sin"), py::arg("slots"), py::arg("tables"), py::arg("seq_lens"),
-           py::arg("streaming"), py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tgserve

@@ -8,11 +8,12 @@
 
 namespace tgserve {
 
-// A linear layer: its weight [N, K] as stored, oneDNN's prepacked copy (none when oneDNN
-// cannot pack it or memory is short) and its bias [N] (none when the layer has none).
+// A linear layer: its weight [N, K] as stored (int8 when quantized), its packed copy for
+// packed_linear (kernels.h), its bias [N] (none when the layer has none) and, for int8
+// weights only, the float32 scale of each output row [N].
 struct LinearWeights {
-  torch::Tensor weight;
-  std::optional<torch::Tensor> packed, bias;
+  torch::Tensor weight, packed;
+  std::optional<torch::Tensor> bias, scales;
 };
 
 // One pre-norm decoder layer of the Llama family, named as in models/llama.py.
@@ -23,6 +24,8 @@ struct LayerWeights {
   torch::Tensor post_norm;   // [hidden] RMSNorm before the MLP
   LinearWeights gate_up;     // [2 * intermediate, hidden]: gate rows, then up rows
   LinearWeights down;        // [hidden, intermediate]
+  // [head_dim] RMSNorm weights over each q / k head before rotary (Qwen3), else none.
+  std::optional<torch::Tensor> q_norm, k_norm;
 };
 
 void bind_decoder(pybind11::module& m);

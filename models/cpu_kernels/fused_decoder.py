@@ -4,47 +4,44 @@ Why: SmolLM2-135M has 30 thin layers; eager PyTorch spends a decode step dispatc
 small ops, its bf16 matrix-vector product streams the weights at about half the memory
 bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
 round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
-as a handful of parallel loops: small-batch linear layers stream weights at memory speed
-(oneDNN's GEMM for larger batches; models/linear_backend.py decides which, per batch size),
-and every token, prefill or decode, is one query of the paged attention kernel over its own
+as a handful of parallel loops: linear layers run one packed kernel for every batch size
+(streaming the weights at memory speed at batch 1; models/linear_backend.py), and every token, prefill or decode, is one query of the paged attention kernel over its own
 context (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
-runs (not the Llama family, int8-quantized layers, a dtype other than float32 / bfloat16, not
-on a CPU, or the extension cannot be built). Otherwise `hidden(input_ids [T], positions [T],
-meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
+runs (not the Llama family, a dtype other than float32 / bfloat16, weight-only int8 layers
+with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
+`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
 would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
 `compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
-tests/models/test_fused_decoder.py against it and against transformers). The model runner
-reaches it only through the forward-path seam (models/forward_path.py).
+tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
+depend on the other rows of the step (batch invariance: the linear and attention kernels fix
+their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
+through the forward-path seam (models/forward_path.py). The packed copies of the weights add
+the linear layers' bytes once more to memory.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
-from models.linear_backend import SMALL_M_MAX, LinearKernel, linear_kernel
-
-# oneDNN picks the packed layout for a batch size; 64 served M = 4 .. 2048 best here.
-_PACK_FOR_M = 64
+from models.quantization import Int8Linear
 
 
 class FusedDecoder:
-    def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache], small_m_max: int) -> None:
+    def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache]) -> None:
         c = model.config
         inner = model.model
-        # Prepacked copies double the weights' memory: only when that leaves room to spare.
-        pack = prepack if _can_afford_copy(model) else _no_pack
 
-        def linear(layer: nn.Linear):
-            weight = layer.weight.detach()
+        def linear(layer: nn.Module):
             bias = None if layer.bias is None else layer.bias.detach()
-            return ext.LinearWeights(weight=weight, packed=pack(weight), bias=bias)
+            weight, scales = _weight_and_scales(layer)
+            return ext.LinearWeights(
+                weight=weight, packed=ext.pack_linear(weight), bias=bias, scales=scales
+            )
 
         layers = [
             ext.LayerWeights(
@@ -54,14 +51,16 @@ class FusedDecoder:
                 post_norm=layer.post_attention_layernorm.weight.detach(),
                 gate_up=linear(layer.mlp.gate_up_proj),
                 down=linear(layer.mlp.down_proj),
+                q_norm=_norm_weight(layer.self_attn.q_norm),
+                k_norm=_norm_weight(layer.self_attn.k_norm),
             )
             for layer in inner.layers
         ]
         self._model = model
         self._ext = ext
-        self._small_m_max = small_m_max
-        self._lm_head = model.lm_head.weight.detach()
-        self._lm_head_packed = pack(self._lm_head)
+        lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
+        self._vocab_size = lm_head.shape[0]
+        self._lm_head_packed = ext.pack_linear(lm_head)
         self._decoder = ext.LlamaDecoder(
             layers=layers,
             final_norm=inner.norm.weight.detach(),
@@ -75,22 +74,20 @@ class FusedDecoder:
         )
 
     @classmethod
-    def build(
-        cls, model: nn.Module, kv_caches: list[KVCache], small_m_max: int = SMALL_M_MAX
-    ) -> FusedDecoder | None:
+    def build(cls, model: nn.Module, kv_caches: list[KVCache]) -> FusedDecoder | None:
         from models.llama import LlamaForCausalLM
 
-        if not isinstance(model, LlamaForCausalLM) or not _plain_linears(model):
+        if not isinstance(model, LlamaForCausalLM):
             return None
-        weight = model.lm_head.weight
-        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        dtype = model.model.embed_tokens.weight.dtype
+        if not _linears_it_runs(model, dtype):
             return None
-        if any(k.dtype != weight.dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
+        if any(k.dtype != dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
             return None
         ext = cpu_kernels.extension()
         if ext is None:
             return None
-        return cls(model, ext, kv_caches, small_m_max)
+        return cls(model, ext, kv_caches)
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -112,52 +109,42 @@ class FusedDecoder:
             slots=meta.slot_mapping,
             tables=tables,
             seq_lens=lens,
-            streaming=self._streaming(x.shape[0]),
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
-        if self._streaming(hidden.shape[0]):
-            return self._ext.linear(hidden.contiguous(), self._lm_head, None, True)
-        if self._lm_head_packed is None:
-            return self._model.compute_logits(hidden)
-        return torch.ops.mkldnn._linear_pointwise(
-            hidden, self._lm_head_packed, None, "none", [None], ""
-        ).float()
-
-    def _streaming(self, num_rows: int) -> bool:
-        """Whether `num_rows` rows go through our streaming kernel (else the GEMM)."""
-        dtype, small_m_max = self._lm_head.dtype, self._small_m_max
-        kernel = linear_kernel(num_rows, dtype, cpp_step=True, small_m_max=small_m_max)
-        return kernel is LinearKernel.STREAMING
+        return self._ext.linear(
+            hidden.contiguous(),
+            self._lm_head_packed,
+            None,
+            self._vocab_size,
+            True,
+            self._lm_head_scales,
+        )
 
 
-def _no_pack(weight: torch.Tensor) -> None:
-    return None
+def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight.detach()
 
 
-def _can_afford_copy(model: nn.Module) -> bool:
-    """True when a second copy of the weights fits in half the memory still available."""
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not on this OS: stay on the plain GEMM
+def _is_int8(layer: nn.Module) -> bool:
+    return isinstance(layer, Int8Linear)
+
+
+def _weight_and_scales(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight to pack [N, K] (int8 for weight-only int8 layers, with their float32 row
+    scales [N]; else the layer's own weight and None)."""
+    if _is_int8(layer):
+        return layer.weight_int8.contiguous(), layer.scale.float().contiguous()
+    return layer.weight.detach().contiguous(), None
+
+
+def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
+    """Plain linears in float32 / bfloat16 on a CPU, or weight-only int8 ones with bfloat16
+    activations (the int8 kernel widens the weights to bf16 pairs); anything else keeps its path."""
+    layers = [model.model.layers[0].self_attn.qkv_proj, model.lm_head]
+    if model.model.embed_tokens.weight.device.type != "cpu":
         return False
-    return 2 * weight_bytes < available
-
-
-def prepack(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's packed copy of a linear weight [N, K] (what inductor's freezing pass makes on
-    CPU), or None where oneDNN is unavailable or refuses the dtype (then at::mm)."""
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_M)
-    except RuntimeError:
-        return None
-
-
-def _plain_linears(model: nn.Module) -> bool:
-    """False when the linear layers were swapped (int8 quantization): those keep their path."""
-    first = model.model.layers[0]
-    return type(first.self_attn.qkv_proj) is nn.Linear
+    if all(type(layer) is nn.Linear for layer in layers):
+        return dtype in (torch.float32, torch.bfloat16)
+    return all(_is_int8(layer) for layer in layers) and dtype == torch.bfloat16

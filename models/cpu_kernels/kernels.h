@@ -22,10 +22,18 @@ int paged_decode_attention(const T* q, const T* k_cache, const T* v_cache, const
                            int64_t H, int64_t KVH, int64_t D, int64_t block_size,
                            int64_t num_blocks, float scale, int64_t window);
 
-// y [M, N] = x [M, K] @ W[N, K]^T (+ bias [N]), accumulated in float32, for small M (the
-// weights are streamed once per 4 rows of x). OutT is T or float.
-template <typename T, typename OutT>
-void small_m_linear(const T* x, int64_t M, int64_t K, const T* W, const T* bias, OutT* y,
-                    int64_t N);
+// Linear layers over prepacked weights (linear.cpp: the layout and the accumulation order
+// every row follows whatever M is). pack_linear_weight<T, WT>: W [N, K] of WT (T, or int8_t
+// for T = bf16) -> Wp [ceil(N / 16), packed_linear_steps(K, pairs), 16 (, 2 for pairs)],
+// zero-padded; pairs when T is bfloat16.
+int64_t packed_linear_steps(int64_t K, bool pairs);
+template <typename T, typename WT>
+void pack_linear_weight(const WT* W, int64_t N, int64_t K, WT* Wp);
+
+// y [M, N] = x [M, K] @ W [N, K]^T (* scales [N], int8 weights only, else null) (+ bias [N])
+// from the packed Wp, accumulated in float32 and rounded once to OutT (T or float).
+template <typename T, typename OutT, typename WT>
+void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* scales,
+                   const T* bias, OutT* y, int64_t N);
 
 }  // namespace tgserve

@@ -1,148 +1,249 @@
-// Small-M linear layers: y [M, N] = x [M, K] @ W [N, K]^T (+ bias). At decode time M is the
-// batch (often 1-16) and the layer is bound by streaming W from memory, where torch's bf16
-// matrix-vector path reaches about half the bandwidth. Here each thread streams one
-// contiguous half of W, 4 rows at a time, and reuses those rows from L1 for every row of x.
+// Linear layers over prepacked weights: y [M, N] = x [M, K] @ W [N, K]^T (+ bias), one kernel
+// family for every M, so a row's values never depend on how many rows share the call.
+//
+// Packed layout (pack_linear_weight): W is cut into panels of 16 output columns; a panel
+// stores, for each k-step, the 16 columns' weights side by side (float32: one k per step,
+// [16]; bfloat16: a pair of k per step, [16][2], the operand layout of vdpbf16ps). Rows past N
+// and the odd k past K are zeros. An element y[m, n] is then accumulated as one float32 lane:
+// acc = 0; for every k-step in order: acc += x[m, step] . W[n, step] (one FMA, or one
+// vdpbf16ps over the pair); y = round(acc + bias[n]). That order is fixed by K alone: the
+// register tile (rows of x per pass, panels per pass), the thread that runs a panel, M, and
+// the other rows change which lanes are computed together, never the sequence of operations
+// inside a lane. Batch invariance (issue #14) rests on this.
+//
+// int8 weights (weight-only, one scale per output row): the same layout and order, the int8
+// pairs widened to bf16 in registers (exact: |q| <= 127), y = round(acc * scale[n] + bias[n]).
+//
+// Speed: a pass runs MR rows of x against NR panels (MR * NR accumulators, no horizontal
+// sums); the NR panels of W stay in L1/L2 while all rows of x pass over them, so W is read
+// from memory once per call (at M = 1 the kernel streams W at memory speed; at large M it is
+// bound by the FMA units, like a GEMM).
 #include "kernels.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace tgserve {
 namespace {
 
-constexpr int64_t kRows = 4;  // rows of W per tile
-constexpr int64_t kXRows = 4;  // rows of x per pass over a tile (kRows * kXRows accumulators)
-// Rows of W ahead whose cache lines are requested while a tile is computed: the hardware
-// prefetcher alone keeps fewer lines in flight than 4 interleaved row streams need.
-constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kPanel = 16;  // output columns per panel
+constexpr int kMaxMR = 6;       // rows of x per pass
+constexpr int kMaxNR = 4;       // panels per pass
+// A pass's panels of W should stay in L2 while the rows of x go over them.
+constexpr int64_t kPanelBytesInL2 = 256 * 1024;
 
+// k per packed step: 2 for bfloat16 (a pair per lane), 1 otherwise.
+template <typename T>
+constexpr int64_t step_k() {
+  return std::is_same_v<T, c10::BFloat16> ? 2 : 1;
+}
+
+// y [nn] = round(v * scale + bias) (scale: int8 weights only, else null).
 template <typename OutT>
-inline void store(OutT* y, float v) { *y = static_cast<OutT>(v); }
+inline void store_row(const float* v, const float* scale, const float* bias_f, int64_t nn,
+                      OutT* y) {
+  if (scale)
+    for (int64_t j = 0; j < nn; ++j) y[j] = static_cast<OutT>(v[j] * scale[j] + bias_f[j]);
+  else
+    for (int64_t j = 0; j < nn; ++j) y[j] = static_cast<OutT>(v[j] + bias_f[j]);
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
-// acc[m][j] accumulates x[m] . W[n0 + j] over K, 32 bf16 pairs per instruction.
-template <int MB>
-inline void tile_bf16(const c10::BFloat16* x, int64_t K, const c10::BFloat16* W, int64_t nn,
-                      float out[kXRows][kRows]) {
-  __m512 acc[MB][kRows];
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < kRows; ++j) acc[m][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 mask = K - k >= 32 ? ~__mmask32{0} : (__mmask32{1} << (K - k)) - 1;
-    for (int j = 0; j < kRows; ++j)  // a prefetch past the end of W is harmless (never faults)
-      _mm_prefetch(reinterpret_cast<const char*>(W + (j + kPrefetchRows) * K + k), _MM_HINT_T0);
-    __m512bh w[kRows];
-    for (int j = 0; j < kRows; ++j)  // rows past N (last tile) repeat row 0: never stored
-      w[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, W + (j < nn ? j : 0) * K + k);
-    for (int m = 0; m < MB; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k);
-      for (int j = 0; j < kRows; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, w[j]);
+// One k-step of a panel: 16 columns x a pair of k, as vdpbf16ps's operand.
+inline __m512bh load_pairs(const c10::BFloat16* w) { return (__m512bh)_mm512_loadu_si512(w); }
+inline __m512bh load_pairs(const int8_t* w) {  // 32 int8, widened exactly to bf16
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
+  const __m512 hi =
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16))));
+  return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// One pass: rows x[0 .. MR) against panels Wp[0 .. NR) (each `steps` * 16 * step_k long).
+template <int MR, int NR, typename WT>
+inline void pass_bf16(const c10::BFloat16* x, int64_t K, const WT* Wp, int64_t steps,
+                      __m512 acc[kMaxMR][kMaxNR]) {
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
+  const int64_t full = K / 2;  // steps whose pair lies inside x's row
+  const int64_t stride = steps * 32;
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512bh w[NR];
+    for (int j = 0; j < NR; ++j)
+      w[j] = load_pairs(Wp + j * stride + s * 32);
+    for (int m = 0; m < MR; ++m) {
+      int32_t pair;
+      if (s < full) {
+        std::memcpy(&pair, x + m * K + 2 * s, 4);
+      } else {  // odd K: the last k pairs with a zero
+        uint16_t lo;
+        std::memcpy(&lo, x + m * K + 2 * s, 2);
+        pair = lo;
+      }
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, w[j]);
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < kRows; ++j) out[m][j] = _mm512_reduce_add_ps(acc[m][j]);
 }
 
-template <int MB>
-inline void tile_f32(const float* x, int64_t K, const float* W, int64_t nn,
-                     float out[kXRows][kRows]) {
-  __m512 acc[MB][kRows];
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < kRows; ++j) acc[m][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 mask = K - k >= 16 ? ~__mmask16{0} : (__mmask16{1} << (K - k)) - 1;
-    for (int j = 0; j < kRows; ++j)
-      _mm_prefetch(reinterpret_cast<const char*>(W + (j + kPrefetchRows) * K + k), _MM_HINT_T0);
-    __m512 w[kRows];
-    for (int j = 0; j < kRows; ++j) w[j] = _mm512_maskz_loadu_ps(mask, W + (j < nn ? j : 0) * K + k);
-    for (int m = 0; m < MB; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
-      for (int j = 0; j < kRows; ++j) acc[m][j] = _mm512_fmadd_ps(xv, w[j], acc[m][j]);
+template <int MR, int NR>
+inline void pass_f32(const float* x, int64_t K, const float* Wp, int64_t steps,
+                     __m512 acc[kMaxMR][kMaxNR]) {
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
+  const int64_t stride = steps * 16;
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512 w[NR];
+    for (int j = 0; j < NR; ++j) w[j] = _mm512_loadu_ps(Wp + j * stride + s * 16);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * K + s]);
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(xb, w[j], acc[m][j]);
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < kRows; ++j) out[m][j] = _mm512_reduce_add_ps(acc[m][j]);
 }
 
-inline void tile(const c10::BFloat16* x, int64_t K, const c10::BFloat16* W, int64_t nn,
-                 int64_t mb, float out[kXRows][kRows]) {
-  switch (mb) {
-    case 1: tile_bf16<1>(x, K, W, nn, out); break;
-    case 2: tile_bf16<2>(x, K, W, nn, out); break;
-    case 3: tile_bf16<3>(x, K, W, nn, out); break;
-    default: tile_bf16<4>(x, K, W, nn, out); break;
+template <typename T, int MR, int NR, typename WT>
+inline void pass(const T* x, int64_t K, const WT* Wp, int64_t steps, float* out) {
+  __m512 acc[kMaxMR][kMaxNR];
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    pass_bf16<MR, NR, WT>(x, K, Wp, steps, acc);
+  else
+    pass_f32<MR, NR>(x, K, Wp, steps, acc);
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) _mm512_storeu_ps(out + (m * kMaxNR + j) * kPanel, acc[m][j]);
+}
+
+template <typename T, int NR, typename WT>
+inline void pass_rows(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, float* out) {
+  switch (mr) {
+    case 1: pass<T, 1, NR>(x, K, Wp, steps, out); break;
+    case 2: pass<T, 2, NR>(x, K, Wp, steps, out); break;
+    case 3: pass<T, 3, NR>(x, K, Wp, steps, out); break;
+    case 4: pass<T, 4, NR>(x, K, Wp, steps, out); break;
+    case 5: pass<T, 5, NR>(x, K, Wp, steps, out); break;
+    default: pass<T, 6, NR>(x, K, Wp, steps, out); break;
   }
 }
 
-inline void tile(const float* x, int64_t K, const float* W, int64_t nn, int64_t mb,
-                 float out[kXRows][kRows]) {
-  switch (mb) {
-    case 1: tile_f32<1>(x, K, W, nn, out); break;
-    case 2: tile_f32<2>(x, K, W, nn, out); break;
-    case 3: tile_f32<3>(x, K, W, nn, out); break;
-    default: tile_f32<4>(x, K, W, nn, out); break;
+template <typename T, typename WT>
+inline void any_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr,
+                     float* out) {
+  switch (nr) {
+    case 1: pass_rows<T, 1>(x, K, Wp, steps, mr, out); break;
+    case 2: pass_rows<T, 2>(x, K, Wp, steps, mr, out); break;
+    case 3: pass_rows<T, 3>(x, K, Wp, steps, mr, out); break;
+    default: pass_rows<T, 4>(x, K, Wp, steps, mr, out); break;
   }
 }
 
+// Which (activation, weight) pairs have the SIMD pass: float/float and bf16 with bf16 or int8.
+template <typename T, typename WT>
+constexpr bool kHasSimdPass =
+    (std::is_same_v<T, float> && std::is_same_v<WT, float>) ||
+    (std::is_same_v<T, c10::BFloat16> &&
+     (std::is_same_v<WT, c10::BFloat16> || std::is_same_v<WT, int8_t>));
+
+#else
+template <typename T, typename WT>
+constexpr bool kHasSimdPass = false;
+template <typename T, typename WT>
+inline void any_pass(const T*, int64_t, const WT*, int64_t, int, int, float*) {}
 #endif
 
-// Portable path (other CPUs, and float16): plain loops the compiler vectorizes as it can.
-template <typename T>
-inline void tile_generic(const T* x, int64_t K, const T* W, int64_t nn, int64_t mb,
-                         float out[kXRows][kRows]) {
-  for (int64_t m = 0; m < mb; ++m)
-    for (int64_t j = 0; j < nn; ++j) {
-      float dot = 0.0f;
-      for (int64_t k = 0; k < K; ++k)
-        dot += static_cast<float>(x[m * K + k]) * static_cast<float>(W[j * K + k]);
-      out[m][j] = dot;
+// Portable pass (CPUs without AVX-512 BF16, and float16): the same per-lane order, as plain
+// loops over the 16 lanes (which the compiler vectorizes without reordering a lane's sums).
+template <typename T, typename WT>
+void portable_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr,
+                   float* out) {
+  constexpr int64_t sk = step_k<T>();
+  for (int m = 0; m < mr; ++m)
+    for (int j = 0; j < nr; ++j) {
+      float acc[kPanel] = {};
+      const WT* panel = Wp + j * steps * kPanel * sk;
+      for (int64_t s = 0; s < steps; ++s)
+        for (int64_t i = 0; i < sk; ++i) {
+          const int64_t k = s * sk + i;
+          const float xv = k < K ? static_cast<float>(x[m * K + k]) : 0.0f;
+          for (int64_t l = 0; l < kPanel; ++l)
+            acc[l] += xv * static_cast<float>(panel[(s * kPanel + l) * sk + i]);
+        }
+      std::copy(acc, acc + kPanel, out + (m * kMaxNR + j) * kPanel);
     }
-}
-
-template <typename T>
-inline void any_tile(const T* x, int64_t K, const T* W, int64_t nn, int64_t mb,
-                     float out[kXRows][kRows]) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    tile(x, K, W, nn, mb, out);
-    return;
-  }
-#endif
-  tile_generic(x, K, W, nn, mb, out);
 }
 
 }  // namespace
 
-template <typename T, typename OutT>
-void small_m_linear(const T* x, int64_t M, int64_t K, const T* W, const T* bias, OutT* y,
-                    int64_t N) {
-  const int64_t tiles = (N + kRows - 1) / kRows;
+int64_t packed_linear_steps(int64_t K, bool pairs) { return pairs ? (K + 1) / 2 : K; }
+
+template <typename T, typename WT>
+void pack_linear_weight(const WT* W, int64_t N, int64_t K, WT* Wp) {
+  constexpr int64_t sk = step_k<T>();
+  const int64_t steps = packed_linear_steps(K, sk == 2), panels = (N + kPanel - 1) / kPanel;
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t n0 = t * kRows, nn = std::min(kRows, N - n0);
-    float out[kXRows][kRows];
-    for (int64_t m0 = 0; m0 < M; m0 += kXRows) {
-      const int64_t mb = std::min(kXRows, M - m0);
-      any_tile(x + m0 * K, K, W + n0 * K, nn, mb, out);
-      for (int64_t m = 0; m < mb; ++m)
-        for (int64_t j = 0; j < nn; ++j) {
-          const float b = bias ? static_cast<float>(bias[n0 + j]) : 0.0f;
-          store(y + (m0 + m) * N + n0 + j, out[m][j] + b);
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t s = 0; s < steps; ++s)
+      for (int64_t l = 0; l < kPanel; ++l)
+        for (int64_t i = 0; i < sk; ++i) {
+          const int64_t n = p * kPanel + l, k = s * sk + i;
+          Wp[((p * steps + s) * kPanel + l) * sk + i] = n < N && k < K ? W[n * K + k] : WT(0);
+        }
+}
+
+template <typename T, typename OutT, typename WT>
+void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* scales,
+                   const T* bias, OutT* y, int64_t N) {
+  constexpr int64_t sk = step_k<T>();
+  const int64_t steps = packed_linear_steps(K, sk == 2), panels = (N + kPanel - 1) / kPanel;
+  const int64_t panel_elems = steps * kPanel * sk;
+  // Panels per pass: as many as stay in L2 together (never more than kMaxNR).
+  const int64_t fit = kPanelBytesInL2 / std::max<int64_t>(1, panel_elems * sizeof(WT));
+  const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxNR));
+  const int64_t groups = (panels + nr_max - 1) / nr_max;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t p0 = g * nr_max;
+    const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
+    const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
+    float bias_f[kMaxNR * kPanel] = {};
+    if (bias)
+      for (int64_t j = 0; j < nn; ++j) bias_f[j] = static_cast<float>(bias[n0 + j]);
+    alignas(64) float out[kMaxMR * kMaxNR * kPanel];
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+      if constexpr (kHasSimdPass<T, WT>)
+        any_pass(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr, out);
+      else
+        portable_pass(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr, out);
+      for (int m = 0; m < mr; ++m)
+        for (int j = 0; j < nr; ++j) {
+          const int64_t c = j * kPanel, cn = std::min<int64_t>(kPanel, nn - c);
+          if (cn > 0)
+            store_row(out + (m * kMaxNR + j) * kPanel, scales ? scales + n0 + c : nullptr,
+                      bias_f + c, cn, y + (m0 + m) * N + n0 + c);
         }
     }
   }
 }
 
-#define TGSERVE_INSTANTIATE(T, OutT)                                                       \
-  template void small_m_linear<T, OutT>(const T*, int64_t, int64_t, const T*, const T*, OutT*, \
-                                        int64_t);
-TGSERVE_INSTANTIATE(float, float)
-TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
-TGSERVE_INSTANTIATE(c10::BFloat16, float)
-TGSERVE_INSTANTIATE(c10::Half, c10::Half)
-TGSERVE_INSTANTIATE(c10::Half, float)
+#define TGSERVE_INSTANTIATE(T, OutT, WT)                                                     \
+  template void packed_linear<T, OutT, WT>(const T*, int64_t, int64_t, const WT*, const float*, \
+                                           const T*, OutT*, int64_t);
+TGSERVE_INSTANTIATE(float, float, float)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::BFloat16, float, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16, int8_t)
+TGSERVE_INSTANTIATE(c10::BFloat16, float, int8_t)
+TGSERVE_INSTANTIATE(c10::Half, c10::Half, c10::Half)
+TGSERVE_INSTANTIATE(c10::Half, float, c10::Half)
 #undef TGSERVE_INSTANTIATE
+template void pack_linear_weight<float, float>(const float*, int64_t, int64_t, float*);
+template void pack_linear_weight<c10::BFloat16, c10::BFloat16>(const c10::BFloat16*, int64_t,
+                                                               int64_t, c10::BFloat16*);
+template void pack_linear_weight<c10::BFloat16, int8_t>(const int8_t*, int64_t, int64_t,
+                                                        int8_t*);
+template void pack_linear_weight<c10::Half, c10::Half>(const c10::Half*, int64_t, int64_t,
+                                                       c10::Half*);
 
 }  // namespace tgserve

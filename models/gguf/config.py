@@ -24,6 +24,7 @@ from models.gguf.file import GGUFFile
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
 }
 

@@ -4,7 +4,7 @@ Contract: `gguf_to_hf_tensors(gguf, hf_config)` yields `(gguf_name, hf_name, ten
 the file, named exactly as transformers' state_dict names them, in transformers' layout:
 - llama (also Mistral): llama.cpp permutes the rows of the Q and K projections (weight and
   bias) so that rotary pairs are interleaved (its "normal" rope); the permutation is undone here.
-  qwen2 GGUFs use NeoX rope and are stored unpermuted.
+  qwen2 and qwen3 GGUFs use NeoX rope and are stored unpermuted.
 - gpt2: llama.cpp stores Conv1D weights transposed to [out, in]; they go back to HF's [in, out].
 - `rope_freqs.weight` is not a weight: it becomes config (models/gguf/config.py) and is skipped.
 A tensor name we do not know raises `ValueError` naming the file and the tensor.
@@ -35,6 +35,8 @@ _LLAMA_BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _GPT2_GLOBAL = {
     "token_embd.weight": "transformer.wte.weight",

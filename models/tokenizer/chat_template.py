@@ -8,6 +8,7 @@ loop controls, `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCI
 `add_generation_prompt`, `tools`, `documents`, the special-token strings (`bos_token`,
 `eos_token`, ...) and any keyword argument. A template that does not compile, or that calls
 `raise_exception` (e.g. "roles must alternate"), raises ValueError with the template's message.
+`uses(name)` says whether the template reads a variable (e.g. `tools`: it renders tool specs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -63,22 +65,34 @@ class ChatTemplate:
         self._special_tokens = dict(special_tokens)  # e.g. {"bos_token": "<s>", ...}
         self._compiled: jinja2.Template | None = None
 
+    @staticmethod
+    def _environment() -> ImmutableSandboxedEnvironment:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        return env
+
     def _template(self) -> jinja2.Template:
         # Compiled on first use, so a model with a broken template still loads for plain prompts.
         if self._compiled is None:
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True,
-                lstrip_blocks=True,
-                extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
-            )
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = _strftime_now
             try:
-                self._compiled = env.from_string(self.source)
+                self._compiled = self._environment().from_string(self.source)
             except jinja2.TemplateSyntaxError as exc:
                 raise ValueError(f"the model's chat template does not compile: {exc}") from exc
         return self._compiled
+
+    def uses(self, name: str) -> bool:
+        """Whether the template reads the variable `name` (False when it does not compile)."""
+        try:
+            ast = self._environment().parse(self.source)
+        except jinja2.TemplateSyntaxError:
+            return False
+        return name in jinja2.meta.find_undeclared_variables(ast)
 
     def render(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any

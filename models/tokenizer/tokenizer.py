@@ -114,6 +114,11 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self.special_token_ids
 
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's chat template (its `source`, `uses(variable)`), None when it has none."""
+        return self._chat_template
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:

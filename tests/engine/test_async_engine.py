@@ -176,7 +176,7 @@ def test_engine_refusal_at_add_time_surfaces_from_admitted():
         second = engine.generate("2", [2], long)
         await second.admitted()  # waiting
         third = engine.generate("3", [3], long)
-        with pytest.raises(Overloaded, match="queue is full"):
+        with pytest.raises(Overloaded, match="in flight"):
             await third.admitted()
         await first.aclose()
         await second.aclose()

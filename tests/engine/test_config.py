@@ -21,7 +21,8 @@ from engine.config import (
 
 def test_defaults_are_valid_and_documented_values():
     c = EngineConfig()
-    assert (c.block_size, c.max_num_seqs, c.max_num_batched_tokens) == (16, 64, 512)
+    assert (c.block_size, c.max_num_seqs, c.max_num_batched_tokens) == (16, 64, 2048)
+    assert c.target_itl_ms == 100.0 and c.max_in_flight == 64 + 256
     assert c.enable_prefix_caching and c.max_model_len is None and c.kv_cache_memory_bytes is None
     assert 0.0 < c.kv_cache_memory_fraction <= 1.0
 
@@ -52,6 +53,9 @@ def test_config_is_frozen():
         ("device", "cuda:x"),
         ("enable_prefix_caching", 1),
         ("max_queued_requests", 0),
+        ("target_itl_ms", 0),
+        ("target_itl_ms", True),
+        ("target_itl_ms", "100"),
         ("seed", -1),
     ],
 )
@@ -71,6 +75,7 @@ def test_valid_non_default_values_are_accepted():
         device="cuda:1",
         enable_prefix_caching=False,
         max_queued_requests=1,
+        target_itl_ms=None,
         seed=7,
     )
     assert c.device == "cuda:1"

@@ -61,8 +61,8 @@ def test_padded_vocabulary_rows_are_never_offered_to_the_sampler() -> None:
     torch.testing.assert_close(got, want[:, :200])
 
 
-def test_one_token_steps_without_onednn_equal_the_onednn_path(monkeypatch) -> None:
-    """The M = 1 fast path (torch's GEMV, never oneDNN) against the ordinary path (F.linear),
+def test_one_token_steps_through_invariant_linears_equal_plain_f_linear(monkeypatch) -> None:
+    """The PyTorch path's padded-row linears (models/linear_backend) against plain F.linear,
     fp32 and bf16; torch's global oneDNN flag is never touched."""
     from models import forward_path
 
@@ -71,7 +71,7 @@ def test_one_token_steps_without_onednn_equal_the_onednn_path(monkeypatch) -> No
         outs = []
         for fast in (True, False):
             if not fast:
-                monkeypatch.setattr(forward_path, "route_single_rows", lambda model: 0)
+                monkeypatch.setattr(forward_path, "use_invariant_linears", lambda model: 0)
             runner, _ = _runner(dtype=dtype)
             seq = _Seq(list(range(3, 12)))
             runner.execute([_Chunk(seq, 0, 8, False)])

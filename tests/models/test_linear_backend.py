@@ -1,5 +1,5 @@
 """The one rule for which kernel a linear layer runs per batch size (models/linear_backend.py),
-and the PyTorch path's one-row routing against the plain F.linear it replaces."""
+and the PyTorch path's padded-row linear against the plain F.linear it replaces."""
 
 from __future__ import annotations
 
@@ -9,33 +9,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.linear_backend import (
-    SMALL_M_MAX,
+    ROW_QUANTUM,
     LinearKernel,
     linear_kernel,
-    route_single_rows,
     row_routed_linear,
+    use_invariant_linears,
 )
 
 
-def test_the_cpp_step_streams_small_batches_and_runs_the_gemm_beyond() -> None:
+def test_the_cpp_step_runs_one_packed_kernel_for_every_batch_size() -> None:
     for dtype in (torch.float32, torch.bfloat16):
-        for m in range(1, SMALL_M_MAX + 1):
-            assert linear_kernel(m, dtype, cpp_step=True) is LinearKernel.STREAMING
-        assert linear_kernel(SMALL_M_MAX + 1, dtype, cpp_step=True) is LinearKernel.GEMM
-    assert linear_kernel(1, torch.float32, cpp_step=True, small_m_max=0) is LinearKernel.GEMM
-    assert linear_kernel(8, torch.float32, cpp_step=True, small_m_max=8) is LinearKernel.STREAMING
+        for m in (1, 2, 3, 64, 2048):
+            assert linear_kernel(m, dtype, cpp_step=True) is LinearKernel.PACKED
 
 
-def test_the_pytorch_path_takes_the_gemv_for_one_reduced_precision_row_only() -> None:
-    assert linear_kernel(1, torch.bfloat16, cpp_step=False) is LinearKernel.GEMV
-    assert linear_kernel(1, torch.float16, cpp_step=False) is LinearKernel.GEMV
-    assert linear_kernel(2, torch.bfloat16, cpp_step=False) is LinearKernel.GEMM
-    assert linear_kernel(1, torch.float32, cpp_step=False) is LinearKernel.GEMM
+def test_the_pytorch_path_always_runs_the_padded_gemm() -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for rows in (1, 2, 3, 64):
+            assert linear_kernel(rows, dtype, cpp_step=False) is LinearKernel.GEMM
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 16])
 def test_routed_linears_equal_f_linear(dtype: torch.dtype, bias: bool, rows: int) -> None:
     torch.manual_seed(0)
     layer = nn.Linear(96, 200, bias=bias).to(dtype)
@@ -43,9 +39,9 @@ def test_routed_linears_equal_f_linear(dtype: torch.dtype, bias: bool, rows: int
     with torch.inference_mode():
         got, want = row_routed_linear(layer, x), F.linear(x, layer.weight, layer.bias)
     assert got.shape == want.shape and got.dtype == want.dtype
-    if linear_kernel(rows, dtype, cpp_step=False) is LinearKernel.GEMM or bias:
-        assert torch.equal(got, want)  # the very F.linear call
-    else:  # torch's GEMV vs whichever GEMM F.linear picks: float32 sums, one bf16 rounding
+    if rows % ROW_QUANTUM == 0:
+        assert torch.equal(got, want)  # the very F.linear call, nothing padded
+    else:  # the padded GEMM vs whichever kernel F.linear picks for so few rows
         torch.testing.assert_close(got, want, atol=1e-2, rtol=2**-7)
 
 
@@ -54,6 +50,6 @@ def test_routing_touches_plain_linears_only_and_leaves_the_class_alone() -> None
         pass
 
     model = nn.Sequential(nn.Linear(8, 8), Custom(8, 8), nn.Linear(8, 4))
-    assert route_single_rows(model) == 2
+    assert use_invariant_linears(model) == 2
     assert "forward" in vars(model[0]) and "forward" not in vars(model[1])
     assert nn.Linear.forward is not None and "forward" not in vars(nn.Linear(2, 2))

@@ -26,7 +26,7 @@ def hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([tokens])).logits[0].float()
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2"])
 def test_logits_equal_transformers_prefill_then_decode(arch: str) -> None:
     hf = make_hf_model(arch)
     ours = ours_from(hf)

@@ -33,6 +33,7 @@ from tests.server.fake_tokenizer import BOS, EOS, FakeTokenizer, expected_greedy
 
 __all__ = ["BOS", "EOS", "FakeEngine", "FakeTokenizer", "expected_greedy_text"]
 
+
 @dataclass(frozen=True)
 class FakeStats:
     num_running: int
@@ -132,13 +133,21 @@ class FakeEngine:
         return Request(request_id, tuple(prompt_token_ids), params, time.monotonic())
 
     def add(self, request: Request) -> None:
-        if len(self._waiting) >= self.max_queued_requests:
-            raise QueueFullError(f"the waiting queue is full ({self.max_queued_requests})")
+        limit = self.max_num_seqs + self.max_queued_requests  # the engine's one rule
+        if len(self._waiting) + len(self._running) >= limit:
+            raise QueueFullError(f"{limit} requests in flight")
         params = request.params
         seqs = [_Seq(i) for i in range(params.n)]
         rng = random.Random(params.seed)
         self._waiting.append(
-            _Req(request.request_id, list(request.prompt_token_ids), params, request.arrival_time, seqs, rng)
+            _Req(
+                request.request_id,
+                list(request.prompt_token_ids),
+                params,
+                request.arrival_time,
+                seqs,
+                rng,
+            )
         )
 
     def add_request(

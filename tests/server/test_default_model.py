@@ -2,7 +2,8 @@
 
 Oracle: MODELS.md records that SmolLM2 answers greedy ChatML "What is the capital of France?"
 with "The capital of France is Paris." (checked with transformers); streamed and non-streamed
-answers must agree and end with one finish_reason, then [DONE].
+answers must agree and end with one finish_reason, then [DONE]. Structured outputs: the official
+`openai` client's `parse` returns an object that its own pydantic model validates.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from engine.config import EngineConfig
@@ -43,3 +45,23 @@ def test_default_model_answers_the_capital_question_streamed_and_not(server):
         "".join(c["delta"].get("content", "") for c in chunks) == answer.choices[0].message.content
     )
     assert [c["finish_reason"] for c in chunks if c["finish_reason"]] == ["stop"]
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: str
+
+
+def test_openai_client_parse_returns_a_validated_object(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    completion = client.chat.completions.parse(
+        model=client.models.list().data[0].id,
+        messages=[{"role": "user", "content": "Name the capital of France and its country."}],
+        response_format=City,
+        temperature=0,
+        max_tokens=60,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"  # the grammar closed the object within the budget
+    assert isinstance(choice.message.parsed, City)
+    assert City.model_validate_json(choice.message.content) == choice.message.parsed

@@ -71,8 +71,8 @@ OPENAI_CASES = [
         "/v1/chat/completions",
         {**OK_CHAT, "tools": [{"type": "function"}]},
         400,
-        "tools",
-        "not supported",
+        "tools.0.function",
+        "required",
     ),
     (
         "/v1/chat/completions",

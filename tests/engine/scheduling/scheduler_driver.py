@@ -34,10 +34,17 @@ def solo(prompt: list[int] | tuple[int, ...], max_tokens: int) -> list[int]:
 class Driver:
     """Engine.step() in miniature: schedule -> fake forward -> on_step_done -> append/finish."""
 
-    def __init__(self, num_blocks: int, block_size: int = 4, max_model_len: int = 512, **cfg):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 4,
+        max_model_len: int = 512,
+        cost_model=None,
+        **cfg,
+    ):
         self.config = EngineConfig(block_size=block_size, **cfg)
         self.bm = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching)
-        self.sched = Scheduler(self.config, self.bm, max_model_len)
+        self.sched = Scheduler(self.config, self.bm, max_model_len, cost_model)
         self.bs = block_size
         self.slots: list[list[tuple[int, int] | None]] = [
             [None] * block_size for _ in range(num_blocks)
@@ -45,27 +52,35 @@ class Driver:
         self.outputs: list[SchedulerOutput] = []
         self.stop_early: dict[str, int] = {}  # request id -> output length at which it "stops"
         self.fork_n: dict[str, int] = {}  # request id -> sequences to fork after the prompt
-        self.queue: list[str] = []  # a model of the waiting queue: FIFO, preempted to the front
         self.requests: dict[str, Request] = {}
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, n: int = 1) -> Request:
-        request = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, n=n))
+    def add(
+        self, rid: str, prompt: list[int], max_tokens: int, n: int = 1, priority: int = 0
+    ) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, n=n, priority=priority)
+        request = Request(rid, prompt, params)
         sched = self.sched  # as Engine.new_request does
-        check_admissible(len(prompt), request.params, rid, sched.max_model_len, sched.config.max_num_seqs, sched.block_manager)
+        check_admissible(
+            len(prompt),
+            request.params,
+            rid,
+            sched.max_model_len,
+            sched.config.max_num_seqs,
+            sched.block_manager,
+        )
         self.sched.add_request(request)
-        self.queue.append(rid)
         self.requests[rid] = request
         if n > 1:
             self.fork_n[rid] = n
         return request
 
     def step(self) -> SchedulerOutput:
-        running = {rid for rid, r in self.requests.items() if r.status.value == "running"}
+        waiting = self.waiting_keys()
         out = self.sched.schedule()
         self.outputs.append(out)
         assert out.num_batched_tokens <= self.config.max_num_batched_tokens
         assert len(out.chunks) <= self.config.max_num_seqs
-        self.check_queue_order(out, running)
+        self.check_queue_order(out, waiting)
         for src, dst in out.block_copies:
             self.slots[dst] = list(self.slots[src])
         for c in out.chunks:  # all writes first, as one forward writes K/V before attending
@@ -92,18 +107,32 @@ class Driver:
         self.bm.check_invariants()
         return out
 
-    def check_queue_order(self, out: SchedulerOutput, running_before: set[str]) -> None:
-        self.queue = [rid for rid in self.queue if rid not in out.aborted]
-        admitted = list(dict.fromkeys(c.request.request_id for c in out.chunks))
-        admitted = [rid for rid in admitted if rid not in running_before]
+    def check_queue_order(self, out: SchedulerOutput, waiting_before: list[tuple]) -> None:
+        """The admission order of the scheduler's docstring: apart from the oldest waiting
+        request of the best priority (it may be the anchor), the requests admitted in a step
+        are a prefix of the waiting ones sorted by (priority, tokens to compute, arrival)."""
+        waiting_before = [w for w in waiting_before if w[-1] not in out.aborted]
+        admitted = {c.request.request_id for c in out.chunks} & {w[-1] for w in waiting_before}
         if out.preempted:
             assert not admitted, "admitted a waiting request in a step that preempted"
             assert not set(out.preempted) & {c.request.request_id for c in out.chunks}
-        assert admitted == self.queue[: len(admitted)], "admission is not FIFO"
-        self.queue = list(reversed(out.preempted)) + self.queue[len(admitted) :]
+        if waiting_before:
+            best = min(w[0] for w in waiting_before)
+            oldest = min((w for w in waiting_before if w[0] == best), key=lambda w: w[2])[-1]
+            order = [w[-1] for w in sorted(waiting_before) if w[-1] != oldest]
+            rest = admitted - {oldest}
+            assert set(order[: len(rest)]) == rest, "admission does not follow the prefill order"
         for rid in out.preempted:
             for seq in self.requests[rid].seqs:
                 assert seq.num_computed_tokens == 0 and seq.block_table == []
+
+    def waiting_keys(self) -> list[tuple]:
+        """(priority, tokens to compute, arrival, id) of each waiting request."""
+        return [
+            (r.params.priority, max(s.num_uncomputed_tokens for s in r.live_seqs), i, rid)
+            for i, (rid, r) in enumerate(self.requests.items())
+            if r.status.value == "waiting"
+        ]
 
     def read(self, seq, length: int) -> list[int]:
         out = []

@@ -116,7 +116,7 @@ def test_requests_that_can_never_run_are_rejected_at_admission():
         max_model_len=64,
         max_num_seqs=4,
         max_num_batched_tokens=16,
-        max_queued_requests=2,
+        max_queued_requests=1,
     )
     with pytest.raises(ValueError, match="maximum context length 64"):
         d.add("too-long", [1] * 60, 5)
@@ -125,8 +125,9 @@ def test_requests_that_can_never_run_are_rejected_at_admission():
     with pytest.raises(ValueError, match="max_num_seqs"):
         d.add("too-wide", [1], 2, n=8)
     d.add("ok", [1] * 30, 3)  # 32 K/V tokens = 8 blocks: exactly the cache
-    d.add("ok2", [1], 1)
-    with pytest.raises(QueueFullError, match="queue is full"):
+    for i in range(4):  # in flight: max_num_seqs 4 + max_queued_requests 1 = 5, none running
+        d.add(f"ok{i}", [1], 1)
+    with pytest.raises(QueueFullError, match="5 requests in flight"):
         d.add("one-too-many", [1], 1)
     with pytest.raises(ValueError, match="at least one token"):
         Request("empty", [], SamplingParams())

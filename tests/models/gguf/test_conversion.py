@@ -16,7 +16,8 @@ from tests.models.gguf.tiny_gguf import tiny_model, to_gguf, write_tensors
 
 
 @pytest.mark.parametrize(
-    ("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False), ("gpt2", True)]
+    ("arch", "tied"),
+    [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", True), ("gpt2", True)],
 )
 def test_tiny_gguf_loads_to_transformers_state_dict(tmp_path, arch, tied):
     model, meta = tiny_model(arch, tied)

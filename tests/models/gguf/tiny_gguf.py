@@ -45,6 +45,7 @@ def to_gguf(
     gguf_arch = {
         "llama": gguf.MODEL_ARCH.LLAMA,
         "qwen2": gguf.MODEL_ARCH.QWEN2,
+        "qwen3": gguf.MODEL_ARCH.QWEN3,
         "gpt2": gguf.MODEL_ARCH.GPT2,
     }
     names = gguf.get_tensor_name_map(gguf_arch[arch], cfg.num_hidden_layers)
@@ -107,8 +108,12 @@ def tiny_model(arch: str, tied: bool) -> tuple[torch.nn.Module, dict]:
         num_attention_heads=6, num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-6,
         max_position_embeddings=128, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
-    cls = transformers.Qwen2ForCausalLM if arch == "qwen2" else transformers.LlamaForCausalLM
-    config_cls = transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig
+    cls, config_cls = {
+        "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
+        "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
+    }.get(arch, (transformers.LlamaForCausalLM, transformers.LlamaConfig))
+    if arch == "qwen3":  # head_dim 128, not hidden / heads = 8, as Qwen3 models do (and the
+        kwargs["head_dim"] = 128  # value transformers' GGUF reader assumes: it skips key_length)
     model = cls(config_cls(**kwargs)).eval()
     with torch.no_grad():  # random biases, so a mix-up of bias rows would show
         for name, p in model.named_parameters():
@@ -127,4 +132,6 @@ def tiny_model(arch: str, tied: bool) -> tuple[torch.nn.Module, dict]:
         "tokenizer.ggml.bos_token_id": 1,
         "tokenizer.ggml.eos_token_id": 2,
     }
+    if arch == "qwen3":
+        meta |= {f"{arch}.attention.key_length": 128, f"{arch}.attention.value_length": 128}
     return model, meta

@@ -1,0 +1,53 @@
+"""GrammarEngine: the engine's one door to structured outputs.
+
+Contract: `GrammarEngine.for_tokenizer(tokenizer, vocab_size, eos_token_ids)` (None when the
+model has no tokenizer with raw token bytes: such an engine refuses structured outputs).
+- `compile(params)`: the request's `CompiledGrammar` (cached), None without a constraint, or
+  `ValueError` naming the problem — `Engine.new_request` calls it to validate, `Engine.add` to
+  get the grammar (a cache hit).
+- `start_masks(jobs)`: begins computing the step's masks on the worker thread (see
+  grammar_masker.py) for `(logits_row, matcher)` pairs; `.result()` after the forward gives the
+  step's `TokenMask` for the sampler.
+- `close()`: stops the worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+
+from engine.sampling.grammar_compiler import DEFAULT_CACHE_SIZE, CompiledGrammar, GrammarCompiler
+from engine.sampling.grammar_masker import GrammarMasker, PendingMask
+from engine.sampling.sampling_params import SamplingParams
+
+NO_TOKENIZER = "structured outputs need the model's tokenizer, and this model has none"
+
+
+class GrammarEngine:
+    def __init__(self, compiler: GrammarCompiler) -> None:
+        self.compiler = compiler
+        self._masker = GrammarMasker(compiler.vocab_size)
+
+    @classmethod
+    def for_tokenizer(
+        cls,
+        tokenizer,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> GrammarEngine | None:
+        if tokenizer is None or not hasattr(tokenizer, "token_bytes") or not eos_token_ids:
+            return None
+        return cls(GrammarCompiler(tokenizer, vocab_size, eos_token_ids, cache_size))
+
+    def compile(self, params: SamplingParams) -> CompiledGrammar | None:
+        if params.structured_output is None:
+            return None
+        return self.compiler.compile(params.structured_output)
+
+    def start_masks(self, jobs: Sequence[tuple[int, llguidance.LLMatcher]]) -> PendingMask:
+        return self._masker.start(jobs)
+
+    def close(self) -> None:
+        self._masker.close()

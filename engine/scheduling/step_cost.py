@@ -1,0 +1,143 @@
+"""StepCostModel: the predicted seconds of one engine step, fitted online from timed steps.
+
+Model (three non-negative coefficients):
+    seconds = fixed + per_row * rows + per_pair * pairs
+    rows  = tokens through the linears this step (decode tokens + prefill chunk tokens)
+    pairs = query x key pairs through attention; a chunk of n tokens starting at position s
+            attends causally to s+1 .. s+n keys: `chunk_pairs(s, n) = n*s + n*(n+1)/2`
+Fit: least squares weighted by recency (each new step multiplies the old weights by `decay`,
+since the machine's speed drifts), with every coefficient >= 0 (the best of the 7 active sets,
+solved on the 3x3 normal equations), so no fit ever promises a free row or a free pair.
+Until `min_samples` steps were observed `ready` is False and callers use their token budget.
+Trust region: `max_chunk` never proposes a step larger than `growth` times the largest step
+(in rows) ever timed, so a fit made from small steps is not extrapolated far; every step the
+budget allows teaches the model, so the region grows as fast as the traffic needs.
+A timing more than `outlier_factor` times the prediction (a GC pause, a noisy neighbour) is
+clipped to that bound before it is learned. Pure Python: no torch, no clock (the engine times).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+_ROW_SCALE = 1e-3  # features in thousands of rows and millions of pairs: a well-conditioned fit
+_PAIR_SCALE = 1e-6
+_SUBSETS = [s for k in (1, 2, 3) for s in itertools.combinations(range(3), k)]
+
+
+def chunk_pairs(start: int, num_tokens: int) -> int:
+    """Query x key pairs of a causal chunk of `num_tokens` tokens from position `start`."""
+    return num_tokens * start + num_tokens * (num_tokens + 1) // 2
+
+
+class StepCostModel:
+    def __init__(
+        self,
+        decay: float = 0.97,
+        min_samples: int = 8,
+        growth: float = 2.0,
+        outlier_factor: float = 4.0,
+    ) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.decay = decay
+        self.min_samples = min_samples
+        self.growth = growth
+        self.outlier_factor = outlier_factor
+        self._xx = [[0.0] * 3 for _ in range(3)]  # sum of w * x x^T, x = (1, rows, pairs) scaled
+        self._xy = [0.0] * 3  # sum of w * x * seconds
+        self.num_samples = 0
+        self.max_rows_seen = 0
+        self.coefficients = (0.0, 0.0, 0.0)  # fixed s, s per row, s per pair (unscaled)
+
+    @property
+    def ready(self) -> bool:
+        return self.num_samples >= self.min_samples
+
+    def predict(self, rows: int, pairs: int) -> float:
+        fixed, per_row, per_pair = self.coefficients
+        return fixed + per_row * rows + per_pair * pairs
+
+    def observe(self, rows: int, pairs: int, seconds: float) -> None:
+        """Learns one timed step."""
+        if rows < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        if self.ready:  # clip, so one stall does not teach the model that every step is slow
+            seconds = min(seconds, self.outlier_factor * max(self.predict(rows, pairs), 1e-4))
+        x = (1.0, rows * _ROW_SCALE, pairs * _PAIR_SCALE)
+        for i in range(3):
+            self._xy[i] = self.decay * self._xy[i] + x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = self.decay * self._xx[i][j] + x[i] * x[j]
+        self.num_samples += 1
+        self.max_rows_seen = max(self.max_rows_seen, rows)
+        theta = _non_negative_fit(self._xx, self._xy)
+        self.coefficients = (theta[0], theta[1] * _ROW_SCALE, theta[2] * _PAIR_SCALE)
+
+    def trusted_rows(self) -> int:
+        """The largest step (rows) the model may be asked about."""
+        return max(1, int(self.growth * self.max_rows_seen))
+
+    def max_chunk(self, rows: int, pairs: int, start: int, want: int, seconds: float) -> int:
+        """The most tokens (<= want) of a chunk from position `start` that a step already
+        holding `rows` rows and `pairs` pairs can add and still be predicted to end within
+        `seconds`; 0 when not even one fits."""
+        want = min(want, self.trusted_rows() - rows)
+        if want <= 0:
+            return 0
+        _, per_row, per_pair = self.coefficients
+        slack = seconds - self.predict(rows, pairs)
+        if slack <= 0:
+            return 0
+        # per_pair/2 n^2 + (per_row + per_pair (start + 1/2)) n <= slack
+        a, b = per_pair / 2, per_row + per_pair * (start + 0.5)
+        if a > 0:
+            n = (-b + math.sqrt(b * b + 4 * a * slack)) / (2 * a)
+        elif b > 0:
+            n = slack / b
+        else:
+            return want
+        return max(0, min(want, int(n)))
+
+
+def _non_negative_fit(xx: list[list[float]], xy: list[float]) -> list[float]:
+    """argmin ||y - X theta||^2 over theta >= 0 from the normal equations: the best of the
+    solutions on each subset of free coefficients whose values are all >= 0."""
+    best, best_loss = [0.0, 0.0, 0.0], 0.0  # theta = 0: loss relative to sum(w y^2) is 0
+    for subset in _SUBSETS:
+        a = [[xx[i][j] for j in subset] for i in subset]
+        ridge = 1e-9 * (sum(a[k][k] for k in range(len(subset))) + 1e-12)
+        for k in range(len(subset)):
+            a[k][k] += ridge
+        sol = _solve(a, [xy[i] for i in subset])
+        if sol is None or min(sol) < 0:
+            continue
+        theta = [0.0, 0.0, 0.0]
+        for i, v in zip(subset, sol, strict=True):
+            theta[i] = v
+        # loss - sum(w y^2) = theta' XX theta - 2 theta' Xy
+        quad = sum(theta[i] * xx[i][j] * theta[j] for i in range(3) for j in range(3))
+        loss = quad - 2 * sum(theta[i] * xy[i] for i in range(3))
+        if loss < best_loss:
+            best, best_loss = theta, loss
+    return best
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-300:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x

@@ -1,0 +1,156 @@
+"""Batch invariance of the C++ CPU kernels (issue #14): a row's output has the same bits whatever
+M is and whatever the other rows hold — for the packed linear kernel (every M, odd K, bias,
+float32 or bfloat16 out), the paged attention (both work splits: few rows cut into key ranges,
+many rows whole; contexts spanning several ranges; sliding windows), and the whole C++ step (a
+sequence alone vs beside others, a prompt in one chunk vs several: same logits, same K/V bits).
+
+The oracles are the same computation run solo (the bits must match exactly) and a float64
+matmul (the packed kernel's values, to float32-accumulation tolerance)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import cpu_kernels
+from models.cpu_kernels.fused_decoder import FusedDecoder
+from models.cpu_kernels.paged_attention import paged_decode_attention
+from tests.checkpoints import VOCAB, make_hf_model
+from tests.models.paged_driver import PagedDriver
+from tests.models.test_fused_decoder import ours_from, prompts
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def ext():
+    built = cpu_kernels.extension()
+    assert built is not None, "the C++ kernels must build on this machine"
+    return built
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(37, 5), (64, 96), (200, 577)])
+def test_packed_linear_equals_a_float64_matmul(dtype: torch.dtype, n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    x = torch.randn(9, k, generator=gen).to(dtype)
+    got = ext().linear(x, ext().pack_linear(w), bias, n, True)
+    want = x.double() @ w.double().T + bias.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * k**0.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("float_out", [True, False])
+@pytest.mark.parametrize("n,k", [(48, 64), (100, 577), (960, 576)])
+def test_a_packed_linear_row_does_not_depend_on_the_other_rows(
+    dtype: torch.dtype, float_out: bool, n: int, k: int
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    packed = ext().pack_linear(w)
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    solo = ext().linear(x, packed, bias, n, float_out)[0]
+    for m in (2, 5, 6, 7, 13, 64, 301):  # every register-tile remainder, and large M
+        others = torch.randn(m, k, generator=gen).to(dtype) * 10
+        row = int(torch.randint(m, (1,), generator=gen))
+        others[row] = x[0]
+        got = ext().linear(others, packed, bias, n, float_out)[row]
+        assert torch.equal(got, solo), f"M={m}, row {row}"
+
+
+MAX_ROWS, MAX_LEN = 41, 900
+
+
+def _attention_call(q_rows, lens, window, dtype, kv_heads=3, block_size=16):
+    """Runs the kernel over the first rows of one fixed random cache: row i always reads the
+    same blocks, whatever the batch."""
+    gen = torch.Generator().manual_seed(3)
+    head_dim, blocks = q_rows.shape[-1], -(-MAX_LEN // block_size)
+    cache_shape = (blocks * MAX_ROWS, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(cache_shape, generator=gen).to(dtype)
+    v_cache = torch.randn(cache_shape, generator=gen).to(dtype)
+    tables = torch.arange(blocks * MAX_ROWS, dtype=torch.int64).view(MAX_ROWS, blocks)
+    tables = tables[: len(lens)].contiguous()
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    return paged_decode_attention(q_rows, k_cache, v_cache, tables, lens_t, head_dim**-0.5, window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 300])
+def test_an_attention_row_does_not_depend_on_the_batch(dtype: torch.dtype, window) -> None:
+    gen = torch.Generator().manual_seed(5)
+    # Row 0's context spans several key ranges; the batch sizes take both work splits.
+    lens = [700] + torch.randint(1, MAX_LEN, (MAX_ROWS - 1,), generator=gen).tolist()
+    q = torch.randn(len(lens), 9, 64, generator=gen).to(dtype)
+    solo = None
+    for batch in (1, 2, 3, 8, MAX_ROWS):
+        # Row 0 is the same query over the same blocks (block ids are per row index).
+        out = _attention_call(q[:batch].contiguous(), lens[:batch], window, dtype)
+        if solo is None:
+            solo = out[0]
+        assert torch.equal(out[0], solo), f"batch of {batch}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(dtype, arch) -> None:
+    """The same prompt, prefilled alone in one chunk, or in chunks of 3 beside other
+    sequences' prefills and decodes: identical logits and identical K/V in the cache."""
+    ours = ours_from(make_hf_model(arch), dtype)
+    tokens = prompts((11, 5, 17, 9), seed=4)
+    alone, busy = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
+    fused_alone, fused_busy = FusedDecoder.build(ours, alone.kv), FusedDecoder.build(ours, busy.kv)
+    seq = alone.add_sequence()
+    want = alone.step({seq: tokens[0]}, fused=fused_alone)[seq]
+    seqs = [busy.add_sequence() for _ in tokens]
+    busy.step({s: tokens[s] for s in seqs[1:]}, fused=fused_busy)  # others' prefills first
+    gen = torch.Generator().manual_seed(9)
+    got = []
+    for start in range(0, len(tokens[0]), 3):
+        decodes = {s: [int(torch.randint(3, VOCAB, (1,), generator=gen))] for s in seqs[1:]}
+        out = busy.step({seqs[0]: tokens[0][start : start + 3], **decodes}, fused=fused_busy)
+        got.append(out[seqs[0]])
+    assert torch.equal(torch.cat(got), want)
+    # Then decodes: alone vs beside the others, token by token.
+    for _ in range(4):
+        nxt = [int(want[-1].argmax())]
+        want = alone.step({seq: nxt}, fused=fused_alone)[seq]
+        decodes = {s: [int(torch.randint(3, VOCAB, (1,), generator=gen))] for s in seqs[1:]}
+        got_row = busy.step({seqs[0]: nxt, **decodes}, fused=fused_busy)[seqs[0]]
+        assert torch.equal(got_row, want)
+    for (k_a, v_a), (k_b, v_b) in zip(alone.kv, busy.kv, strict=True):
+        a_slots = _slots(alone, seq)
+        b_slots = _slots(busy, seqs[0])
+        assert torch.equal(k_a.flatten(0, 1)[a_slots], k_b.flatten(0, 1)[b_slots])
+        assert torch.equal(v_a.flatten(0, 1)[a_slots], v_b.flatten(0, 1)[b_slots])
+
+
+def _slots(driver: PagedDriver, seq: int) -> torch.Tensor:
+    """Flat cache slots of a sequence's tokens, in order."""
+    bs = driver.block_size
+    return torch.tensor(
+        [driver.tables[seq][t // bs] * bs + t % bs for t in range(driver.lens[seq])]
+    )
+
+
+@pytest.mark.parametrize("float_out", [True, False])
+def test_int8_weights_equal_their_dequantised_matmul_and_keep_rows_invariant(float_out) -> None:
+    """Weight-only int8 (one scale per output row): the values of a float64 matmul over the
+    dequantised weights, and the same bits for a row whatever else is in the batch."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 100, 577
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales = torch.rand(n, generator=gen) / 100
+    bias = torch.randn(n, generator=gen).bfloat16()
+    packed = ext().pack_linear(q)
+    x = torch.randn(7, k, generator=gen).bfloat16()
+    got = ext().linear(x, packed, bias, n, True, scales)
+    want = x.double() @ (q.double() * scales.double()[:, None]).T + bias.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * k**0.5, rtol=1e-5)
+    solo = ext().linear(x[:1], packed, bias, n, float_out, scales)[0]
+    for m in (2, 6, 13, 64):
+        others = torch.randn(m, k, generator=gen).bfloat16()
+        others[m - 1] = x[0]
+        assert torch.equal(ext().linear(others, packed, bias, n, float_out, scales)[m - 1], solo)

@@ -1,0 +1,77 @@
+"""Same request, same answer through HTTP (issue #14): on the default model in the default
+dtype (`auto`: bfloat16 on an AVX512-BF16 CPU), 12 greedy and seeded completions sent at
+once into a KV cache that holds about three of them (so the engine preempts) return exactly
+the text and logprobs each returns when it is sent alone."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from tests.server.live import LiveServer, metric
+
+TOPICS = ["the sea", "a lighthouse", "winter", "a small robot", "the moon", "bread"]
+# SmolLM2-135M in bfloat16: 30 layers x K and V x 3 KV heads x 64 x 2 bytes = 23 KiB a token;
+# 8 MiB hold ~360 tokens: about three of the requests below at their full length.
+KV_BYTES = 8 * 2**20
+
+
+def bodies() -> list[dict]:
+    out = []
+    for i in range(12):
+        prompt = f"Write a short poem about {TOPICS[i % len(TOPICS)]}."
+        if i % 3 == 0:  # some share a long prefix: prefix-cache hits beside recomputation
+            prompt = "You are a careful poet who writes in plain words. " * 3 + prompt
+        seeded = i % 2 == 1
+        out.append(
+            {
+                "prompt": prompt,
+                "max_tokens": 80,
+                "ignore_eos": True,
+                "temperature": 0.8 if seeded else 0.0,
+                "seed": 100 + i if seeded else None,
+                "logprobs": 2,
+            }
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = EngineConfig(kv_cache_memory_bytes=KV_BYTES, max_model_len=1024, dtype="auto")
+    engines: list[Engine] = []
+
+    def build() -> Engine:
+        engines.append(Engine.from_model(None, config))
+        return engines[-1]
+
+    with LiveServer(build, admission_limit=16) as live:
+        live.engine = engines[0]
+        yield live
+
+
+def _complete(url: str, body: dict) -> dict:
+    r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return {"text": choice["text"], "logprobs": choice["logprobs"]}
+
+
+def test_twelve_concurrent_requests_under_kv_pressure_equal_their_solo_runs(server) -> None:
+    # the default dtype on this CPU, on the default (C++ kernels) path
+    assert server.engine.runner.kv_caches[0][0].dtype == torch.bfloat16
+    assert server.engine.runner.cpu_kernels
+    reqs = bodies()
+    solo = [_complete(server.url, b) for b in reqs]
+    before = metric(httpx.get(server.url + "/metrics").text, "tgserve_num_preemptions_total")
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        together = list(pool.map(lambda b: _complete(server.url, b), reqs))
+    after = metric(httpx.get(server.url + "/metrics").text, "tgserve_num_preemptions_total")
+    assert after > before, "the KV cache was meant to be too small for all twelve at once"
+    for i, (alone, batched) in enumerate(zip(solo, together, strict=True)):
+        assert batched == alone, f"request {i} ({'seeded' if reqs[i]['seed'] else 'greedy'})"
