@@ -31,8 +31,8 @@ tokens = st.integers(3, VOCAB - 1)
 request = st.fixed_dictionaries(
     {
         "shared": st.booleans(),  # starts with the scenario's common prefix
-        "prompt": st.lists(tokens, min_size=1, max_size=30),
-        "max_tokens": st.integers(1, 12),
+        "prompt": st.lists(tokens, min_size=1, max_size=24),
+        "max_tokens": st.integers(1, 8),
         "seed": st.one_of(st.none(), st.integers(0, 2**16)),  # None: greedy
         "logprobs": st.sampled_from([None, 0, 3]),
         "arrive": st.integers(0, 4),  # step at which it is added
@@ -40,11 +40,11 @@ request = st.fixed_dictionaries(
 )
 scenario = st.fixed_dictionaries(
     {
-        "prefix": st.lists(tokens, min_size=0, max_size=40),
-        "requests": st.lists(request, min_size=2, max_size=6),
+        "prefix": st.lists(tokens, min_size=0, max_size=36),
+        "requests": st.lists(request, min_size=2, max_size=5),
         "block_size": st.sampled_from([1, 4, 8, 32]),
         "budget": st.sampled_from([8, 13, 32, 96]),
-        "spare_blocks": st.integers(0, 40),  # KV blocks beyond what the largest request needs
+        "spare_blocks": st.integers(0, 30),  # KV blocks beyond what the largest request needs
     }
 )
 
@@ -132,10 +132,11 @@ def test_every_request_equals_its_solo_run(folder, dtype: str, kernels: bool, ca
     assert_no_leaks(engine)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_dense_halves_keep_every_request_equal_to_its_solo_run(folder, dtype) -> None:
+def test_compiled_dense_halves_keep_every_request_equal_to_its_solo_run(folder) -> None:
     """torch.compile (EngineConfig.compile) fuses the blocks' elementwise ops with its own
-    code: the padded linears and the row order must survive it."""
+    code: the padded linears and the row order must survive it. float32, where a last-bit
+    difference always shows (bfloat16 passes too; one compile costs ~1 min here)."""
+    dtype = "float32"
     prompts = random_prompts(5, (1, 40), seed=5)
     params = [
         SamplingParams(
