@@ -94,7 +94,7 @@ TGI_CASES = [
     ("/generate", {"inputs": "x", "parameters": {"top_p": 1.0}}, "top_p"),
     ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 0}}, "max_new_tokens"),
     ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": "many"}}, "max_new_tokens"),
-    ("/generate", {"inputs": "x", "parameters": {"grammar": {"type": "json"}}}, "grammar.value"),
+    ("/generate", {"inputs": "x", "parameters": {"grammar": {"type": "json"}}}, "field required"),
     ("/generate_stream", {"inputs": "x" * 300}, "context length"),
     ("/", {"inputs": "x", "stream": True, "parameters": {"top_k": -2}}, "top_k"),
 ]
