@@ -225,12 +225,14 @@ def test_a_failing_step_ends_in_flight_requests_with_error_and_the_loop_goes_on(
         fake = FakeEngine(step_delay=0.005)
         engine = await started(fake)
         stream = engine.generate("e", [1], SamplingParams(max_tokens=50, temperature=0.0))
-        await stream.__anext__()
+        first = await stream.__anext__()
         fake.fail_steps = 1
         outs = await collect(stream)
         assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "error"
         assert outs[-1].error and "/secret" not in outs[-1].error
-        assert len(whole(outs).outputs[0].token_ids) >= 1  # what was generated is kept
+        # What was generated is kept: the deltas before the failure (the first one included,
+        # however many steps ran before the failing one) fold to at least one token.
+        assert len(whole([first, *outs]).outputs[0].token_ids) >= 1
         assert engine.is_healthy()
         after = await collect(engine.generate("ok", [4], GREEDY))
         assert whole(after).outputs[0].text == expected_greedy_text([4], 12)
