@@ -1,13 +1,8 @@
-"""Which kernel a linear layer runs for a batch of M rows: decided here and nowhere else.
+"""The PyTorch path's linear layers on CPU, one kernel for every batch size.
 
-The C++ step (`models/cpu_kernels/fused_decoder.py` for its layers and its LM head) and the
-PyTorch forward on CPU both ask `linear_kernel(num_rows, dtype, cpp_step=...)`:
-
-- PACKED (C++ step only, every M): tgserve's kernel over weights packed in 16-column panels
-  (`cpu_kernels/linear.cpp`). One kernel family for every batch size, so a row's values do not
-  depend on the batch (its accumulation order is fixed by K alone); it streams the weights at
-  memory speed at M = 1 and runs like a GEMM at large M.
-- GEMM (PyTorch path): `F.linear` over the rows padded to a multiple of `ROW_QUANTUM`, see below.
+No choice by row count is left to make: the C++ step runs its packed kernel for every M
+(`models/cpu_kernels/linear.cpp`: a row's accumulation order is fixed by K alone), and the
+PyTorch forward runs `F.linear` over the rows padded to a multiple of `ROW_QUANTUM` (below).
 
 Batch invariance of the PyTorch path (issue #14): `invariant_linear` pads x [M, K] with zero
 rows to a multiple of `ROW_QUANTUM` = 8 and runs ONE `F.linear`. Why that fixes a row's
@@ -28,7 +23,6 @@ Contract: `use_invariant_linears(model)` makes every plain `nn.Linear` of a mode
 
 from __future__ import annotations
 
-import enum
 import functools
 
 import torch
@@ -37,17 +31,6 @@ from torch import nn
 
 # The PyTorch path's linears run on a multiple of this many rows (zero rows pad the rest).
 ROW_QUANTUM = 8
-
-
-class LinearKernel(enum.Enum):
-    PACKED = "packed"
-    GEMM = "gemm"
-
-
-def linear_kernel(num_rows: int, dtype: torch.dtype, *, cpp_step: bool) -> LinearKernel:
-    """The kernel for x [num_rows, K] @ W^T in `dtype`; `cpp_step` when the C++ step (with its
-    packed kernel) runs the layer, else the PyTorch forward (always the padded GEMM)."""
-    return LinearKernel.PACKED if cpp_step else LinearKernel.GEMM
 
 
 def invariant_linear(

@@ -175,11 +175,13 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
     std::vector<float> scratch(DA + (H / KVH + H) * kChunk);
     float* sum = scratch.data();
     float* p = sum + DA;
-    // Range r of row b into parts (layout of merge_ranges, R ranges in all).
+    auto pack = [&](int64_t b) {  // row b's query heads into qp
+      for (int64_t h = 0; h < H; ++h) simd::pack_query(q + (b * H + h) * D, D, qp.data() + h * Dp);
+    };
+    // Range r of row b (its query packed in qp) into parts (merge_ranges' layout, R ranges).
     auto attend = [&](int64_t b, int64_t r, float* parts, int64_t R) {
       const int64_t k0 = std::min(len[b], start[b] + r * kRangeKeys);
       const int64_t k1 = std::min(len[b], k0 + kRangeKeys);
-      for (int64_t h = 0; h < H; ++h) simd::pack_query(q + (b * H + h) * D, D, qp.data() + h * Dp);
       float* acc = parts + r * H * DA;
       float* m = parts + R * H * DA + r * H;
       float* l = parts + R * H * (DA + 1) + r * H;
@@ -195,6 +197,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
 #pragma omp for schedule(dynamic, 1)
       for (int64_t b = 0; b < B; ++b) {
         const int64_t R = first[b + 1] - first[b];
+        pack(b);
         for (int64_t r = 0; r < R; ++r) attend(b, r, own_parts.data(), R);
         merge(b, own_parts.data(), R);
       }
@@ -203,6 +206,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
       for (int64_t it = 0; it < first[B]; ++it) {
         const int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
         const int64_t R = first[b + 1] - first[b];
+        pack(b);
         attend(b, it - first[b], shared_parts.data() + first[b] * part_size, R);
       }
 #pragma omp for

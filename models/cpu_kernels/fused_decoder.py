@@ -5,14 +5,15 @@ small ops, its bf16 matrix-vector product streams the weights at about half the 
 bandwidth, and in prefill its element-wise ops (each a pass over [tokens, hidden] with dtype
 round trips) and SDPA at short chunks cost more than the matmuls. The C++ step runs each layer
 as a handful of parallel loops: linear layers run one packed kernel for every batch size
-(streaming the weights at memory speed at batch 1; models/linear_backend.py), and every token, prefill or decode, is one query of the paged attention kernel over its own
-context (`AttentionMetadata.row_plan`).
+(streaming the weights at memory speed at batch 1; linear.cpp), and every token, prefill or
+decode, is one query of the paged attention kernel over its own context
+(`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
 runs (not the Llama family, a dtype other than float32 / bfloat16, weight-only int8 layers
 with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
-`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states [T, hidden] that `LlamaForCausalLM.forward`
-would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
+`hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states
+[T, hidden] that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
 `compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
 depend on the other rows of the step (batch invariance: the linear and attention kernels fix
@@ -127,14 +128,10 @@ def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
     return None if norm is None else norm.weight.detach()
 
 
-def _is_int8(layer: nn.Module) -> bool:
-    return isinstance(layer, Int8Linear)
-
-
 def _weight_and_scales(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weight to pack [N, K] (int8 for weight-only int8 layers, with their float32 row
     scales [N]; else the layer's own weight and None)."""
-    if _is_int8(layer):
+    if isinstance(layer, Int8Linear):
         return layer.weight_int8.contiguous(), layer.scale.float().contiguous()
     return layer.weight.detach().contiguous(), None
 
@@ -147,4 +144,4 @@ def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
         return False
     if all(type(layer) is nn.Linear for layer in layers):
         return dtype in (torch.float32, torch.bfloat16)
-    return all(_is_int8(layer) for layer in layers) and dtype == torch.bfloat16
+    return all(isinstance(layer, Int8Linear) for layer in layers) and dtype == torch.bfloat16

@@ -1,5 +1,5 @@
-"""The one rule for which kernel a linear layer runs per batch size (models/linear_backend.py),
-and the PyTorch path's padded-row linear against the plain F.linear it replaces."""
+"""The PyTorch path's padded-row linear (models/linear_backend.py) against the plain F.linear it
+replaces."""
 
 from __future__ import annotations
 
@@ -10,23 +10,9 @@ from torch import nn
 
 from models.linear_backend import (
     ROW_QUANTUM,
-    LinearKernel,
-    linear_kernel,
     row_routed_linear,
     use_invariant_linears,
 )
-
-
-def test_the_cpp_step_runs_one_packed_kernel_for_every_batch_size() -> None:
-    for dtype in (torch.float32, torch.bfloat16):
-        for m in (1, 2, 3, 64, 2048):
-            assert linear_kernel(m, dtype, cpp_step=True) is LinearKernel.PACKED
-
-
-def test_the_pytorch_path_always_runs_the_padded_gemm() -> None:
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for rows in (1, 2, 3, 64):
-            assert linear_kernel(rows, dtype, cpp_step=False) is LinearKernel.GEMM
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
