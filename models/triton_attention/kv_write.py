@@ -1,0 +1,94 @@
+"""This step's keys and values stored into their cache slots by one Triton launch.
+
+Contract: `triton_write_kv(k_cache, v_cache, k, v, slot_mapping)` stores k[t] and v[t]
+(`[num_tokens, kv_heads, head_dim]`, any token stride, rows contiguous) at flat slot
+`slot_mapping[t]` of the caches (`[num_blocks, block_size, kv_heads, head_dim]`: slot s is
+block s // block_size, offset s % block_size), cast to the cache dtype. A negative slot
+stores nothing: the padding rows of a fixed-size (CUDA graph) batch. Same result as
+models/attention.py `write_kv` for valid slots; one program per token, nothing is reduced.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slots_ptr,
+    stride_kt,
+    stride_vt,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    BLOCK_SIZE: tl.constexpr,
+    ROW: tl.constexpr,  # kv_heads * head_dim: one token's keys, contiguous in k and the cache
+    ROW_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + token)
+    cols = tl.arange(0, ROW_PAD)
+    mask = cols < tl.where(slot >= 0, ROW, 0)  # (not `& (slot >= 0)`: the interpreter
+    # turns a scalar condition and-ed with a block into int32)
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    k = tl.load(k_ptr + token * stride_kt + cols, mask=mask)
+    v = tl.load(v_ptr + token * stride_vt + cols, mask=mask)
+    tl.store(
+        k_cache_ptr + block * stride_kb + offset * stride_ks + cols,
+        k.to(k_cache_ptr.dtype.element_ty),
+        mask=mask,
+    )
+    tl.store(
+        v_cache_ptr + block * stride_vb + offset * stride_vs + cols,
+        v.to(v_cache_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def _row_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """[N, heads, dim] whose (heads, dim) part is one dense row, copying only when it is not."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.contiguous()
+
+
+def triton_write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Stores k, v [num_tokens, kv_heads, head_dim] at `slot_mapping` [num_tokens] (int64)."""
+    num_tokens, kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    k, v = _row_contiguous(k), _row_contiguous(v)
+    for cache in (k_cache, v_cache):  # written in place: it cannot be a copy
+        if cache.stride(3) != 1 or cache.stride(2) != head_dim:
+            raise ValueError("the KV cache needs each slot's [kv_heads, head_dim] contiguous")
+    row = kv_heads * head_dim
+    _write_kv_kernel[(num_tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        v.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        BLOCK_SIZE=k_cache.shape[1],
+        ROW=row,
+        ROW_PAD=triton.next_power_of_2(row),
+    )

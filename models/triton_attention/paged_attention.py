@@ -1,0 +1,224 @@
+"""Paged attention of a mixed step in one Triton launch, K/V read in place through the block tables.
+
+Contract: `triton_paged_attention(q [T, H, D], k_cache, v_cache, plan, scale) -> [T, H, D]`
+in q's dtype, for the flat rows of a step (decodes and prefill chunks, `AttentionMetadata`
+layout) whose K/V are already in the cache (`[num_blocks, block_size, kv_heads, D]`).
+`plan` is the step's `TilePlan` (models/triton_attention/tile_plan.py), built once per step
+and shared by every layer. Works on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1`
+(how CI runs it); nothing is gathered: each key's block id is read from the block table.
+
+One program serves one query tile and one KV head: `TILE_ROWS // group_pad` consecutive new
+tokens of ONE sequence times the `group` query heads sharing that KV head (GQA: K/V are loaded
+once for the whole group). Padding rows (past the sequence's new tokens, or heads past
+`group` when it is not a power of two) are computed on zeros and never stored.
+
+The order each row's reductions follow, whatever else is in the step (issue #14):
+- Keys are cut into tiles of `KEY_TILE` positions aligned at absolute position 0 of the
+  sequence; the program visits tiles in ascending order from the first tile any of its rows
+  can see (its window's start) to the last tile its last row sees. `TILE_ROWS` and
+  `KEY_TILE` are constants, the same for decode rows and prefill rows, so every row's dot
+  products have one shape whatever the step holds.
+- In a tile: scores = q . k^T (float32 accumulation), masked (causal, window) to -inf;
+  m_j = row max, p = 2^(s - m), l_j = sum of p over the tile's keys (one reduction of fixed
+  length), acc += p . V; p is rounded to the cache dtype for that product, as flash
+  attention does. Keys past the sequence's length load as zeros, so a stale slot never
+  reaches a row.
+- Tiles are merged by the online-softmax rule; a tile where a row sees no key leaves that
+  row's (m, l, acc) untouched (tl.where), so whether a program visits a tile for a row's
+  tile-mates or not changes nothing of the row.
+Where it cannot be promised: on a GPU, a row's bits also depend on the compiled dot
+instruction accumulating each output element in an order set by the shape alone (true of
+the MMA instructions Triton emits, checked here only in the interpreter). There is no split
+of one row's keys across programs (flash-decoding); adding one keeps this rule only with
+splits of a fixed key length combined in ascending order, for decode and prefill rows alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from models.triton_attention.tile_plan import TILE_ROWS, TilePlan, group_pad
+
+KEY_TILE = 64  # keys per tile, aligned at absolute positions
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    tables_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    tile_seq_ptr,
+    tile_first_ptr,
+    scale_log2,  # softmax scale * log2(e): scores live in base 2
+    window,  # sliding window in tokens (read when SLIDING)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_table,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    KEYS: tl.constexpr,
+    SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,  # feed the dots float32 (the interpreter's bfloat16 dot is wrong)
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    first = tl.load(tile_first_ptr + tile)  # index of the tile's first row among the seq's new tokens
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context = seq_len - q_len  # the new token i sits at position context + i
+
+    # [ROWS] rows of the tile: (token, head of the group), token-major
+    rows = tl.arange(0, ROWS)
+    token = first + rows // GROUP_PAD
+    head = kv_head * GROUP + rows % GROUP_PAD
+    row_ok = (token < q_len) & (rows % GROUP_PAD < GROUP)
+    pos = context + token  # [ROWS] absolute position of each row's token
+    dims = tl.arange(0, HEAD_PAD)
+    dim_ok = dims < HEAD_DIM
+    q_rows = (q_start + token).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )  # [ROWS, HEAD_PAD]
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m = tl.full([ROWS], float("-inf"), tl.float32)  # running max (base 2)
+    denom = tl.zeros([ROWS], tl.float32)  # running sum of 2^(s - m)
+    acc = tl.zeros([ROWS, HEAD_PAD], tl.float32)  # running sum of 2^(s - m) * v
+    last = context + tl.minimum(first + ROWS // GROUP_PAD, q_len) - 1  # last row's position
+    lo = 0
+    if SLIDING:
+        lo = tl.maximum(context + first - window + 1, 0) // KEYS * KEYS
+    keys = tl.arange(0, KEYS)
+    for start in range(lo, last + 1, KEYS):
+        key_pos = start + keys  # [KEYS]
+        key_ok = key_pos < seq_len
+        block = tl.load(
+            tables_ptr + seq * stride_table + key_pos // BLOCK_SIZE, mask=key_ok, other=0
+        ).to(tl.int64)
+        offset = key_pos % BLOCK_SIZE
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
+        k = tl.load(
+            k_ptr
+            + block[:, None] * stride_kb
+            + offset[:, None] * stride_ks
+            + kv_head * stride_kh
+            + dims[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [KEYS, HEAD_PAD]
+        v = tl.load(
+            v_ptr
+            + block[:, None] * stride_vb
+            + offset[:, None] * stride_vs
+            + kv_head * stride_vh
+            + dims[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        if DOT_FP32:  # a bfloat16 product is exact in float32: same sums, the right numbers
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [ROWS, KEYS]
+        visible = key_pos[None, :] <= pos[:, None]  # causal; implies key_pos < seq_len
+        if SLIDING:
+            visible &= key_pos[None, :] > pos[:, None] - window
+        s = tl.where(visible, s, float("-inf"))
+        m_j = tl.max(s, 1)
+        seen = m_j > float("-inf")  # the row sees a key of this tile
+        m_new = tl.where(seen, tl.maximum(m, m_j), 0.0)
+        p = tl.exp2(s - m_new[:, None])  # 0 where masked
+        alpha = tl.exp2(tl.where(seen, m - m_new, 0.0))  # old part's weight (0 before any key)
+        p_v = p.to(v.dtype)  # rounded to the cache dtype, as flash attention does
+        if DOT_FP32:
+            p_v, v = p_v.to(tl.float32), v.to(tl.float32)
+        acc_j = tl.dot(p_v, v, input_precision=PRECISION)
+        denom = tl.where(seen, denom * alpha + tl.sum(p, 1), denom)
+        acc = tl.where(seen[:, None], acc * alpha[:, None] + acc_j, acc)
+        m = tl.where(seen, m_new, m)
+
+    out = acc / denom[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+def triton_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: TilePlan, scale: float
+) -> torch.Tensor:
+    """q [T, H, D] -> [T, H, D]; see the module doc for the order it fixes."""
+    num_tokens, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = num_heads // kv_heads
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("paged attention needs the head dimension of q and the cache contiguous")
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    if plan.group != group:
+        raise ValueError(f"the plan was built for {plan.group} query heads per KV head, not {group}")
+    pad = group_pad(group)
+    # float32 stays IEEE float32 in the dots (not TF32): the GPU must agree with the CPU paths
+    # CPU tensors only run under TRITON_INTERPRET=1, whose dot multiplies bfloat16's raw bits
+    dot_fp32 = q.device.type == "cpu"
+    precision = "ieee" if dot_fp32 or q.dtype == torch.float32 else "tf32"
+    _paged_attention_kernel[(plan.num_tiles, kv_heads)](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        plan.block_tables,
+        plan.seq_lens,
+        plan.query_start,
+        plan.tile_seq,
+        plan.tile_first,
+        scale * LOG2E,
+        plan.sliding_window or 0,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        plan.block_tables.stride(0),
+        BLOCK_SIZE=plan.block_size,
+        GROUP=group,
+        GROUP_PAD=pad,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_dim)),  # tl.dot wants 16 or more
+        ROWS=max(TILE_ROWS, pad),
+        KEYS=KEY_TILE,
+        SLIDING=plan.sliding_window is not None,
+        PRECISION=precision,
+        DOT_FP32=dot_fp32,
+    )
+    return out
