@@ -5,7 +5,8 @@ A step's batch is flat: sequence i brings `query_lens[i]` new tokens (rows
 tokens: the cached prefix plus the new tokens. K/V live per layer in a cache of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]` (KV heads only, never repeated for GQA);
 token t of a sequence sits in block `block_table[t // block_size]` at offset
-`t % block_size`. The attention itself is models/block_attention.py (or the C++ kernel).
+`t % block_size`. The attention itself is models/block_attention.py, the C++ kernel
+(models/cpu_kernels) or, on a GPU, the Triton kernels (models/triton_attention).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from models.block_attention import BlockPlan, block_attention
+from models.triton_attention.tile_plan import TilePlan
 
 KVCache = tuple[
     torch.Tensor, torch.Tensor
@@ -32,8 +34,11 @@ class AttentionMetadata:
     sliding_window: int | None = None
     use_cpu_kernel: bool = False  # every row through models/cpu_kernels/paged_attention (the
     # forward path, models/forward_path.py, says so: ForwardPath.attention_kernel)
+    use_triton: bool = False  # K/V writes and attention through models/triton_attention (set
+    # by the forward path that serves CUDA; on CPU only under TRITON_INTERPRET=1, in tests)
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _blocks: BlockPlan | None = field(default=None, init=False, repr=False)
+    _tiles: TilePlan | None = field(default=None, init=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -101,10 +106,28 @@ class AttentionMetadata:
             self._blocks = BlockPlan.build(self, group)
         return self._blocks
 
+    def tile_plan(self, group: int) -> TilePlan:
+        """The query tiles of models/triton_attention for `group` query heads per KV head,
+        built by the first layer only."""
+        if self._tiles is None or self._tiles.group != group:
+            self._tiles = TilePlan.build(self, group)
+        return self._tiles
 
-def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+
+def write_kv(
+    cache: KVCache,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    use_triton: bool = False,
+) -> None:
     """Stores this step's keys/values ([num_tokens, kv_heads, head_dim]) at their slots."""
     k_cache, v_cache = cache
+    if use_triton:
+        from models.triton_attention.kv_write import triton_write_kv
+
+        triton_write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
@@ -125,17 +148,22 @@ def paged_attention(
     already written to `cache`.
 
     Every row, prefill or decode, goes through one batch-invariant kernel: the C++ paged
-    attention when the forward path asks for it (`meta.use_cpu_kernel`), else the PyTorch
-    key-block attention (models/block_attention.py, which documents the order it fixes).
+    attention when the forward path asks for it (`meta.use_cpu_kernel`), the Triton one
+    (`meta.use_triton`, models/triton_attention/paged_attention.py), else the PyTorch
+    key-block attention (models/block_attention.py); each documents the order it fixes.
     """
     k_cache, v_cache = cache
+    group = q.shape[1] // k_cache.shape[2]
+    if meta.use_triton:  # every row reads K/V in place through its block table
+        from models.triton_attention.paged_attention import triton_paged_attention
+
+        return triton_paged_attention(q, k_cache, v_cache, meta.tile_plan(group), scale)
     if meta.use_cpu_kernel:  # every row reads K/V in place through its block table
         from models.cpu_kernels.paged_attention import paged_decode_attention
 
         tables, lens = meta.row_plan()
         return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.sliding_window)
-    plan = meta.block_plan(q.shape[1] // k_cache.shape[2])
-    return block_attention(q, k_cache, v_cache, plan, scale)
+    return block_attention(q, k_cache, v_cache, meta.block_plan(group), scale)
 
 
 def reference_attention(

@@ -12,22 +12,22 @@ Contract: `select_forward_path(model, kv_caches, device, cpu_kernels=...)` retur
 
 The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; each name maps
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
-not one it serves (the next is tried; past the list the model's own forward runs). GPU
-backends (CUDA graphs, Triton attention) and tensor-parallel ones register here: a builder in
-`BUILDERS` and its name in the device's list. Nothing else in the engine chooses a forward
-path.
+not one it serves (the next is tried; past the list the model's own forward runs). CUDA runs
+the model's layers with the Triton attention (`TritonPath`); other GPU backends (CUDA
+graphs) and tensor-parallel ones register here: a builder in `BUILDERS` and its name in the
+device's list. Nothing else in the engine chooses a forward path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from models import cpu_kernels
+from models import cpu_kernels, triton_attention
 from models.attention import AttentionMetadata, KVCache
 from models.linear_backend import use_invariant_linears
 
@@ -77,6 +77,20 @@ class PyTorchPath:
         return self.model.compute_logits(hidden)
 
 
+class TritonPath(PyTorchPath):
+    """The model's own layers with every K/V write and attention of a step through the
+    Triton kernels (models/triton_attention): K/V read in place, one launch per layer."""
+
+    def __init__(self, model: nn.Module, kv_caches: list[KVCache]) -> None:
+        super().__init__(model, kv_caches, attention_kernel=False)
+        self.description = "PyTorch layers with tgserve's Triton paged attention"
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, replace(meta, use_triton=True), self.kv_caches)
+
+
 class CppStepPath:
     """Every step of a Llama-family model in one C++ call (models/cpu_kernels/fused_decoder)."""
 
@@ -112,16 +126,25 @@ def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     return PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
 
 
+def _triton_cuda(req: PathRequest) -> ForwardPath | None:
+    """CUDA devices, where triton comes with torch (None when it is missing)."""
+    if req.device.type != "cuda" or not triton_attention.is_available():
+        return None
+    return TritonPath(req.model, req.kv_caches)
+
+
 Builder = Callable[[PathRequest], ForwardPath | None]
 
 BUILDERS: dict[str, Builder] = {
     "cpp_step": _cpp_step,
     "pytorch_cpu": _pytorch_cpu,
+    "triton_cuda": _triton_cuda,
 }
-# Backends each device type may use, best first; past them (or for a device type not listed,
-# e.g. "cuda" until its kernels register) the model's own forward runs.
+# Backends each device type may use, best first; past them (or for a device type not listed)
+# the model's own forward runs.
 BACKENDS_BY_DEVICE: dict[str, tuple[str, ...]] = {
     "cpu": ("cpp_step", "pytorch_cpu"),
+    "cuda": ("triton_cuda",),
 }
 
 

@@ -180,7 +180,7 @@ class PagedSelfAttention(nn.Module):
         cache: KVCache,
     ) -> torch.Tensor:
         """Stores k/v at their slots, attends over the cache: [T, H * D] (before o_proj)."""
-        write_kv(cache, k, v, meta.slot_mapping)
+        write_kv(cache, k, v, meta.slot_mapping, use_triton=meta.use_triton)
         return paged_attention(q, cache, meta, self.scale).reshape(-1, self.q_size)
 
 

@@ -83,7 +83,7 @@ def _paged_attention_kernel(
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
-    first = tl.load(tile_first_ptr + tile)  # index of the tile's first row among the seq's new tokens
+    first = tl.load(tile_first_ptr + tile)  # the tile's first row among the seq's new tokens
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -181,7 +181,9 @@ def triton_paged_attention(
     if num_tokens == 0:
         return out
     if plan.group != group:
-        raise ValueError(f"the plan was built for {plan.group} query heads per KV head, not {group}")
+        raise ValueError(
+            f"the plan was built for {plan.group} query heads per KV head, not {group}"
+        )
     pad = group_pad(group)
     # float32 stays IEEE float32 in the dots (not TF32): the GPU must agree with the CPU paths
     # CPU tensors only run under TRITON_INTERPRET=1, whose dot multiplies bfloat16's raw bits
