@@ -1,10 +1,21 @@
-"""Fixtures shared by the test packages (server, deploy)."""
+"""Fixtures shared by the test packages (server, deploy), and Triton's interpreter for CPU runs.
+
+Triton decides when a module is imported whether its kernels (and triton.language's own
+helpers) are interpreted, so TRITON_INTERPRET=1 is set here, before anything imports triton,
+unless the tests run on a GPU (TGSERVE_TEST_DEVICE=cuda): the Triton kernels'
+tests (tests/models/triton_attention) then run on CPU tensors in the interpreter.
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.server.tiny_model import make_tiny_model
+if os.environ.get("TGSERVE_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from tests.server.tiny_model import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@
 Contract: `triton_write_kv(k_cache, v_cache, k, v, slot_mapping)` stores k[t] and v[t]
 (`[num_tokens, kv_heads, head_dim]`, any token stride, rows contiguous) at flat slot
 `slot_mapping[t]` of the caches (`[num_blocks, block_size, kv_heads, head_dim]`: slot s is
-block s // block_size, offset s % block_size), cast to the cache dtype. A negative slot
-stores nothing: the padding rows of a fixed-size (CUDA graph) batch. Same result as
+block s // block_size, offset s % block_size), cast to the cache dtype (by torch, before
+the launch, and only when the dtypes differ: the kernel copies bits). A negative slot
+stores nothing: the padding rows of a fixed-size (CUDA graph) batch. Same bits as
 models/attention.py `write_kv` for valid slots; one program per token, nothing is reduced.
 """
 
@@ -41,23 +42,23 @@ def _write_kv_kernel(
     offset = slot % BLOCK_SIZE
     k = tl.load(k_ptr + token * stride_kt + cols, mask=mask)
     v = tl.load(v_ptr + token * stride_vt + cols, mask=mask)
-    tl.store(
-        k_cache_ptr + block * stride_kb + offset * stride_ks + cols,
-        k.to(k_cache_ptr.dtype.element_ty),
-        mask=mask,
-    )
-    tl.store(
-        v_cache_ptr + block * stride_vb + offset * stride_vs + cols,
-        v.to(v_cache_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + cols, k, mask=mask)
+    tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + cols, v, mask=mask)
 
 
-def _row_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """[N, heads, dim] whose (heads, dim) part is one dense row, copying only when it is not."""
+def _row_contiguous(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N, heads, dim] in `dtype` whose (heads, dim) part is one dense row, copying only when
+    it is not (torch rounds to nearest even; Triton's interpreter would truncate)."""
+    x = x.to(dtype)
     if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
         return x
     return x.contiguous()
+
+
+def kernel_constants(block_size: int, kv_heads: int, head_dim: int) -> dict[str, int]:
+    """The compile-time constants of one launch (also what tests compile for the GPU)."""
+    row = kv_heads * head_dim
+    return {"BLOCK_SIZE": block_size, "ROW": row, "ROW_PAD": triton.next_power_of_2(row)}
 
 
 def triton_write_kv(
@@ -71,11 +72,10 @@ def triton_write_kv(
     num_tokens, kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    k, v = _row_contiguous(k), _row_contiguous(v)
+    k, v = _row_contiguous(k, k_cache.dtype), _row_contiguous(v, v_cache.dtype)
     for cache in (k_cache, v_cache):  # written in place: it cannot be a copy
         if cache.stride(3) != 1 or cache.stride(2) != head_dim:
             raise ValueError("the KV cache needs each slot's [kv_heads, head_dim] contiguous")
-    row = kv_heads * head_dim
     _write_kv_kernel[(num_tokens,)](
         k,
         v,
@@ -88,7 +88,5 @@ def triton_write_kv(
         k_cache.stride(1),
         v_cache.stride(0),
         v_cache.stride(1),
-        BLOCK_SIZE=k_cache.shape[1],
-        ROW=row,
-        ROW_PAD=triton.next_power_of_2(row),
+        **kernel_constants(k_cache.shape[1], kv_heads, head_dim),
     )

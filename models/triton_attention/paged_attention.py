@@ -168,6 +168,27 @@ def _paged_attention_kernel(
     )
 
 
+def kernel_constants(
+    dtype: torch.dtype, interpreted: bool, group: int, head_dim: int, block_size: int, sliding: bool
+) -> dict[str, object]:
+    """The compile-time constants of one launch (also what tests compile for the GPU)."""
+    pad = group_pad(group)
+    return {
+        "BLOCK_SIZE": block_size,
+        "GROUP": group,
+        "GROUP_PAD": pad,
+        "HEAD_DIM": head_dim,
+        "HEAD_PAD": max(16, triton.next_power_of_2(head_dim)),  # tl.dot wants 16 or more
+        "ROWS": max(TILE_ROWS, pad),
+        "KEYS": KEY_TILE,
+        "SLIDING": sliding,
+        # float32 stays IEEE float32 in the dots, not TF32: the GPU agrees with the CPU paths
+        "PRECISION": "ieee" if interpreted or dtype == torch.float32 else "tf32",
+        # the interpreter's bfloat16 dot multiplies raw bits: it gets float32 operands
+        "DOT_FP32": interpreted,
+    }
+
+
 def triton_paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: TilePlan, scale: float
 ) -> torch.Tensor:
@@ -177,18 +198,21 @@ def triton_paged_attention(
     group = num_heads // kv_heads
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("paged attention needs the head dimension of q and the cache contiguous")
-    out = torch.empty_like(q)
-    if num_tokens == 0:
-        return out
     if plan.group != group:
         raise ValueError(
             f"the plan was built for {plan.group} query heads per KV head, not {group}"
         )
-    pad = group_pad(group)
-    # float32 stays IEEE float32 in the dots (not TF32): the GPU must agree with the CPU paths
-    # CPU tensors only run under TRITON_INTERPRET=1, whose dot multiplies bfloat16's raw bits
-    dot_fp32 = q.device.type == "cpu"
-    precision = "ieee" if dot_fp32 or q.dtype == torch.float32 else "tf32"
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    constants = kernel_constants(
+        q.dtype,
+        q.device.type == "cpu",  # CPU tensors only run under TRITON_INTERPRET=1
+        group,
+        head_dim,
+        plan.block_size,
+        plan.sliding_window is not None,
+    )
     _paged_attention_kernel[(plan.num_tiles, kv_heads)](
         q,
         k_cache,
@@ -212,15 +236,6 @@ def triton_paged_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         plan.block_tables.stride(0),
-        BLOCK_SIZE=plan.block_size,
-        GROUP=group,
-        GROUP_PAD=pad,
-        HEAD_DIM=head_dim,
-        HEAD_PAD=max(16, triton.next_power_of_2(head_dim)),  # tl.dot wants 16 or more
-        ROWS=max(TILE_ROWS, pad),
-        KEYS=KEY_TILE,
-        SLIDING=plan.sliding_window is not None,
-        PRECISION=precision,
-        DOT_FP32=dot_fp32,
+        **constants,
     )
     return out

@@ -19,6 +19,7 @@ CPU = torch.device("cpu")
 CPP_STEP = "forward steps by tgserve's C++ CPU kernels"
 CPP_ATTENTION = "PyTorch layers with tgserve's C++ paged attention"
 PYTORCH = "PyTorch ops only"
+TRITON = "PyTorch layers with tgserve's Triton paged attention"
 
 
 def _path(arch: str, cpu_kernels: bool, device: torch.device = CPU, int8: bool = False):
@@ -55,6 +56,16 @@ def test_kernels_that_cannot_be_built_leave_plain_pytorch(monkeypatch) -> None:
 def test_a_device_without_registered_backends_runs_the_models_own_forward() -> None:
     path = _path("llama", cpu_kernels=True, device=torch.device("meta"))
     assert path.description == PYTORCH and not path.attention_kernel
+
+
+def test_cuda_runs_the_triton_attention(monkeypatch) -> None:
+    # chosen without touching a GPU; what the path computes: tests/models/triton_attention
+    cuda = torch.device("cuda")
+    for arch in ("llama", "gpt2"):
+        path = _path(arch, cpu_kernels=True, device=cuda)
+        assert path.description == TRITON and not path.attention_kernel
+    monkeypatch.setattr(forward_path.triton_attention, "is_available", lambda: False)
+    assert _path("llama", cpu_kernels=True, device=cuda).description == PYTORCH
 
 
 def test_every_listed_backend_has_a_builder() -> None:
