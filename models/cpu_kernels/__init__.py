@@ -32,7 +32,14 @@ log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
 _SOURCES = ("attention.cpp", "linear.cpp", "block_linear.cpp", "decoder.cpp", "bindings.cpp")
-_HEADERS = ("kernels.h", "decoder.h", "vec_math.h", "vec_simd.h", "attention_simd.h", "attention_layout.h")
+_HEADERS = (
+    "kernels.h",
+    "decoder.h",
+    "vec_math.h",
+    "vec_simd.h",
+    "attention_simd.h",
+    "attention_layout.h",
+)
 
 
 def _build_tag() -> str:
