@@ -17,7 +17,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from bench.backends import BackendOptions, LatencySample, load_backend
+from bench.backends import BackendOptions, LatencySample, load_backend, report_note
 from bench.machine_limits import MachineLimits, decode_bound_tok_s
 from bench.model_shapes import flops_per_token
 from bench.model_source import ModelSource
@@ -106,7 +106,7 @@ def run_latency_bench(
                     limits,
                     load_before,
                     load_after,
-                    backend.note,
+                    report_note(backend),
                 )
             )
         finally:

@@ -93,6 +93,12 @@ def load_backend(name: str, source: ModelSource, options: BackendOptions) -> Bac
     return module.load(source, options)
 
 
+def report_note(backend: Backend) -> str:
+    """The backend's note for the report, with its memory after load when it measured it."""
+    memory = getattr(backend, "memory", None)
+    return f"{backend.note}; {memory}" if memory else backend.note
+
+
 def count_tokens(requests: Sequence[BenchRequest]) -> tuple[int, int]:
     """(prompt tokens, output tokens) the requests ask for."""
     return sum(len(r.prompt_token_ids) for r in requests), sum(r.output_len for r in requests)

@@ -32,8 +32,8 @@ class TgserveBackend:
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", compiled" if engine.config.compile else "")
             + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
-            + f"; {_memory_note(engine)}"
         )
+        self.memory = _memory_note(engine)  # measured once, after load (report_note adds it)
         self._ids = count()
 
     def _params(self, output_len: int):
