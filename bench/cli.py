@@ -100,6 +100,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _workload_args(serve, default_requests=64)
     _output_args(serve)
+    write = sub.add_parser(
+        "write-gguf",
+        help="a GGUF with random weights in a real model's shape (bench/random_gguf.py)",
+    )
+    write.add_argument("--out", type=Path, required=True, help="the .gguf file to write")
+    write.add_argument("--type", default="Q4_1", help="GGML type of the matrices, e.g. Q4_1, Q8_0")
+    write.add_argument("--shape", default="llama-3.2-1b", help="model shape (llama-3.2-1b)")
+    write.add_argument(
+        "--vocab-from",
+        type=Path,
+        default=None,
+        help="GGUF whose tokenizer to copy (default model's)",
+    )
+    write.add_argument("--seed", type=int, default=0)
     _soak_args(sub.add_parser("soak", help="a long run at a fixed rate: fails on leaks or 5xx"))
     _burst_args(sub.add_parser("burst", help="N simultaneous requests: 429 arithmetic and latency"))
     _probe_args(
@@ -217,6 +231,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="tgserve: dequantise a GGUF to --dtype (default: Q4_0/Q4_1/Q8_0 kept as stored)",
+    )
     p.add_argument(
         "--disable-cpu-kernels",
         action="store_true",

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.bench_command == "write-gguf":
+        from bench.random_gguf import write_random_gguf
+
+        path = write_random_gguf(args.out, args.type, args.shape, args.vocab_from, args.seed)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+        return 0
     if args.bench_command == "soak":
         return _run_soak(args)
     if args.bench_command in ("burst", "short-behind-long"):
@@ -101,6 +107,7 @@ def _run_offline(
         quantization=args.quantization,
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
+        dequantize=args.dequantize,
         baseline_tree=args.baseline_tree,
         target_itl_ms=args.target_itl_ms,
         json_schema=json_schema,

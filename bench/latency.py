@@ -5,7 +5,8 @@ backend in turn, runs `warmup_runs` requests it does not time, then `runs` reque
 its own seeded prompt of `input_len` tokens, the same for every backend, decoding `output_len`
 tokens), and reports the medians: prefill tok/s = prompt tokens / time to first token; decode
 tok/s = (generated - 1) / time from first to last token. With `limits`, decode is compared with
-the memory-bandwidth bound (every weight read once per token) and prefill with the matmul bound at
+the memory-bandwidth bound (every weight read once per token: in `--dtype`, or a GGUF's matrices
+as stored when tgserve keeps its blocks) and prefill with the matmul bound at
 M = input_len. Ratios are against the first backend named. Load averages are taken just before
 and after each backend's timed runs: figures from a busy machine say so.
 """
@@ -16,7 +17,7 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from bench.backends import BackendOptions, LatencySample, load_backend
+from bench.backends import BackendOptions, LatencySample, load_backend, report_note
 from bench.machine_limits import MachineLimits, decode_bound_tok_s
 from bench.model_shapes import flops_per_token
 from bench.model_source import ModelSource
@@ -105,7 +106,7 @@ def run_latency_bench(
                     limits,
                     load_before,
                     load_after,
-                    backend.note,
+                    report_note(backend),
                 )
             )
         finally:
@@ -134,7 +135,12 @@ def _result(
     prefill_med, decode_med = statistics.median(prefill), statistics.median(decode)
     decode_bound = prefill_bound = None
     if limits is not None:
-        decode_bound = decode_bound_tok_s(limits, source.config, dtype_bytes(options.dtype))
+        stored = _stored_matrix_bytes(source, options)
+        decode_bound = (
+            limits.bandwidth_gb_s * 1e9 / stored
+            if stored
+            else decode_bound_tok_s(limits, source.config, dtype_bytes(options.dtype))
+        )
         prefill_bound = (
             limits.gflops_at(spec.input_len)
             * 1e9
@@ -162,3 +168,19 @@ def _result(
         load_after=load_after,
         note=note,
     )
+
+
+def _stored_matrix_bytes(source, options) -> int | None:
+    """Bytes a batch-1 decode step streams when tgserve runs a GGUF's blocks as stored (every
+    matrix as the file stores it; the embedding table only when it is also the LM head), else
+    None (the weights are in `--dtype`)."""
+    from models.block_linear import STORED_TYPES
+    from models.gguf.file import open_gguf
+
+    if source.gguf_file is None or options.dequantize or options.quantization:
+        return None
+    infos = [i for i in open_gguf(source.gguf_file).infos if len(i.shape) == 2]
+    if not any(i.type_id in {int(t) for t in STORED_TYPES} for i in infos):
+        return None
+    tied = not any(i.name == "output.weight" for i in infos)
+    return sum(i.nbytes for i in infos if tied or i.name != "token_embd.weight")

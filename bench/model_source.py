@@ -4,14 +4,17 @@ Contract: `resolve_model(path_or_None)` returns a `ModelSource` for a Hugging Fa
 GGUF file (None: the default model, SmolLM2-135M-Instruct). `config` is the architecture read
 from config.json (or the GGUF metadata); `hf_folder` is a folder transformers and vLLM can load
 directly: the folder itself, or for a GGUF the converted copy tgserve's loader keeps in its cache
-(made on first use), so peers run the very same tensors tgserve does. `gguf_file` is set only for
-GGUF inputs (llama.cpp needs it). Torch is imported only when a GGUF must be converted.
+(made when a backend first asks for it: tgserve and llama.cpp read the GGUF itself, so a
+1B-shaped file is not converted to float32 for them), so peers run the very same tensors
+tgserve does. `gguf_file` is set only for GGUF inputs (llama.cpp needs it). Torch is imported
+only for GGUF inputs (models.gguf reads their header), never by importing this module.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +27,12 @@ class ModelSource:
     path: Path  # what the user gave (or the default model)
     name: str  # for the report
     config: ModelConfig
-    hf_folder: Path  # config.json + safetensors with Hugging Face tensor names
     gguf_file: Path | None  # the original GGUF, when the weights came from one
+
+    @cached_property
+    def hf_folder(self) -> Path:
+        """config.json + safetensors with Hugging Face tensor names (a GGUF: converted once)."""
+        return self.path if self.gguf_file is None else _converted_folder(self.gguf_file)
 
 
 def resolve_model(path: str | Path | None) -> ModelSource:
@@ -35,12 +42,17 @@ def resolve_model(path: str | Path | None) -> ModelSource:
     if not model_path.exists():
         raise FileNotFoundError(f"--model {model_path}: no such file or folder")
     if model_path.is_dir():
-        return ModelSource(model_path, model_path.name, _read_config(model_path), model_path, None)
+        return ModelSource(model_path, model_path.name, _read_config(model_path), None)
     with model_path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"--model {model_path}: pass a Hugging Face folder or a .gguf file")
-    folder = _converted_folder(model_path)
-    return ModelSource(model_path, model_path.stem, _read_config(folder), folder, model_path)
+    return ModelSource(model_path, model_path.stem, _gguf_config(model_path), model_path)
+
+
+def _gguf_config(gguf: Path) -> ModelConfig:
+    from models.gguf.config import read_gguf_config
+
+    return read_gguf_config(gguf)[2]
 
 
 def _read_config(folder: Path) -> ModelConfig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from bench.backends import BackendOptions, ThroughputSample, load_backend
+from bench.backends import BackendOptions, ThroughputSample, load_backend, report_note
 from bench.kv_usage import KvCacheFigures
 from bench.machine_limits import MachineLimits, min_compute_seconds
 from bench.model_source import ModelSource
@@ -87,7 +87,7 @@ def run_throughput_bench(
                     limits,
                     load_before,
                     load_after,
-                    backend.note,
+                    report_note(backend),
                 )
             )
         finally:

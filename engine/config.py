@@ -52,6 +52,9 @@ class EngineConfig:
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
+    # GGUF files: False keeps Q4_0/Q4_1/Q8_0 matrices as stored (models/gguf/stored.py); True
+    # dequantises every tensor to `dtype` (always so with quantization="int8").
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -116,6 +119,8 @@ class EngineConfig:
             )
         if not isinstance(self.cpu_kernels, bool):
             raise ValueError(f"cpu_kernels must be a bool, got {self.cpu_kernels!r}")
+        if not isinstance(self.dequantize, bool):
+            raise ValueError(f"dequantize must be a bool, got {self.dequantize!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):

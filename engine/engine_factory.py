@@ -35,7 +35,8 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
     dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
     path = Path(model_path) if model_path else default_model_path()
-    model, model_config = load_model(path, dtype_name, device, progress)
+    dequantize = config.dequantize or config.quantization is not None
+    model, model_config = load_model(path, dtype_name, device, progress, dequantize=dequantize)
     if config.quantization == "int8":
         from models.quantization import quantize_int8_weight_only
 
@@ -64,26 +65,43 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
     )
     scheduler = Scheduler(
-        config, BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), max_model_len
+        config,
+        BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
+        max_model_len,
     )
-    eos = tuple(dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids))
+    eos = tuple(
+        dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids)
+    )
     name = path.stem if path.is_file() else path.name
     log.info(
         "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d;"
         " %s",
-        name, model_config.architecture, dtype_name, device, num_blocks, config.block_size,
-        num_blocks * config.block_size, max_model_len, runner.forward_path.description,
+        name,
+        model_config.architecture,
+        dtype_name,
+        device,
+        num_blocks,
+        config.block_size,
+        num_blocks * config.block_size,
+        max_model_len,
+        runner.forward_path.description,
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
 
 
-def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: torch.device, max_model_len: int) -> int:
+def _num_blocks(
+    config: EngineConfig, model_config, dtype_name: str, device: torch.device, max_model_len: int
+) -> int:
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
     blocks = num_kv_blocks(
-        budget, model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-        dtype_bytes(dtype_name), config.block_size,
+        budget,
+        model_config.num_layers,
+        model_config.num_kv_heads,
+        model_config.head_dim,
+        dtype_bytes(dtype_name),
+        config.block_size,
     )
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)

@@ -12,7 +12,9 @@ Contract:
   that folder; `cache_dir` overrides the location, `use_cache=False` skips it. If the cache is not
   writable the GGUF is still loaded (with a warning).
 - `load_model(path, dtype, device, progress)` builds the model (`models.build_model`) and copies
-  the tensors in; dtype is "float32" | "bfloat16" | "float16" (float16 only on CUDA).
+  the tensors in; dtype is "float32" | "bfloat16" | "float16" (float16 only on CUDA). A GGUF's
+  Q4_0 / Q4_1 / Q8_0 matrices are kept as stored (models/gguf/stored.py: Llama family on a CPU
+  with the C++ kernels) unless `dequantize=True`; otherwise they are dequantised as above.
 Errors: FileNotFoundError for a missing path or shard, ValueError for everything else, each
 naming the file (and the tensor when one is at fault).
 """
@@ -39,8 +41,7 @@ from models.gguf.cache import (
     is_complete,
     write_cache_folder,
 )
-from models.gguf.config import gguf_to_hf_config
-from models.gguf.file import open_gguf
+from models.gguf.config import read_gguf_config
 from models.gguf.names import gguf_to_hf_tensors
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -89,10 +90,18 @@ def load_model(
     *,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
+    dequantize: bool = False,
 ) -> tuple[torch.nn.Module, ModelConfig]:
     from models import build_model  # models/__init__ imports the model classes
 
     torch_dtype = torch_dtype_for(dtype, device)
+    path = Path(path).expanduser()
+    if not dequantize and path.is_file() and _is_gguf(path):
+        from models.gguf.stored import load_stored_gguf
+
+        loaded = load_stored_gguf(path, torch_dtype, device)
+        if loaded is not None:
+            return loaded
     config, tensors = load_checkpoint(
         path, cache_dir=cache_dir, use_cache=use_cache, progress=progress
     )
@@ -208,12 +217,7 @@ def _canonical_names(config: ModelConfig, tensors: Tensors) -> Tensors:
 def _load_gguf(path: Path, progress: bool) -> tuple[dict[str, Any], ModelConfig, Tensors]:
     if progress:
         print(f"reading {path} ...", file=sys.stderr, flush=True)
-    gguf = open_gguf(path)
-    hf_config = gguf_to_hf_config(gguf)
-    try:
-        config = ModelConfig.from_hf_dict(hf_config)
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+    gguf, hf_config, config = read_gguf_config(path)
     bar = tqdm(
         total=len(gguf.infos),
         desc="dequantising GGUF",

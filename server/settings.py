@@ -136,6 +136,12 @@ OPTIONS: tuple[_Option, ...] = (
         flag_is_switch=True,
     ),
     _Option(
+        "dequantize",
+        _bool,
+        "GGUF files: dequantise every tensor to --dtype (default: Q4_0/Q4_1/Q8_0 kept as stored)",
+        flag_is_switch=True,
+    ),
+    _Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
@@ -202,6 +208,7 @@ class Settings:
     max_queued_requests: int | None = None
     disable_prefix_caching: bool = False
     disable_cpu_kernels: bool = False
+    dequantize: bool = False
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

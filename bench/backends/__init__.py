@@ -50,6 +50,7 @@ class BackendOptions:
     quantization: str | None = None  # tgserve: None | "int8"
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
+    dequantize: bool = False  # tgserve: a GGUF dequantised to dtype (default: blocks as stored)
     baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
     target_itl_ms: float | None = None  # tgserve: step-time target; None: default, 0: off
     json_schema: str | None = None  # tgserve-json: the schema (JSON text) every request follows
@@ -90,6 +91,12 @@ def load_backend(name: str, source: ModelSource, options: BackendOptions) -> Bac
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     module = importlib.import_module(BACKENDS[name])
     return module.load(source, options)
+
+
+def report_note(backend: Backend) -> str:
+    """The backend's note for the report, with its memory after load when it measured it."""
+    memory = getattr(backend, "memory", None)
+    return f"{backend.note}; {memory}" if memory else backend.note
 
 
 def count_tokens(requests: Sequence[BenchRequest]) -> tuple[int, int]:

@@ -2,9 +2,10 @@
 
 Contract (see bench.backends): llama.cpp loads GGUF files only, so this backend needs `--model` to
 be a .gguf file (the default model is one).
-Weights: by default the ones tgserve runs. A GGUF whose matrices are not stored in `--dtype`
-(the default model is Q4_1) is rewritten once by gguf_requant.py (tensors dequantised then
-rounded to `--dtype`, cached beside tgserve's converted folders) and llama.cpp loads the copy.
+Weights: by default the ones tgserve runs: the file as stored when tgserve keeps its blocks (the
+default for Q4_0 / Q4_1 / Q8_0 files, e.g. the default model). With `--dequantize`, a GGUF whose
+matrices are not stored in `--dtype` is rewritten once by gguf_requant.py (tensors dequantised
+then rounded to `--dtype`, cached beside tgserve's converted folders) and llama.cpp loads the copy.
 Setting `TGSERVE_LLAMACPP_WEIGHTS=stored` (read when the backend loads) runs the file as stored
 instead, e.g. the 4.5-bit Q4_1 weights, whatever `--dtype` says. The report's note says which
 weights ran; the KV cache is llama.cpp's default (f16). Quantised files load without llama.cpp's
@@ -206,15 +207,20 @@ def _plain_cpu_buffers(lib) -> Iterator[None]:
         lib.llama_model_default_params = original
 
 
-def weights_for(gguf: Path, dtype: str) -> tuple[Path, str]:
-    """(file llama.cpp loads, what its weights are) per `WEIGHTS_ENV` (read now, not at import)."""
+def weights_for(gguf: Path, dtype: str, dequantize: bool = False) -> tuple[Path, str]:
+    """(file llama.cpp loads, what its weights are) per `WEIGHTS_ENV` (read now, not at import)
+    and whether tgserve runs the file's blocks as stored (`dequantize` False and every matrix
+    in a type it keeps: then "same" is the file itself)."""
     from bench.backends.gguf_requant import needs_requant, requantized_gguf, stored_types
+    from models.block_linear import STORED_TYPES
 
     mode = os.environ.get(WEIGHTS_ENV, "same")
     if mode not in ("same", "stored"):
         raise ValueError(f"{WEIGHTS_ENV} must be 'same' or 'stored', got {mode!r}")
-    stored = "/".join(stored_types(gguf))
-    if mode == "stored" or not needs_requant(gguf, dtype):
+    types = stored_types(gguf)
+    stored = "/".join(types)
+    as_stored = not dequantize and set(types) <= {t.name for t in STORED_TYPES} | {"F32"}
+    if mode == "stored" or as_stored or not needs_requant(gguf, dtype):
         return gguf, f"{gguf.name} ({stored} weights as stored)"
     return requantized_gguf(gguf, dtype), f"{gguf.name} ({stored} dequantised to {dtype})"
 
@@ -235,7 +241,7 @@ def load(source: ModelSource, options: BackendOptions) -> LlamaCppBackend:
         ) from exc
     import torch
 
-    gguf_path, weights = weights_for(source.gguf_file, options.dtype)
+    gguf_path, weights = weights_for(source.gguf_file, options.dtype, options.dequantize)
     from bench.backends.gguf_requant import TARGET_TYPES, stored_types
 
     float_types = {t.name for t in TARGET_TYPES.values()}

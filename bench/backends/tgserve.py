@@ -11,6 +11,7 @@ can be read at peak usage for the KV cache figures).
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -32,6 +33,7 @@ class TgserveBackend:
             + (", compiled" if engine.config.compile else "")
             + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
         )
+        self.memory = _memory_note(engine)  # measured once, after load (report_note adds it)
         self._ids = count()
 
     def _params(self, output_len: int):
@@ -113,5 +115,32 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         quantization=options.quantization,
         compile=options.compile,
         cpu_kernels=options.cpu_kernels,
+        dequantize=options.dequantize,
     )
     return TgserveBackend(Engine.from_model(str(source.path), config))
+
+
+def _memory_note(engine) -> str:
+    """Weights held by the model (GGUF blocks as stored counted once, tied or not), and the
+    process's resident memory after load (weights, KV cache, packed copies, libraries)."""
+    from models.block_linear import BlockEmbedding, BlockLinear
+
+    model = engine.runner.model
+    seen: dict[int, int] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    blocks = [
+        m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)
+    ]
+    for w in blocks:
+        seen[w.packed.data_ptr()] = w.nbytes
+    kind = "GGUF blocks as stored" if blocks else "dense"
+    return f"weights {sum(seen.values()) / 2**20:.0f} MiB ({kind}), RSS after load {_rss_mib():.0f} MiB"
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")

@@ -3,6 +3,8 @@
 - `paged_decode` (attention.cpp): paged attention, one query per row, reading K/V in place
   through the block tables; wrapped with checks by `models.cpu_kernels.paged_attention`.
 - `linear` (linear.cpp): small-batch linear layers that stream the weights at memory speed.
+- `pack_blocks`, `block_linear`, `block_rows` (block_linear.cpp): GGUF Q4_0 / Q4_1 / Q8_0
+  weights kept as stored, unpacked in registers (models/block_linear.py wraps them).
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
   Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
@@ -29,8 +31,15 @@ from models.cpu_features import cpu_flags
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
-_SOURCES = ("attention.cpp", "linear.cpp", "decoder.cpp", "bindings.cpp")
-_HEADERS = ("kernels.h", "decoder.h", "vec_math.h", "vec_simd.h", "attention_simd.h", "attention_layout.h")
+_SOURCES = ("attention.cpp", "linear.cpp", "block_linear.cpp", "decoder.cpp", "bindings.cpp")
+_HEADERS = (
+    "kernels.h",
+    "decoder.h",
+    "vec_math.h",
+    "vec_simd.h",
+    "attention_simd.h",
+    "attention_layout.h",
+)
 
 
 def _build_tag() -> str:

@@ -100,6 +100,75 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y;
 }
 
+// GGUF blocks kept as stored (block_linear.cpp). raw [N, row bytes] uint8 as in the file ->
+// the packed copy, a [panels, K / 32 * 16 * block bytes] uint8 tensor.
+torch::Tensor pack_blocks(torch::Tensor raw, int64_t type, int64_t K) {
+  const int64_t bb = tgserve::block_bytes(static_cast<int>(type));
+  TORCH_CHECK(bb > 0, "pack_blocks: unsupported GGML type ", type);
+  TORCH_CHECK(raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kByte,
+              "pack_blocks: a contiguous uint8 [N, row bytes] tensor");
+  TORCH_CHECK(K % 32 == 0 && raw.size(1) == K / 32 * bb, "pack_blocks: rows of ", raw.size(1),
+              " bytes do not hold ", K, " weights");
+  const int64_t N = raw.size(0);
+  auto packed = torch::empty({(N + 15) / 16, K / 32 * 16 * bb}, raw.options());
+  tgserve::pack_blocks(raw.data_ptr<uint8_t>(), N, K, static_cast<int>(type),
+                       packed.data_ptr<uint8_t>());
+  return packed;
+}
+
+void check_packed(const torch::Tensor& packed, int64_t type, int64_t K, int64_t N) {
+  const int64_t bb = tgserve::block_bytes(static_cast<int>(type));
+  TORCH_CHECK(bb > 0, "unsupported GGML type ", type);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 &&
+                  packed.size(0) == (N + 15) / 16 && K % 32 == 0 &&
+                  packed.size(1) == K / 32 * 16 * bb,
+              "the packed blocks do not match N = ", N, " and K = ", K);
+}
+
+// Rows ids [T] of a packed weight -> float32 [T, K], bitwise as gguf's dequantisation.
+torch::Tensor block_rows(torch::Tensor packed, int64_t type, int64_t K, int64_t N,
+                         torch::Tensor ids) {
+  check_packed(packed, type, K, N);
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+              "block_rows: ids must be a contiguous int64 [T] tensor");
+  const int64_t T = ids.size(0);
+  const int64_t* idp = ids.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(idp[t] >= 0 && idp[t] < N, "block_rows: id ", idp[t], " outside [0, ", N, ")");
+  auto out = torch::empty({T, K}, packed.options().dtype(at::kFloat));
+  tgserve::block_rows(packed.data_ptr<uint8_t>(), K, static_cast<int>(type), idp, T,
+                      out.data_ptr<float>());
+  return out;
+}
+
+// x [M, K] @ W^T (+ bias) from packed blocks -> [M, N] float32 (float_out) or in x's dtype.
+torch::Tensor block_linear(torch::Tensor x, torch::Tensor packed, int64_t type, int64_t N,
+                           c10::optional<torch::Tensor> bias, bool float_out) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "block_linear: x must be a contiguous [M, K] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "block_linear: x must be float32 or bfloat16");
+  TORCH_CHECK(!bias || (bias->scalar_type() == x.scalar_type() && bias->numel() == N),
+              "block_linear: bias must be [N] in x's dtype");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_packed(packed, type, K, N);
+  auto y = torch::empty({M, N}, x.options().dtype(float_out ? at::kFloat : x.scalar_type()));
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const int t = static_cast<int>(type);
+  if (x.scalar_type() == at::kFloat) {
+    const float* b = bias ? bias->data_ptr<float>() : nullptr;
+    tgserve::block_linear<float, float>(x.data_ptr<float>(), M, K, wp, t, b, y.data_ptr<float>(), N);
+    return y;
+  }
+  using BF = c10::BFloat16;
+  const BF* xp = static_cast<const BF*>(x.data_ptr());
+  const BF* b = bias ? static_cast<const BF*>(bias->data_ptr()) : nullptr;
+  if (float_out)
+    tgserve::block_linear<BF, float>(xp, M, K, wp, t, b, y.data_ptr<float>(), N);
+  else
+    tgserve::block_linear<BF, BF>(xp, M, K, wp, t, b, static_cast<BF*>(y.data_ptr()), N);
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -108,5 +177,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "linear layer over a packed weight (see kernels.h)", py::arg("x"),
         py::arg("packed"), py::arg("bias"), py::arg("n"), py::arg("float_out"),
         py::arg("scales") = py::none());
+  m.def("pack_blocks", &pack_blocks, "GGUF blocks packed for block_linear (see kernels.h)",
+        py::arg("raw"), py::arg("type"), py::arg("k"));
+  m.def("block_rows", &block_rows, "rows of packed GGUF blocks as float32 (see kernels.h)",
+        py::arg("packed"), py::arg("type"), py::arg("k"), py::arg("n"), py::arg("ids"));
+  m.def("block_linear", &block_linear, "linear layer over packed GGUF blocks (see kernels.h)",
+        py::arg("x"), py::arg("packed"), py::arg("type"), py::arg("n"), py::arg("bias"),
+        py::arg("float_out"));
   tgserve::bind_decoder(m);
 }

@@ -30,7 +30,7 @@ class LlamaDecoder {
     TORCH_CHECK(layers_.size() == k_caches_.size() && layers_.size() == v_caches_.size(),
                 "one K and one V cache per layer");
     hidden_ = final_norm_.size(0);
-    intermediate_ = layers_.front().gate_up.weight.size(0) / 2;
+    intermediate_ = layers_.front().gate_up.out_features / 2;
   }
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
@@ -57,11 +57,16 @@ class LlamaDecoder {
   // [B, N] = x [B, K] @ w^T (* scales) (+ bias), from w's packed copy (int8 or x's dtype).
   template <typename T>
   torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
-    const int64_t N = w.weight.size(0);
+    const int64_t N = w.out_features;
     auto y = torch::empty({x.size(0), N}, x.options());
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* bias = w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
+    if (w.block_type) {  // GGUF blocks as stored (block_linear.cpp)
+      block_linear<T, T>(xp, x.size(0), x.size(1), w.packed.data_ptr<uint8_t>(),
+                         static_cast<int>(w.block_type), bias, yp, N);
+      return y;
+    }
     if (w.packed.scalar_type() == at::kChar) {
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         packed_linear<T, T, int8_t>(xp, x.size(0), x.size(1), w.packed.data_ptr<int8_t>(),
@@ -159,17 +164,24 @@ void bind_decoder(pybind11::module& m) {
   // Keyword-only constructors: Python names every weight, no tensor is matched by position.
   py::class_<LinearWeights>(m, "LinearWeights")
       .def(py::init([](torch::Tensor weight, torch::Tensor packed,
-                       std::optional<torch::Tensor> bias, std::optional<torch::Tensor> scales) {
+                       std::optional<torch::Tensor> bias, std::optional<torch::Tensor> scales,
+                       int64_t block_type, int64_t out_features) {
              const bool int8 = packed.scalar_type() == at::kChar;
              TORCH_CHECK(int8 == scales.has_value() &&
                              (!scales || (scales->scalar_type() == at::kFloat &&
                                           scales->numel() == weight.size(0))),
                          "LinearWeights: int8 weights come with float32 scales [N], only they");
+             TORCH_CHECK(!block_type || (block_bytes(static_cast<int>(block_type)) > 0 &&
+                                         packed.scalar_type() == at::kByte && out_features > 0),
+                         "LinearWeights: GGUF blocks need a supported type, uint8 packed "
+                         "blocks and out_features");
+             const int64_t n = block_type ? out_features : weight.size(0);
              return LinearWeights{std::move(weight), std::move(packed), std::move(bias),
-                                  std::move(scales)};
+                                  std::move(scales), block_type, n};
            }),
            py::kw_only(), py::arg("weight"), py::arg("packed"), py::arg("bias") = py::none(),
-           py::arg("scales") = py::none())
+           py::arg("scales") = py::none(), py::arg("block_type") = 0,
+           py::arg("out_features") = 0)
       .def_readonly("weight", &LinearWeights::weight)
       .def_readonly("packed", &LinearWeights::packed)
       .def_readonly("bias", &LinearWeights::bias)

@@ -10,10 +10,13 @@ namespace tgserve {
 
 // A linear layer: its weight [N, K] as stored (int8 when quantized), its packed copy for
 // packed_linear (kernels.h), its bias [N] (none when the layer has none) and, for int8
-// weights only, the float32 scale of each output row [N].
+// weights only, the float32 scale of each output row [N]. GGUF blocks kept as stored:
+// block_type is their GGML type (else 0), `packed` their pack_blocks copy (also `weight`: no
+// other copy is kept) and out_features N.
 struct LinearWeights {
   torch::Tensor weight, packed;
   std::optional<torch::Tensor> bias, scales;
+  int64_t block_type = 0, out_features = 0;
 };
 
 // One pre-norm decoder layer of the Llama family, named as in models/llama.py.

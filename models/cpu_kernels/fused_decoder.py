@@ -19,7 +19,8 @@ tests/models/test_fused_decoder.py against it and against transformers). A row's
 depend on the other rows of the step (batch invariance: the linear and attention kernels fix
 their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
 through the forward-path seam (models/forward_path.py). The packed copies of the weights add
-the linear layers' bytes once more to memory.
+the linear layers' bytes once more to memory, except GGUF blocks kept as stored
+(models/block_linear.py): their packed blocks are the only copy, run by block_linear.cpp.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn
 
 from models import cpu_kernels
 from models.attention import AttentionMetadata, KVCache
+from models.block_linear import BlockLinear
 from models.quantization import Int8Linear
 
 
@@ -39,6 +41,12 @@ class FusedDecoder:
 
         def linear(layer: nn.Module):
             bias = None if layer.bias is None else layer.bias.detach()
+            if isinstance(layer, BlockLinear):  # GGUF blocks: already packed, the only copy
+                w = layer.block_weight
+                return ext.LinearWeights(
+                    weight=w.packed, packed=w.packed, bias=bias, block_type=int(w.qtype),
+                    out_features=w.out_features,
+                )  # fmt: skip
             weight, scales = _weight_and_scales(layer)
             return ext.LinearWeights(
                 weight=weight, packed=ext.pack_linear(weight), bias=bias, scales=scales
@@ -59,9 +67,11 @@ class FusedDecoder:
         ]
         self._model = model
         self._ext = ext
-        lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
-        self._vocab_size = lm_head.shape[0]
-        self._lm_head_packed = ext.pack_linear(lm_head)
+        self._lm_head_blocks = model.lm_head if isinstance(model.lm_head, BlockLinear) else None
+        if self._lm_head_blocks is None:
+            lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
+            self._vocab_size = lm_head.shape[0]
+            self._lm_head_packed = ext.pack_linear(lm_head)
         self._decoder = ext.LlamaDecoder(
             layers=layers,
             final_norm=inner.norm.weight.detach(),
@@ -80,7 +90,7 @@ class FusedDecoder:
 
         if not isinstance(model, LlamaForCausalLM):
             return None
-        dtype = model.model.embed_tokens.weight.dtype
+        dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None
         if any(k.dtype != dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
@@ -114,6 +124,8 @@ class FusedDecoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
+        if self._lm_head_blocks is not None:
+            return self._lm_head_blocks.apply(hidden, float_out=True)
         return self._ext.linear(
             hidden.contiguous(),
             self._lm_head_packed,
@@ -137,11 +149,12 @@ def _weight_and_scales(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
-    """Plain linears in float32 / bfloat16 on a CPU, or weight-only int8 ones with bfloat16
-    activations (the int8 kernel widens the weights to bf16 pairs); anything else keeps its path."""
-    layers = [model.model.layers[0].self_attn.qkv_proj, model.lm_head]
-    if model.model.embed_tokens.weight.device.type != "cpu":
+    """Plain linears and GGUF blocks as stored (models/block_linear.py) in float32 / bfloat16
+    on a CPU, or weight-only int8 ones with bfloat16 activations (the int8 kernel widens the
+    weights to bf16 pairs); anything else keeps its path."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear | BlockLinear)]
+    if model.model.norm.weight.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
-    if all(type(layer) is nn.Linear for layer in layers):
-        return dtype in (torch.float32, torch.bfloat16)
+    if all(type(layer) is nn.Linear or isinstance(layer, BlockLinear) for layer in layers):
+        return True
     return all(isinstance(layer, Int8Linear) for layer in layers) and dtype == torch.bfloat16

@@ -36,4 +36,17 @@ template <typename T, typename OutT, typename WT>
 void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* scales,
                    const T* bias, OutT* y, int64_t N);
 
+// GGUF block-quantised weights kept as stored (block_linear.cpp: the packed layout and the
+// accumulation order). Types by their GGML ids. pack_blocks: raw [N, K / 32 blocks] as in the
+// file -> Wp [ceil(N / 16), K / 32, 16 * block_bytes(type)] bytes (zero rows pad the last panel).
+enum BlockType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+int64_t block_bytes(int type);  // bytes of one row's block of 32 weights in the file; 0: unknown
+void pack_blocks(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp);
+// out [T, K] float32: rows ids[T] of the packed weight, bitwise as gguf's dequantisation.
+void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T, float* out);
+// y [M, N] = x [M, K] @ W^T (+ bias) from the packed blocks, float32 sums rounded once to OutT.
+template <typename T, typename OutT>
+void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
+                  OutT* y, int64_t N);
+
 }  // namespace tgserve

@@ -9,16 +9,21 @@ model's config.json. `tie_word_embeddings` is set when the file has no `output.w
 rope scaling, which llama.cpp stores as a `rope_freqs.weight` tensor rather than as keys, is
 recognised by regenerating that tensor from the known Llama-3.x parameters; anything else raises
 `ValueError` naming the file (silently ignoring it would give wrong logits).
+`read_gguf_config(path)` opens a file and returns (GGUFFile, that dict, ModelConfig).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from models.gguf.file import GGUFFile
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
 
 # GGUF architecture -> HF architecture class. Mistral GGUFs say "llama" (see below).
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -170,3 +175,17 @@ def llama3_rope_factors(
             smooth = (original / wavelen - low) / (high - low)
             out.append(1.0 / ((1 - smooth) / factor + smooth))
     return torch.tensor(out, dtype=torch.float32)
+
+
+def read_gguf_config(path: Path) -> tuple[GGUFFile, dict[str, Any], ModelConfig]:
+    """The opened file, its Hugging Face config dict and our ModelConfig; ValueError naming the
+    file when the metadata does not describe a model tgserve runs."""
+    from models.config import ModelConfig
+    from models.gguf.file import open_gguf
+
+    gguf = open_gguf(path)
+    hf_config = gguf_to_hf_config(gguf)
+    try:
+        return gguf, hf_config, ModelConfig.from_hf_dict(hf_config)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc

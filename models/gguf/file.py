@@ -5,7 +5,8 @@ raises `FileNotFoundError` / `ValueError` naming the file. `GGUFFile.tensor(info
 tensor in row-major order (for a linear layer `[out_features, in_features]`, the Hugging Face
 order), keeping F32/F16/BF16 in their own dtype and dequantising Q8_0/Q4_0/Q4_1 to float32 with
 `gguf.quants.dequantize` (checked against the GGML block formats in
-tests/models/gguf/test_file.py). Any other tensor type raises `ValueError` naming the file, the
+tests/models/gguf/test_file.py); `GGUFFile.blocks(info)` returns a quantised matrix's bytes as
+stored, [rows, bytes per row], for models/block_linear.py. Any other tensor type raises `ValueError` naming the file, the
 tensor and the type. Names stay GGUF names here; models/gguf/names.py maps them to Hugging Face
 names.
 
@@ -64,9 +65,7 @@ class GGUFFile:
     def tensor(self, info: GGUFTensorInfo) -> torch.Tensor:
         """One tensor, row-major shape, dequantised if needed; owns its memory."""
         qtype = self._check_type(info)
-        raw = np.fromfile(self.path, dtype=np.uint8, count=info.nbytes, offset=info.offset)
-        if len(raw) != info.nbytes:
-            raise ValueError(f"{self.path}: tensor {info.name!r} runs past the end of the file")
+        raw = self._bytes(info)
         if qtype in _NATIVE_TYPES:
             np_dtype, torch_dtype = _NATIVE_TYPES[qtype]
             values = torch.from_numpy(raw.view(np_dtype).reshape(info.shape))
@@ -74,6 +73,17 @@ class GGUFFile:
         # dequantize wants [..., bytes per row] and returns float32 [..., elements per row].
         blocks = raw.reshape(*info.shape[:-1], -1)
         return torch.from_numpy(np.ascontiguousarray(dequantize(blocks, qtype), dtype=np.float32))
+
+    def blocks(self, info: GGUFTensorInfo) -> torch.Tensor:
+        """A block-quantised matrix's bytes as stored: uint8 [rows, bytes per row]."""
+        self._check_type(info)
+        return torch.from_numpy(self._bytes(info).reshape(*info.shape[:-1], -1))
+
+    def _bytes(self, info: GGUFTensorInfo) -> np.ndarray:
+        raw = np.fromfile(self.path, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        if len(raw) != info.nbytes:
+            raise ValueError(f"{self.path}: tensor {info.name!r} runs past the end of the file")
+        return raw
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for info in self.infos:

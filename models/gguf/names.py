@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from models.gguf.file import GGUFFile
+from models.gguf.header import GGUFTensorInfo
 
 _LLAMA_GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -106,6 +107,17 @@ def gguf_to_hf_tensors(
     gguf: GGUFFile, hf_config: dict[str, Any]
 ) -> Iterator[tuple[str, str, torch.Tensor]]:
     """Yields (gguf_name, hf_name, tensor), checking every name and type before any work."""
+    for info, hf_name, fixup in gguf_to_hf_plan(gguf, hf_config):
+        tensor = gguf.tensor(info)
+        yield info.name, hf_name, fixup(tensor) if fixup else tensor
+
+
+def gguf_to_hf_plan(
+    gguf: GGUFFile, hf_config: dict[str, Any]
+) -> list[tuple[GGUFTensorInfo, str, Fixup | None]]:
+    """(info, hf_name, fixup of the rows or None) for every tensor, names and types checked.
+    A fixup only moves or transposes rows, so it applies to a quantised matrix's block rows too
+    (a Q/K unpermute; GPT-2's transpose does not: it needs the values)."""
     arch = gguf.architecture
     gguf.check_types()
     plan = []
@@ -119,6 +131,4 @@ def gguf_to_hf_tensors(
                 f"{gguf.path}: tensor {info.name!r} is not one tgserve knows for GGUF "
                 f"architecture {arch!r}"
             ) from None
-    for info, hf_name, fixup in plan:
-        tensor = gguf.tensor(info)
-        yield info.name, hf_name, fixup(tensor) if fixup else tensor
+    return plan

@@ -28,7 +28,7 @@ def test_cached_folder_gives_the_same_tensors_without_reading_the_gguf(tmp_path,
     def no_gguf(_path):
         raise AssertionError("the GGUF was read although a converted folder exists")
 
-    monkeypatch.setattr("models.loader.open_gguf", no_gguf)
+    monkeypatch.setattr("models.loader.read_gguf_config", no_gguf)
     cached_config, cached = load_checkpoint(path, cache_dir=tmp_path / "cache")
     assert direct_config == first_config == cached_config
     for name, tensor in direct.items():

@@ -45,7 +45,7 @@ def test_smollm2_tensors_equal_transformers_gguf_loading(smollm2):
 
 def test_smollm2_logits_equal_transformers_from_the_cached_folder(smollm2):
     path, cache, theirs, _, _ = smollm2
-    model, config = load_model(path, "float32", "cpu", cache_dir=cache)  # reads the cache
+    model, config = load_model(path, "float32", "cpu", cache_dir=cache, dequantize=True)
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (24,))
     meta = AttentionMetadata.build(

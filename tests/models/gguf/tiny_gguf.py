@@ -39,8 +39,10 @@ def to_gguf(
     meta: dict,
     extra: dict[str, np.ndarray] | None = None,
     tokens: list[str] | None = None,
+    qtype: QT | None = None,
 ) -> Path:
-    """Writes a transformers model the way llama.cpp's convert_hf_to_gguf.py would."""
+    """Writes a transformers model the way llama.cpp's convert_hf_to_gguf.py would; with
+    `qtype`, every matrix (rank 2) is quantised to that GGML type by gguf's own quantize."""
     cfg = model.config
     gguf_arch = {
         "llama": gguf.MODEL_ARCH.LLAMA,
@@ -71,7 +73,11 @@ def to_gguf(
             w = w.reshape(tensor.shape)
         if arch == "gpt2" and w.dim() == 2 and gguf_name.startswith("blk."):
             w = w.t()  # Conv1D [in, out] -> [out, in]
-        writer.add_tensor(gguf_name, np.ascontiguousarray(w.numpy()))
+        array = np.ascontiguousarray(w.numpy())
+        if qtype is not None and array.ndim == 2:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

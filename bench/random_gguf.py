@@ -1,0 +1,135 @@
+"""A GGUF with random weights in a real model's shape and one GGML type, so CPU numbers are also
+taken on a model of the size CPU users run; llama.cpp loads the very same file.
+
+Contract: `write_random_gguf(dest, qtype, shape="llama-3.2-1b", vocab_from=None, seed=0)` writes
+`dest` and returns it.
+- Shape: `SHAPES[shape]` (Llama-3.2-1B: 16 layers, hidden 2048, intermediate 8192, 32 query /
+  8 KV heads of 64, rope theta 500000, tied embeddings), written as llama.cpp's converter
+  writes a Llama (names from gguf-py's map, `general.file_type` set to the type's).
+- Vocabulary: every `tokenizer.*` field of the GGUF `vocab_from` (default: the default model's,
+  49152 GPT-2 BPE tokens; no Llama-3 tokenizer ships offline, so the embedding and the LM head
+  are 49152 x 2048 unless a GGUF with that vocabulary is given, e.g. llama.cpp's
+  ggml-vocab-llama-bpe.gguf from the llama-cpp-python sdist).
+- Weights: seeded N(0, 0.02) matrices stored in `qtype` by `gguf.quants.quantize` (Q4_0, Q4_1,
+  Q5_0, Q5_1, Q8_0, F16, BF16, F32: the types gguf-py can write; it cannot write K-quants),
+  norms F32 ones. One tensor is made at a time (memory: the largest tensor, not the model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import (
+    MODEL_ARCH,
+    GGMLQuantizationType,
+    GGUFReader,
+    GGUFValueType,
+    GGUFWriter,
+    LlamaFileType,
+    get_tensor_name_map,
+)
+from gguf.quants import quant_shape_to_byte_shape, quantize
+
+SHAPES: dict[str, dict[str, float | int]] = {
+    "llama-3.2-1b": dict(
+        block_count=16,
+        embedding_length=2048,
+        feed_forward_length=8192,
+        head_count=32,
+        head_count_kv=8,
+        rope_freq_base=500000.0,
+        rms_eps=1e-5,
+        context_length=8192,
+    ),  # fmt: skip
+}
+WRITABLE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")
+
+
+def write_random_gguf(
+    dest: str | Path,
+    qtype: str,
+    shape: str = "llama-3.2-1b",
+    vocab_from: str | Path | None = None,
+    seed: int = 0,
+) -> Path:
+    if qtype not in WRITABLE_TYPES:
+        raise ValueError(f"cannot write type {qtype!r}; choose one of: {', '.join(WRITABLE_TYPES)}")
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of: {', '.join(SHAPES)}")
+    from models.default_model import default_model_path
+
+    s, qt = SHAPES[shape], GGMLQuantizationType[qtype]
+    vocab = GGUFReader(vocab_from or default_model_path())
+    vocab_size = len(vocab.fields["tokenizer.ggml.tokens"].data)
+    writer = GGUFWriter(str(dest), arch="llama")
+    writer.add_name(f"random {shape} {qtype}")
+    writer.add_file_type(_file_type(qt))
+    writer.add_block_count(s["block_count"])
+    writer.add_context_length(s["context_length"])
+    writer.add_embedding_length(s["embedding_length"])
+    writer.add_feed_forward_length(s["feed_forward_length"])
+    writer.add_head_count(s["head_count"])
+    writer.add_head_count_kv(s["head_count_kv"])
+    writer.add_rope_freq_base(s["rope_freq_base"])
+    writer.add_layer_norm_rms_eps(s["rms_eps"])
+    writer.add_vocab_size(vocab_size)
+    writer.add_rope_dimension_count(s["embedding_length"] // s["head_count"])
+    for field in vocab.fields.values():
+        if field.name.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
+    tensors = _tensor_shapes(s, vocab_size)
+    for name, rows_cols in tensors.items():
+        stored = qt if len(rows_cols) == 2 else GGMLQuantizationType.F32
+        nbytes = int(np.prod(quant_shape_to_byte_shape(rows_cols, stored)))
+        writer.add_tensor_info(name, rows_cols, np.dtype(np.float32), nbytes, stored)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for rows_cols in tensors.values():
+        if len(rows_cols) == 1:
+            writer.write_tensor_data(np.ones(rows_cols, dtype=np.float32))
+            continue
+        values = (rng.standard_normal(rows_cols, dtype=np.float32) * 0.02).astype(np.float32)
+        writer.write_tensor_data(_stored(values, qt))
+    writer.close()
+    return Path(dest)
+
+
+def _tensor_shapes(s: dict, vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """GGUF name -> row-major shape, in llama.cpp's file order (tied: no output.weight)."""
+    h, inter, layers = s["embedding_length"], s["feed_forward_length"], s["block_count"]
+    head_dim = h // s["head_count"]
+    kv = s["head_count_kv"] * head_dim
+    names = get_tensor_name_map(MODEL_ARCH.LLAMA, layers)
+    shapes = {"token_embd.weight": (vocab_size, h)}
+    hf = {
+        "input_layernorm": (h,), "self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, h),
+        "post_attention_layernorm": (h,), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+        "mlp.down_proj": (h, inter),
+    }  # fmt: skip
+    for i in range(layers):
+        for part, shape in hf.items():
+            shapes[f"{names.get_name(f'model.layers.{i}.{part}')}.weight"] = shape
+    shapes["output_norm.weight"] = (h,)
+    return shapes
+
+
+def _stored(values: np.ndarray, qt: GGMLQuantizationType) -> np.ndarray:
+    if qt == GGMLQuantizationType.F32:
+        return values
+    if qt == GGMLQuantizationType.F16:
+        return values.astype(np.float16)
+    return quantize(values, qt)  # BF16 too: gguf's round-to-nearest-even bytes
+
+
+def _file_type(qt: GGMLQuantizationType) -> LlamaFileType:
+    return {
+        GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
+        GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
+        GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16,
+    }.get(qt) or LlamaFileType[f"MOSTLY_{qt.name}"]

@@ -1,0 +1,125 @@
+"""Loading a GGUF with its block-quantised matrices kept as stored (the default for GGUF files).
+
+Contract: `load_stored_gguf(path, dtype, device)` returns `(model, config)` for a Llama-family
+GGUF on a CPU with tgserve's C++ kernels built, or None (the caller then dequantises as
+before) when the file is another family, the device is not a CPU, the kernels are unavailable,
+or no matrix is stored in a type of `STORED_TYPES`.
+- Every linear layer and the token embedding whose matrices are all of one type of
+  `STORED_TYPES` becomes a `BlockLinear` / `BlockEmbedding` (models/block_linear.py) holding
+  the file's blocks: q/k/v (and gate/up) concatenated by rows as llama.py fuses them, llama.cpp's
+  Q/K row permutation undone on the block rows (a block never spans two rows). With tied
+  embeddings the LM head is a `BlockLinear` over the embedding's blocks (one copy).
+- A fused layer whose parts have different types, and every other tensor (norms, biases, F16 /
+  BF16 / F32 matrices), loads as the dequantising path loads it, in `dtype`.
+Errors: `ValueError` naming the file and tensor for a shape the model does not expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from gguf import GGMLQuantizationType
+from torch import nn
+
+from models import cpu_kernels
+from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear, BlockWeight
+from models.config import ModelConfig
+from models.gguf.config import read_gguf_config
+from models.gguf.file import GGUFFile
+from models.gguf.header import GGUFTensorInfo
+from models.gguf.names import Fixup, gguf_to_hf_plan
+
+# Hugging Face module fragment -> (our fused module fragment, part index, parts).
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0, 3),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1, 3),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2, 3),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0, 2),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1, 2),
+}
+
+Part = tuple[int, GGUFTensorInfo, str, Fixup | None]  # (part index, info, hf name, fixup)
+
+
+def load_stored_gguf(
+    path: Path, dtype: torch.dtype, device: str | torch.device
+) -> tuple[nn.Module, ModelConfig] | None:
+    from models import build_model
+
+    if torch.device(device).type != "cpu" or cpu_kernels.extension() is None:
+        return None
+    gguf, hf_config, config = read_gguf_config(path)
+    if config.family != "llama":
+        return None
+    plan = gguf_to_hf_plan(gguf, hf_config)
+    groups = _block_groups(plan)
+    if not groups:
+        return None
+    model = build_model(config, dtype, device)
+    kept: set[str] = set()
+    for module_name, (parts, count) in groups.items():
+        if len(parts) == count and len({_qtype(info) for _, info, _, _ in parts}) == 1:
+            weight = _pack(gguf, sorted(parts, key=lambda p: p[0]))
+            _replace(model, module_name, weight, dtype, path)
+            kept.update(hf_name for _, _, hf_name, _ in parts)
+    if config.tie_word_embeddings and isinstance(model.model.embed_tokens, BlockEmbedding):
+        model.lm_head = BlockLinear(model.model.embed_tokens.block_weight)
+    with torch.no_grad():
+        model.load_weights(_rest(gguf, plan, kept))
+    return model, config
+
+
+def _qtype(info: GGUFTensorInfo) -> GGMLQuantizationType | None:
+    try:
+        return GGMLQuantizationType(info.type_id)
+    except ValueError:
+        return None
+
+
+def _block_groups(plan) -> dict[str, tuple[list[Part], int]]:
+    """Our module name -> (its parts stored in a block type, how many parts it has)."""
+    groups: dict[str, tuple[list[Part], int]] = {}
+    for info, hf_name, fixup in plan:
+        if (
+            len(info.shape) != 2
+            or _qtype(info) not in STORED_TYPES
+            or not hf_name.endswith(".weight")
+        ):
+            continue
+        module, index, count = hf_name.removesuffix(".weight"), 0, 1
+        for fragment, (fused, part, parts) in _FUSED.items():
+            if module.endswith(f".{fragment}"):
+                module, index, count = module.removesuffix(fragment) + fused, part, parts
+        groups.setdefault(module, ([], count))[0].append((index, info, hf_name, fixup))
+    return groups
+
+
+def _pack(gguf: GGUFFile, parts: list[Part]) -> BlockWeight:
+    rows = [fixup(gguf.blocks(info)) if fixup else gguf.blocks(info) for _, info, _, fixup in parts]
+    info = parts[0][1]
+    return BlockWeight.pack(torch.cat(rows), _qtype(info), info.shape[-1])
+
+
+def _replace(
+    model: nn.Module, name: str, weight: BlockWeight, dtype: torch.dtype, path: Path
+) -> None:
+    old = model.get_submodule(name)
+    if isinstance(old, nn.Embedding):
+        want, new = (old.num_embeddings, old.embedding_dim), BlockEmbedding(weight, dtype)
+    else:
+        want, new = (old.out_features, old.in_features), BlockLinear(weight, old.bias)
+    got = (weight.out_features, weight.in_features)
+    if got != want:
+        raise ValueError(
+            f"{path}: the matrices of {name!r} have shape {got}, the model expects {want}"
+        )
+    model.set_submodule(name, new)
+
+
+def _rest(gguf: GGUFFile, plan, kept: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for info, hf_name, fixup in plan:
+        if hf_name not in kept:
+            tensor = gguf.tensor(info)
+            yield hf_name, fixup(tensor) if fixup else tensor

@@ -1,0 +1,41 @@
+"""`tgserve bench write-gguf` (bench/random_gguf.py): the file is a Llama in the asked shape and
+type, with the vocabulary copied from the source GGUF, and tgserve loads it as stored."""
+
+from __future__ import annotations
+
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader
+
+from bench import random_gguf
+from bench.random_gguf import write_random_gguf
+from models.block_linear import BlockEmbedding, BlockLinear
+from models.default_model import default_model_path
+from models.loader import load_model
+
+TINY = dict(
+    block_count=2, embedding_length=64, feed_forward_length=96, head_count=4, head_count_kv=2,
+    rope_freq_base=10000.0, rms_eps=1e-5, context_length=256,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_written_gguf_has_the_shape_type_and_vocabulary_asked_for(tmp_path, monkeypatch, qtype):
+    monkeypatch.setitem(random_gguf.SHAPES, "tiny", TINY)
+    path = write_random_gguf(tmp_path / "tiny.gguf", qtype, shape="tiny")
+    reader = GGUFReader(path)
+    vocab = GGUFReader(default_model_path()).fields["tokenizer.ggml.tokens"]
+    assert reader.fields["tokenizer.ggml.tokens"].contents() == vocab.contents()
+    matrices = {t.name: QT(t.tensor_type) for t in reader.tensors if len(t.shape) == 2}
+    assert len(matrices) == 1 + 7 * 2 and set(matrices.values()) == {QT[qtype]}
+    model, config = load_model(path, "float32", "cpu")
+    assert (config.num_layers, config.hidden_size, config.intermediate_size) == (2, 64, 96)
+    assert (config.num_heads, config.num_kv_heads, config.vocab_size) == (4, 2, len(vocab.data))
+    assert config.tie_word_embeddings
+    assert isinstance(model.model.embed_tokens, BlockEmbedding)
+    assert isinstance(model.model.layers[1].mlp.gate_up_proj, BlockLinear)
+
+
+def test_unwritable_type_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(ValueError, match="Q4_1"):
+        write_random_gguf(tmp_path / "x.gguf", "Q4_K")

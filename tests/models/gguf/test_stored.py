@@ -1,0 +1,102 @@
+"""GGUF files served as stored (models/gguf/stored.py): tiny seeded Llama checkpoints quantised to
+each kept type load as BlockLinear / BlockEmbedding layers and agree with our own dequantising
+path (`dequantize=True`, the path tgserve took before: gguf's dequantisation, then the dtype).
+
+"Agree", stated honestly: the two paths multiply the same weights but not in the same order
+(blocks: per-block float32 sums scaled by d; dequantised: one float32 sum over W's values, in
+bfloat16 W rounded to bf16 first), so logits are equal to a tolerance, and greedy tokens of the
+tiny models, run through the engine, are identical in float32 (checked, not assumed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as QT
+
+from engine import Engine, EngineConfig, SamplingParams
+from models.attention import AttentionMetadata
+from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear
+from models.loader import load_model
+from tests.models.gguf.tiny_gguf import to_gguf
+
+HIDDEN, INTERMEDIATE, VOCAB = 64, 96, 96  # every K a multiple of the 32-wide blocks
+
+
+def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool) -> Path:
+    torch.manual_seed(int(qtype))
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=128, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # larger than init's 0.02 so the logits spread and matter
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    meta = {
+        "llama.block_count": 2,
+        "llama.context_length": 128,
+        "llama.embedding_length": HIDDEN,
+        "llama.feed_forward_length": INTERMEDIATE,
+        "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.freq_base": 5000.0,
+        "llama.attention.layer_norm_rms_epsilon": 1e-6,
+        "llama.vocab_size": VOCAB,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+    }
+    path = folder / f"tiny-{qtype.name}-{'tied' if tied else 'untied'}.gguf"
+    return to_gguf(model, path, "llama", tied, meta, qtype=qtype)
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    c = model.config
+    meta = AttentionMetadata.build(
+        block_tables=[[0, 1]], seq_lens=[len(ids)], query_lens=[len(ids)], block_size=16
+    )
+    dtype = model.model.norm.weight.dtype
+    shape = (2, 16, c.num_kv_heads, c.head_dim)
+    caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))] * c.num_layers
+    caches = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.no_grad():
+        return model.compute_logits(model(ids, torch.arange(len(ids)), meta, caches)).double()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("qtype", sorted(STORED_TYPES, key=int))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tiny_gguf_as_stored_gives_the_dequantised_paths_logits(tmp_path, qtype, tied, dtype):
+    path = tiny_quantised_gguf(tmp_path, qtype, tied)
+    stored, _ = load_model(path, dtype, use_cache=False)
+    plain, _ = load_model(path, dtype, use_cache=False, dequantize=True)
+    layer = stored.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                   layer.mlp.down_proj, stored.lm_head):  # fmt: skip
+        assert isinstance(linear, BlockLinear) and linear.block_weight.qtype == qtype
+    assert isinstance(stored.model.embed_tokens, BlockEmbedding)
+    if tied:  # one copy of the blocks serves both
+        assert stored.lm_head.block_weight is stored.model.embed_tokens.block_weight
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1))
+    ours, want = logits(stored, ids), logits(plain, ids)
+    # float32: only the summation order differs; bfloat16: the dequantised path also rounds
+    # the weights to bf16 (relative 2^-9 each) and both round activations between layers.
+    tol = 2e-4 if dtype == "float32" else 0.15
+    assert (ours - want).abs().max() <= tol * want.abs().max(), float((ours - want).abs().max())
+
+
+@pytest.mark.parametrize("qtype", sorted(STORED_TYPES, key=int))
+def test_tiny_gguf_as_stored_greedy_tokens_equal_the_dequantised_path(tmp_path, qtype):
+    path = tiny_quantised_gguf(tmp_path, qtype, tied=True)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 17, 33, 9], [60, 2, 71], list(range(10, 40))]
+    runs = []
+    for dequantize in (False, True):
+        engine = Engine.from_model(str(path), EngineConfig(dtype="float32", dequantize=dequantize))
+        assert engine.runner.forward_path.description  # the C++ step serves both
+        runs.append([out.outputs[0].token_ids for out in engine.generate(prompts, params)])
+    assert runs[0] == runs[1]
