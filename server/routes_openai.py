@@ -179,6 +179,14 @@ async def chat_completions(request: Request) -> Response:
     tools = tool_plan(req)
     prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False, tools)
     output_format, grammar = _output_format(state, tools, prompt.text or "")
+    if req.stream and req.use_beam_search and not output_format.plain:
+        raise ApiError(
+            400,
+            "a streamed beam search cannot be read into tool calls or reasoning (its text is "
+            "only settled when the search ends): set stream to false, or leave out "
+            "use_beam_search",
+            param="use_beam_search",
+        )
     params = chat_params(
         req,
         state.settings.enable_fault_injection,
