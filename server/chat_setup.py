@@ -30,7 +30,7 @@ def chat_setup(tokenizer: Any, settings: Settings) -> ChatSetup:
     name = settings.tool_call_parser
     if name == "auto":
         name = detect_parser(source)
-    parser = make_parser(name, _marker_ids(tokenizer, make_parser(name).markers))
+    parser = make_parser(name, _marker_ids(tokenizer, make_parser(name).markers), source)
     reasoning = settings.reasoning_parser == "think" or (
         settings.reasoning_parser == "auto" and uses_reasoning(source)
     )

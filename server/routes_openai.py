@@ -15,31 +15,21 @@ An engine error ends a stream with its "error" finish chunk, an `{"error": {...}
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine import CompletionOutput, RequestOutput, SamplingParams
-from server.chat_output import ChatOutputFormat, MessageStream, finish_reason, first_delta
+from engine import RequestOutput
+from server.chat_output import ChatOutputFormat, first_delta
 from server.errors import ApiError, read_body
+from server.openai_job import Job, Prompt, job_usage
 from server.reasoning import ReasoningParser, prompt_opens_reasoning
 from server.request_params import chat_params, completion_params, engine_error_renames
-from server.schemas_openai import (
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionLogprobs,
-    CompletionRequest,
-    chat_logprobs,
-    response_body,
-    usage,
-)
+from server.schemas_openai import ChatCompletionRequest, ChatMessage, CompletionRequest
 from server.state import ServerState, get_state
 from server.streaming import (
     SSE_DONE,
@@ -57,139 +47,7 @@ from server.tool_calls.request import ToolPlan, tool_plan
 router = APIRouter()
 
 
-@dataclass(frozen=True)
-class _Prompt:
-    token_ids: list[int]
-    text: str | None  # None: token ids were sent; decoded only if echoed (once admitted)
-
-    def echo_text(self, tokenizer: Any) -> str:
-        if self.text is not None:
-            return self.text
-        return tokenizer.decode(self.token_ids, skip_special_tokens=False) if tokenizer else ""
-
-
-@dataclass
-class _Choice:
-    """What was already sent for one choice of a stream."""
-
-    chars: int = 0
-    tokens: int = 0
-    finished: bool = False
-    logprobs: CompletionLogprobs | None = None
-    message: MessageStream | None = None  # chat with tools or reasoning: what is read so far
-
-
-@dataclass
-class _Job:
-    """One OpenAI request in flight: its prompts, streams and how to render it."""
-
-    kind: str  # "text_completion" | "chat.completion"
-    state: ServerState
-    model: str
-    prompts: list[_Prompt]
-    params: list[SamplingParams]
-    n: int
-    echo: bool = False
-    logprobs: bool = False
-    include_usage: bool = False
-    timeout: float | None = None
-    renames: dict[str, str] = field(default_factory=dict)  # engine field -> API field (400s)
-    output_format: ChatOutputFormat = field(default_factory=ChatOutputFormat)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created: int = field(default_factory=lambda: int(time.time()))
-    choices: dict[int, _Choice] = field(default_factory=dict)
-
-    def choices_for(
-        self, prompt_index: int, out: CompletionOutput, delta_only: bool, prompt_lp: Any
-    ) -> list[dict[str, Any]]:
-        """The choice dicts for `out`: when streaming, the chunks of its delta since the last
-        call (none when there is nothing to show), else the one whole choice."""
-        index = prompt_index * self.n + out.index
-        seen = self.choices.setdefault(index, _Choice())
-        if seen.finished:
-            return []
-        first = seen.chars == 0 and seen.tokens == 0
-        new = out.unseen(seen.chars, seen.tokens)  # a delta, or a whole output from offset 0
-        text, new_ids, entries = new.text, new.token_ids, list(new.logprobs or ())
-        seen.chars, seen.tokens = out.text_end, out.num_tokens
-        seen.finished = out.finish_reason is not None
-        prompt = self.prompts[prompt_index]
-        echoed = self.echo and first and self.kind != "chat.completion"
-        if self.kind == "chat.completion":
-            lp = chat_logprobs(self.state.token_texts, entries) if self.logprobs else None
-            if not self.output_format.plain:
-                return self._read_message(index, seen, out, text, lp, delta_only)
-            if delta_only and not (text or out.finish_reason or (self.logprobs and new_ids)):
-                return []  # e.g. only bytes of a character not complete yet: nothing to show
-            body = {"content": text} if delta_only else {"role": "assistant", "content": text}
-            key = "delta" if delta_only else "message"
-            return [
-                {
-                    "index": index,
-                    key: body if text or not delta_only else {},
-                    "logprobs": lp,
-                    "finish_reason": out.finish_reason,
-                }
-            ]
-        if delta_only and not (text or echoed or out.finish_reason or (self.logprobs and new_ids)):
-            return []
-        lp = None
-        if self.logprobs:
-            seen.logprobs = seen.logprobs or CompletionLogprobs(self.state.token_texts)
-            ids = list(new_ids)
-            if self.echo and first:  # the prompt's own tokens come first, the first unscored
-                prompt_entries = list(prompt_lp or [None] * len(prompt.token_ids))
-                entries, ids = prompt_entries + entries, prompt.token_ids + ids
-            lp = seen.logprobs.render(entries, ids)
-        if echoed:
-            text = prompt.echo_text(self.state.tokenizer) + text
-        return [{"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}]
-
-    def _read_message(
-        self,
-        index: int,
-        seen: _Choice,
-        out: CompletionOutput,
-        text: str,
-        lp: dict[str, Any] | None,
-        delta_only: bool,
-    ) -> list[dict[str, Any]]:
-        """Chat with tools or reasoning: the text read into content, reasoning and calls."""
-        if not delta_only:
-            message = self.output_format.message(text)
-            made_calls = bool(message.get("tool_calls"))
-            reason = finish_reason(out.finish_reason, made_calls)
-            return [{"index": index, "message": message, "logprobs": lp, "finish_reason": reason}]
-        seen.message = seen.message or self.output_format.stream()
-        deltas = seen.message.feed(text)
-        if out.finish_reason is not None:
-            deltas += seen.message.finish()
-        if out.finish_reason is not None or (lp is not None and lp["content"]):
-            deltas = deltas or [{}]
-        chunks = [
-            {"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas
-        ]
-        if chunks:
-            chunks[0]["logprobs"] = lp
-            reason = finish_reason(out.finish_reason, seen.message.made_calls)
-            chunks[-1]["finish_reason"] = reason
-        return chunks
-
-    def body(
-        self, choices: list[dict[str, Any]], usage_: dict[str, int] | None, chunk: bool
-    ) -> dict[str, Any]:
-        prefix = "chatcmpl-" if self.kind == "chat.completion" else "cmpl-"
-        return response_body(
-            self.kind, prefix + self.id, self.created, self.model, choices, usage_, chunk
-        )
-
-
-def _usage(job: _Job, finals: list[RequestOutput | None]) -> dict[str, int]:
-    completion = sum(o.num_tokens for f in finals if f is not None for o in f.outputs)
-    return usage(sum(len(p.token_ids) for p in job.prompts), completion)
-
-
-async def _respond(request: Request, job: _Job, stream: bool) -> Response:
+async def _respond(request: Request, job: Job, stream: bool) -> Response:
     streams = await job.state.open(
         [p.token_ids for p in job.prompts], job.params, job.timeout, job.renames
     )
@@ -204,10 +62,10 @@ async def _respond(request: Request, job: _Job, stream: bool) -> Response:
         for out in final.outputs  # best_of > n: the engine kept the n best, re-indexed
         for choice in job.choices_for(i, out, delta_only=False, prompt_lp=final.prompt_logprobs)
     ]
-    return JSONResponse(job.body(choices, _usage(job, finals), chunk=False))
+    return JSONResponse(job.body(choices, job_usage(job, finals), chunk=False))
 
 
-async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
+async def _events(job: Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
     finals: list[RequestOutput | None] = [None] * len(streams)
     if job.kind == "chat.completion":  # the role comes first, once per choice
         delta = first_delta(job.output_format)
@@ -229,11 +87,11 @@ async def _events(job: _Job, streams: list[AsyncIterator[RequestOutput]]) -> Asy
                 yield SSE_DONE
                 return  # closing `merged` aborts the other prompts' requests
     if job.include_usage:
-        yield sse(job.body([], _usage(job, finals), chunk=True))
+        yield sse(job.body([], job_usage(job, finals), chunk=True))
     yield SSE_DONE
 
 
-async def _completion_prompts(state: ServerState, prompt: Any) -> list[_Prompt]:
+async def _completion_prompts(state: ServerState, prompt: Any) -> list[Prompt]:
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -250,9 +108,9 @@ async def _completion_prompts(state: ServerState, prompt: Any) -> list[_Prompt]:
             raise ApiError(400, "prompt must not be empty", param="prompt")
         if isinstance(item, str):
             ids = await asyncio.to_thread(state.require_tokenizer().encode, item, True)
-            prompts.append(_Prompt(ids, item))
+            prompts.append(Prompt(ids, item))
             continue
-        prompts.append(_Prompt(list(item), None))  # ids are checked where they enter the engine
+        prompts.append(Prompt(list(item), None))  # ids are checked where they enter the engine
     return prompts
 
 
@@ -261,7 +119,7 @@ async def chat_prompt(
     messages: list[ChatMessage] | None,
     add_generation_prompt: bool,
     tools: ToolPlan | None = None,
-) -> _Prompt:
+) -> Prompt:
     """Messages (and tools) through the model's chat template, then tokenized (off the event
     loop); see server/tool_calls/prompt.py for templates that do not render tools."""
     tokenizer = state.require_tokenizer()
@@ -277,10 +135,10 @@ async def chat_prompt(
         raise ApiError(
             400, f"the chat template rejected these messages: {exc}", param="messages"
         ) from None
-    return _Prompt(await asyncio.to_thread(tokenizer.encode, text, False), text)
+    return Prompt(await asyncio.to_thread(tokenizer.encode, text, False), text)
 
 
-def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+def _includejob_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
 
@@ -297,7 +155,7 @@ async def completions(request: Request) -> Response:
     prompts = await _completion_prompts(state, req.prompt)
     params = [completion_params(req, state.settings.enable_fault_injection) for _ in prompts]
     _check_logprobs(state, req.logprobs is not None)
-    job = _Job(
+    job = Job(
         "text_completion",
         state,
         model,
@@ -306,7 +164,7 @@ async def completions(request: Request) -> Response:
         n=params[0].n,
         echo=bool(req.echo),
         logprobs=req.logprobs is not None,
-        include_usage=_include_usage(req),
+        include_usage=_includejob_usage(req),
         timeout=req.timeout,
         renames=engine_error_renames(req),
     )
@@ -321,6 +179,14 @@ async def chat_completions(request: Request) -> Response:
     tools = tool_plan(req)
     prompt = await chat_prompt(state, req.messages, req.add_generation_prompt is not False, tools)
     output_format, grammar = _output_format(state, tools, prompt.text or "")
+    if req.stream and req.use_beam_search and not output_format.plain:
+        raise ApiError(
+            400,
+            "a streamed beam search cannot be read into tool calls or reasoning (its text is "
+            "only settled when the search ends): set stream to false, or leave out "
+            "use_beam_search",
+            param="use_beam_search",
+        )
     params = chat_params(
         req,
         state.settings.enable_fault_injection,
@@ -328,7 +194,7 @@ async def chat_completions(request: Request) -> Response:
         keep_special_tokens=bool(output_format.tools and output_format.tools.markers),
     )
     _check_logprobs(state, bool(req.logprobs))
-    job = _Job(
+    job = Job(
         "chat.completion",
         state,
         model,
@@ -336,7 +202,7 @@ async def chat_completions(request: Request) -> Response:
         [params],
         n=params.n,
         logprobs=bool(req.logprobs),
-        include_usage=_include_usage(req),
+        include_usage=_includejob_usage(req),
         timeout=req.timeout,
         renames=engine_error_renames(req),
         output_format=output_format,

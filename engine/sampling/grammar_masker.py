@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance
 import numpy as np
 
-from engine.sampling.token_mask import TokenMask, additive_mask, bitmask_words
+from engine.sampling.token_mask import TokenMask, allowed_tokens, bitmask_words
 
 
 class PendingMask:
@@ -52,7 +52,7 @@ class GrammarMasker:
             self._words * 4,
             len(jobs),
         )
-        return TokenMask(tuple(row for row, _ in jobs), additive_mask(bitmask, self.vocab_size))
+        return TokenMask(tuple(row for row, _ in jobs), allowed_tokens(bitmask, self.vocab_size))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

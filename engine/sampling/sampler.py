@@ -75,10 +75,14 @@ def gather_logprobs(
     return chosen, top.indices, top.values
 
 
-def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Steps 1-4 (bias, min_tokens masks, penalties, grammar). Returns `logits` itself when no row needs
-    any of them, else a processed copy: either way the caller's tensor is left intact."""
-    stages = (batch.bias, batch.banned, batch.repetition, batch.presence_frequency, batch.grammar)
+def process_logits(
+    logits: torch.Tensor, batch: SamplingBatch, with_grammar: bool = True
+) -> torch.Tensor:
+    """Steps 1-4 (bias, min_tokens masks, penalties, grammar; step 4 left to the caller when
+    not `with_grammar`). Returns `logits` itself when no row needs any of them, else a
+    processed copy: either way the caller's tensor is left intact."""
+    grammar = batch.grammar if with_grammar else None
+    stages = (batch.bias, batch.banned, batch.repetition, batch.presence_frequency, grammar)
     if all(stage is None for stage in stages):
         return logits
     out = logits.clone()
@@ -90,8 +94,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         apply_repetition_penalty(out, *batch.repetition)
     if batch.presence_frequency is not None:
         apply_presence_frequency(out, *batch.presence_frequency)
-    if batch.grammar is not None:
-        batch.grammar.apply(out)
+    if grammar is not None:
+        grammar.apply(out)
     return out
 
 
@@ -125,10 +129,12 @@ class Sampler:
         )
         if batch.plain_greedy:
             return SamplerOutput(tuple(logits.argmax(dim=-1).tolist()), (None,) * len(rows))
-        processed = process_logits(logits, batch)
         filters = batch.filters
+        # All greedy: the grammar's masked argmax needs no masked copy of the logits (step 4).
+        processed = process_logits(logits, batch, with_grammar=filters is not None)
         if filters is None:
-            tokens = processed.argmax(dim=-1)  # [R]
+            grammar = batch.grammar
+            tokens = processed.argmax(dim=-1) if grammar is None else grammar.argmax(processed)
         elif len(filters.rows) == len(rows):
             tokens = self._sample(processed, filters, rows)
         else:

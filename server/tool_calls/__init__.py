@@ -2,8 +2,9 @@
 
 Contract: `PARSERS` maps a `--tool-call-parser` name to its parser class; `detect_parser(template)`
 names the format a chat template teaches its model (hermes when the template says nothing, since
-the fallback prompt for templates without tools is Hermes-style); `make_parser(name, marker_ids)`
-builds one (`marker_ids`: special-token text -> id, for grammars that must name a special token).
+the fallback prompt for templates without tools is Hermes-style); `make_parser(name, marker_ids,
+template)` builds one (`marker_ids`: special-token text -> id, for grammars that must name a
+special token; `template`: the chat template's text, for formats with more than one form).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from server.tool_calls.events import (
 from server.tool_calls.hermes import HermesParser
 from server.tool_calls.llama3_json import Llama3JsonParser
 from server.tool_calls.mistral import MistralParser
+from server.tool_calls.mistral_named import ARGS
 
 PARSERS: dict[str, type[ToolParser]] = {
     HermesParser.name: HermesParser,
@@ -46,11 +48,13 @@ def detect_parser(template: str | None) -> str:
     return HermesParser.name
 
 
-def make_parser(name: str, marker_ids: Mapping[str, int] | None = None) -> ToolParser:
+def make_parser(
+    name: str, marker_ids: Mapping[str, int] | None = None, template: str | None = None
+) -> ToolParser:
     if name not in PARSERS:
         raise ValueError(f"unknown tool-call parser {name!r}; choose one of {', '.join(PARSERS)}")
-    if name == MistralParser.name:
-        return MistralParser(marker_ids)
+    if name == MistralParser.name:  # the template shows which of its forms the model writes
+        return MistralParser(marker_ids, named=template is not None and ARGS in template)
     return PARSERS[name]()
 
 

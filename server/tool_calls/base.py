@@ -128,6 +128,13 @@ def call_json(
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 
+def args_json(tool: FunctionSpec) -> str:
+    """`%json {...}`: arguments valid for `tool`, alone (formats that name the function
+    outside the JSON)."""
+    schema = {**_closed(tool.parameters), "x-guidance": _COMPACT}
+    return "%json " + json.dumps(schema, ensure_ascii=False)
+
+
 _OPEN_ENDED = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 _COMPOSED = ("allOf", "anyOf", "oneOf", "not", "if", "$ref")
 

@@ -22,7 +22,7 @@ from server.tool_calls.events import ArgumentsDelta, CallStarted, ToolEvent
 _WS = " \t\r\n"
 
 
-class _ValueEnd:
+class ValueEnd:
     """Finds where one JSON value ends, one character at a time (no validation)."""
 
     def __init__(self) -> None:
@@ -91,7 +91,7 @@ class CallScanner:
         self._pos = 0
         self._state = "start"  # start | key | colon | value | raw | after | done | invalid
         self._key = ""
-        self._value: _ValueEnd | None = None
+        self._value: ValueEnd | None = None
         self._emit_value = False  # the value being read is the raw arguments
         self._args_seen = False
         self.name: str | None = None
@@ -197,7 +197,7 @@ class CallScanner:
                 self._args_seen = True
             self._state, self._pos = "after", end
             return True
-        self._value, self._emit_value = _ValueEnd(), wants_args
+        self._value, self._emit_value = ValueEnd(), wants_args
         if wants_args:
             self._args_seen = True
         self._state = "raw"

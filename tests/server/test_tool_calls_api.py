@@ -87,6 +87,21 @@ def test_good_tools_are_answered(server, choice):
     assert response.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_a_streamed_beam_search_read_into_tool_calls_is_a_400_naming_the_field(server):
+    beams = {"use_beam_search": True, "n": 2, "stream": True}
+    response = chat(server, tools=[WEATHER], **beams)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "use_beam_search"
+    assert "stream" in response.json()["error"]["message"]
+    allowed = [
+        {"tools": [WEATHER], **beams, "stream": False},  # not streamed
+        {"tools": [WEATHER], **beams, "tool_choice": "none"},  # no calls to read
+        beams,  # no tools (and this model does not reason)
+    ]
+    for fields in allowed:
+        assert chat(server, **fields).status_code == 200, fields
+
+
 def test_a_history_with_calls_and_tool_answers_is_accepted(server):
     messages = [
         {"role": "user", "content": "Weather in Paris?"},

@@ -10,7 +10,7 @@ import torch
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.sampling_params import SamplingParams
-from engine.sampling.token_mask import TokenMask, additive_mask, bitmask_words
+from engine.sampling.token_mask import TokenMask, allowed_tokens, bitmask_words
 
 V = 70  # not a multiple of 32: the last word is partly padding
 GREEDY = SamplingParams(temperature=0.0)
@@ -26,21 +26,52 @@ def bitmask_of(allowed_sets: list[set[int]], vocab: int = V) -> np.ndarray:
 
 
 def mask_of(rows: list[int], allowed_sets: list[set[int]], vocab: int = V) -> TokenMask:
-    return TokenMask(tuple(rows), additive_mask(bitmask_of(allowed_sets, vocab), vocab))
+    return TokenMask(tuple(rows), allowed_tokens(bitmask_of(allowed_sets, vocab), vocab))
 
 
-def test_additive_mask_is_zero_exactly_on_the_allowed_tokens():
+def test_allowed_tokens_are_exactly_the_set_bits():
     sets = [{0, 31, 32, 63, 64, 69}, set(), set(range(V))]
-    add = additive_mask(bitmask_of(sets), V)
-    assert add.shape == (3, V) and add.dtype == torch.float32
-    for g, allowed in enumerate(sets):
-        assert {t for t in range(V) if add[g, t] == 0.0} == allowed
-        assert all(add[g, t] == float("-inf") for t in range(V) if t not in allowed)
+    allowed = allowed_tokens(bitmask_of(sets), V)
+    assert allowed.shape == (3, V) and allowed.dtype == torch.bool
+    for g, want in enumerate(sets):
+        assert set(allowed[g].nonzero().flatten().tolist()) == want
 
 
-def test_additive_mask_refuses_a_bitmask_of_the_wrong_width():
+def test_allowed_tokens_refuses_a_bitmask_of_the_wrong_width():
     with pytest.raises(ValueError, match="words"):
-        additive_mask(np.zeros((1, 1), dtype=np.int32), V)
+        allowed_tokens(np.zeros((1, 1), dtype=np.int32), V)
+
+
+def best_allowed(row: list[float], allowed: set[int] | None) -> int:
+    """The greedy pick worked by hand: the highest allowed value, lowest index on ties (torch's
+    argmax rule); with nothing allowed every value is -inf and the pick is token 0."""
+    candidates = range(len(row)) if allowed is None else sorted(allowed)
+    best = None
+    for t in candidates:
+        if best is None or row[t] > row[best]:
+            best = t
+    return 0 if best is None else best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_masked_argmax_equals_the_pick_over_allowed_tokens_ties_included(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    # Few distinct values: ties everywhere, also between allowed and refused tokens.
+    logits = torch.randint(0, 4, (6, V), generator=gen).float()
+    rows = sorted(rng.choice(6, size=4, replace=False).tolist())
+    sets = [set(rng.choice(V, size=int(rng.integers(0, V)), replace=False).tolist()) for _ in rows]
+    sets[0] = {int(logits[rows[0]].argmax())}  # the raw pick allowed
+    sets[1] = set(range(V)) - {int(logits[rows[1]].argmax())}  # the raw pick refused
+    sets[2] = set()  # nothing allowed (a broken grammar): every value -inf
+    mask = mask_of(rows, sets)
+    before = logits.clone()
+    picked = mask.argmax(logits).tolist()
+    assert torch.equal(logits, before)  # not modified
+    allowed_of = dict(zip(rows, sets, strict=True))
+    want = [best_allowed(logits[r].tolist(), allowed_of.get(r)) for r in range(6)]
+    assert picked == want
+    assert picked == mask.apply(logits.clone()).argmax(dim=-1).tolist()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -3,6 +3,8 @@
 `calls()` draws calls with random JSON arguments (written compactly or spaced, as models do);
 `fragment_text(parser)` draws text built from the pieces a format is made of (tags, braces,
 quotes, keys, separators), so malformed and cut-off outputs are drawn as often as clean ones.
+`parser_for(variant)`: the parser of each variant the tests cover: every registered parser, and
+Mistral's named form (`[TOOL_CALLS]name[ARGS]{...}`) as a template that writes it selects.
 """
 
 from __future__ import annotations
@@ -11,7 +13,18 @@ import json
 
 from hypothesis import strategies as st
 
-from server.tool_calls import ToolCall
+from server.tool_calls import PARSERS, ToolCall, ToolParser, make_parser
+
+# The line of a v11+ Mistral template that writes a call (only "[ARGS]" in it matters).
+NAMED_TEMPLATE = "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' + arguments }}"
+VARIANTS = sorted([*PARSERS, "mistral_named"])
+
+
+def parser_for(variant: str) -> ToolParser:
+    if variant == "mistral_named":
+        return make_parser("mistral", template=NAMED_TEMPLATE)
+    return make_parser(variant)
+
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,8}", fullmatch=True)
 KEYS = st.text(alphabet='abcxyz_ "\\}{é', min_size=1, max_size=5)
@@ -42,6 +55,7 @@ PIECES = {
     "hermes": ["<tool_call>", "</tool_call>", "<tool_", "</tool"],
     "llama3_json": ["<|python_tag|>", "<|python"],
     "mistral": ["[TOOL_CALLS]", "[TOOL_"],
+    "mistral_named": ["[TOOL_CALLS]", "[TOOL_", "[ARGS]", "[AR", "[CALL_ID]", "a1", "f"],
 }
 
 

@@ -21,6 +21,7 @@ from llguidance.tiktoken import lltokenizer_from_encoding
 from server.tool_calls import FunctionSpec, ToolCall, make_parser
 from server.tool_calls.enforce import tool_grammar
 from server.tool_calls.request import ToolPlan
+from tests.server.tool_calls.outputs import VARIANTS, parser_for
 
 _BYTES = tiktoken.Encoding(
     name="bytes",
@@ -46,7 +47,7 @@ WEATHER = FunctionSpec(
     },
 )
 CLOCK = FunctionSpec("now", "The time", {"type": "object", "properties": {}})
-NAMES = ["hermes", "llama3_json", "mistral"]
+NAMES = VARIANTS
 WEATHER_ARGS = st.fixed_dictionaries(
     # llguidance's JSON strings take DEL (U+007F) only escaped; json.dumps writes it raw
     {
@@ -63,7 +64,7 @@ def accepts(grammar: str, text: str) -> bool:
 
 
 def calls_text(name: str, calls: list[tuple[str, dict]]) -> str:
-    parser = make_parser(name)
+    parser = parser_for(name)
     return parser.render_calls([ToolCall(f, json.dumps(a, ensure_ascii=False)) for f, a in calls])
 
 
@@ -73,7 +74,7 @@ def test_grammars_compile(name):
         ToolPlan((WEATHER, CLOCK), "required"),
         ToolPlan((WEATHER,), "function", "get_weather"),
     ):
-        grammar = tool_grammar(make_parser(name), plan, None)
+        grammar = tool_grammar(parser_for(name), plan, None)
         assert LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(grammar)) == ""
 
 
@@ -87,10 +88,10 @@ def test_grammars_compile(name):
     )
 )
 def test_required_accepts_valid_calls_which_parse_back(name, calls):
-    grammar = tool_grammar(make_parser(name), ToolPlan((WEATHER, CLOCK), "required"), None)
+    grammar = tool_grammar(parser_for(name), ToolPlan((WEATHER, CLOCK), "required"), None)
     text = calls_text(name, calls)
     assert accepts(grammar, text), text
-    parsed = make_parser(name).parse(text).calls
+    parsed = parser_for(name).parse(text).calls
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
 
 
@@ -106,14 +107,14 @@ def test_required_accepts_valid_calls_which_parse_back(name, calls):
     ],
 )
 def test_required_refuses_calls_that_break_the_schemas(name, calls):
-    grammar = tool_grammar(make_parser(name), ToolPlan((WEATHER, CLOCK), "required"), None)
+    grammar = tool_grammar(parser_for(name), ToolPlan((WEATHER, CLOCK), "required"), None)
     assert not accepts(grammar, calls_text(name, calls))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_named_choice_allows_one_call_to_that_function_only(name):
     plan = ToolPlan((WEATHER, CLOCK), "function", "now")
-    grammar = tool_grammar(make_parser(name), plan, None)
+    grammar = tool_grammar(parser_for(name), plan, None)
     assert accepts(grammar, calls_text(name, [("now", {})]))
     assert not accepts(grammar, calls_text(name, [("now", {}), ("now", {})]))
     assert not accepts(grammar, calls_text(name, [("get_weather", {"city": "x", "days": 1})]))
