@@ -12,7 +12,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.scheduling.scheduler import MIN_PREFILL_CHUNK
+from engine.scheduling.prefill_allotment import MIN_PREFILL_CHUNK
 from tests.engine.scheduling.scheduler_driver import Driver, expected, prompt, solo
 
 
