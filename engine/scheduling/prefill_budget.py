@@ -9,7 +9,10 @@ Contract: one `PrefillBudget` per `Scheduler.schedule()`, made after the decodes
 - `fit(start, want, floor)`: the chunk size for a prefill of `want` tokens from position `start`;
   `floor` tokens are granted even past the window (so prefill always progresses, also when the
   decodes alone exceed the target). `take(start, n, delivers)` places a chunk.
-Without a target or before the cost model is `ready`, only the token budget applies.
+Without a target only the token budget applies. With one, before the cost model is `ready`
+(a fresh server), a step that delivers a token takes only the floors: an unfitted model cannot
+size a chunk, and a full-budget chunk in a decoding step is an inter-token gap of seconds;
+the steps that deliver nothing still fill the budget, so the model learns from both sizes.
 Pure Python (no torch, no clock).
 """
 
@@ -29,7 +32,7 @@ class PrefillBudget:
         delivers: bool,
     ) -> None:
         self.tokens_left = tokens_left
-        self.target_s = target_s if cost is not None and cost.ready else None
+        self.target_s = target_s if cost is not None else None
         self.cost = cost
         self.rows, self.pairs = rows, pairs  # placed so far (decodes included)
         self.windowed = delivers and self.target_s is not None
@@ -41,7 +44,10 @@ class PrefillBudget:
             return 0
         if self.windowed:
             assert self.cost is not None and self.target_s is not None
-            n = self.cost.max_chunk(self.rows, self.pairs, start, n, self.target_s)
+            if not self.cost.ready:  # still learning: the floor only (see the docstring)
+                n = 0
+            else:
+                n = self.cost.max_chunk(self.rows, self.pairs, start, n, self.target_s)
         return max(n, min(floor, want, self.tokens_left))
 
     def take(self, start: int, n: int, delivers: bool) -> None:
