@@ -23,9 +23,9 @@ HEADERS = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def server():
-    factory = lambda: FakeEngine(
-        max_model_len=512, step_delay=0.02, max_num_seqs=1, max_queued_requests=1
-    )  # noqa: E731
+    def factory() -> FakeEngine:
+        return FakeEngine(max_model_len=512, step_delay=0.02, max_num_seqs=1, max_queued_requests=1)
+
     with LiveServer(factory, admission_limit=2) as live:
         yield live
 
