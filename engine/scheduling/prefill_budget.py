@@ -10,15 +10,20 @@ Contract: one `PrefillBudget` per `Scheduler.schedule()`, made after the decodes
   `floor` tokens are granted even past the window (so prefill always progresses, also when the
   decodes alone exceed the target). `take(start, n, delivers)` places a chunk.
 Without a target only the token budget applies. With one, before the cost model is `ready`
-(a fresh server), a step that delivers a token takes only the floors: an unfitted model cannot
-size a chunk, and a full-budget chunk in a decoding step is an inter-token gap of seconds;
-the steps that deliver nothing still fill the budget, so the model learns from both sizes.
+(a fresh server), a step that delivers a token takes at most `COLD_PREFILL_TOKENS` prefill
+tokens (floors aside): an unfitted model cannot size a chunk, and a full-budget chunk in a
+decoding step is an inter-token gap of seconds on a CPU; the steps that deliver nothing still
+fill the budget, so the model learns from both sizes.
 Pure Python (no torch, no clock).
 """
 
 from __future__ import annotations
 
 from engine.scheduling.step_cost import StepCostModel, chunk_pairs
+
+# Prefill tokens a step that delivers a token may take before the cost model is fitted: a few
+# short prompts (a burst of them is admitted together), a fraction of a second on a CPU.
+COLD_PREFILL_TOKENS = 256
 
 
 class PrefillBudget:
@@ -44,8 +49,8 @@ class PrefillBudget:
             return 0
         if self.windowed:
             assert self.cost is not None and self.target_s is not None
-            if not self.cost.ready:  # still learning: the floor only (see the docstring)
-                n = 0
+            if not self.cost.ready:  # still learning (see the module docstring)
+                n = min(n, max(0, COLD_PREFILL_TOKENS - self.prefill_tokens))
             else:
                 n = self.cost.max_chunk(self.rows, self.pairs, start, n, self.target_s)
         return max(n, min(floor, want, self.tokens_left))
