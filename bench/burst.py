@@ -2,20 +2,25 @@
 
 Contract: `run_burst(spec)` sends `num_requests` completions at once (every other one streaming;
 random token-id prompts, greedy, `max_tokens` tokens with EOS ignored, so none finishes during
-the burst) over connections opened beforehand, reads every response to its end, and returns a `BurstResult` per run: the status
-codes, the latency of each 429 (send until the response headers, the client's monotonic clock),
-the Retry-After values, whether every 429 came as JSON (no stream began) and, given the
-server's in-flight limit (`--in-flight`: its max_num_seqs + max_queued_requests), whether the
-arithmetic holds: exactly N - limit answers 429. Runs wait for the server to drain in between
-(tgserve_num_requests_running and _waiting at 0 in /metrics).
+the burst) as raw HTTP/1.1 over connections opened beforehand (the client's own work per
+request is a socket write, not an HTTP library's milliseconds, which 40 requests add up into
+the last answer's latency), reads every response to its end, and returns a `BurstResult` per
+run: the status codes, the latency of each 429 (send until the response headers, the client's
+monotonic clock), the Retry-After values, whether every 429 came as JSON (no stream began)
+and, given the server's in-flight limit (`--in-flight`: its max_num_seqs +
+max_queued_requests), whether the arithmetic holds: exactly N - limit answers 429. Runs wait
+for the server to drain in between (tgserve_num_requests_running and _waiting at 0 in
+/metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from bench.serve_metrics import percentile
 
@@ -45,7 +50,7 @@ class BurstResult:
         return self.statuses.count(429)
 
 
-async def _one(client, spec: BurstSpec, i: int, run: int) -> tuple[int, float, str, str]:
+def _request_bytes(spec: BurstSpec, i: int, run: int) -> bytes:
     rng = random.Random(spec.seed * 1_000_003 + run * 10_007 + i)
     body = {
         "prompt": [rng.randrange(100, 1000) for _ in range(spec.prompt_len)],
@@ -57,30 +62,58 @@ async def _one(client, spec: BurstSpec, i: int, run: int) -> tuple[int, float, s
     }
     if spec.model:
         body["model"] = spec.model
-    start = time.perf_counter()
-    async with client.stream("POST", spec.url + "/v1/completions", json=body) as response:
-        headers_s = time.perf_counter() - start
-        await response.aread()
-        return (
-            response.status_code,
-            headers_s,
-            response.headers.get("retry-after", ""),
-            response.headers.get("content-type", ""),
-        )
+    url = urlsplit(spec.url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {url.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    parts = urlsplit(url)
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    return await asyncio.open_connection(parts.hostname, port, ssl=True if tls else None)
+
+
+async def _answer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, start: float
+) -> tuple[int, float, str, str]:
+    """Status, seconds until the end of the headers, Retry-After, Content-Type; the body is
+    read to the end (the request asked the server to close the connection after it)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    headers_s = time.perf_counter() - start
+    await reader.read()
+    writer.close()
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    status = int(status_line.split()[1])
+    return status, headers_s, headers.get("retry-after", ""), headers.get("content-type", "")
 
 
 async def _burst(spec: BurstSpec, run: int) -> BurstResult:
     import httpx
 
-    limits = httpx.Limits(max_connections=spec.num_requests + 8)
-    async with httpx.AsyncClient(timeout=spec.timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=spec.timeout_s) as client:
         await _wait_idle(client, spec.url)
-        # Open every connection first (keep-alive), so the timings are the server's answer,
-        # not N TCP handshakes queued in this client.
-        await asyncio.gather(*(client.get(spec.url + "/health") for _ in range(spec.num_requests)))
-        answers = await asyncio.gather(
-            *(_one(client, spec, i, run) for i in range(spec.num_requests))
-        )
+    # Raw HTTP/1.1 over connections opened beforehand, every request encoded before the first
+    # is sent, written in one tight loop: the client's own work per request is a socket write
+    # and a header parse, so the latencies are the server's (an HTTP client library spends
+    # milliseconds of CPU per request, which a burst of 40 would add up into the last answer).
+    requests = [_request_bytes(spec, i, run) for i in range(spec.num_requests)]
+    conns = await asyncio.gather(*(_connect(spec.url) for _ in requests))
+    answers = []
+    for (reader, writer), request in zip(conns, requests, strict=True):
+        start = time.perf_counter()
+        writer.write(request)
+        answers.append(_answer(reader, writer, start))
+    answers = await asyncio.wait_for(asyncio.gather(*answers), spec.timeout_s)
     rejected = [a for a in answers if a[0] == 429]
     return BurstResult(
         statuses=tuple(a[0] for a in answers),

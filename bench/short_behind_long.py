@@ -7,7 +7,9 @@ times, one after another: its idle TTFT), then `runs` times: `num_long` streamin
 monotonic clock) is recorded; then the long streams are closed (the server aborts them) and the
 probe waits until the server is idle. From /metrics it reads the engine step histogram around
 each loaded run: the mean step, and the bound of the largest bucket a step fell in (the longest
-step is at most that). The issue's target: loaded TTFT <= 2 x idle TTFT + one step.
+step is at most that); and the steps that ended while the short request waited (2 when it was
+scheduled in the step after it arrived: the one it landed in and its own) with their seconds.
+The issue's target: loaded TTFT <= 2 x idle TTFT + one step.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class ProbeRun:
     ttft_s: float
     mean_step_s: float | None
     max_step_bound_s: float | None  # upper bound of the highest bucket a step fell in
+    # Steps that ended while the short request waited for its first token (sent .. answered):
+    # the step it landed in and its own when it is scheduled at once, and their total seconds.
+    waited_steps: int = 0
+    waited_s: float = 0.0
 
 
 def _prompt(rng: random.Random, n: int) -> list[int]:
@@ -96,13 +102,16 @@ async def _loaded(client, spec: ProbeSpec, run: int) -> ProbeRun:
     before = await _steps(client, spec.url)
     tasks = [asyncio.create_task(_ttft(client, spec, p, 1)) for p in longs]
     await asyncio.sleep(spec.delay_s)
+    sent = await _steps(client, spec.url)
     ttft = await _ttft(client, spec, short, 2)
     after = await _steps(client, spec.url)
     for task in tasks:  # closing the streams aborts the long prompts on the server
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     mean, bound = _step_figures(before, after)
-    return ProbeRun(ttft, mean, bound)
+    count, total = ("tgserve_engine_step_seconds_" + k for k in ("count", "sum"))
+    waited = int(after.get(count, 0) - sent.get(count, 0))
+    return ProbeRun(ttft, mean, bound, waited, after.get(total, 0) - sent.get(total, 0))
 
 
 async def _probe(spec: ProbeSpec) -> tuple[list[float], list[ProbeRun]]:
@@ -134,7 +143,8 @@ def render(spec: ProbeSpec, idle: list[float], loaded: list[ProbeRun]) -> str:
         if r.mean_step_s is not None:
             bound = f"<= {r.max_step_bound_s * 1000:.0f} ms" if r.max_step_bound_s else "> 10 s"
             step = f"steps meanwhile: mean {r.mean_step_s * 1000:.0f} ms, longest {bound}"
-        lines.append(f"run {i + 1}: TTFT {r.ttft_s * 1000:.1f} ms; {step}")
+        waited = f"{r.waited_steps} steps ended meanwhile ({r.waited_s * 1000:.0f} ms in all)"
+        lines.append(f"run {i + 1}: TTFT {r.ttft_s * 1000:.1f} ms; {waited}; {step}")
     med = statistics.median(r.ttft_s for r in loaded) * 1000
     lines.append(f"loaded TTFT median {med:.1f} ms = idle + {med - idle_ms:.1f} ms")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ Contract:
   same number): admitted-but-unfinished requests (running + waiting + inbox) <= `max_pending`,
   decided here, under one lock, before anything is queued, so a burst of N requests with room
   for R gets exactly N - R `Overloaded`, at once, however it interleaves with engine steps.
+  `refusal()` answers the same question without reserving (for a refusal before parsing).
   `Overloaded.retry_after` comes from the observed drain rate (engine/drain_rate.py).
 - A deadline (a `time.monotonic()` value) aborts the request at the next step, even when queued.
 - An exception in `step()` ends every in-flight request with finish_reason "error"; the loop
@@ -113,19 +114,33 @@ class AsyncEngine:
         request = self.engine.new_request(request_id, prompt_token_ids, params)  # ValueError
         slot = OutputSlot(asyncio.get_running_loop())
         with self._cond:  # checked under the lock the loop closes under: no add is stranded
-            if self._dead_reason is not None:
-                raise EngineUnavailable(f"the engine has stopped: {self._dead_reason}")
-            if not self._accepting:
-                raise EngineUnavailable("the server is shutting down")
-            if self._pending >= self.max_pending:
-                raise Overloaded(
-                    f"the server has {self._pending} requests in flight (limit {self.max_pending})",
-                    self._drain.refused(time.monotonic()),
-                )
+            refusal = self._refusal()
+            if refusal is not None:
+                raise refusal
             self._pending += 1
             self._inbox.append(_Add(request, slot, deadline))
             self._cond.notify()
         return RequestStream(request_id, slot, self.abort)
+
+    def refusal(self) -> Overloaded | EngineUnavailable | None:
+        """Why `generate()` would refuse a request now, or None; reserves nothing. A caller can
+        answer a refusal before it parses a request (the server's guard does, so a burst's
+        429s cost no body parsing); a request it lets through is decided by `generate()`."""
+        with self._cond:
+            return self._refusal()
+
+    def _refusal(self) -> Overloaded | EngineUnavailable | None:
+        """Under `_cond`. An Overloaded counts as a refusal in the drain rate's Retry-After."""
+        if self._dead_reason is not None:
+            return EngineUnavailable(f"the engine has stopped: {self._dead_reason}")
+        if not self._accepting:
+            return EngineUnavailable("the server is shutting down")
+        if self._pending >= self.max_pending:
+            return Overloaded(
+                f"the server has {self._pending} requests in flight (limit {self.max_pending})",
+                self._drain.refused(time.monotonic()),
+            )
+        return None
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; takes effect at the next step (the stream then ends with "abort")."""

@@ -5,6 +5,7 @@ become ApiErrors before any response byte: 400 invalid (the engine's ValueError,
 where the request enters the engine), 429 + Retry-After overloaded, 503 unavailable. Each
 returned stream records its timings into the metrics and aborts its request when closed early.
 A request's deadline is the smaller of its own `timeout` and the server's default.
+`early_refusal(engine)`: the same 429 / 503, for the guard to answer before any body is read.
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ async def open_streams(
     return [_tracked(stream, metrics.timer()) for stream in streams]
 
 
+def early_refusal(engine: AsyncEngine) -> ApiError | None:
+    """The 429 (or 503) `open_streams` would answer now, or None. Nothing is reserved: a
+    request let through is decided by `open_streams`; one refused here met the in-flight limit
+    at that instant, as `generate()` would have seen it."""
+    refusal = engine.refusal()
+    return None if refusal is None else _refused(refusal)
+
+
+def _refused(exc: Overloaded | EngineUnavailable) -> ApiError:
+    if isinstance(exc, Overloaded):
+        return _overloaded(exc)
+    return ApiError(503, str(exc), code="unavailable")
+
+
 def _admit(
     engine: AsyncEngine,
     prompt: list[int],
@@ -66,10 +81,8 @@ def _admit(
 ) -> RequestStream:
     try:
         return engine.generate(uuid.uuid4().hex, prompt, sampling, deadline)
-    except Overloaded as exc:
-        raise _overloaded(exc) from None
-    except EngineUnavailable as exc:
-        raise ApiError(503, str(exc), code="unavailable") from None
+    except (Overloaded, EngineUnavailable) as exc:
+        raise _refused(exc) from None
     except ValueError as exc:
         raise to_api_error(exc, renames) from None
 

@@ -2,10 +2,14 @@
 
 Contract: 431 (with `Connection: close`) when the request carries more than `max_headers`
 header fields or more than `max_header_bytes` of header names and values together; 413 when the
-body is larger than `max_body_bytes` (Content-Length, or counted while reading), 401 without a valid `Authorization: Bearer` key (constant-time comparison; the key is
-never logged), 503 while loading or draining. `settings.public_routes` skip auth; only the
-operational routes (/health, /ready, /metrics) also skip readiness, so a route made public still
-answers 503 + Retry-After while the model loads.
+body is larger than `max_body_bytes` (Content-Length, or counted while reading), 401 without a
+valid `Authorization: Bearer` key (constant-time comparison; the key is never logged), 503
+while loading or draining, and, on a POST to a generation route (`GENERATION_ROUTES`), 429 +
+Retry-After while the engine has no room (server/admission.py `early_refusal`: the in-flight
+rule's own answer, checked before the body is read; requests let through are decided again
+when they are admitted). `settings.public_routes` skip auth; only the operational routes
+(/health, /ready, /metrics) also skip readiness, so a route made public still answers 503 +
+Retry-After while the model loads.
 Every refusal is counted in the metrics by reason.
 """
 
@@ -15,11 +19,17 @@ import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.admission import early_refusal
 from server.errors import ApiError, error_response, rejection_reason
 from server.settings import Settings
 from server.state import ServerState
 
 OPERATIONAL_ROUTES = frozenset({"/health", "/ready", "/metrics"})  # answered while loading
+# The routes that start generation: refused here (429) while the engine is full, before their
+# body is read or parsed, so a burst's refusals cost the event loop almost nothing.
+GENERATION_ROUTES = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream", "/"}
+)
 
 
 class Guard:
@@ -56,7 +66,13 @@ class Guard:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        return None if path in OPERATIONAL_ROUTES else state.readiness_error()
+        if path in OPERATIONAL_ROUTES:
+            return None
+        error = state.readiness_error()
+        generation = scope["method"] == "POST" and path in GENERATION_ROUTES
+        if error is None and generation and state.engine is not None:  # ready: it is loaded
+            error = early_refusal(state.engine)
+        return error
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")

@@ -5,17 +5,14 @@ Policy, every `schedule()`:
    in `SchedulerOutput.aborted` and their blocks are freed.
 2. Running decodes first: one token per live sequence, higher priority first (a lower
    `SamplingParams.priority` value runs first, as vLLM's), within `max_num_batched_tokens`.
-3. Prefill (engine/scheduling/prefill_budget.py sizes it): the step's remaining budget is
-   shared between running partial prefills and waiting requests, shortest remaining prefill
-   first (within a priority), so a short prompt never waits behind long ones; the oldest of
-   them (the anchor) always gets at least `MIN_PREFILL_CHUNK` tokens, so long prompts progress
-   every step and nothing starves. A step that delivers a token (a decode or a prompt's last
-   chunk) is held to the time target `target_itl_ms` by the fitted `StepCostModel`; a step
-   that delivers none fills the token budget. Waiting requests are admitted within
-   `max_num_seqs` sequences; when the first of them in admission order (the anchor first, then
-   the prefill order) finds no seat or blocks, nobody behind it is admitted in that step.
-   A prompt longer than its share is chunked across steps. A sequence group (n > 1, beams)
-   is scheduled as one unit and its sequences reach their sampling step together.
+3. Prefill: engine/scheduling/prefill_allotment.py shares the step's remaining budget
+   (sized in tokens and time by engine/scheduling/prefill_budget.py) between running partial
+   prefills and waiting requests, shortest remaining prefill first, the oldest (the anchor)
+   always progressing; this module then places the running chunks and admits the waiting
+   requests in that order, the anchor first; when one finds no blocks, nobody behind it is
+   admitted in that step. A prompt longer than its share is chunked across steps. A sequence
+   group (n > 1, beams) is scheduled as one unit and its sequences reach their sampling step
+   together.
 4. When a running request needs blocks and none are left, the running request with the lowest
    priority (the most recently admitted among equals) is preempted by recompute (blocks freed,
    `num_computed_tokens = 0` for all its sequences, back to waiting with its original arrival
@@ -38,6 +35,12 @@ from engine.config import EngineConfig
 from engine.requests.outputs import FINISH_REASONS
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
+from engine.scheduling.prefill_allotment import (
+    MIN_PREFILL_CHUNK,
+    Allot,
+    PrefillCandidates,
+    allot_prefill,
+)
 from engine.scheduling.prefill_budget import PrefillBudget
 from engine.scheduling.step_cost import StepCostModel, chunk_pairs
 from engine.scheduling.step_plan import (
@@ -49,10 +52,6 @@ from engine.scheduling.step_plan import (
 )
 
 __all__ = ["QueueFullError", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
-
-# Prefill tokens the anchor (and the shortest prefill) get per step even past the time target:
-# progress for every prompt when the decodes alone fill the target.
-MIN_PREFILL_CHUNK = 32
 
 
 @dataclass
@@ -70,15 +69,6 @@ class _Step:
     plans: dict[str, _Plan] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     decodes: set[str] = field(default_factory=set)  # request ids placed by the decode pass
-
-
-@dataclass
-class _Allot:
-    """Phase 1 of the prefill pass: tokens per live sequence one request gets this step."""
-
-    request: Request
-    sizes: list[int]
-    matches: list[PrefixMatch] | None  # a waiting request's prefix-cache hits
 
 
 class Scheduler:
@@ -198,93 +188,32 @@ class Scheduler:
             delivers=any(c.sample for c in placed),
         )
 
-    def _prefill_key(self, request: Request) -> tuple[int, int, int]:
-        """Shortest remaining prefill first, within a priority; arrival order breaks ties."""
-        remaining = max(s.num_uncomputed_tokens for s in request.live_seqs)
-        return (request.params.priority, remaining, self._arrival[request])
-
     def _schedule_prefills(self, step: _Step, budget: PrefillBudget) -> None:
         partials = [
             r
             for r in self._running
             if r.status is RequestStatus.RUNNING and r.request_id not in step.plans
         ]
-        waiting = [] if step.preempted else list(self._waiting)  # freed blocks: running first
-        if not partials and not waiting:
-            return
-        order = sorted(partials + waiting, key=self._prefill_key)
-        best = order[0].params.priority
-        anchor = min(
-            (r for r in order if r.params.priority == best), key=lambda r: self._arrival[r]
+        candidates = PrefillCandidates(
+            partials=partials,
+            waiting=[] if step.preempted else list(self._waiting),  # freed blocks: running first
+            arrival=self._arrival,
+            free_seats=self.config.max_num_seqs - sum(r.num_seq_slots for r in self._running),
+            prefix_match=self._prefix_match,
         )
-        seated = self._seated(waiting, anchor)
-        allots = self._allot(order, anchor, seated, budget)
+        allots = allot_prefill(candidates, budget)
         for allot in allots:
             if allot.matches is None and allot.request.status is RequestStatus.RUNNING:
                 self._schedule_running(step, allot.request, allot.sizes)
         if step.preempted:
             return
         admits = [a for a in allots if a.matches is not None]
-        admits.sort(key=lambda a: a.request is not anchor)  # the anchor picks blocks first
+        admits.sort(key=lambda a: not a.is_anchor)  # the anchor picks blocks first
         for allot in admits:
             if not self._admit(step, allot):
                 return  # nobody overtakes a request that waits for blocks
 
-    def _seated(self, waiting: list[Request], anchor: Request) -> set[Request]:
-        """Waiting requests that find seats within max_num_seqs: the anchor first, then in
-        prefill order, up to the first that does not fit."""
-        free = self.config.max_num_seqs - sum(r.num_seq_slots for r in self._running)
-        seated: set[Request] = set()
-        queue = sorted(waiting, key=lambda r: (r is not anchor, self._prefill_key(r)))
-        for request in queue:
-            if request.num_seq_slots > free:
-                break
-            free -= request.num_seq_slots
-            seated.add(request)
-        return seated
-
-    def _allot(
-        self,
-        order: list[Request],
-        anchor: Request,
-        seated: set[Request],
-        budget: PrefillBudget,
-    ) -> list[_Allot]:
-        """Phase 1: tokens per candidate in prefill order; the anchor's floor is held back."""
-        reserve = 0
-        if anchor is not order[0] and (anchor in seated or anchor.status is RequestStatus.RUNNING):
-            need = max(s.num_uncomputed_tokens for s in anchor.live_seqs)
-            reserve = min(MIN_PREFILL_CHUNK, need, budget.tokens_left)
-            budget.hold(reserve)
-        allots: list[_Allot] = []
-        first, waiting_open = True, True
-        for request in order:
-            if request.status is RequestStatus.WAITING and not (
-                request in seated and (waiting_open or request is anchor)
-            ):
-                continue
-            if request is anchor:
-                budget.release(reserve)
-            seqs = request.live_seqs
-            matches = None
-            if request.status is RequestStatus.WAITING:
-                matches = [self._prefix_match(request, s) for s in seqs]
-                starts = [m.num_tokens for m in matches]
-            else:
-                starts = [s.num_computed_tokens for s in seqs]
-            remaining = [s.num_tokens - st for s, st in zip(seqs, starts, strict=True)]
-            floor = MIN_PREFILL_CHUNK if first or request is anchor else 0
-            n = budget.fit(starts[0], sum(remaining), floor)
-            sizes = chunk_sizes(remaining, n) if n > 0 else None
-            if sizes is None:
-                waiting_open = waiting_open and matches is None
-                continue
-            first = False
-            budget.take(starts[0], sum(sizes), delivers=sizes == remaining)
-            allots.append(_Allot(request, sizes, matches))
-        return allots
-
-    def _admit(self, step: _Step, allot: _Allot) -> bool:
+    def _admit(self, step: _Step, allot: Allot) -> bool:
         bm, request = self.block_manager, allot.request
         seqs = request.live_seqs
         # Matched again: the running chunks placed since phase 1 may have evicted cached blocks.

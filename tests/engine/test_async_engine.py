@@ -154,6 +154,25 @@ def test_admission_bound_raises_overloaded_and_recovers():
     run(main())
 
 
+def test_refusal_answers_what_generate_would_without_reserving_room():
+    async def main():
+        engine = await started(FakeEngine(step_delay=0.01), max_pending=2)
+        long = SamplingParams(max_tokens=20, temperature=0.0)
+        a = engine.generate("a", [1], long)
+        assert engine.refusal() is None and engine.refusal() is None  # asking takes no room
+        b = engine.generate("b", [2], long)  # so the second still fits
+        assert isinstance(engine.refusal(), Overloaded)
+        with pytest.raises(Overloaded):
+            engine.generate("c", [3], long)
+        await collect(a)
+        await collect(b)
+        await wait_for(lambda: engine.refusal() is None)  # room again once they finished
+        await engine.shutdown(1.0)
+        assert isinstance(engine.refusal(), EngineUnavailable)
+
+    run(main())
+
+
 def test_invalid_request_is_refused_synchronously_without_being_counted():
     async def main():
         engine = await started(FakeEngine(max_model_len=16))

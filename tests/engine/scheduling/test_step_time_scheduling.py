@@ -12,7 +12,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.scheduling.scheduler import MIN_PREFILL_CHUNK
+from engine.scheduling.prefill_allotment import MIN_PREFILL_CHUNK
+from engine.scheduling.prefill_budget import COLD_PREFILL_TOKENS
+from engine.scheduling.step_cost import StepCostModel
 from tests.engine.scheduling.scheduler_driver import Driver, expected, prompt, solo
 
 
@@ -121,6 +123,38 @@ def test_when_nobody_decodes_prefill_fills_the_token_budget():
     while long.seqs[0].num_output_tokens == 0:
         sizes.append(chunk_of(d.step(), "long"))
     assert sizes == [256, 256, 256, 232]
+
+
+def test_before_the_cost_model_is_fitted_decoding_steps_take_a_small_prefill():
+    cost = StepCostModel(min_samples=4)  # the real model, fresh: not ready
+    d = Driver(
+        num_blocks=2048,
+        max_num_batched_tokens=1024,
+        cost_model=cost,
+        target_itl_ms=100,
+        max_model_len=2048,
+    )
+    rng = random.Random(4)
+    first = d.add("first", prompt(rng, 1500), 40)
+    assert [chunk_of(d.step(), "first") for _ in range(2)] == [1024, 476]  # nobody decoded
+    long = d.add("long", prompt(rng, 1500), 2)
+    shorts = [d.add(f"short{i}", prompt(rng, 10), 2) for i in range(3)]
+    out = d.step()  # first decodes: the prefill stops at COLD_PREFILL_TOKENS
+    assert [chunk_of(out, r.request_id) for r in shorts] == [10, 10, 10]
+    assert chunk_of(out, "long") == COLD_PREFILL_TOKENS - 30
+    assert chunk_of(d.step(), "long") == COLD_PREFILL_TOKENS
+    for rows in (1, 33, 256, 129):  # timed steps: 1 ms + 0.1 ms per row, now it is fitted
+        cost.observe(rows, 0, 0.001 + 0.0001 * rows)
+    assert cost.ready
+    done = long.seqs[0].num_computed_tokens
+    decodes = [r for r in (first, *shorts) if not r.is_finished]
+    pairs = sum(r.seqs[0].num_tokens for r in decodes)  # one query over each whole context
+    out = d.step()
+    want = cost.max_chunk(len(decodes), pairs, done, 1500 - done, 0.1)
+    assert chunk_of(out, "long") == min(want, 1024 - len(decodes)) > COLD_PREFILL_TOKENS
+    d.run()
+    for r in (first, long, *shorts):
+        assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
 
 
 def test_a_short_request_behind_long_prefills_is_scheduled_in_the_next_step():

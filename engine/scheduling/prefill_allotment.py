@@ -1,0 +1,117 @@
+"""Prefill allotment: how one step's prefill budget is shared between prompts (pure Python).
+
+Contract: `allot_prefill(candidates, budget)` is phase 1 of the scheduler's prefill pass. It
+decides how many prompt tokens each running partial prefill and each waiting request gets this
+step, and touches nothing but `budget` (no blocks are allocated, no request changes state);
+the scheduler then places the running chunks and admits the waiting ones in that order.
+- Order: shortest remaining prefill first within a priority (lower value first), arrival
+  order breaking ties, so a short prompt never waits behind long ones.
+- The anchor: the oldest candidate of the best priority. It always gets at least
+  `MIN_PREFILL_CHUNK` tokens (held back from the budget until its turn), so long prompts
+  progress every step and nothing starves; the first candidate served gets the floor too.
+- Seats: waiting requests are admitted within the free sequence slots (`max_num_seqs` minus
+  the running ones'), the anchor first, then in prefill order up to the first that does not
+  fit. Once a waiting request gets no tokens, no waiting request behind it does (except the
+  anchor, whose floor is reserved): nobody overtakes a request that waits.
+- A waiting request's chunk starts after its prefix-cache hits (`prefix_match`), a running
+  one's after its computed tokens; a group (n > 1, beams) is sized as one unit (`chunk_sizes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from engine.requests.request import Request, RequestStatus, TokenSequence
+from engine.scheduling.block_manager import PrefixMatch
+from engine.scheduling.prefill_budget import PrefillBudget
+from engine.scheduling.step_plan import chunk_sizes
+
+# Prefill tokens the anchor (and the shortest prefill) get per step even past the time target:
+# progress for every prompt when the decodes alone fill the target.
+MIN_PREFILL_CHUNK = 32
+
+
+@dataclass(frozen=True)
+class PrefillCandidates:
+    """Who may prefill this step, and what the allotment needs to know of the scheduler."""
+
+    partials: list[Request]  # running requests with prompt tokens left, not yet placed
+    waiting: list[Request]  # waiting requests, admission order
+    arrival: Mapping[Request, int]  # arrival order, kept across preemptions
+    free_seats: int  # sequence slots left within max_num_seqs
+    prefix_match: Callable[[Request, TokenSequence], PrefixMatch]
+
+
+@dataclass(frozen=True)
+class Allot:
+    """Tokens per live sequence one request gets this step."""
+
+    request: Request
+    sizes: list[int]
+    matches: list[PrefixMatch] | None  # a waiting request's prefix-cache hits; None: running
+    is_anchor: bool
+
+
+def prefill_key(request: Request, arrival: Mapping[Request, int]) -> tuple[int, int, int]:
+    """Shortest remaining prefill first, within a priority; arrival order breaks ties."""
+    remaining = max(s.num_uncomputed_tokens for s in request.live_seqs)
+    return (request.params.priority, remaining, arrival[request])
+
+
+def allot_prefill(candidates: PrefillCandidates, budget: PrefillBudget) -> list[Allot]:
+    """The allotments in prefill order (empty when there is no candidate); `budget` is
+    charged with every chunk allotted."""
+    c = candidates
+    order = sorted(c.partials + c.waiting, key=lambda r: prefill_key(r, c.arrival))
+    if not order:
+        return []
+    best = order[0].params.priority
+    anchor = min((r for r in order if r.params.priority == best), key=lambda r: c.arrival[r])
+    seated = _seated(c, anchor)
+    reserve = 0
+    if anchor is not order[0] and (anchor in seated or anchor.status is RequestStatus.RUNNING):
+        need = max(s.num_uncomputed_tokens for s in anchor.live_seqs)
+        reserve = min(MIN_PREFILL_CHUNK, need, budget.tokens_left)
+        budget.hold(reserve)
+    allots: list[Allot] = []
+    first, waiting_open = True, True
+    for request in order:
+        if request.status is RequestStatus.WAITING and not (
+            request in seated and (waiting_open or request is anchor)
+        ):
+            continue
+        if request is anchor:
+            budget.release(reserve)
+        seqs = request.live_seqs
+        matches = None
+        if request.status is RequestStatus.WAITING:
+            matches = [c.prefix_match(request, s) for s in seqs]
+            starts = [m.num_tokens for m in matches]
+        else:
+            starts = [s.num_computed_tokens for s in seqs]
+        remaining = [s.num_tokens - st for s, st in zip(seqs, starts, strict=True)]
+        floor = MIN_PREFILL_CHUNK if first or request is anchor else 0
+        n = budget.fit(starts[0], sum(remaining), floor)
+        sizes = chunk_sizes(remaining, n) if n > 0 else None
+        if sizes is None:
+            waiting_open = waiting_open and matches is None
+            continue
+        first = False
+        budget.take(starts[0], sum(sizes), delivers=sizes == remaining)
+        allots.append(Allot(request, sizes, matches, request is anchor))
+    return allots
+
+
+def _seated(c: PrefillCandidates, anchor: Request) -> set[Request]:
+    """Waiting requests that find seats within max_num_seqs: the anchor first, then in
+    prefill order, up to the first that does not fit."""
+    free = c.free_seats
+    seated: set[Request] = set()
+    queue = sorted(c.waiting, key=lambda r: (r is not anchor, prefill_key(r, c.arrival)))
+    for request in queue:
+        if request.num_seq_slots > free:
+            break
+        free -= request.num_seq_slots
+        seated.add(request)
+    return seated
