@@ -18,7 +18,9 @@ with float32 activations, not on a CPU, or the extension cannot be built). Other
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
 depend on the other rows of the step (batch invariance: the linear and attention kernels fix
 their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
-through the forward-path seam (models/forward_path.py). The packed copies of the weights add
+through the forward-path seam (models/forward_path.py). A tensor-parallel shard
+(models/parallel) runs the same way on its heads and columns: the C++ step calls the group's
+all-reduce after the o and down projections, and `logits` gathers the vocabulary shards. The packed copies of the weights add
 the linear layers' bytes once more to memory.
 """
 
@@ -59,6 +61,11 @@ class FusedDecoder:
         ]
         self._model = model
         self._ext = ext
+        # Tensor parallel (models/parallel): the LM head holds this rank's vocabulary rows and
+        # gathers the logits; the attention knows its local head counts.
+        self._gather = getattr(model.lm_head, "gather", None)
+        group = getattr(model.lm_head, "group", None)
+        attn = inner.layers[0].self_attn
         lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
         self._vocab_size = lm_head.shape[0]
         self._lm_head_packed = ext.pack_linear(lm_head)
@@ -67,11 +74,12 @@ class FusedDecoder:
             final_norm=inner.norm.weight.detach(),
             k_caches=[k for k, _ in kv_caches],
             v_caches=[v for _, v in kv_caches],
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_kv_heads,
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
             head_dim=c.head_dim,
             eps=float(c.norm_eps),
             window=c.sliding_window or 0,
+            all_reduce=None if group is None else group.all_reduce,
         )
 
     @classmethod
@@ -114,7 +122,7 @@ class FusedDecoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
-        return self._ext.linear(
+        logits = self._ext.linear(
             hidden.contiguous(),
             self._lm_head_packed,
             None,
@@ -122,6 +130,7 @@ class FusedDecoder:
             True,
             self._lm_head_scales,
         )
+        return logits if self._gather is None else self._gather(logits)
 
 
 def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
@@ -139,9 +148,11 @@ def _weight_and_scales(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
     """Plain linears in float32 / bfloat16 on a CPU, or weight-only int8 ones with bfloat16
     activations (the int8 kernel widens the weights to bf16 pairs); anything else keeps its path."""
+    from models.parallel.layers import ParallelLMHead
+
     layers = [model.model.layers[0].self_attn.qkv_proj, model.lm_head]
     if model.model.embed_tokens.weight.device.type != "cpu":
         return False
-    if all(type(layer) is nn.Linear for layer in layers):
+    if all(type(layer) in (nn.Linear, ParallelLMHead) for layer in layers):
         return dtype in (torch.float32, torch.bfloat16)
     return all(isinstance(layer, Int8Linear) for layer in layers) and dtype == torch.bfloat16
