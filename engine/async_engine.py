@@ -25,6 +25,11 @@ Contract:
   (from the loop thread) once: the server uses it to exit so an orchestrator restarts it.
 - `is_healthy()` is False when the loop is dead or work is pending and no loop iteration
   completed for `stall_timeout` seconds.
+- `kill(reason)`: an outside watchdog declares the engine dead (a tensor-parallel rank's
+  process exited, reported by the engine's optional `watch_failures(callback)`, hooked up at
+  `start`): /health fails at once, and the loop takes the fatal path above at its next turn.
+- When the loop thread ends it calls the engine's optional `close()` (from that thread: the
+  other tensor-parallel ranks are stopped there, after the drain).
 - `shutdown(timeout)` stops admission, lets in-flight work finish for `timeout` seconds, aborts
   the rest (their streams end with finish_reason "abort") and stops the thread.
 """
@@ -66,6 +71,11 @@ class _Abort:
     request_id: str | None  # None: abort everything in flight
 
 
+@dataclass(frozen=True)
+class _Kill:
+    reason: str  # an outside watchdog found the engine dead
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -85,11 +95,12 @@ class AsyncEngine:
         self.on_dead = on_dead
         self.last_progress_time = time.monotonic()
         self._cond = threading.Condition()
-        self._inbox: deque[_Add | _Abort] = deque()  # bounded: adds are counted in _pending
+        self._inbox: deque[_Add | _Abort | _Kill] = deque()  # bounded: adds are counted in _pending
         self._pending = 0  # admitted and not yet finished; guarded by _cond
         self._accepting = True
         self._stopping = False
         self._dead_reason: str | None = None
+        self._killed: str | None = None  # set by kill(), from any thread
         self._thread: threading.Thread | None = None
         # Owned by the loop thread only:
         self._slots: dict[str, OutputSlot] = {}
@@ -103,6 +114,14 @@ class AsyncEngine:
             raise RuntimeError("AsyncEngine.start() was called twice")
         self._thread = threading.Thread(target=self._run, name="tgserve-engine", daemon=True)
         self._thread.start()
+        watch = getattr(self.engine, "watch_failures", None)
+        if watch is not None:
+            watch(self.kill)
+
+    def kill(self, reason: str) -> None:
+        """The engine is dead (any thread): unhealthy now; the loop ends at its next turn."""
+        self._killed = reason
+        self._post(_Kill(reason))
 
     def generate(
         self,
@@ -159,7 +178,7 @@ class AsyncEngine:
         return self.engine.info
 
     def is_healthy(self) -> bool:
-        if self._dead_reason is not None:
+        if self._dead_reason is not None or self._killed is not None:
             return False
         if self._thread is not None and not self._thread.is_alive() and not self._stopping:
             return False
@@ -187,7 +206,7 @@ class AsyncEngine:
         while self.num_pending() and time.monotonic() < end and self._thread.is_alive():
             await asyncio.sleep(0.02)
 
-    def _post(self, item: _Add | _Abort) -> None:
+    def _post(self, item: _Add | _Abort | _Kill) -> None:
         with self._cond:
             self._inbox.append(item)
             self._cond.notify()
@@ -226,8 +245,18 @@ class AsyncEngine:
             self._refresh_stats()
             self.last_progress_time = time.monotonic()
         self._close_out(dead_reason)
+        self._close_engine()
         if dead_reason is not None and self.on_dead is not None:
             self.on_dead(dead_reason)
+
+    def _close_engine(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is None:
+            return
+        try:
+            close()
+        except Exception:
+            logger.exception("closing the engine failed")
 
     def _close_out(self, dead_reason: str | None) -> None:
         """The loop ends: refuse adds still queued, end every open stream (nobody else will)."""
@@ -246,8 +275,12 @@ class AsyncEngine:
         self._release(len(self._slots))
         self._slots.clear()
 
-    def _apply(self, items: list[_Add | _Abort]) -> None:
-        for item in items:
+    def _apply(self, items: list[_Add | _Abort | _Kill]) -> None:
+        for index, item in enumerate(items):
+            if isinstance(item, _Kill):  # what came after it is refused by _close_out
+                with self._cond:
+                    self._inbox.extendleft(reversed(items[index + 1 :]))
+                raise FatalEngineError(item.reason)
             if isinstance(item, _Add):
                 self._add(item)
             else:

@@ -55,6 +55,8 @@ class EngineConfig:
     # GGUF files: False keeps Q4_0/Q4_1/Q8_0 matrices as stored (models/gguf/stored.py); True
     # dequantises every tensor to `dtype` (always so with quantization="int8").
     dequantize: bool = False
+    # Ranks of one replica (torch.distributed; engine/parallel): 1 runs in this process alone.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -127,6 +129,12 @@ class EngineConfig:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        positive_int("tensor_parallel_size", self.tensor_parallel_size, "1 runs in one process")
+        if self.tensor_parallel_size > 1 and (self.quantization or self.compile):
+            raise ValueError(
+                "tensor_parallel_size > 1 runs unquantized, uncompiled layers; drop "
+                "quantization / compile, or use tensor_parallel_size 1"
+            )
 
     @property
     def max_in_flight(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -354,6 +355,15 @@ class Engine:
                 if out.finished:
                     finals[out.request_id] = partial[out.request_id].result()
         return [finals[rid] for rid in ids]
+
+    # ----- lifetime (tensor parallel: the other ranks' processes) -------------------------
+    def watch_failures(self, on_failure: Callable[[str], None]) -> None:
+        """`on_failure(reason)` once if another tensor-parallel rank dies (never without TP)."""
+        self.runner.watch_failures(on_failure)
+
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks (no-op without TP); on the engine's thread."""
+        self.runner.close()
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()

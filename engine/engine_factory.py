@@ -1,10 +1,16 @@
 """Building an Engine from a model path and an EngineConfig: resolve device and dtype, load
 weights and tokenizer, size the KV cache from the memory budget, wire runner and scheduler.
+
+With `tensor_parallel_size` N > 1 this process is rank 0: it starts ranks 1..N-1
+(engine/parallel/workers.py), joins their process group, and every rank builds its runner the
+same way (`build_runner`: load the one set of model files, keep its shard, size its KV cache;
+the number of blocks is the smallest any rank can hold). Only rank 0 has a scheduler.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,17 +32,91 @@ from engine.scheduling.scheduler import Scheduler
 log = logging.getLogger("tgserve.engine")
 
 
+@dataclass(frozen=True)
+class BuiltRunner:
+    runner: ModelRunner
+    model_config: object  # models.config.ModelConfig
+    dtype_name: str
+    max_model_len: int
+    num_blocks: int
+
+
 def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
-    from models.cpu_features import native_bf16
     from models.default_model import default_model_path
-    from models.loader import TORCH_DTYPE_BY_NAME, load_model
     from models.tokenizer import load_tokenizer
 
-    device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
     path = Path(model_path) if model_path else default_model_path()
-    dequantize = config.dequantize or config.quantization is not None
+    workers, group = None, None
+    if config.tensor_parallel_size > 1:
+        from engine.parallel.workers import start_ranks
+
+        workers, group = start_ranks(str(path), config)
+    try:
+        try:
+            tokenizer = load_tokenizer(path)
+        except ValueError as exc:
+            log.warning("no tokenizer: %s (token-id prompts still work)", exc)
+            tokenizer = None
+        vocab = tokenizer.vocab_size if tokenizer is not None else None
+        built = build_runner(path, config, progress, group, sampleable_vocab=vocab, workers=workers)
+    except BaseException:
+        if workers is not None:
+            workers.stop(timeout=5.0)
+        raise
+    runner, model_config = built.runner, built.model_config
+    scheduler = Scheduler(
+        config,
+        BlockManager(built.num_blocks, config.block_size, config.enable_prefix_caching),
+        built.max_model_len,
+    )
+    eos = tuple(
+        dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids)
+    )
+    name = path.stem if path.is_file() else path.name
+    log.info(
+        "loaded %s (%s, %s on %s%s); KV cache: %d blocks of %d tokens = %d tokens;"
+        " max_model_len %d; %s",
+        name,
+        model_config.architecture,
+        built.dtype_name,
+        runner.device,
+        f", tensor parallel over {config.tensor_parallel_size} ranks" if workers else "",
+        built.num_blocks,
+        config.block_size,
+        built.num_blocks * config.block_size,
+        built.max_model_len,
+        runner.forward_path.description,
+    )
+    return cls(runner, scheduler, tokenizer, config, name, eos)
+
+
+def build_runner(
+    path: Path,
+    config: EngineConfig,
+    progress: bool,
+    group=None,
+    sampleable_vocab: int | None = None,
+    workers=None,
+) -> BuiltRunner:
+    """Any rank's model runner (`group`: its tensor-parallel group, None without one;
+    `workers`: on rank 0, the other ranks' processes, stopped by `ModelRunner.close`)."""
+    from models.cpu_features import native_bf16
+    from models.loader import TORCH_DTYPE_BY_NAME, load_model
+
+    device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
+    if group is not None:
+        device = group.device
+    dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
+    # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
+    # parallel and int8 dequantise them first.
+    dequantize = config.dequantize or config.quantization is not None or group is not None
     model, model_config = load_model(path, dtype_name, device, progress, dequantize=dequantize)
+    parallel = None
+    if group is not None:
+        from models.parallel import plan_shards, shard_model
+
+        layout = plan_shards(model_config, group.world, group.rank)
+        shard_model(model, layout, group)
     if config.quantization == "int8":
         from models.quantization import quantize_int8_weight_only
 
@@ -45,13 +125,19 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         from models.compiled_layers import compile_dense_halves
 
         compile_dense_halves(model)
-    try:
-        tokenizer = load_tokenizer(path)
-    except ValueError as exc:
-        log.warning("no tokenizer: %s (token-id prompts still work)", exc)
-        tokenizer = None
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
-    num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
+    kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
+    num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
+    if group is not None:
+        from engine.parallel.rank import ParallelRank
+        from engine.parallel.step_channel import StepChannel, step_capacity
+
+        # Every rank must hold the same block ids: the smallest cache any rank can afford.
+        smallest = group.all_reduce_min(num_blocks)
+        num_blocks = smallest
+        blocks_per_seq = -(-max_model_len // config.block_size) + 1
+        capacity = step_capacity(config.max_num_batched_tokens, config.max_num_seqs, blocks_per_seq)
+        parallel = ParallelRank(group, layout, StepChannel(group, capacity), workers)
     # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
     # runner picks its forward path (models/forward_path.py), not at the first step.
     runner = ModelRunner(
@@ -62,35 +148,19 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         TORCH_DTYPE_BY_NAME[dtype_name],
         device,
         config.cpu_kernels,
-        sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
+        sampleable_vocab=sampleable_vocab,
+        parallel=parallel,
     )
-    scheduler = Scheduler(
-        config,
-        BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
-        max_model_len,
-    )
-    eos = tuple(
-        dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids)
-    )
-    name = path.stem if path.is_file() else path.name
-    log.info(
-        "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d;"
-        " %s",
-        name,
-        model_config.architecture,
-        dtype_name,
-        device,
-        num_blocks,
-        config.block_size,
-        num_blocks * config.block_size,
-        max_model_len,
-        runner.forward_path.description,
-    )
-    return cls(runner, scheduler, tokenizer, config, name, eos)
+    return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
 
 
 def _num_blocks(
-    config: EngineConfig, model_config, dtype_name: str, device: torch.device, max_model_len: int
+    config: EngineConfig,
+    model_config,
+    dtype_name: str,
+    device: torch.device,
+    max_model_len: int,
+    kv_heads: int,
 ) -> int:
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
@@ -98,7 +168,7 @@ def _num_blocks(
     blocks = num_kv_blocks(
         budget,
         model_config.num_layers,
-        model_config.num_kv_heads,
+        kv_heads,
         model_config.head_dim,
         dtype_bytes(dtype_name),
         config.block_size,

@@ -46,12 +46,22 @@ def _reset_buffers(model: nn.Module, config: ModelConfig) -> None:
 
 
 def allocate_kv_cache(
-    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    num_kv_heads: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (k, v), each [num_blocks, block_size, num_kv_heads, head_dim]."""
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    """Per layer (k, v), each [num_blocks, block_size, num_kv_heads, head_dim]; a
+    tensor-parallel rank passes the KV heads it holds (default: the model's)."""
+    heads = config.num_kv_heads if num_kv_heads is None else num_kv_heads
+    shape = (num_blocks, block_size, heads, config.head_dim)
     return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
         for _ in range(config.num_layers)
     ]
 

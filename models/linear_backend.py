@@ -55,9 +55,13 @@ def row_routed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_invariant_linears(model: nn.Module) -> int:
-    """Points every plain nn.Linear's forward at `row_routed_linear`; returns how many.
-    Instance attributes shadow the method, so the class keeps the plain forward."""
-    linears = [m for m in model.modules() if type(m) is nn.Linear]
-    for layer in linears:
-        layer.forward = functools.partial(row_routed_linear, layer)
-    return len(linears)
+    """Points every plain nn.Linear's forward (a tensor-parallel row shard's `local_forward`,
+    models/parallel/layers.py) at `row_routed_linear`; returns how many. Instance attributes
+    shadow the method, so the class keeps the plain forward."""
+    count = 0
+    for layer in model.modules():
+        name = "forward" if type(layer) is nn.Linear else "local_forward"
+        if isinstance(layer, nn.Linear) and hasattr(layer, name):
+            setattr(layer, name, functools.partial(row_routed_linear, layer))
+            count += 1
+    return count

@@ -142,6 +142,12 @@ OPTIONS: tuple[_Option, ...] = (
         flag_is_switch=True,
     ),
     _Option(
+        "tensor_parallel_size",
+        int,
+        "ranks (processes; GPUs on CUDA) one replica's model is split over, through "
+        "torch.distributed: gloo on CPU, NCCL on CUDA",
+    ),
+    _Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
@@ -209,6 +215,7 @@ class Settings:
     disable_prefix_caching: bool = False
     disable_cpu_kernels: bool = False
     dequantize: bool = False
+    tensor_parallel_size: int = 1
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0
@@ -231,6 +238,10 @@ class Settings:
         object.__setattr__(self, "allowed_origins", flat)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}"
+            )
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be at least 1KiB, got {self.max_body_bytes}")
         if not (self.shutdown_timeout >= 0 and math.isfinite(self.shutdown_timeout)):

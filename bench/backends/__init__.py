@@ -28,6 +28,7 @@ BACKENDS: dict[str, str] = {
     "tgserve-serial": "bench.backends.tgserve_serial",
     "tgserve-json": "bench.backends.tgserve_json",  # every request under --json-schema
     "tgserve-baseline": "bench.backends.tgserve_baseline",  # another checkout, in a subprocess
+    "tgserve-tp2": "bench.backends.tgserve_tp",  # tensor parallel over 2 ranks
     "transformers": "bench.backends.transformers",
     "vllm": "bench.backends.vllm",
     "llamacpp": "bench.backends.llamacpp",

@@ -98,12 +98,19 @@ class TgserveBackend:
 
 
 def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
-    from engine import Engine, EngineConfig
+    from engine import Engine
+
+    return TgserveBackend(Engine.from_model(str(source.path), engine_config(source, options)))
+
+
+def engine_config(source: ModelSource, options: BackendOptions):
+    """The EngineConfig every tgserve backend of this package starts from."""
+    from engine import EngineConfig
 
     target = (
         {} if options.target_itl_ms is None else {"target_itl_ms": options.target_itl_ms or None}
     )
-    config = EngineConfig(
+    return EngineConfig(
         **target,
         dtype=options.dtype,
         max_num_seqs=options.max_num_seqs,
@@ -117,7 +124,6 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         cpu_kernels=options.cpu_kernels,
         dequantize=options.dequantize,
     )
-    return TgserveBackend(Engine.from_model(str(source.path), config))
 
 
 def _memory_note(engine) -> str:

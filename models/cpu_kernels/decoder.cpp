@@ -2,7 +2,8 @@
 // one query of the paged attention over its own context) through every layer of a
 // Llama-family model: RMSNorm, fused qkv (+ bias), rotary, K/V written to the paged cache,
 // paged attention, out projection, residual, RMSNorm, SwiGLU MLP, residual; then the final
-// norm. Eager PyTorch spends most of a small model's step dispatching ~15 ops per layer; here
+// norm. Under tensor parallel a rank runs its shard (its heads, KV heads and MLP columns) and
+// the o / down projections' partial sums go through an all-reduce callback. Eager PyTorch spends most of a small model's step dispatching ~15 ops per layer; here
 // a layer is 5 parallel loops. Numerics mirror models/llama.py (same rounding points to the
 // model dtype).
 #include "decoder.h"
@@ -22,10 +23,11 @@ class LlamaDecoder {
   LlamaDecoder(std::vector<LayerWeights> layers, torch::Tensor final_norm,
                std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
-               int64_t window)
+               int64_t window, pybind11::object all_reduce)
       : layers_(std::move(layers)), final_norm_(std::move(final_norm)),
         k_caches_(std::move(k_caches)), v_caches_(std::move(v_caches)), H_(num_heads),
-        KVH_(num_kv_heads), D_(head_dim), eps_(static_cast<float>(eps)), window_(window) {
+        KVH_(num_kv_heads), D_(head_dim), eps_(static_cast<float>(eps)), window_(window),
+        all_reduce_(std::move(all_reduce)) {
     TORCH_CHECK(!layers_.empty(), "LlamaDecoder: no layers");
     TORCH_CHECK(layers_.size() == k_caches_.size() && layers_.size() == v_caches_.size(),
                 "one K and one V cache per layer");
@@ -54,6 +56,15 @@ class LlamaDecoder {
   }
 
  private:
+  // Tensor parallel: the o and down projections hold a rank's input columns, so their
+  // [B, hidden] partial products are summed over the ranks (in place) by the Python callable
+  // (models/parallel/group.py); None without tensor parallel.
+  void reduce(torch::Tensor& partial) const {
+    if (all_reduce_.is_none()) return;
+    pybind11::gil_scoped_acquire gil;
+    all_reduce_(partial);
+  }
+
   // [B, N] = x [B, K] @ w^T (* scales) (+ bias), from w's packed copy (int8 or x's dtype).
   template <typename T>
   torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
@@ -126,6 +137,7 @@ class LlamaDecoder {
           k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)), window_);
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
       torch::Tensor o = linear<T>(attn, w.o_proj);
+      reduce(o);
       const T* op = static_cast<const T*>(o.data_ptr());
       const T* norm_post = static_cast<const T*>(w.post_norm.data_ptr());
 #pragma omp parallel for if (wide)
@@ -139,6 +151,7 @@ class LlamaDecoder {
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
       o = linear<T>(act, w.down);
+      reduce(o);
       op = static_cast<const T*>(o.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
@@ -155,6 +168,7 @@ class LlamaDecoder {
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
   int64_t window_;
+  pybind11::object all_reduce_;
 };
 
 }  // namespace
@@ -201,10 +215,12 @@ void bind_decoder(pybind11::module& m) {
            py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<LlamaDecoder>(m, "LlamaDecoder")
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
-                    std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>(),
+                    std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t,
+                    py::object>(),
            py::kw_only(), py::arg("layers"), py::arg("final_norm"), py::arg("k_caches"),
            py::arg("v_caches"), py::arg("num_heads"), py::arg("num_kv_heads"),
-           py::arg("head_dim"), py::arg("eps"), py::arg("window"))
+           py::arg("head_dim"), py::arg("eps"), py::arg("window"),
+           py::arg("all_reduce") = py::none())
       .def("forward", &LlamaDecoder::forward, py::kw_only(), py::arg("x"), py::arg("rope_cos"),
            py::arg("rope_sin"), py::arg("slots"), py::arg("tables"), py::arg("seq_lens"),
            py::call_guard<py::gil_scoped_release>());

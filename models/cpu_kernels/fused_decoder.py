@@ -18,9 +18,12 @@ with float32 activations, not on a CPU, or the extension cannot be built). Other
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
 depend on the other rows of the step (batch invariance: the linear and attention kernels fix
 their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
-through the forward-path seam (models/forward_path.py). The packed copies of the weights add
-the linear layers' bytes once more to memory, except GGUF blocks kept as stored
-(models/block_linear.py): their packed blocks are the only copy, run by block_linear.cpp.
+through the forward-path seam (models/forward_path.py). A tensor-parallel shard
+(models/parallel) runs the same way on its heads and columns: the C++ step calls the group's
+all-reduce after the o and down projections, and `logits` gathers the vocabulary shards. The
+packed copies of the weights add the linear layers' bytes once more to memory, except GGUF
+blocks kept as stored (models/block_linear.py): their packed blocks are the only copy, run by
+block_linear.cpp (never sharded: tensor parallel dequantises them at load).
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ class FusedDecoder:
         ]
         self._model = model
         self._ext = ext
+        # Tensor parallel (models/parallel): the LM head holds this rank's vocabulary rows and
+        # gathers the logits; the attention knows its local head counts.
+        self._gather = getattr(model.lm_head, "gather", None)
+        group = getattr(model.lm_head, "group", None)
+        attn = inner.layers[0].self_attn
         self._lm_head_blocks = model.lm_head if isinstance(model.lm_head, BlockLinear) else None
         if self._lm_head_blocks is None:
             lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
@@ -77,11 +85,12 @@ class FusedDecoder:
             final_norm=inner.norm.weight.detach(),
             k_caches=[k for k, _ in kv_caches],
             v_caches=[v for _, v in kv_caches],
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_kv_heads,
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
             head_dim=c.head_dim,
             eps=float(c.norm_eps),
             window=c.sliding_window or 0,
+            all_reduce=None if group is None else group.all_reduce,
         )
 
     @classmethod
@@ -126,7 +135,7 @@ class FusedDecoder:
         """[R, hidden] -> [R, vocab] float32 (accumulated in float32, never rounded to bf16)."""
         if self._lm_head_blocks is not None:
             return self._lm_head_blocks.apply(hidden, float_out=True)
-        return self._ext.linear(
+        logits = self._ext.linear(
             hidden.contiguous(),
             self._lm_head_packed,
             None,
@@ -134,6 +143,7 @@ class FusedDecoder:
             True,
             self._lm_head_scales,
         )
+        return logits if self._gather is None else self._gather(logits)
 
 
 def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
@@ -149,12 +159,16 @@ def _weight_and_scales(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
-    """Plain linears and GGUF blocks as stored (models/block_linear.py) in float32 / bfloat16
-    on a CPU, or weight-only int8 ones with bfloat16 activations (the int8 kernel widens the
-    weights to bf16 pairs); anything else keeps its path."""
+    """Plain linears (tensor-parallel shards included) and GGUF blocks as stored
+    (models/block_linear.py) in float32 / bfloat16 on a CPU, or weight-only int8 ones with
+    bfloat16 activations (the int8 kernel widens the weights to bf16 pairs); anything else keeps
+    its path."""
+    from models.parallel.layers import RowParallelLinear
+
     layers = [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear | BlockLinear)]
     if model.model.norm.weight.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
-    if all(type(layer) is nn.Linear or isinstance(layer, BlockLinear) for layer in layers):
+    plain = (nn.Linear, RowParallelLinear)
+    if all(type(layer) in plain or isinstance(layer, BlockLinear) for layer in layers):
         return True
     return all(isinstance(layer, Int8Linear) for layer in layers) and dtype == torch.bfloat16

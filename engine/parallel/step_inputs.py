@@ -1,0 +1,111 @@
+"""StepInputs: everything a rank needs to run one step's forward, as plain lists, and its
+packing into ONE int64 tensor (what rank 0 broadcasts to the other ranks each step).
+
+Contract: `StepInputs.from_chunks(chunks, block_copies, full_logits_for)` lays a step out as
+the model runner runs it (tokens flat, chunk by chunk); `pack()` -> 1-D int64 tensor and
+`StepInputs.unpack(t)` invert each other exactly. Layout of a packed step (all int64):
+header [n_tokens, n_chunks, n_samples, n_copies, n_full], then ids, positions,
+seq_lens, query_lens, sample_rows, table lengths (one per chunk), the block tables flat,
+copies (src, dst pairs), full-logit chunk indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+import torch
+
+_HEADER = 5
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    ids: tuple[int, ...]  # [T] the step's new tokens, chunk after chunk
+    positions: tuple[int, ...]  # [T]
+    tables: tuple[tuple[int, ...], ...]  # per chunk: its sequence's block table
+    seq_lens: tuple[int, ...]  # per chunk: tokens in the cache after the step
+    query_lens: tuple[int, ...]  # per chunk: new tokens
+    sample_rows: tuple[int, ...]  # rows of [T] whose logits are sampled, in chunk order
+    block_copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (src, dst) before the step
+    full_logits_for: tuple[int, ...] = ()  # chunk indices that want every row's logits
+
+    @classmethod
+    def from_chunks(
+        cls,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        full_logits_for: frozenset[int] = frozenset(),
+    ) -> StepInputs:
+        ids: list[int] = []
+        positions: list[int] = []
+        sample_rows: list[int] = []
+        for chunk in chunks:
+            start, end = chunk.start, chunk.seq_len
+            ids.extend(chunk.seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            if chunk.sample:
+                sample_rows.append(len(ids) - 1)
+        return cls(
+            ids=tuple(ids),
+            positions=tuple(positions),
+            tables=tuple(tuple(c.seq.block_table) for c in chunks),
+            seq_lens=tuple(c.seq_len for c in chunks),
+            query_lens=tuple(c.num_new_tokens for c in chunks),
+            sample_rows=tuple(sample_rows),
+            block_copies=tuple((int(s), int(d)) for s, d in block_copies),
+            full_logits_for=tuple(sorted(full_logits_for)),
+        )
+
+    @property
+    def row_starts(self) -> list[int]:
+        """Per chunk: its first row in [T]."""
+        return [0, *accumulate(self.query_lens)][:-1]
+
+    def pack(self) -> torch.Tensor:
+        lens = [len(t) for t in self.tables]
+        header = [len(self.ids), len(self.tables), len(self.sample_rows)]
+        header += [len(self.block_copies), len(self.full_logits_for)]
+        values = [
+            *header,
+            *self.ids,
+            *self.positions,
+            *self.seq_lens,
+            *self.query_lens,
+            *self.sample_rows,
+            *lens,
+            *(b for t in self.tables for b in t),
+            *(x for pair in self.block_copies for x in pair),
+            *self.full_logits_for,
+        ]
+        return torch.tensor(values, dtype=torch.int64)
+
+    @classmethod
+    def unpack(cls, packed: torch.Tensor) -> StepInputs:
+        values = packed.tolist()
+        n_tokens, n_chunks, n_samples, n_copies, n_full = values[:_HEADER]
+        pos = _HEADER
+
+        def take(n: int) -> list[int]:
+            nonlocal pos
+            pos += n
+            return values[pos - n : pos]
+
+        ids, positions = take(n_tokens), take(n_tokens)
+        seq_lens, query_lens = take(n_chunks), take(n_chunks)
+        sample_rows = take(n_samples)
+        lens = take(n_chunks)
+        tables = tuple(tuple(take(n)) for n in lens)
+        flat = take(2 * n_copies)
+        return cls(
+            ids=tuple(ids),
+            positions=tuple(positions),
+            tables=tables,
+            seq_lens=tuple(seq_lens),
+            query_lens=tuple(query_lens),
+            sample_rows=tuple(sample_rows),
+            block_copies=tuple(zip(flat[::2], flat[1::2], strict=True)),
+            full_logits_for=tuple(take(n_full)),
+        )

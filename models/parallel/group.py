@@ -1,0 +1,84 @@
+"""The tensor-parallel process group: how ranks meet, and the three collectives the model
+code uses.
+
+Contract: `init_group(rank, world, port, device)` joins a torch.distributed group on loopback
+(gloo on CPU, NCCL on CUDA; rank 0 hosts the rendezvous at `port`, see `free_port`) and
+returns a `ParallelGroup`: `all_reduce(t)` sums in place over the ranks (a row-parallel
+layer's partial products, the vocabulary-parallel embedding), `gather_columns(t, width)` puts
+every rank's [R, <= width] block side by side on every rank, `broadcast(t)` copies rank 0's
+tensor to all, `all_reduce_min(n)` agrees on the smallest of an int. Every rank must call the same collectives in the same order. A dead peer makes
+a pending collective raise (gloo sees the closed connection), never hang silently.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# A collective waits at most this long for the slowest rank (a long prefill chunk included).
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for rank 0's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ParallelGroup:
+    rank: int
+    world: int
+    device: torch.device
+    pg: Any  # torch.distributed.ProcessGroup
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=self.pg)
+        return t
+
+    def gather_columns(self, t: torch.Tensor, width: int) -> torch.Tensor:
+        """t [R, w <= width] on each rank -> [R, world * width], rank r's block at r * width
+        (a narrower block is zero-padded to `width`; the caller trims the padding)."""
+        if t.shape[1] < width:
+            t = torch.cat((t, t.new_zeros(t.shape[0], width - t.shape[1])), dim=1)
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t.contiguous(), group=self.pg)
+        return torch.cat(parts, dim=1)
+
+    def all_reduce_min(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.pg)
+        return int(t.item())
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=0, group=self.pg)
+        return t
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_group(
+    rank: int,
+    world: int,
+    port: int,
+    device: torch.device,
+    rendezvous_timeout: timedelta = COLLECTIVE_TIMEOUT,
+) -> ParallelGroup:
+    """Joins the group; rank 0 waits at most `rendezvous_timeout` for the others to arrive."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=rendezvous_timeout)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+    )
+    return ParallelGroup(rank, world, device, dist.group.WORLD)
