@@ -223,6 +223,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="tgserve: PyTorch ops only (no C++ decode step / attention kernel)",
     )
     p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="tgserve on CUDA: every step eager (no decode CUDA graphs; the CPU never captures)",
+    )
+    p.add_argument(
         "--baseline-tree",
         default=None,
         metavar="PATH",

@@ -52,6 +52,8 @@ class EngineConfig:
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
+    # On CUDA: every step eager, no decode CUDA graphs (engine/cuda_graphs); CPU never captures.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -116,6 +118,8 @@ class EngineConfig:
             )
         if not isinstance(self.cpu_kernels, bool):
             raise ValueError(f"cpu_kernels must be a bool, got {self.cpu_kernels!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):

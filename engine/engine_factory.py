@@ -18,6 +18,7 @@ from engine.config import (
     resolve_dtype_name,
     resolve_max_model_len,
 )
+from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
 from engine.scheduling.block_manager import BlockManager
@@ -62,28 +63,55 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         device,
         config.cpu_kernels,
         sampleable_vocab=tokenizer.vocab_size if tokenizer is not None else None,
+        graphs=graph_settings(config, device, max_model_len),
     )
     scheduler = Scheduler(
-        config, BlockManager(num_blocks, config.block_size, config.enable_prefix_caching), max_model_len
+        config,
+        BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
+        max_model_len,
     )
-    eos = tuple(dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids))
+    eos = tuple(
+        dict.fromkeys((tokenizer.eos_token_ids if tokenizer else ()) + model_config.eos_token_ids)
+    )
     name = path.stem if path.is_file() else path.name
     log.info(
         "loaded %s (%s, %s on %s); KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d;"
         " %s",
-        name, model_config.architecture, dtype_name, device, num_blocks, config.block_size,
-        num_blocks * config.block_size, max_model_len, runner.forward_path.description,
+        name,
+        model_config.architecture,
+        dtype_name,
+        device,
+        num_blocks,
+        config.block_size,
+        num_blocks * config.block_size,
+        max_model_len,
+        runner.forward_path.description,
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
 
 
-def _num_blocks(config: EngineConfig, model_config, dtype_name: str, device: torch.device, max_model_len: int) -> int:
+def graph_settings(
+    config: EngineConfig, device: torch.device, max_model_len: int
+) -> GraphSettings | None:
+    """Decode CUDA graphs on CUDA unless `enforce_eager` (--enforce-eager); never on CPU."""
+    if device.type != "cuda" or config.enforce_eager:
+        return None
+    return GraphSettings(config.max_num_seqs, max_model_len)
+
+
+def _num_blocks(
+    config: EngineConfig, model_config, dtype_name: str, device: torch.device, max_model_len: int
+) -> int:
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
     blocks = num_kv_blocks(
-        budget, model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-        dtype_bytes(dtype_name), config.block_size,
+        budget,
+        model_config.num_layers,
+        model_config.num_kv_heads,
+        model_config.head_dim,
+        dtype_bytes(dtype_name),
+        config.block_size,
     )
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)

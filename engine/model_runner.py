@@ -8,20 +8,35 @@ Returns `[num_sampling_chunks, vocab]` float32 logits in chunk order, plus, when
 the logits of every new row (for prompt logprobs). The KV cache is owned here; how the
 forward runs (C++ step, PyTorch layers with C++ attention, plain PyTorch) is chosen once, in
 models/forward_path.py, and the runner only calls the path it returns.
+
+Decode-only steps (every chunk one new token, nothing asking for prompt logprobs) replay a CUDA
+graph of their batch-size bucket when `graphs` settings are given and the path can be captured
+(engine/cuda_graphs/); the KV cache then has one extra block past the block manager's,
+the scratch block padding rows write into. Mixed steps run eagerly. Host lists reach the
+device through engine/host_transfer.to_device (no wait for the device); nothing here reads
+device data back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.cuda_graphs.buckets import DecodeRows
+from engine.cuda_graphs.decode_graphs import DecodeGraphs, GraphSettings, graphs_supported
+from engine.cuda_graphs.static_inputs import StaticDecodeInputs
+from engine.host_transfer import to_device
 from models import allocate_kv_cache
 from models.attention import AttentionMetadata
 from models.config import ModelConfig
 from models.forward_path import select_forward_path
+
+log = logging.getLogger("tgserve.engine")
 
 
 @dataclass(frozen=True)
@@ -41,21 +56,47 @@ class ModelRunner:
         device: torch.device,
         cpu_kernels: bool = False,
         sampleable_vocab: int | None = None,
+        graphs: GraphSettings | None = None,
     ) -> None:
+        """`graphs`: decode steps through engine/cuda_graphs (captured where the device and the
+        forward path allow; elsewhere, e.g. in CPU tests, run eagerly over the same static
+        buffers and padding). None: every step eager."""
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
         # Embedding tables padded past the tokenizer (Qwen2: 151936 rows, 151665 tokens) hold
         # ids nothing can decode: the sampler only ever sees the first `sampleable_vocab`.
-        self.sampleable_vocab = sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
+        self.sampleable_vocab = (
+            sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
+        )
+        # One more block than the block manager's when graphs pad decode steps: the scratch
+        # block (index num_blocks) that padding rows write into.
+        extra = 1 if graphs is not None else 0
+        self.kv_caches = allocate_kv_cache(config, num_blocks + extra, block_size, dtype, device)
         # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
         self.forward_path = select_forward_path(
             model, self.kv_caches, device, cpu_kernels=cpu_kernels
         )
         # True when the C++ kernels serve this runner (read by the benchmark's labels).
         self.cpu_kernels = self.forward_path.attention_kernel
+        self.decode_graphs = self._decode_graphs(graphs, num_blocks)
+
+    def _decode_graphs(self, graphs: GraphSettings | None, scratch: int) -> DecodeGraphs | None:
+        if graphs is None:
+            return None
+        captures = graphs_supported(self.forward_path, self.device)
+        if self.device.type == "cuda" and not captures:
+            log.info("decode steps eager: %s is not capturable", self.forward_path.description)
+            return None
+        width = -(-graphs.max_model_len // self.block_size)
+        inputs = StaticDecodeInputs(graphs.max_num_seqs, width, self.device)
+        decode = DecodeGraphs(
+            self.forward_path, inputs, graphs, self.block_size, self.config.sliding_window, scratch
+        )
+        if captures:
+            decode.capture()
+        return decode
 
     @torch.inference_mode()
     def execute(
@@ -66,6 +107,10 @@ class ModelRunner:
     ) -> StepLogits:
         if block_copies:
             self._copy_blocks(block_copies)
+        if self.decode_graphs is not None and not full_logits_for and _decode_only(chunks):
+            logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks, self.block_size))
+            if logits is not None:
+                return StepLogits(sampling=self._sampleable(logits), all_rows={})
         ids: list[int] = []
         positions: list[int] = []
         tables, seq_lens, query_lens = [], [], []
@@ -81,21 +126,15 @@ class ModelRunner:
             query_lens.append(chunk.num_new_tokens)
             if chunk.sample:
                 sample_rows.append(len(ids) - 1)
-        meta = AttentionMetadata.build(
-            tables,
-            seq_lens,
-            query_lens,
-            self.block_size,
-            self.device,
-            self.config.sliding_window,
-            self.forward_path.attention_kernel,
-        )
+        meta = self._metadata(tables, seq_lens, query_lens)
         hidden = self.forward_path.hidden(  # [T, hidden]
-            torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
+            to_device(ids, torch.int64, self.device),
+            to_device(positions, torch.int64, self.device),
+            meta,
         )
         rows = hidden
         if len(sample_rows) != len(ids):
-            rows = hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+            rows = hidden[to_device(sample_rows, torch.int64, self.device)]
         sampling = self._sampleable(self.forward_path.logits(rows))
         # Prompt logprobs: the model's own LM head over every new row, whatever the path.
         all_rows = {
@@ -106,14 +145,42 @@ class ModelRunner:
         }
         return StepLogits(sampling=sampling, all_rows=all_rows)
 
+    def _metadata(
+        self, tables: list[list[int]], seq_lens: list[int], query_lens: list[int]
+    ) -> AttentionMetadata:
+        """Built on the host, then moved without waiting for the device."""
+        meta = AttentionMetadata.build(
+            tables,
+            seq_lens,
+            query_lens,
+            self.block_size,
+            "cpu",
+            self.config.sliding_window,
+            self.forward_path.attention_kernel,
+        )
+        if self.device.type == "cpu":
+            return meta
+        return dataclasses.replace(
+            meta,
+            slot_mapping=to_device(meta.slot_mapping, torch.int64, self.device),
+            block_tables=to_device(meta.block_tables, torch.int64, self.device),
+            seq_lens=to_device(meta.seq_lens, torch.int64, self.device),
+        )
+
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]
 
     def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = to_device([s for s, _ in copies], torch.int64, self.device)
+        dst = to_device([d for _, d in copies], torch.int64, self.device)
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache[src])
             v_cache.index_copy_(0, dst, v_cache[src])
 
+
+def _decode_only(chunks: Sequence[Any]) -> bool:
+    """Every chunk feeds the last token of its sequence and samples the next one."""
+    return bool(chunks) and all(
+        c.num_new_tokens == 1 and c.sample and c.seq_len == len(c.seq.token_ids) for c in chunks
+    )

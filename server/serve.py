@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         "target_itl_ms": settings.target_itl_ms,
         "enable_prefix_caching": not settings.disable_prefix_caching,
         "cpu_kernels": not settings.disable_cpu_kernels,
+        "enforce_eager": settings.enforce_eager,
     }
     values = {k: v for k, v in values.items() if v is not None}
     if settings.target_itl_ms == 0:  # off: steps sized by the token budget alone

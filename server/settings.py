@@ -136,6 +136,13 @@ OPTIONS: tuple[_Option, ...] = (
         flag_is_switch=True,
     ),
     _Option(
+        "enforce_eager",
+        _bool,
+        "on CUDA: run every step eagerly (default: decode steps replay CUDA graphs captured at "
+        "start-up per batch-size bucket)",
+        flag_is_switch=True,
+    ),
+    _Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
@@ -202,6 +209,7 @@ class Settings:
     max_queued_requests: int | None = None
     disable_prefix_caching: bool = False
     disable_cpu_kernels: bool = False
+    enforce_eager: bool = False
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

@@ -50,6 +50,7 @@ class BackendOptions:
     quantization: str | None = None  # tgserve: None | "int8"
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
+    enforce_eager: bool = False  # tgserve: no decode CUDA graphs on CUDA
     baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
     target_itl_ms: float | None = None  # tgserve: step-time target; None: default, 0: off
     json_schema: str | None = None  # tgserve-json: the schema (JSON text) every request follows

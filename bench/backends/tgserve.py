@@ -31,6 +31,7 @@ class TgserveBackend:
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", compiled" if engine.config.compile else "")
             + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
+            + (", CUDA graphs" if engine.runner.decode_graphs is not None else "")
         )
         self._ids = count()
 
@@ -113,5 +114,6 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         quantization=options.quantization,
         compile=options.compile,
         cpu_kernels=options.cpu_kernels,
+        enforce_eager=options.enforce_eager,
     )
     return TgserveBackend(Engine.from_model(str(source.path), config))
