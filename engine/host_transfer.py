@@ -12,7 +12,8 @@ Contract:
 Everything else in the step's hot path (engine/model_runner.py, engine/cuda_graphs/,
 engine/sampling/) keeps its data on the device: no `.item()`, `.tolist()`, `.cpu()`,
 `bool(tensor)` or data-dependent shapes there; tests/engine/test_host_syncs.py checks it on CPU
-by recording what reads tensor data back to the host outside `fetch`.
+by recording what reads tensor data back to the host outside `fetch`. So host-side preparation
+works on Python lists and numpy arrays, and torch tensors in the hot path live on the device.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 
 
 def to_device(
-    values: Sequence[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device
+    values: Sequence[Any] | Any, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
+    """`values`: a list, a numpy array or a host tensor."""
     if device.type != "cuda":
         return torch.as_tensor(values, dtype=dtype, device=device)
     host = torch.as_tensor(values, dtype=dtype)

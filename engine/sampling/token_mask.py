@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.host_transfer import to_device
+
 _ALLOWED_TO_ADD = np.array([-np.inf, 0.0], dtype=np.float32)  # bit 0 -> -inf, bit 1 -> 0
 
 
@@ -50,10 +52,10 @@ class TokenMask:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Adds the masks to their rows of `logits` [R, V], in place; returns `logits`."""
-        additive = self.additive.to(logits.device, non_blocking=True)
+        additive = to_device(self.additive, torch.float32, logits.device)  # no wait
         if self.rows == tuple(range(logits.shape[0])):
             return logits.add_(additive)
-        index = torch.tensor(self.rows, dtype=torch.int64, device=logits.device)
+        index = to_device(self.rows, torch.int64, logits.device)
         return logits.index_add_(0, index, additive)
 
     def select(self, rows: Sequence[int]) -> TokenMask | None:
