@@ -188,7 +188,10 @@ def _workload_args(p: argparse.ArgumentParser, default_requests: int) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)"
+        "--model",
+        default=None,
+        help="HF folder or .gguf file (default: SmolLM2-135M-Instruct), or random:llama3-8b / "
+        "random:llama3-1b: that shape with random weights built in memory (tgserve only)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
     p.add_argument(

@@ -6,6 +6,9 @@ from config.json (or the GGUF metadata); `hf_folder` is a folder transformers an
 directly: the folder itself, or for a GGUF the converted copy tgserve's loader keeps in its cache
 (made on first use), so peers run the very same tensors tgserve does. `gguf_file` is set only for
 GGUF inputs (llama.cpp needs it). Torch is imported only when a GGUF must be converted.
+`random:NAME` (bench/random_models.py) is a shape with random weights built in memory by the
+backend: `random_weights` holds its config.json dict and `hf_folder` is None (peers that load
+folders say they cannot run it).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from bench.random_models import is_random_spec, random_shape
 
 if TYPE_CHECKING:  # the models package imports torch: keep `tgserve --help` fast
     from models.config import ModelConfig
@@ -24,12 +29,22 @@ class ModelSource:
     path: Path  # what the user gave (or the default model)
     name: str  # for the report
     config: ModelConfig
-    hf_folder: Path  # config.json + safetensors with Hugging Face tensor names
+    hf_folder: Path | None  # config.json + safetensors with Hugging Face tensor names
     gguf_file: Path | None  # the original GGUF, when the weights came from one
+    random_weights: dict[str, Any] | None = None  # `random:NAME`: the shape, no weights on disk
 
 
 def resolve_model(path: str | Path | None) -> ModelSource:
     from models.default_model import default_model_path
+
+    if is_random_spec(str(path) if path else None):
+        from models.config import ModelConfig
+
+        name, hf_config = random_shape(str(path))
+        config = ModelConfig.from_hf_dict(hf_config)
+        return ModelSource(
+            Path(str(path)), f"{name} (random weights)", config, None, None, hf_config
+        )
 
     model_path = Path(path).expanduser() if path else default_model_path()
     if not model_path.exists():

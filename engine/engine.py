@@ -96,6 +96,16 @@ class Engine:
 
         return build_engine(cls, model_path, config or EngineConfig(), progress)
 
+    @classmethod
+    def from_random_weights(
+        cls, name: str, hf_config: dict, config: EngineConfig | None = None
+    ) -> Engine:
+        """The shape `hf_config` (config.json dict) describes, seeded random weights
+        (`config.seed`), no tokenizer: for benchmarks (bench's `--model random:NAME`)."""
+        from engine.engine_factory import build_engine
+
+        return build_engine(cls, name, config or EngineConfig(), False, random_weights=hf_config)
+
     # ----- intake ---------------------------------------------------------------------------
     def new_request(
         self,

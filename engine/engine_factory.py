@@ -1,11 +1,14 @@
 """Building an Engine from a model path and an EngineConfig: resolve device and dtype, load
 weights and tokenizer, size the KV cache from the memory budget, wire runner and scheduler.
+`random_weights` (a config.json dict) builds that shape with seeded random weights instead
+(models/random_weights.py; no tokenizer: token-id prompts), for benchmarks.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +30,13 @@ from engine.scheduling.scheduler import Scheduler
 log = logging.getLogger("tgserve.engine")
 
 
-def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
+def build_engine(
+    cls,
+    model_path: str | None,
+    config: EngineConfig,
+    progress: bool,
+    random_weights: dict[str, Any] | None = None,
+):
     from models.cpu_features import native_bf16
     from models.default_model import default_model_path
     from models.loader import TORCH_DTYPE_BY_NAME, load_model
@@ -35,8 +44,16 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
 
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
     dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
-    path = Path(model_path) if model_path else default_model_path()
-    model, model_config = load_model(path, dtype_name, device, progress)
+    if random_weights is not None:
+        from models.random_weights import random_model
+
+        model, model_config = random_model(
+            random_weights, TORCH_DTYPE_BY_NAME[dtype_name], device, config.seed
+        )
+        path = Path(model_path or "random")  # a name only: nothing is read from it
+    else:
+        path = Path(model_path) if model_path else default_model_path()
+        model, model_config = load_model(path, dtype_name, device, progress)
     if config.quantization == "int8":
         from models.quantization import quantize_int8_weight_only
 
@@ -45,11 +62,12 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         from models.compiled_layers import compile_dense_halves
 
         compile_dense_halves(model)
+    tokenizer = None
     try:
-        tokenizer = load_tokenizer(path)
+        if random_weights is None:
+            tokenizer = load_tokenizer(path)
     except ValueError as exc:
         log.warning("no tokenizer: %s (token-id prompts still work)", exc)
-        tokenizer = None
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len)
     # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the

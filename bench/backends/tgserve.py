@@ -116,4 +116,8 @@ def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
         cpu_kernels=options.cpu_kernels,
         enforce_eager=options.enforce_eager,
     )
+    if source.random_weights is not None:
+        return TgserveBackend(
+            Engine.from_random_weights(str(source.path), source.random_weights, config)
+        )
     return TgserveBackend(Engine.from_model(str(source.path), config))
