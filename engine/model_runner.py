@@ -89,7 +89,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not captures:
             log.info("decode steps eager: %s is not capturable", self.forward_path.description)
             return None
-        width = -(-graphs.max_model_len // self.block_size)
+        width = -(-graphs.max_model_len // self.block_size) + 1  # + a block allocated ahead
         inputs = StaticDecodeInputs(graphs.max_num_seqs, width, self.device)
         decode = DecodeGraphs(
             self.forward_path, inputs, graphs, self.block_size, self.config.sliding_window, scratch

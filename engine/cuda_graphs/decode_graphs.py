@@ -10,7 +10,7 @@ wraps a forward path (models/forward_path.py) for decode-only steps.
 - `run(rows) -> [num_rows, vocab] float32 | None`: pads the step to its bucket, fills the
   static inputs and replays that bucket's graph (or, when nothing was captured, runs the same
   function eagerly over the same buffers: the CPU path of the tests). None when no bucket
-  holds the step (the caller runs it eagerly). The returned tensor is a view of the graph's
+  holds the step, or a block table is wider than the buffers (the caller runs it eagerly). The returned tensor is a view of the graph's
   output buffer: valid until the next `run`, which is all a step needs.
 Padding (engine/cuda_graphs/buckets.py) writes only into the scratch block, which the runner
 allocates past the block manager's blocks; each row's result depends on its own inputs only, so
@@ -109,7 +109,8 @@ class DecodeGraphs:
 
     def run(self, rows: DecodeRows) -> torch.Tensor | None:
         bucket = bucket_for(rows.num_rows, self.buckets)
-        if bucket is None:
+        width = self.inputs.max_blocks_per_seq
+        if bucket is None or any(len(table) > width for table in rows.block_tables):
             return None
         padded = pad_decode_rows(rows, bucket, self.scratch_block, self.block_size)
         self.inputs.fill(padded)

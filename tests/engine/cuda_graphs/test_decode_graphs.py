@@ -122,3 +122,15 @@ def test_graphs_are_asked_for_on_cuda_unless_enforce_eager() -> None:
     assert graph_settings(EngineConfig(max_num_seqs=16), cuda, 512) == GraphSettings(16, 512)
     assert graph_settings(EngineConfig(enforce_eager=True), cuda, 512) is None
     assert graph_settings(EngineConfig(), cpu, 512) is None
+
+
+def test_a_block_table_wider_than_the_buffers_sends_the_step_eager() -> None:
+    from engine.cuda_graphs.buckets import DecodeRows
+    from engine.cuda_graphs.decode_graphs import DecodeGraphs
+    from engine.cuda_graphs.static_inputs import StaticDecodeInputs
+
+    inputs = StaticDecodeInputs(4, max_blocks_per_seq=2, device=torch.device("cpu"))
+    graphs = DecodeGraphs(None, inputs, GraphSettings(4, 8), BLOCK_SIZE, None, NUM_BLOCKS)
+    wide = DecodeRows([5], [12], [13], [[0, 1, 2, 3]], [13])
+    assert graphs.run(wide) is None  # the runner then runs the step eagerly
+    assert inputs.input_ids.tolist() == [0, 0, 0, 0]  # nothing was filled
