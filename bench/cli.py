@@ -202,7 +202,10 @@ def _workload_args(p: argparse.ArgumentParser, default_requests: int) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)"
+        "--model",
+        default=None,
+        help="HF folder or .gguf file (default: SmolLM2-135M-Instruct), or random:llama3-8b / "
+        "random:llama3-1b: that shape with random weights built in memory (tgserve only)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
     p.add_argument(
@@ -240,6 +243,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--disable-cpu-kernels",
         action="store_true",
         help="tgserve: PyTorch ops only (no C++ decode step / attention kernel)",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="tgserve on CUDA: every step eager (no decode CUDA graphs; the CPU never captures)",
     )
     p.add_argument(
         "--baseline-tree",

@@ -108,6 +108,7 @@ def _run_offline(
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
         dequantize=args.dequantize,
+        enforce_eager=args.enforce_eager,
         baseline_tree=args.baseline_tree,
         target_itl_ms=args.target_itl_ms,
         json_schema=json_schema,

@@ -8,6 +8,9 @@ directly: the folder itself, or for a GGUF the converted copy tgserve's loader k
 1B-shaped file is not converted to float32 for them), so peers run the very same tensors
 tgserve does. `gguf_file` is set only for GGUF inputs (llama.cpp needs it). Torch is imported
 only for GGUF inputs (models.gguf reads their header), never by importing this module.
+`random:NAME` (bench/random_models.py) is a shape with random weights built in memory by the
+backend: `random_weights` holds its config.json dict and `hf_folder` is None (peers that load
+folders say they cannot run it).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from bench.random_models import is_random_spec, random_shape
 
 if TYPE_CHECKING:  # the models package imports torch: keep `tgserve --help` fast
     from models.config import ModelConfig
@@ -28,15 +33,26 @@ class ModelSource:
     name: str  # for the report
     config: ModelConfig
     gguf_file: Path | None  # the original GGUF, when the weights came from one
+    random_weights: dict[str, Any] | None = None  # `random:NAME`: the shape, no weights on disk
 
     @cached_property
-    def hf_folder(self) -> Path:
-        """config.json + safetensors with Hugging Face tensor names (a GGUF: converted once)."""
+    def hf_folder(self) -> Path | None:
+        """config.json + safetensors with Hugging Face tensor names (a GGUF: converted once;
+        None for `random:` shapes, which have no files)."""
+        if self.random_weights is not None:
+            return None
         return self.path if self.gguf_file is None else _converted_folder(self.gguf_file)
 
 
 def resolve_model(path: str | Path | None) -> ModelSource:
     from models.default_model import default_model_path
+
+    if is_random_spec(str(path) if path else None):
+        from models.config import ModelConfig
+
+        name, hf_config = random_shape(str(path))
+        config = ModelConfig.from_hf_dict(hf_config)
+        return ModelSource(Path(str(path)), f"{name} (random weights)", config, None, hf_config)
 
     model_path = Path(path).expanduser() if path else default_model_path()
     if not model_path.exists():

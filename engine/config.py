@@ -57,6 +57,8 @@ class EngineConfig:
     dequantize: bool = False
     # Ranks of one replica (torch.distributed; engine/parallel): 1 runs in this process alone.
     tensor_parallel_size: int = 1
+    # On CUDA: every step eager, no decode CUDA graphs (engine/cuda_graphs); CPU never captures.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -123,6 +125,8 @@ class EngineConfig:
             raise ValueError(f"cpu_kernels must be a bool, got {self.cpu_kernels!r}")
         if not isinstance(self.dequantize, bool):
             raise ValueError(f"dequantize must be a bool, got {self.dequantize!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):

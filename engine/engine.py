@@ -31,6 +31,7 @@ from engine.decoding.beam_search import check_beam_params
 from engine.decoding.parallel_sampling import SampleTarget, sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.faults import apply_faults
+from engine.host_transfer import to_device
 from engine.model_runner import ModelRunner, StepLogits
 from engine.requests.outputs import OutputAccumulator, RequestOutput
 from engine.requests.request import Request, TokenSequence
@@ -95,6 +96,16 @@ class Engine:
         from engine.engine_factory import build_engine
 
         return build_engine(cls, model_path, config or EngineConfig(), progress)
+
+    @classmethod
+    def from_random_weights(
+        cls, name: str, hf_config: dict, config: EngineConfig | None = None
+    ) -> Engine:
+        """The shape `hf_config` (config.json dict) describes, seeded random weights
+        (`config.seed`), no tokenizer: for benchmarks (bench's `--model random:NAME`)."""
+        from engine.engine_factory import build_engine
+
+        return build_engine(cls, name, config or EngineConfig(), False, random_weights=hf_config)
 
     # ----- intake ---------------------------------------------------------------------------
     def new_request(
@@ -249,7 +260,7 @@ class Engine:
             return
         target_rows = [t.row for t in targets]
         if target_rows != list(range(logits.shape[0])):  # forks reuse a row
-            logits = logits[torch.tensor(target_rows, device=logits.device)]
+            logits = logits[to_device(target_rows, torch.int64, logits.device)]
         rows = [self._sampling_row(t) for t in targets]
         result = self.sampler(
             logits, rows, grammar.select(target_rows) if grammar is not None else None
@@ -298,7 +309,7 @@ class Engine:
             generator = self._beam_generator
         beams = [seq for seq, _ in group]
         mask = grammar.select(rows) if grammar is not None else None
-        logits = logits[torch.tensor(rows, device=logits.device)]
+        logits = logits[to_device(rows, torch.int64, logits.device)]
         moved = state.beam.step(self.scheduler, state.request, beams, logits, generator, mask)
         if state.grammar is not None:
             state.grammar.follow_beams(moved, state.request.live_seqs)

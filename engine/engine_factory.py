@@ -5,6 +5,8 @@ With `tensor_parallel_size` N > 1 this process is rank 0: it starts ranks 1..N-1
 (engine/parallel/workers.py), joins their process group, and every rank builds its runner the
 same way (`build_runner`: load the one set of model files, keep its shard, size its KV cache;
 the number of blocks is the smallest any rank can hold). Only rank 0 has a scheduler.
+`random_weights` (a config.json dict) builds that shape with seeded random weights instead
+(models/random_weights.py; no tokenizer: token-id prompts), for benchmarks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +27,7 @@ from engine.config import (
     resolve_dtype_name,
     resolve_max_model_len,
 )
+from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
 from engine.scheduling.block_manager import BlockManager
@@ -41,11 +45,20 @@ class BuiltRunner:
     num_blocks: int
 
 
-def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bool):
+def build_engine(
+    cls,
+    model_path: str | None,
+    config: EngineConfig,
+    progress: bool,
+    random_weights: dict[str, Any] | None = None,
+):
     from models.default_model import default_model_path
     from models.tokenizer import load_tokenizer
 
-    path = Path(model_path) if model_path else default_model_path()
+    if random_weights is not None:
+        path = Path(model_path or "random")  # a name only: nothing is read from it
+    else:
+        path = Path(model_path) if model_path else default_model_path()
     workers, group = None, None
     if config.tensor_parallel_size > 1:
         from engine.parallel.workers import start_ranks
@@ -53,12 +66,14 @@ def build_engine(cls, model_path: str | None, config: EngineConfig, progress: bo
         workers, group = start_ranks(str(path), config)
     try:
         try:
-            tokenizer = load_tokenizer(path)
+            tokenizer = None if random_weights is not None else load_tokenizer(path)
         except ValueError as exc:
             log.warning("no tokenizer: %s (token-id prompts still work)", exc)
             tokenizer = None
         vocab = tokenizer.vocab_size if tokenizer is not None else None
-        built = build_runner(path, config, progress, group, sampleable_vocab=vocab, workers=workers)
+        built = build_runner(
+            path, config, progress, group, vocab, workers, random_weights=random_weights
+        )
     except BaseException:
         if workers is not None:
             workers.stop(timeout=5.0)
@@ -97,6 +112,7 @@ def build_runner(
     group=None,
     sampleable_vocab: int | None = None,
     workers=None,
+    random_weights: dict[str, Any] | None = None,
 ) -> BuiltRunner:
     """Any rank's model runner (`group`: its tensor-parallel group, None without one;
     `workers`: on rank 0, the other ranks' processes, stopped by `ModelRunner.close`)."""
@@ -110,7 +126,14 @@ def build_runner(
     # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
     # parallel and int8 dequantise them first.
     dequantize = config.dequantize or config.quantization is not None or group is not None
-    model, model_config = load_model(path, dtype_name, device, progress, dequantize=dequantize)
+    if random_weights is not None:
+        from models.random_weights import random_model
+
+        model, model_config = random_model(
+            random_weights, TORCH_DTYPE_BY_NAME[dtype_name], device, config.seed
+        )
+    else:
+        model, model_config = load_model(path, dtype_name, device, progress, dequantize=dequantize)
     parallel = None
     if group is not None:
         from models.parallel import plan_shards, shard_model
@@ -150,8 +173,18 @@ def build_runner(
         config.cpu_kernels,
         sampleable_vocab=sampleable_vocab,
         parallel=parallel,
+        graphs=graph_settings(config, device, max_model_len) if group is None else None,
     )
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+
+
+def graph_settings(
+    config: EngineConfig, device: torch.device, max_model_len: int
+) -> GraphSettings | None:
+    """Decode CUDA graphs on CUDA unless `enforce_eager` (--enforce-eager); never on CPU."""
+    if device.type != "cuda" or config.enforce_eager:
+        return None
+    return GraphSettings(config.max_num_seqs, max_model_len)
 
 
 def _num_blocks(

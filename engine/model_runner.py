@@ -10,11 +10,20 @@ broadcasts the step's inputs (engine/parallel/) and every rank's `run` does the 
 a failed step is then a `FatalEngineError` (the ranks are out of step). The KV cache is owned here; how the
 forward runs (C++ step, PyTorch layers with C++ attention, plain PyTorch) is chosen once, in
 models/forward_path.py, and the runner only calls the path it returns.
+
+Decode-only steps (every chunk one new token, nothing asking for prompt logprobs) replay a CUDA
+graph of their batch-size bucket when `graphs` settings are given and the path can be captured
+(engine/cuda_graphs/); the KV cache then has one extra block past the block manager's,
+the scratch block padding rows write into. Mixed steps run eagerly. Host lists reach the
+device through engine/host_transfer.to_device (no wait for the device); nothing here reads
+device data back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +31,18 @@ from typing import Any
 import torch
 
 from engine.api import FatalEngineError
+from engine.cuda_graphs.buckets import DecodeRows
+from engine.cuda_graphs.decode_graphs import DecodeGraphs, GraphSettings, graphs_supported
+from engine.cuda_graphs.static_inputs import StaticDecodeInputs
+from engine.host_transfer import to_device
 from engine.parallel.rank import ParallelRank
 from engine.parallel.step_inputs import StepInputs
 from models import allocate_kv_cache
 from models.attention import AttentionMetadata
 from models.config import ModelConfig
 from models.forward_path import select_forward_path
+
+log = logging.getLogger("tgserve.engine")
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,11 @@ class ModelRunner:
         cpu_kernels: bool = False,
         sampleable_vocab: int | None = None,
         parallel: ParallelRank | None = None,
+        graphs: GraphSettings | None = None,
     ) -> None:
+        """`graphs`: decode steps through engine/cuda_graphs (captured where the device and the
+        forward path allow; elsewhere, e.g. in CPU tests, run eagerly over the same static
+        buffers and padding). None: every step eager."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -61,13 +80,35 @@ class ModelRunner:
         # Tensor parallel: this rank's shard of the model and the KV heads it holds.
         self.parallel = parallel
         kv_heads = None if parallel is None else parallel.layout.num_kv_heads
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device, kv_heads)
+        # One more block than the block manager's when graphs pad decode steps: the scratch
+        # block (index num_blocks) that padding rows write into.
+        extra = 1 if graphs is not None else 0
+        self.kv_caches = allocate_kv_cache(
+            config, num_blocks + extra, block_size, dtype, device, kv_heads
+        )
         # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
         self.forward_path = select_forward_path(
             model, self.kv_caches, device, cpu_kernels=cpu_kernels
         )
         # True when the C++ kernels serve this runner (read by the benchmark's labels).
         self.cpu_kernels = self.forward_path.attention_kernel
+        self.decode_graphs = self._decode_graphs(graphs, num_blocks)
+
+    def _decode_graphs(self, graphs: GraphSettings | None, scratch: int) -> DecodeGraphs | None:
+        if graphs is None:
+            return None
+        captures = graphs_supported(self.forward_path, self.device)
+        if self.device.type == "cuda" and not captures:
+            log.info("decode steps eager: %s is not capturable", self.forward_path.description)
+            return None
+        width = -(-graphs.max_model_len // self.block_size) + 1  # + a block allocated ahead
+        inputs = StaticDecodeInputs(graphs.max_num_seqs, width, self.device)
+        decode = DecodeGraphs(
+            self.forward_path, inputs, graphs, self.block_size, self.config.sliding_window, scratch
+        )
+        if captures:
+            decode.capture()
+        return decode
 
     @torch.inference_mode()
     def execute(
@@ -76,6 +117,13 @@ class ModelRunner:
         block_copies: Sequence[tuple[int, int]] = (),
         full_logits_for: frozenset[int] = frozenset(),
     ) -> StepLogits:
+        if self.decode_graphs is not None and not full_logits_for and _decode_only(chunks):
+            if block_copies:
+                self._copy_blocks(block_copies)
+            logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks, self.block_size))
+            if logits is not None:
+                return StepLogits(sampling=self._sampleable(logits), all_rows={})
+            block_copies = ()  # done above
         step = StepInputs.from_chunks(chunks, block_copies, full_logits_for)
         if self.parallel is None:
             return self.run(step)
@@ -93,21 +141,17 @@ class ModelRunner:
         """One forward over a step's inputs (every rank of a tensor-parallel group runs it)."""
         if step.block_copies:
             self._copy_blocks(step.block_copies)
-        meta = AttentionMetadata.build(
-            [list(t) for t in step.tables],
-            list(step.seq_lens),
-            list(step.query_lens),
-            self.block_size,
-            self.device,
-            self.config.sliding_window,
-            self.forward_path.attention_kernel,
+        meta = self._metadata(
+            [list(t) for t in step.tables], list(step.seq_lens), list(step.query_lens)
         )
-        ids = torch.tensor(step.ids, dtype=torch.long, device=self.device)
-        positions = torch.tensor(step.positions, dtype=torch.long, device=self.device)
-        hidden = self.forward_path.hidden(ids, positions, meta)  # [T, hidden]
+        hidden = self.forward_path.hidden(  # [T, hidden]
+            to_device(list(step.ids), torch.int64, self.device),
+            to_device(list(step.positions), torch.int64, self.device),
+            meta,
+        )
         rows = hidden
         if len(step.sample_rows) != len(step.ids):
-            rows = hidden[torch.tensor(step.sample_rows, dtype=torch.long, device=self.device)]
+            rows = hidden[to_device(list(step.sample_rows), torch.int64, self.device)]
         sampling = self._sampleable(self.forward_path.logits(rows))
         # Prompt logprobs: the model's own LM head over every new row, whatever the path.
         starts = step.row_starts
@@ -134,13 +178,42 @@ class ModelRunner:
         self.parallel.workers.stop(timeout=10.0)
         self.parallel.group.close()
 
+    def _metadata(
+        self, tables: list[list[int]], seq_lens: list[int], query_lens: list[int]
+    ) -> AttentionMetadata:
+        """Built on the host, then moved without waiting for the device."""
+        meta = AttentionMetadata.build(
+            tables,
+            seq_lens,
+            query_lens,
+            self.block_size,
+            "cpu",
+            self.config.sliding_window,
+            self.forward_path.attention_kernel,
+        )
+        if self.device.type == "cpu":
+            return meta
+        return dataclasses.replace(
+            meta,
+            slot_mapping=to_device(meta.slot_mapping, torch.int64, self.device),
+            block_tables=to_device(meta.block_tables, torch.int64, self.device),
+            seq_lens=to_device(meta.seq_lens, torch.int64, self.device),
+        )
+
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]
 
     def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = to_device([s for s, _ in copies], torch.int64, self.device)
+        dst = to_device([d for _, d in copies], torch.int64, self.device)
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache[src])
             v_cache.index_copy_(0, dst, v_cache[src])
+
+
+def _decode_only(chunks: Sequence[Any]) -> bool:
+    """Every chunk feeds the last token of its sequence and samples the next one."""
+    return bool(chunks) and all(
+        c.num_new_tokens == 1 and c.sample and c.seq_len == len(c.seq.token_ids) for c in chunks
+    )

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         "cpu_kernels": not settings.disable_cpu_kernels,
         "dequantize": settings.dequantize,
         "tensor_parallel_size": settings.tensor_parallel_size,
+        "enforce_eager": settings.enforce_eager,
     }
     values = {k: v for k, v in values.items() if v is not None}
     if settings.target_itl_ms == 0:  # off: steps sized by the token budget alone

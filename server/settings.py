@@ -148,6 +148,13 @@ OPTIONS: tuple[_Option, ...] = (
         "torch.distributed: gloo on CPU, NCCL on CUDA",
     ),
     _Option(
+        "enforce_eager",
+        _bool,
+        "on CUDA: run every step eagerly (default: decode steps replay CUDA graphs captured at "
+        "start-up per batch-size bucket)",
+        flag_is_switch=True,
+    ),
+    _Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
@@ -216,6 +223,7 @@ class Settings:
     disable_cpu_kernels: bool = False
     dequantize: bool = False
     tensor_parallel_size: int = 1
+    enforce_eager: bool = False
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

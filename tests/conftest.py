@@ -1,4 +1,6 @@
-"""Fixtures shared by the test packages (server, deploy), and Triton's interpreter for CPU runs.
+"""Fixtures shared by the test packages: the tiny model folder (server, deploy), the device
+the model / attention / engine / fidelity tests run on (`TGSERVE_TEST_DEVICE`, tests/devices.py),
+and Triton's interpreter for CPU runs.
 
 Triton decides when a module is imported whether its kernels (and triton.language's own
 helpers) are interpreted, so TRITON_INTERPRET=1 is set here, before anything imports triton,
@@ -22,3 +24,11 @@ from tests.server.tiny_model import make_tiny_model  # noqa: E402
 def tiny_model_folder(tmp_path_factory):
     """A tiny random Llama + trained BPE tokenizer folder, made once per session."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def device():
+    """`torch.device` from TGSERVE_TEST_DEVICE (default cpu); see tests/devices.py."""
+    from tests.devices import selected_device  # torch only for the tests that ask
+
+    return selected_device()

@@ -32,6 +32,7 @@ class TgserveBackend:
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", compiled" if engine.config.compile else "")
             + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
+            + (", CUDA graphs" if engine.runner.decode_graphs is not None else "")
         )
         self.memory = _memory_note(engine)  # measured once, after load (report_note adds it)
         self._ids = count()
@@ -100,7 +101,12 @@ class TgserveBackend:
 def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
     from engine import Engine
 
-    return TgserveBackend(Engine.from_model(str(source.path), engine_config(source, options)))
+    config = engine_config(source, options)
+    if source.random_weights is not None:
+        return TgserveBackend(
+            Engine.from_random_weights(str(source.path), source.random_weights, config)
+        )
+    return TgserveBackend(Engine.from_model(str(source.path), config))
 
 
 def engine_config(source: ModelSource, options: BackendOptions):
@@ -123,6 +129,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
         compile=options.compile,
         cpu_kernels=options.cpu_kernels,
         dequantize=options.dequantize,
+        enforce_eager=options.enforce_eager,
     )
 
 

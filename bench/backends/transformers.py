@@ -128,6 +128,8 @@ def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
             f"the transformers backend needs transformers ({exc}); install it with "
             "`pip install transformers accelerate` (a test extra of tgserve, never a runtime dependency)"
         ) from exc
+    if source.hf_folder is None:
+        raise BackendUnavailable(f"the transformers backend loads model folders, not {source.path}")
     model = AutoModelForCausalLM.from_pretrained(
         source.hf_folder, dtype=getattr(torch, options.dtype)
     )

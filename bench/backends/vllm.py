@@ -95,6 +95,8 @@ def load(source: ModelSource, options: BackendOptions) -> VllmBackend:
         from vllm import LLM, SamplingParams
     except ImportError as exc:
         raise BackendUnavailable(f"the vllm backend needs vLLM ({exc}); {INSTALL_HINT}") from exc
+    if source.hf_folder is None:
+        raise BackendUnavailable(f"the vllm backend loads model folders, not {source.path}")
     llm = LLM(
         model=str(source.hf_folder),
         dtype=options.dtype,

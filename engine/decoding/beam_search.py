@@ -94,7 +94,7 @@ def beam_logprobs(
     f = batch.filters
     if f is None:
         return raw, raw if processed is logits else processed.log_softmax(dim=-1)
-    return raw, filtered_probs(processed, f.temperature, f.top_k, f.top_p, f.min_p).log()
+    return raw, filtered_probs(processed, f.temperature, f.top_k, f.top_p, f.min_p, f.plan).log()
 
 
 class BeamSearch:

@@ -18,10 +18,21 @@ Definitions (the tests check them against independent oracles):
   tokens before it is below `top_p`: the token that crosses `top_p` is kept, and tokens whose
   probability ties with the last kept one stay too. It is measured after top-k.
 - min-p keeps tokens whose probability (after top-k and top-p) is >= `min_p` times the largest.
+
+No host syncs: which filters run, and the largest top-k, are host facts (`FilterPlan`, built by
+the sampling batch from the requests' parameters), never read back from the device. Only a
+plan made from tensors (`FilterPlan.of_tensors`, for direct calls) reads them. The top-p
+boundary is found either by probing the most probable tokens first (a host decision per round:
+the CPU's way, much cheaper than a full sort) or, with `plan.sort_top_p`, by one full sort of
+the rows (no host decision: the device's way); both give the same bits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 NEG_INF = float("-inf")
@@ -37,7 +48,7 @@ def apply_logit_bias(
 
 def mask_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Makes `token_ids[j]` impossible in row `rows[j]` (used for min_tokens)."""
-    return logits.index_put_((rows, token_ids), torch.tensor(NEG_INF, device=logits.device))
+    return logits.index_put_((rows, token_ids), logits.new_full((), NEG_INF))  # no host copy
 
 
 def apply_repetition_penalty(
@@ -72,34 +83,91 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     return logits.div_(temperature.unsqueeze(1))
 
 
+@dataclass(frozen=True)
+class FilterPlan:
+    """Host facts about a batch's filters: which run, and how many tokens top-k keeps at most."""
+
+    k_max: int  # largest effective top-k of the rows using it (< vocab); 0: no row uses top-k
+    all_k: bool  # every row uses top-k (no per-row restriction of its mask needed)
+    any_p: bool  # some row uses top-p (< 1)
+    all_p: bool
+    any_min_p: bool  # some row uses min-p (> 0)
+    sort_top_p: bool = False  # find the top-p boundary by a full sort: no host decision
+
+    @classmethod
+    def build(
+        cls,
+        top_k: Sequence[int],
+        top_p: Sequence[float],
+        min_p: Sequence[float],
+        vocab: int,
+        sort_top_p: bool = False,
+    ) -> FilterPlan:
+        """From the rows' host values; top_p and min_p compared as the float32 the filters'
+        tensors hold (numpy, so no tensor data is read)."""
+        ks = [k for k in top_k if 0 < k < vocab]
+        ps = np.asarray(top_p, dtype=np.float32) < 1.0
+        return cls(
+            k_max=max(ks, default=0),
+            all_k=len(ks) == len(top_k),
+            any_p=bool(ps.any()),
+            all_p=bool(ps.all()),
+            any_min_p=bool((np.asarray(min_p, dtype=np.float32) > 0).any()),
+            sort_top_p=sort_top_p,
+        )
+
+    @classmethod
+    def of_tensors(
+        cls, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, vocab: int
+    ) -> FilterPlan:
+        """For direct calls without a plan: reads the parameters back (a sync on a device)."""
+        return cls.build(top_k.tolist(), top_p.tolist(), min_p.tolist(), vocab)
+
+
 def mask_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, probe: int = 256
+    logits: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    probe: int = 256,
+    plan: FilterPlan | None = None,
 ) -> torch.Tensor:
     """Masks to -inf what top-k (`top_k` [R] int64, values <= 0 mean off) then top-p
     (`top_p` [R] float32, 1 means off) remove, in place.
 
     Never sorts a whole row when it can help it: top-k needs the `max(top_k)` largest, and the
     top-p boundary is first looked for among the `probe` most probable tokens; only rows whose
-    nucleus is larger than that are sorted in full (same result either way).
+    nucleus is larger than that are sorted in full (same result either way; with
+    `plan.sort_top_p` every top-p row is sorted in full, without asking the host).
     """
     vocab = logits.shape[1]
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [R]
-    use_k, use_p = k < vocab, top_p < 1.0
-    if bool(use_k.any()):
-        k_max = int(k[use_k].max())
-        largest = logits.topk(k_max, dim=-1).values  # [R, k_max], descending
-        kth = largest.gather(1, (k.clamp(max=k_max) - 1).unsqueeze(1))  # [R, 1]
-        logits.masked_fill_(_only(logits < kth, use_k), NEG_INF)
-    if bool(use_p.any()):
+    if plan is None:
+        plan = FilterPlan.of_tensors(top_k, top_p, torch.zeros(0), vocab)
+    if plan.k_max:
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [R]
+        largest = logits.topk(plan.k_max, dim=-1).values  # [R, k_max], descending
+        kth = largest.gather(1, (k.clamp(max=plan.k_max) - 1).unsqueeze(1))  # [R, 1]
+        logits.masked_fill_(_only(logits < kth, k < vocab, plan.all_k), NEG_INF)
+    if plan.any_p:
         probs = logits.softmax(dim=-1)  # [R, V], zero where top-k masked
-        floor = _top_p_floor(probs, top_p, min(probe, vocab))  # [R, 1]
-        logits.masked_fill_(_only(probs < floor, use_p), NEG_INF)
+        if plan.sort_top_p:
+            floor = _top_p_floor_sorted(probs, top_p)
+        else:
+            floor = _top_p_floor(probs, top_p, min(probe, vocab))  # [R, 1]
+        logits.masked_fill_(_only(probs < floor, top_p < 1.0, plan.all_p), NEG_INF)
     return logits
 
 
-def _only(mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _only(mask: torch.Tensor, rows: torch.Tensor, all_rows: bool) -> torch.Tensor:
     """`mask` [R, V] restricted to the rows flagged in `rows` [R] (no copy when all are)."""
-    return mask if bool(rows.all()) else mask & rows.unsqueeze(1)
+    return mask if all_rows else mask & rows.unsqueeze(1)
+
+
+def _top_p_floor_sorted(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """`_top_p_floor` with the probe at the full vocabulary: one sort, no host decision."""
+    values = probs.sort(dim=-1, descending=True).values  # [R, V]
+    mass_before = values.cumsum(dim=-1) - values  # exclusive prefix sum
+    kept = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)  # [R, 1], >= 1
+    return torch.where(top_p.unsqueeze(1) < 1.0, values.gather(1, kept - 1), 0.0)
 
 
 def _top_p_floor(probs: torch.Tensor, top_p: torch.Tensor, probe: int) -> torch.Tensor:
@@ -138,13 +206,17 @@ def filtered_probs(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
+    plan: FilterPlan | None = None,
 ) -> torch.Tensor:
     """The distribution a sampling row draws from: temperature, top-k, top-p, min-p, softmax.
 
-    Does not modify `logits`; returns `[R, V]` probabilities (zero where masked).
+    Does not modify `logits`; returns `[R, V]` probabilities (zero where masked). `plan`: the
+    host facts of the filters (None: read from the tensors).
     """
+    if plan is None:
+        plan = FilterPlan.of_tensors(top_k, top_p, min_p, logits.shape[1])
     scaled = logits / temperature.unsqueeze(1)  # a new tensor: the caller's stays intact
-    scaled = mask_top_k_top_p(scaled, top_k, top_p)
-    if bool((min_p > 0).any()):
+    scaled = mask_top_k_top_p(scaled, top_k, top_p, plan=plan)
+    if plan.any_min_p:
         scaled = mask_min_p(scaled, min_p)
     return scaled.softmax(dim=-1)

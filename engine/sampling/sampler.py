@@ -21,6 +21,11 @@ Logprobs are those of the model's raw distribution, `log_softmax(logits)`, befor
 penalty, temperature or filter (vLLM's default): the chosen token's, plus the top N best first
 when the row asked for `logprobs=N`. The all-greedy batch with nothing to apply is the hot path:
 one argmax, nothing else.
+
+Host syncs: everything stays on the logits' device until the one `engine.host_transfer.fetch`
+at the end of `__call__`, which brings back the sampled ids (and the logprobs asked for) in a
+single wait. Per-step tensors come from `SamplingBatch` (built on the host, moved without
+waiting); nothing in between reads device data (tests/engine/test_host_syncs.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.host_transfer import fetch, to_device
 from engine.requests.outputs import TokenLogprob
 from engine.sampling.inverse_cdf import sample_inverse_cdf
 from engine.sampling.logits_processors import (
@@ -107,9 +113,13 @@ class Sampler:
         eos_token_ids: Sequence[int] = (),
         seed: int | None = None,
         device: torch.device | str = "cpu",
+        device_side: bool | None = None,
     ) -> None:
+        """`device_side`: filter without host decisions (None: off the CPU; see
+        SamplingBatch). Either way a row gets the same bits."""
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = torch.device(device)
+        self.device_side = device_side
         self._generator = torch.Generator(device=self.device)
         if seed is None:
             self._generator.seed()  # nondeterministic, from the OS
@@ -125,10 +135,11 @@ class Sampler:
                 f"logits must be [rows, vocab] with {len(rows)} rows, got {tuple(logits.shape)}"
             )
         batch = SamplingBatch.build(
-            rows, logits.shape[1], logits.device, self.eos_token_ids, grammar
+            rows, logits.shape[1], logits.device, self.eos_token_ids, grammar, self.device_side
         )
         if batch.plain_greedy:
-            return SamplerOutput(tuple(logits.argmax(dim=-1).tolist()), (None,) * len(rows))
+            (tokens,) = fetch(logits.argmax(dim=-1))
+            return SamplerOutput(tuple(tokens), (None,) * len(rows))
         filters = batch.filters
         # All greedy: the grammar's masked argmax needs no masked copy of the logits (step 4).
         processed = process_logits(logits, batch, with_grammar=filters is not None)
@@ -139,28 +150,37 @@ class Sampler:
             tokens = self._sample(processed, filters, rows)
         else:
             tokens = processed.argmax(dim=-1)  # [R]; kept for the greedy rows
-            tokens[filters.rows] = self._sample(processed[filters.rows], filters, rows)
+            sampled = self._sample(processed.index_select(0, filters.row_index), filters, rows)
+            tokens.index_copy_(0, filters.row_index, sampled)
         if batch.max_logprobs is None:
-            return SamplerOutput(tuple(tokens.tolist()), (None,) * len(rows))
-        return SamplerOutput(
-            tuple(tokens.tolist()), self._logprobs(logits, tokens, rows, batch.max_logprobs)
+            (token_list,) = fetch(tokens)
+            return SamplerOutput(tuple(token_list), (None,) * len(rows))
+        chosen, top_ids, top_values = gather_logprobs(
+            logits.log_softmax(dim=-1), tokens, batch.max_logprobs
         )
+        token_list, *values = fetch(tokens, chosen, top_ids, top_values)  # one wait
+        return SamplerOutput(tuple(token_list), _logprobs(rows, token_list, *values))
 
     def _sample(
         self, logits: torch.Tensor, filters: SamplingFilters, rows: Sequence[SamplingRow]
     ) -> torch.Tensor:
         """Draws for the sampling rows; `logits` is [S, V], already restricted to them."""
         probs = filtered_probs(
-            logits, filters.temperature, filters.top_k, filters.top_p, filters.min_p
+            logits, filters.temperature, filters.top_k, filters.top_p, filters.min_p, filters.plan
         )  # [S, V]
         # One uniform per row; a row's own generator when it has one, else the shared one.
         generators = [rows[i].generator for i in filters.rows]
         uniform = torch.empty(len(generators), 1, dtype=torch.float64, device=probs.device)
         shared = [j for j, g in enumerate(generators) if g is None]
-        if shared:
-            uniform[shared] = torch.rand(
+        if len(shared) == len(generators):
+            uniform = torch.rand(
                 len(shared), 1, dtype=torch.float64, device=probs.device, generator=self._generator
             )
+        elif shared:
+            draws = torch.rand(
+                len(shared), 1, dtype=torch.float64, device=probs.device, generator=self._generator
+            )
+            uniform.index_copy_(0, to_device(shared, torch.int64, probs.device), draws)
         for j, generator in enumerate(generators):
             if generator is not None:
                 uniform[j] = torch.rand(
@@ -168,18 +188,21 @@ class Sampler:
                 )
         return sample_inverse_cdf(probs, uniform)
 
-    def _logprobs(
-        self, logits: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SamplingRow], top_n: int
-    ) -> tuple[TokenLogprob | None, ...]:
-        token_list = tokens.tolist()
-        chosen, top_ids, top_values = gather_logprobs(logits.log_softmax(dim=-1), tokens, top_n)
-        chosen_l, ids_l, values_l = chosen.tolist(), top_ids.tolist(), top_values.tolist()
-        result: list[TokenLogprob | None] = []
-        for i, row in enumerate(rows):
-            n = row.params.logprobs
-            if n is None:
-                result.append(None)
-                continue
-            top = tuple(zip(ids_l[i][:n], values_l[i][:n], strict=True))
-            result.append(TokenLogprob(token_id=token_list[i], logprob=chosen_l[i], top=top))
-        return tuple(result)
+
+def _logprobs(
+    rows: Sequence[SamplingRow],
+    token_list: list[int],
+    chosen_l: list[float],
+    ids_l: list[list[int]],
+    values_l: list[list[float]],
+) -> tuple[TokenLogprob | None, ...]:
+    """The rows' `TokenLogprob`s from the host lists `fetch` brought back."""
+    result: list[TokenLogprob | None] = []
+    for i, row in enumerate(rows):
+        n = row.params.logprobs
+        if n is None:
+            result.append(None)
+            continue
+        top = tuple(zip(ids_l[i][:n], values_l[i][:n], strict=True))
+        result.append(TokenLogprob(token_id=token_list[i], logprob=chosen_l[i], top=top))
+    return tuple(result)

@@ -7,6 +7,13 @@ Token-history tensors (the distinct tokens seen, for the repetition penalty; out
 for presence and frequency) cost O(prompt + output) per row that asks for them, built from the
 Python lists each step; rows that do not ask contribute nothing, so batching never changes a
 row's result.
+
+Every tensor is built from host values (Python lists; the distinct pairs and their counts with
+numpy: `torch.unique` on a device has a data-dependent shape, hence a sync) and moved with
+`engine.host_transfer.to_device`, which never waits for the device; what the sampler must
+decide on the host (which filters run, top-k's largest k) is computed here from the host
+values (`FilterPlan`). `device_side=True` (the default off the CPU) also picks the filters'
+variants that decide nothing on the host (a full sort for top-p).
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from engine.host_transfer import to_device
+from engine.sampling.logits_processors import FilterPlan
 from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.token_mask import TokenMask
 
@@ -53,25 +63,36 @@ class SamplingFilters:
     """Parameters of the rows that sample (temperature > 0), in batch order."""
 
     rows: list[int]  # [S] batch indices of the sampling rows
+    row_index: torch.Tensor  # [S] int64 on the device: the same indices
     temperature: torch.Tensor  # [S] float32, > 0
     top_k: torch.Tensor  # [S] int64, <= 0 means off
     top_p: torch.Tensor  # [S] float32, 1 means off
     min_p: torch.Tensor  # [S] float32, 0 means off
+    plan: FilterPlan  # host facts: which filters run (no read-back from the device)
 
     @classmethod
     def build(
-        cls, params: Sequence[SamplingParams], device: torch.device
+        cls,
+        params: Sequence[SamplingParams],
+        device: torch.device,
+        vocab_size: int,
+        device_side: bool = False,
     ) -> SamplingFilters | None:
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if not rows:
             return None
         chosen = [params[i] for i in rows]
+        top_k = [p.top_k for p in chosen]
+        top_p = [p.top_p for p in chosen]
+        min_p = [p.min_p for p in chosen]
         return cls(
             rows=rows,
+            row_index=to_device(rows, torch.int64, device),
             temperature=_floats([p.temperature for p in chosen], device),
-            top_k=torch.tensor([p.top_k for p in chosen], dtype=torch.int64, device=device),
-            top_p=_floats([p.top_p for p in chosen], device),
-            min_p=_floats([p.min_p for p in chosen], device),
+            top_k=to_device(top_k, torch.int64, device),
+            top_p=to_device(top_p, torch.float32, device),
+            min_p=to_device(min_p, torch.float32, device),
+            plan=FilterPlan.build(top_k, top_p, min_p, vocab_size, sort_top_p=device_side),
         )
 
 
@@ -99,9 +120,13 @@ class SamplingBatch:
         device: torch.device,
         eos_token_ids: Sequence[int] = (),
         grammar: TokenMask | None = None,
+        device_side: bool | None = None,
     ) -> SamplingBatch:
+        """`device_side`: decide nothing on the host while filtering (None: off the CPU)."""
         params = [r.params for r in rows]
-        filters = SamplingFilters.build(params, device)
+        if device_side is None:
+            device_side = device.type != "cpu"
+        filters = SamplingFilters.build(params, device, vocab_size, device_side)
         asked = [p.logprobs for p in params if p.logprobs is not None]
         bias = _pairs(
             [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items()],
@@ -158,7 +183,7 @@ class SamplingBatch:
 
 
 def _floats(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return to_device(values, torch.float32, device)
 
 
 def _pairs(
@@ -174,8 +199,8 @@ def _pairs(
             )
     rows, ids, values = zip(*triples, strict=True)
     return (
-        torch.tensor(rows, dtype=torch.int64, device=device),
-        torch.tensor(ids, dtype=torch.int64, device=device),
+        to_device(rows, torch.int64, device),
+        to_device(ids, torch.int64, device),
         _floats(list(values), device),
     )
 
@@ -183,13 +208,16 @@ def _pairs(
 def _unique_pairs(
     histories: list[Sequence[int]], vocab_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distinct (row, token) pairs of the histories and how often each occurs: [E] each."""
+    """The distinct (row, token) pairs of the histories and how often each occurs: [E] each.
+    Counted on the host (the histories are host lists), then moved."""
     lengths = [len(h) for h in histories]
-    flat = torch.tensor([t for h in histories for t in h], dtype=torch.int64, device=device)
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= vocab_size):
+    flat = np.fromiter((t for h in histories for t in h), dtype=np.int64, count=sum(lengths))
+    if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
         raise ValueError(f"a token id in the history is outside the vocabulary (size {vocab_size})")
-    row_of = torch.repeat_interleave(
-        torch.arange(len(histories), device=device), torch.tensor(lengths, device=device)
+    row_of = np.repeat(np.arange(len(histories), dtype=np.int64), lengths)
+    keys, counts = np.unique(row_of * vocab_size + flat, return_counts=True)  # sorted keys
+    return (
+        to_device(keys // vocab_size, torch.int64, device),
+        to_device(keys % vocab_size, torch.int64, device),
+        to_device(counts, torch.int64, device),
     )
-    keys, counts = torch.unique(row_of * vocab_size + flat, return_counts=True)
-    return keys // vocab_size, keys % vocab_size, counts

@@ -154,7 +154,9 @@ class SamplingParams:
         if self.seed is not None:
             need(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
         need(
-            isinstance(self.priority, int) and not isinstance(self.priority, bool) and -(2**31) <= self.priority < 2**31,
+            isinstance(self.priority, int)
+            and not isinstance(self.priority, bool)
+            and -(2**31) <= self.priority < 2**31,
             "priority",
             f"must be an integer in [-2**31, 2**31), got {self.priority!r}",
         )

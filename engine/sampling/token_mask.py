@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.host_transfer import to_device
+
 _MINUS_INF_BITS = -8388608  # 0xFF800000 as int32: the bits of float32 -inf
 
 
@@ -78,7 +80,7 @@ class TokenMask:
         additive = additive_rows(self.allowed, logits.dtype).to(logits.device, non_blocking=True)
         if self.rows == tuple(range(logits.shape[0])):
             return logits.add_(additive)
-        index = torch.tensor(self.rows, dtype=torch.int64, device=logits.device)
+        index = to_device(self.rows, torch.int64, logits.device)
         return logits.index_add_(0, index, additive)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:

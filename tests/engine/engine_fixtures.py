@@ -11,12 +11,20 @@ from engine.engine import Engine
 from engine.requests.outputs import OutputAccumulator
 from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB, save_checkpoint
+from tests.devices import selected_device
 
 
 def tiny_engine(folder: Path, arch: str = "llama", **config) -> Engine:
+    """On the tests' device (TGSERVE_TEST_DEVICE, default cpu) unless `device=` is given."""
     if not (folder / "config.json").exists():
         save_checkpoint(arch, folder)
-    defaults = dict(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4, max_num_seqs=16)
+    defaults = dict(
+        dtype="float32",
+        kv_cache_memory_bytes=4_000_000,
+        block_size=4,
+        max_num_seqs=16,
+        device=str(selected_device()),
+    )
     return Engine.from_model(str(folder), EngineConfig(**{**defaults, **config}))
 
 
@@ -51,7 +59,9 @@ def assert_no_leaks(engine: Engine) -> None:
     assert not engine.has_unfinished_requests()
 
 
-def run_beside_a_long_request(folder: Path, request_id: str, prompt, params: SamplingParams, seed: int):
+def run_beside_a_long_request(
+    folder: Path, request_id: str, prompt, params: SamplingParams, seed: int
+):
     """Runs `request_id` in a cache too small for it beside a 120-token greedy request admitted
     first, so the group is preempted. Returns (its final output, its preemption count, engine).
 
@@ -59,7 +69,9 @@ def run_beside_a_long_request(folder: Path, request_id: str, prompt, params: Sam
     hold a 4-wide group's worst case (4 x 11) but not beside the other request's 45."""
     other = random_prompts(1, (120, 120), seed=seed)[0]
     engine = tiny_engine(folder, kv_cache_memory_bytes=46 * 2048, max_num_batched_tokens=128)
-    engine.add_request("other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        "other", other, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    )
     engine.add_request(request_id, prompt, params)  # admitted last: the one preempted
     preemptions, final, acc = 0, None, OutputAccumulator()
     while engine.has_unfinished_requests():

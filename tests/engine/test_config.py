@@ -57,6 +57,7 @@ def test_config_is_frozen():
         ("target_itl_ms", True),
         ("target_itl_ms", "100"),
         ("seed", -1),
+        ("enforce_eager", 1),
     ],
 )
 def test_invalid_fields_raise_value_error_naming_the_field(field, value):
@@ -131,7 +132,7 @@ def test_bookkeeping_modules_do_not_import_torch():
     code = (
         "import sys\n"
         "import engine.config, engine.requests.request, engine.scheduling.block_manager, engine.scheduling.prefix_cache, "
-        "engine.scheduling.scheduler\n"
+        "engine.scheduling.scheduler, engine.cuda_graphs.buckets\n"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"

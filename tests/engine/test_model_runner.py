@@ -31,29 +31,32 @@ class _Chunk:
         return self.start + self.num_new_tokens
 
 
-def _runner(sampleable_vocab=None, dtype=torch.float32) -> tuple[ModelRunner, torch.nn.Module]:
-    hf = make_hf_model("llama")
+def _runner(
+    sampleable_vocab=None, dtype=torch.float32, device: torch.device | str = "cpu"
+) -> tuple[ModelRunner, torch.nn.Module]:
+    """A runner on `device` and the transformers model it was made from (moved there too)."""
+    hf = make_hf_model("llama").to(device)
     config = ModelConfig.from_hf_dict(hf.config.to_dict())
-    model = build_model(config, dtype, "cpu")
+    model = build_model(config, dtype, device)
     model.load_weights(hf.state_dict().items())
-    cpu = torch.device("cpu")
-    runner = ModelRunner(model, config, 16, 4, dtype, cpu, sampleable_vocab=sampleable_vocab)
+    device = torch.device(device)
+    runner = ModelRunner(model, config, 16, 4, dtype, device, sampleable_vocab=sampleable_vocab)
     return runner, hf
 
 
-def test_logits_only_for_sampling_rows_and_equal_to_transformers() -> None:
-    runner, hf = _runner()
+def test_logits_only_for_sampling_rows_and_equal_to_transformers(device) -> None:
+    runner, hf = _runner(device=device)
     a, b = _Seq(list(range(3, 12))), _Seq(list(range(20, 26)), [4, 5, 6, 7])
     out = runner.execute([_Chunk(a, 0, 9, True), _Chunk(b, 0, 4, False)])
     assert out.sampling.shape == (1, hf.config.vocab_size)
     with torch.no_grad():
-        ref = hf(torch.tensor([a.token_ids])).logits[0, -1]
+        ref = hf(torch.tensor([a.token_ids], device=device)).logits[0, -1]
     torch.testing.assert_close(out.sampling[0], ref, atol=1e-4, rtol=0)
 
 
-def test_padded_vocabulary_rows_are_never_offered_to_the_sampler() -> None:
-    full, _ = _runner()
-    limited, _ = _runner(sampleable_vocab=200)
+def test_padded_vocabulary_rows_are_never_offered_to_the_sampler(device) -> None:
+    full, _ = _runner(device=device)
+    limited, _ = _runner(sampleable_vocab=200, device=device)
     seq = _Seq(list(range(3, 12)))
     want = full.execute([_Chunk(seq, 0, 9, True)]).sampling
     got = limited.execute([_Chunk(seq, 0, 9, True)]).sampling

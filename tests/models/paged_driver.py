@@ -16,8 +16,9 @@ class PagedDriver:
         config = model.config
         self.model = model
         self.block_size = block_size
-        dtype = next(model.parameters()).dtype
-        self.kv = allocate_kv_cache(config, num_blocks, block_size, dtype, "cpu")
+        param = next(model.parameters())
+        self.device = param.device  # the model's: cpu, or the TGSERVE_TEST_DEVICE GPU
+        self.kv = allocate_kv_cache(config, num_blocks, block_size, param.dtype, self.device)
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         self.tables: list[list[int]] = []
@@ -48,14 +49,17 @@ class PagedDriver:
             seq_lens,
             query_lens,
             self.block_size,
+            self.device,
             sliding_window=self.model.config.sliding_window,
         )
+        ids_t = torch.tensor(ids, device=self.device)
+        positions_t = torch.tensor(positions, device=self.device)
         with torch.inference_mode():
             if fused is not None:
-                hidden = fused.hidden(torch.tensor(ids), torch.tensor(positions), meta)
+                hidden = fused.hidden(ids_t, positions_t, meta)
                 logits = fused.logits(hidden)
             else:
-                hidden = self.model(torch.tensor(ids), torch.tensor(positions), meta, self.kv)
+                hidden = self.model(ids_t, positions_t, meta, self.kv)
                 logits = self.model.compute_logits(hidden)
         out, row = {}, 0
         for seq, toks in new_tokens.items():

@@ -1,6 +1,7 @@
 """Paged attention equals the plain reference across block boundaries, GQA ratios
 (1, 3 and all heads sharing one KV head), sliding windows and mixed prefill/decode batches,
-through the PyTorch key-block attention and through our CPU kernel (every row one query of it)."""
+through the PyTorch key-block attention and through our CPU kernel (every row one query of it).
+The PyTorch attention runs on the tests' device (TGSERVE_TEST_DEVICE); the CPU kernel on the CPU."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ def run_case(
     cases: list[tuple[int, int]],
     window,
     use_cpu_kernel: bool = False,
+    device: torch.device | str = "cpu",
 ):
-    """cases: (cached prefix length, new tokens) per sequence."""
+    """cases: (cached prefix length, new tokens) per sequence. Inputs are drawn on the CPU and
+    moved to `device`; the float64 reference runs on the CPU."""
     torch.manual_seed(0)
     num_blocks = 64
-    k_cache = torch.zeros(num_blocks, block_size, kv_heads, HEAD_DIM)
+    k_cache = torch.zeros(num_blocks, block_size, kv_heads, HEAD_DIM, device=device)
     v_cache = torch.zeros_like(k_cache)
     free = list(range(num_blocks))
     random.Random(0).shuffle(free)
@@ -37,8 +40,13 @@ def run_case(
         v = torch.randn(total, kv_heads, HEAD_DIM)
         # The cached prefix is already in the cache from earlier steps.
         if cached:
-            prefix = AttentionMetadata.build([table], [cached], [cached], block_size)
-            write_kv((k_cache, v_cache), k[:cached], v[:cached], prefix.slot_mapping)
+            prefix = AttentionMetadata.build([table], [cached], [cached], block_size, device)
+            write_kv(
+                (k_cache, v_cache),
+                k[:cached].to(device),
+                v[:cached].to(device),
+                prefix.slot_mapping,
+            )
         tables.append(table)
         seq_lens.append(total)
         query_lens.append(new)
@@ -46,12 +54,13 @@ def run_case(
         full_v.append(v)
         qs.append(torch.randn(new, num_heads, HEAD_DIM))
     meta = AttentionMetadata.build(
-        tables, seq_lens, query_lens, block_size, sliding_window=window, use_cpu_kernel=use_cpu_kernel
+        tables, seq_lens, query_lens, block_size, device, window, use_cpu_kernel=use_cpu_kernel
     )
-    new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)])
-    new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)])
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)]).to(device)
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)]).to(device)
     write_kv((k_cache, v_cache), new_k, new_v, meta.slot_mapping)
-    out = paged_attention(torch.cat(qs), (k_cache, v_cache), meta, HEAD_DIM**-0.5)
+    out = paged_attention(torch.cat(qs).to(device), (k_cache, v_cache), meta, HEAD_DIM**-0.5)
+    out = out.cpu()
     expected = torch.cat(
         [
             reference_attention(q, k, v, HEAD_DIM**-0.5, window)
@@ -64,16 +73,28 @@ def run_case(
 @pytest.mark.parametrize("num_heads,kv_heads", [(4, 4), (6, 2), (4, 1)])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("kernel", [False, True])
-def test_paged_equals_reference_mixed_batch(num_heads: int, kv_heads: int, window, kernel) -> None:
+def test_paged_equals_reference_mixed_batch(
+    num_heads: int, kv_heads: int, window, kernel, device
+) -> None:
     # Fresh prefills, a chunk on top of a cached prefix, and decodes at block edges.
     cases = [(0, 9), (7, 6), (3, 1), (8, 1), (15, 1), (0, 1)]
-    run_case(num_heads, kv_heads, block_size=4, cases=cases, window=window, use_cpu_kernel=kernel)
+    run_case(
+        num_heads,
+        kv_heads,
+        block_size=4,
+        cases=cases,
+        window=window,
+        use_cpu_kernel=kernel,
+        device="cpu" if kernel else device,  # the C++ kernel is CPU-only by nature
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 @pytest.mark.parametrize("kernel", [False, True])
-def test_paged_equals_reference_across_block_sizes(block_size: int, kernel: bool) -> None:
-    run_case(6, 2, block_size, cases=[(0, 20), (19, 1), (5, 12)], window=None, use_cpu_kernel=kernel)
+def test_paged_equals_reference_across_block_sizes(block_size: int, kernel: bool, device) -> None:
+    cases = [(0, 20), (19, 1), (5, 12)]
+    dev = "cpu" if kernel else device
+    run_case(6, 2, block_size, cases=cases, window=None, use_cpu_kernel=kernel, device=dev)
 
 
 def test_row_plan_gives_each_token_its_sequence_table_and_context() -> None:

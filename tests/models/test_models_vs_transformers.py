@@ -1,5 +1,6 @@
 """Our models' logits equal transformers' (fp32, 1e-4) through the paged KV cache: a batched
-prefill of sequences of different lengths, then 24 batched decode steps crossing blocks."""
+prefill of sequences of different lengths, then 24 batched decode steps crossing blocks.
+Both models run on the tests' device (TGSERVE_TEST_DEVICE, default cpu)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,25 @@ from tests.models.paged_driver import PagedDriver
 TOL = 1e-4
 
 
-def ours_from(hf_model) -> torch.nn.Module:
+def ours_from(hf_model, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """Ours, with the weights of `hf_model`, on `device` (the HF model is moved there too)."""
     config = ModelConfig.from_hf_dict(hf_model.config.to_dict())
-    model = build_model(config, torch.float32, "cpu")
+    model = build_model(config, torch.float32, device)
+    hf_model.to(device)
     model.load_weights(hf_model.state_dict().items())
     return model
 
 
 def hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
+    device = next(hf_model.parameters()).device
     with torch.no_grad():
-        return hf_model(torch.tensor([tokens])).logits[0].float()
+        return hf_model(torch.tensor([tokens], device=device)).logits[0].float()
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2"])
-def test_logits_equal_transformers_prefill_then_decode(arch: str) -> None:
+def test_logits_equal_transformers_prefill_then_decode(arch: str, device) -> None:
     hf = make_hf_model(arch)
-    ours = ours_from(hf)
+    ours = ours_from(hf, device)
     driver = PagedDriver(ours, block_size=4)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 11, 18)]
@@ -48,10 +52,10 @@ def test_logits_equal_transformers_prefill_then_decode(arch: str) -> None:
             )
 
 
-def test_mixed_prefill_chunks_and_decodes_in_one_forward() -> None:
+def test_mixed_prefill_chunks_and_decodes_in_one_forward(device) -> None:
     """A prompt fed in chunks while another sequence decodes gives the same logits."""
     hf = make_hf_model("mistral")  # sliding window 8 < the sequences
-    ours = ours_from(hf)
+    ours = ours_from(hf, device)
     driver = PagedDriver(ours, block_size=4)
     gen = torch.Generator().manual_seed(2)
     a, b = (torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (9, 23))

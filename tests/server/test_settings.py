@@ -61,6 +61,9 @@ def test_switches_from_flag_or_boolean_variable():
     assert not Settings.resolve(
         parser().parse_args([]), {"TGSERVE_DISABLE_PREFIX_CACHING": "0"}
     ).disable_prefix_caching
+    assert Settings.resolve(parser().parse_args(["--enforce-eager"]), {}).enforce_eager
+    assert Settings.resolve(parser().parse_args([]), {"TGSERVE_ENFORCE_EAGER": "1"}).enforce_eager
+    assert not Settings.resolve(parser().parse_args([]), {}).enforce_eager
 
 
 @pytest.mark.parametrize(

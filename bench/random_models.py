@@ -1,0 +1,76 @@
+"""Named model shapes bench can build with random weights in memory: `--model random:NAME`.
+
+Contract (pure Python, no torch): `RANDOM_SHAPES` maps a name to a transformers-style
+config.json dict; `random_shape(spec)` returns `(name, dict)` for `random:NAME` (ValueError
+naming the choices otherwise); `is_random_spec(text)` says whether `--model` asks for one.
+The shapes are those of the published checkpoints (Meta's Llama 3 8B and Llama 3.2 1B:
+hidden sizes, layers, GQA heads, vocabulary, RoPE), so weight bytes per token and FLOPs are
+what the real models cost; the weights (models/random_weights.py, seeded, in `--dtype`) are
+noise, so the output text is meaningless and only speed is measured. No download.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PREFIX = "random:"
+
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {
+    # 8,030,261,248 parameters: 16.06 GB of bf16 weights.
+    "llama3-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    },
+    # 1,235,814,400 parameters (embeddings tied): 2.47 GB of bf16 weights.
+    "llama3-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": _LLAMA3_ROPE,
+        "tie_word_embeddings": True,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    },
+}
+
+
+def is_random_spec(text: str | None) -> bool:
+    return text is not None and str(text).startswith(PREFIX)
+
+
+def random_shape(spec: str) -> tuple[str, dict[str, Any]]:
+    name = spec.removeprefix(PREFIX)
+    if not is_random_spec(spec) or name not in RANDOM_SHAPES:
+        raise ValueError(
+            f"--model {spec}: random-weight models are {', '.join(PREFIX + n for n in RANDOM_SHAPES)}"
+        )
+    return name, dict(RANDOM_SHAPES[name])

@@ -1,0 +1,218 @@
+"""No host syncs in the step's hot path: the sampler and the model runner read no device data
+back except through `engine.host_transfer.fetch`, once per step.
+
+A CPU has no host/device boundary, so the test records, while a step runs, every operation that
+on an accelerator would make the host wait for the device: a read of tensor data
+(`aten._local_scalar_dense`: `.item()`, `bool(t)`, `int(t)`; `.tolist()`, `.cpu()`, `.numpy()`),
+and every op whose output shape depends on the data (`nonzero`, `unique`, boolean-mask
+indexing, `masked_select`, `repeat_interleave` without `output_size`). Calls made inside
+`fetch` (and inside `to_device`, which builds tensors from host lists) are allowed; the test
+counts the `fetch` calls. A recorder that saw nothing would pass any code: the first test
+shows it catches each kind of sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine import host_transfer
+from engine.sampling import sampler as sampler_module
+from engine.sampling import sampling_batch
+from engine.sampling.sampler import Sampler, seeded_generator
+from engine.sampling.sampling_batch import SamplingRow
+from engine.sampling.sampling_params import SamplingParams
+
+aten = torch.ops.aten
+_DATA_DEPENDENT = {
+    aten._local_scalar_dense,
+    aten.nonzero,
+    aten._unique2,
+    aten.unique_dim,
+    aten.unique_consecutive,
+    aten.masked_select,
+}
+
+
+class _SyncRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[str] = []
+        self.allowed = 0  # > 0 inside fetch / to_device
+        self.fetches = 0
+
+    def note(self, what: str) -> None:
+        if not self.allowed:
+            self.syncs.append(what)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if packet in _DATA_DEPENDENT:
+            self.note(str(func))
+        elif packet is aten.index and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            self.note("boolean-mask indexing")
+        elif packet is aten.repeat_interleave and kwargs.get("output_size") is None:
+            self.note("repeat_interleave without output_size")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def recording(monkeypatch) -> Iterator[_SyncRecorder]:
+    rec = _SyncRecorder()
+
+    def host_read(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            rec.note(f"Tensor.{name}")
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+
+    for name in ("tolist", "cpu", "numpy"):
+        host_read(name)
+
+    def allowing(fn, count: bool):
+        def wrapper(*args, **kwargs):
+            rec.allowed += 1
+            rec.fetches += count
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.allowed -= 1
+
+        return wrapper
+
+    fetch, to_device = host_transfer.fetch, host_transfer.to_device
+    monkeypatch.setattr(sampler_module, "fetch", allowing(fetch, True))
+    monkeypatch.setattr(sampler_module, "to_device", allowing(to_device, False))
+    monkeypatch.setattr(sampling_batch, "to_device", allowing(to_device, False))
+    with rec:
+        yield rec
+
+
+def test_the_recorder_sees_each_kind_of_sync(monkeypatch) -> None:
+    x = torch.arange(6.0)
+    for sync in (
+        lambda: x[1].item(),
+        lambda: bool(x[0] > 1),
+        lambda: x.tolist(),
+        lambda: x.cpu(),
+        lambda: x[x > 2],
+        lambda: torch.nonzero(x),
+        lambda: torch.unique(x),
+        lambda: torch.repeat_interleave(x, torch.ones(6, dtype=torch.int64)),
+    ):
+        with recording(monkeypatch) as rec:
+            sync()
+        assert rec.syncs, sync
+        monkeypatch.undo()
+    with recording(monkeypatch) as rec:
+        (x * 2).argmax().add_(1)
+    assert rec.syncs == []
+
+
+def _rows(vocab: int) -> list[SamplingRow]:
+    def row(seed: int | None = None, **params) -> SamplingRow:
+        generator = seeded_generator(seed) if seed is not None else None
+        return SamplingRow(SamplingParams(**params), (3, 4, 5, 4), (7, 7, 9), generator)
+
+    return [
+        row(temperature=0.0),  # greedy
+        row(temperature=0.8, seed=11),
+        row(temperature=1.0, top_k=5),
+        row(temperature=0.7, top_p=0.9, seed=5),
+        row(temperature=1.2, min_p=0.1),
+        row(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2),
+        row(temperature=0.9, logit_bias={3: 5.0}, min_tokens=8, stop_token_ids=[6]),
+        row(temperature=1.0, top_k=20, top_p=0.5, logprobs=3),
+        row(temperature=0.0, logprobs=2),
+    ]
+
+
+@pytest.mark.parametrize("plain_greedy", [False, True])
+def test_sampling_a_step_reads_the_device_once(monkeypatch, plain_greedy: bool) -> None:
+    vocab = 300
+    logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(0))
+    rows = _rows(vocab)
+    if plain_greedy:
+        rows = [SamplingRow(SamplingParams(temperature=0.0))] * 9
+    # device_side=True: the variants an accelerator runs (no host decision while filtering).
+    sampler = Sampler(eos_token_ids=(2,), seed=0, device_side=True)
+    with recording(monkeypatch) as rec:
+        out = sampler(logits, rows)
+    assert rec.syncs == []
+    assert rec.fetches == 1
+    assert len(out.token_ids) == 9
+
+
+def test_device_side_sampling_draws_the_same_tokens_as_the_cpu_way() -> None:
+    vocab = 300
+    for seed in range(5):
+        logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(seed))
+        outs = []
+        for device_side in (False, True):
+            sampler = Sampler(eos_token_ids=(2,), seed=seed, device_side=device_side)
+            outs.append(sampler(logits, _rows(vocab)))
+        assert outs[0] == outs[1]
+
+
+class _StubPath:
+    """A forward path with no host reads of its own, so the runner's code alone is observed
+    (the CPU attention plans its blocks on the host; the device path is models' concern)."""
+
+    description = "stub"
+    attention_kernel = False
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.embed = torch.randn(vocab, hidden, generator=gen)
+        self.head = torch.randn(hidden, vocab, generator=gen)
+
+    def hidden(self, input_ids, positions, meta):
+        return self.embed[input_ids] + positions.unsqueeze(1) + meta.seq_lens.sum()
+
+    def logits(self, hidden):
+        return hidden @ self.head
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_model_runner_reads_nothing_back(monkeypatch, graphs: bool) -> None:
+    from engine.cuda_graphs import static_inputs
+    from engine.cuda_graphs.decode_graphs import GraphSettings
+    from tests.engine.cuda_graphs.test_decode_graphs import NUM_BLOCKS, _runner
+    from tests.engine.test_model_runner import _Chunk, _Seq
+
+    runner = _runner("llama", GraphSettings(8, 48) if graphs else None)
+    stub = _StubPath(runner.config.vocab_size, 8)
+    runner.forward_path = stub
+    if runner.decode_graphs is not None:
+        runner.decode_graphs.path = stub
+    seqs = [_Seq(list(range(3, 9 + i)), [2 * i, 2 * i + 1]) for i in range(3)]
+    allowed = []
+    with recording(monkeypatch) as rec:
+        from engine import model_runner
+
+        for module in (model_runner, static_inputs):
+            real = module.to_device
+
+            def counted(*args, _real=real, **kwargs):
+                rec.allowed += 1
+                allowed.append(1)
+                try:
+                    return _real(*args, **kwargs)
+                finally:
+                    rec.allowed -= 1
+
+            monkeypatch.setattr(module, "to_device", counted)
+        mixed = [_Chunk(seqs[0], 0, 4, False), _Chunk(seqs[1], 0, len(seqs[1].token_ids), True)]
+        runner.execute(mixed, block_copies=[(NUM_BLOCKS - 1, NUM_BLOCKS - 2)])
+        out = runner.execute([_Chunk(s, len(s.token_ids) - 1, 1, True) for s in seqs])
+    assert rec.syncs == []
+    assert allowed  # host lists did reach the "device"
+    assert out.sampling.shape[0] == 3
