@@ -141,17 +141,17 @@ class ModelRunner:
         """One forward over a step's inputs (every rank of a tensor-parallel group runs it)."""
         if step.block_copies:
             self._copy_blocks(step.block_copies)
-        meta = self._metadata(
-            [list(t) for t in step.tables], list(step.seq_lens), list(step.query_lens)
-        )
+        # The tables are padded by list concatenation in AttentionMetadata.build; the other
+        # tuples go to torch as they are.
+        meta = self._metadata([list(t) for t in step.tables], step.seq_lens, step.query_lens)
         hidden = self.forward_path.hidden(  # [T, hidden]
-            to_device(list(step.ids), torch.int64, self.device),
-            to_device(list(step.positions), torch.int64, self.device),
+            to_device(step.ids, torch.int64, self.device),
+            to_device(step.positions, torch.int64, self.device),
             meta,
         )
         rows = hidden
         if len(step.sample_rows) != len(step.ids):
-            rows = hidden[to_device(list(step.sample_rows), torch.int64, self.device)]
+            rows = hidden[to_device(step.sample_rows, torch.int64, self.device)]
         sampling = self._sampleable(self.forward_path.logits(rows))
         # Prompt logprobs: the model's own LM head over every new row, whatever the path.
         starts = step.row_starts
@@ -179,7 +179,7 @@ class ModelRunner:
         self.parallel.group.close()
 
     def _metadata(
-        self, tables: list[list[int]], seq_lens: list[int], query_lens: list[int]
+        self, tables: list[list[int]], seq_lens: Sequence[int], query_lens: Sequence[int]
     ) -> AttentionMetadata:
         """Built on the host, then moved without waiting for the device."""
         meta = AttentionMetadata.build(

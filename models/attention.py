@@ -11,6 +11,7 @@ token t of a sequence sits in block `block_table[t // block_size]` at offset
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -52,8 +53,8 @@ class AttentionMetadata:
     def build(
         cls,
         block_tables: list[list[int]],
-        seq_lens: list[int],
-        query_lens: list[int],
+        seq_lens: Sequence[int],
+        query_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
         sliding_window: int | None = None,
