@@ -21,6 +21,7 @@
 #include "kernels.h"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -33,6 +34,10 @@ constexpr int kMaxMR = 6;       // rows of x per pass
 constexpr int kMaxNR = 4;       // panels per pass
 // A pass's panels of W should stay in L2 while the rows of x go over them.
 constexpr int64_t kPanelBytesInL2 = 256 * 1024;
+// Bytes of x's rows a block keeps in L2 while every group of panels goes over them.
+constexpr int64_t kRowBlockBytes = 256 * 1024;
+// Steps ahead a pass prefetches its panels into L1 (they stream from L2).
+constexpr int64_t kAhead = 8;
 
 // k per packed step: 2 for bfloat16 (a pair per lane), 1 otherwise.
 template <typename T>
@@ -61,30 +66,46 @@ inline __m512bh load_pairs(const int8_t* w) {  // 32 int8, widened exactly to bf
   return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
+// One k-step of MR rows against NR panels: acc[m][j] += x pair (m) . W pairs (panel j).
+template <int MR, int NR>
+inline void step_bf16(const int32_t* pairs, const __m512bh* w, __m512 acc[kMaxMR][kMaxNR]) {
+  for (int m = 0; m < MR; ++m) {
+    const __m512bh xb = (__m512bh)_mm512_set1_epi32(pairs[m]);
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, w[j]);
+  }
+}
+
 // One pass: rows x[0 .. MR) against panels Wp[0 .. NR) (each `steps` * 16 * step_k long).
+// The steps whose pair lies inside x's rows run branch-free; an odd K's last k pairs with a
+// zero in a last step of its own (the same vdpbf16ps on the same accumulators, in order).
 template <int MR, int NR, typename WT>
 inline void pass_bf16(const c10::BFloat16* x, int64_t K, const WT* Wp, int64_t steps,
                       __m512 acc[kMaxMR][kMaxNR]) {
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
-  const int64_t full = K / 2;  // steps whose pair lies inside x's row
+  const int64_t full = K / 2;
   const int64_t stride = steps * 32;
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int64_t s = 0; s < full; ++s) {
     __m512bh w[NR];
-    for (int j = 0; j < NR; ++j)
+    for (int j = 0; j < NR; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(Wp + j * stride + (s + kAhead) * 32),
+                   _MM_HINT_T0);
       w[j] = load_pairs(Wp + j * stride + s * 32);
-    for (int m = 0; m < MR; ++m) {
-      int32_t pair;
-      if (s < full) {
-        std::memcpy(&pair, x + m * K + 2 * s, 4);
-      } else {  // odd K: the last k pairs with a zero
-        uint16_t lo;
-        std::memcpy(&lo, x + m * K + 2 * s, 2);
-        pair = lo;
-      }
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
-      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, w[j]);
     }
+    int32_t pairs[MR];
+    for (int m = 0; m < MR; ++m) std::memcpy(&pairs[m], x + m * K + 2 * s, 4);
+    step_bf16<MR, NR>(pairs, w, acc);
+  }
+  if (full < steps) {  // odd K
+    __m512bh w[NR];
+    for (int j = 0; j < NR; ++j) w[j] = load_pairs(Wp + j * stride + full * 32);
+    int32_t pairs[MR];
+    for (int m = 0; m < MR; ++m) {
+      uint16_t lo;
+      std::memcpy(&lo, x + m * K + 2 * full, 2);
+      pairs[m] = lo;
+    }
+    step_bf16<MR, NR>(pairs, w, acc);
   }
 }
 
@@ -104,37 +125,71 @@ inline void pass_f32(const float* x, int64_t K, const float* Wp, int64_t steps,
   }
 }
 
-template <typename T, int MR, int NR, typename WT>
-inline void pass(const T* x, int64_t K, const WT* Wp, int64_t steps, float* out) {
+// y [16 lanes, the first cn stored] = round(v * scale + bias) from a register (scale: int8
+// weights only, else null). Rounding to bfloat16 is c10's (nearest even, NaN -> 0x7FC0) in
+// integer lanes, so the bits equal the scalar epilogue's.
+template <typename OutT>
+inline void store_lanes(__m512 v, const float* scale, const float* bias, int64_t cn, OutT* y) {
+  const __mmask16 k = cn >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << cn) - 1);
+  const __m512 b = _mm512_maskz_loadu_ps(k, bias);
+  v = scale ? _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(k, scale), b) : _mm512_add_ps(v, b);
+  if constexpr (std::is_same_v<OutT, float>) {
+    _mm512_mask_storeu_ps(y, k, v);
+  } else {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm512_mask_cvtepi32_storeu_epi16(y, k, r);
+  }
+}
+
+// Where a pass's tile goes: rows of y N apart, nn columns from n0 (bias_f, scale from n0).
+template <typename OutT>
+struct Tile {
+  OutT* y;
+  int64_t N, nn;
+  const float* scale;
+  const float* bias_f;
+};
+
+template <typename T, int MR, int NR, typename WT, typename OutT>
+inline void pass(const T* x, int64_t K, const WT* Wp, int64_t steps, const Tile<OutT>& t) {
   __m512 acc[kMaxMR][kMaxNR];
   if constexpr (std::is_same_v<T, c10::BFloat16>)
     pass_bf16<MR, NR, WT>(x, K, Wp, steps, acc);
   else
     pass_f32<MR, NR>(x, K, Wp, steps, acc);
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) _mm512_storeu_ps(out + (m * kMaxNR + j) * kPanel, acc[m][j]);
+    for (int j = 0; j < NR; ++j) {
+      const int64_t c = j * kPanel;
+      if (c < t.nn)
+        store_lanes(acc[m][j], t.scale ? t.scale + c : nullptr, t.bias_f + c, t.nn - c,
+                    t.y + m * t.N + c);
+    }
 }
 
-template <typename T, int NR, typename WT>
-inline void pass_rows(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, float* out) {
+template <typename T, int NR, typename WT, typename OutT>
+inline void pass_rows(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr,
+                      const Tile<OutT>& t) {
   switch (mr) {
-    case 1: pass<T, 1, NR>(x, K, Wp, steps, out); break;
-    case 2: pass<T, 2, NR>(x, K, Wp, steps, out); break;
-    case 3: pass<T, 3, NR>(x, K, Wp, steps, out); break;
-    case 4: pass<T, 4, NR>(x, K, Wp, steps, out); break;
-    case 5: pass<T, 5, NR>(x, K, Wp, steps, out); break;
-    default: pass<T, 6, NR>(x, K, Wp, steps, out); break;
+    case 1: pass<T, 1, NR>(x, K, Wp, steps, t); break;
+    case 2: pass<T, 2, NR>(x, K, Wp, steps, t); break;
+    case 3: pass<T, 3, NR>(x, K, Wp, steps, t); break;
+    case 4: pass<T, 4, NR>(x, K, Wp, steps, t); break;
+    case 5: pass<T, 5, NR>(x, K, Wp, steps, t); break;
+    default: pass<T, 6, NR>(x, K, Wp, steps, t); break;
   }
 }
 
-template <typename T, typename WT>
+template <typename T, typename WT, typename OutT>
 inline void any_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr,
-                     float* out) {
+                     const Tile<OutT>& t) {
   switch (nr) {
-    case 1: pass_rows<T, 1>(x, K, Wp, steps, mr, out); break;
-    case 2: pass_rows<T, 2>(x, K, Wp, steps, mr, out); break;
-    case 3: pass_rows<T, 3>(x, K, Wp, steps, mr, out); break;
-    default: pass_rows<T, 4>(x, K, Wp, steps, mr, out); break;
+    case 1: pass_rows<T, 1>(x, K, Wp, steps, mr, t); break;
+    case 2: pass_rows<T, 2>(x, K, Wp, steps, mr, t); break;
+    case 3: pass_rows<T, 3>(x, K, Wp, steps, mr, t); break;
+    default: pass_rows<T, 4>(x, K, Wp, steps, mr, t); break;
   }
 }
 
@@ -148,8 +203,15 @@ constexpr bool kHasSimdPass =
 #else
 template <typename T, typename WT>
 constexpr bool kHasSimdPass = false;
-template <typename T, typename WT>
-inline void any_pass(const T*, int64_t, const WT*, int64_t, int, int, float*) {}
+template <typename OutT>
+struct Tile {
+  OutT* y;
+  int64_t N, nn;
+  const float* scale;
+  const float* bias_f;
+};
+template <typename T, typename WT, typename OutT>
+inline void any_pass(const T*, int64_t, const WT*, int64_t, int, int, const Tile<OutT>&) {}
 #endif
 
 // Portable pass (CPUs without AVX-512 BF16, and float16): the same per-lane order, as plain
@@ -171,6 +233,25 @@ void portable_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, i
         }
       std::copy(acc, acc + kPanel, out + (m * kMaxNR + j) * kPanel);
     }
+}
+
+// One pass of mr rows x nr panels into y (rows N apart, nn columns), SIMD where there is one.
+template <typename T, typename OutT, typename WT>
+inline void run_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr, OutT* y,
+                     int64_t N, int64_t nn, const float* scale, const float* bias_f) {
+  if constexpr (kHasSimdPass<T, WT>) {
+    any_pass(x, K, Wp, steps, mr, nr, Tile<OutT>{y, N, nn, scale, bias_f});
+  } else {
+    alignas(64) float out[kMaxMR * kMaxNR * kPanel];
+    portable_pass(x, K, Wp, steps, mr, nr, out);
+    for (int m = 0; m < mr; ++m)
+      for (int j = 0; j < nr; ++j) {
+        const int64_t c = j * kPanel, cn = std::min<int64_t>(kPanel, nn - c);
+        if (cn > 0)
+          store_row(out + (m * kMaxNR + j) * kPanel, scale ? scale + c : nullptr, bias_f + c, cn,
+                    y + m * N + c);
+      }
+  }
 }
 
 }  // namespace
@@ -201,28 +282,50 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
   const int64_t fit = kPanelBytesInL2 / std::max<int64_t>(1, panel_elems * sizeof(WT));
   const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxNR));
   const int64_t groups = (panels + nr_max - 1) / nr_max;
-#pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t p0 = g * nr_max;
-    const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
-    const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
-    float bias_f[kMaxNR * kPanel] = {};
-    if (bias)
-      for (int64_t j = 0; j < nn; ++j) bias_f[j] = static_cast<float>(bias[n0 + j]);
-    alignas(64) float out[kMaxMR * kMaxNR * kPanel];
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-      if constexpr (kHasSimdPass<T, WT>)
-        any_pass(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr, out);
-      else
-        portable_pass(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr, out);
-      for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < nr; ++j) {
-          const int64_t c = j * kPanel, cn = std::min<int64_t>(kPanel, nn - c);
-          if (cn > 0)
-            store_row(out + (m * kMaxNR + j) * kPanel, scales ? scales + n0 + c : nullptr,
-                      bias_f + c, cn, y + (m0 + m) * N + n0 + c);
+  // The work is row blocks x groups x row passes, walked in that order: a block of x's rows
+  // (kRowBlockBytes) stays in L2 while every group of panels goes over it, and a group's
+  // panels stay in L2 while the block's rows go over them. Each thread takes an equal
+  // contiguous share of the walk, so an odd number of groups or a large M split evenly.
+  // M = 1: one block of one pass per group, a share of the groups per thread.
+  const int64_t block_rows =
+      std::max<int64_t>(1, kRowBlockBytes / std::max<int64_t>(1, K * int64_t(sizeof(T))) / kMaxMR) *
+      kMaxMR;
+  const int64_t row_passes = (M + kMaxMR - 1) / kMaxMR, work = groups * row_passes;
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t begin = work * me / threads, end = work * (me + 1) / threads;
+    float bias_f[kMaxNR * kPanel];
+    int64_t bias_group = -1;
+    int64_t u = 0;  // index of the walk's next unit
+    for (int64_t r0 = 0; r0 < M && u < end; r0 += block_rows) {
+      const int64_t passes = (std::min(M - r0, block_rows) + kMaxMR - 1) / kMaxMR;
+      if (u + groups * passes <= begin) {
+        u += groups * passes;
+        continue;
+      }
+      for (int64_t g = 0; g < groups && u < end; ++g) {
+        if (u + passes <= begin) {
+          u += passes;
+          continue;
         }
+        const int64_t p0 = g * nr_max;
+        const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
+        const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
+        if (g != bias_group) {
+          bias_group = g;
+          for (int64_t j = 0; j < kMaxNR * kPanel; ++j)
+            bias_f[j] = bias && j < nn ? static_cast<float>(bias[n0 + j]) : 0.0f;
+        }
+        const float* scale = scales ? scales + n0 : nullptr;
+        for (int64_t q = 0; q < passes; ++q, ++u) {
+          if (u < begin || u >= end) continue;
+          const int64_t m0 = r0 + q * kMaxMR;
+          const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+          run_pass<T, OutT, WT>(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr,
+                                y + m0 * N + n0, N, nn, scale, bias_f);
+        }
+      }
     }
   }
 }
