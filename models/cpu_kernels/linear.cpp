@@ -6,18 +6,26 @@
 // [16]; bfloat16: a pair of k per step, [16][2], the operand layout of vdpbf16ps). Rows past N
 // and the odd k past K are zeros. An element y[m, n] is then accumulated as one float32 lane:
 // acc = 0; for every k-step in order: acc += x[m, step] . W[n, step] (one FMA, or one
-// vdpbf16ps over the pair); y = round(acc + bias[n]). That order is fixed by K alone: the
-// register tile (rows of x per pass, panels per pass), the thread that runs a panel, M, and
-// the other rows change which lanes are computed together, never the sequence of operations
-// inside a lane. Batch invariance (issue #14) rests on this.
+// vdpbf16ps over the pair; an odd K's last k pairs with a zero); then y = round(acc + bias[n])
+// (float32 add, bias 0 without one; rounding to bf16 is c10's nearest-even, NaN -> 0x7FC0,
+// done in integer lanes). That order is fixed by K alone: the register tile (rows of x per
+// pass, panels per pass), the row block and the thread that run a lane, M, and the other rows
+// change which lanes are computed together, never the sequence of operations inside a lane.
+// A lane's sum is one float32 value from its first step to its last (no K blocking, no
+// partial sums combined). Batch invariance (issue #14) rests on this.
 //
 // int8 weights (weight-only, one scale per output row): the same layout and order, the int8
-// pairs widened to bf16 in registers (exact: |q| <= 127), y = round(acc * scale[n] + bias[n]).
+// pairs widened to bf16 in registers (exact: |q| <= 127), y = round(fma(acc, scale[n],
+// bias[n])) (one fused multiply-add, one rounding).
 //
-// Speed: a pass runs MR rows of x against NR panels (MR * NR accumulators, no horizontal
-// sums); the NR panels of W stay in L1/L2 while all rows of x pass over them, so W is read
-// from memory once per call (at M = 1 the kernel streams W at memory speed; at large M it is
-// bound by the FMA units, like a GEMM).
+// Speed: a pass runs MR = 6 rows of x against NR <= 4 panels (24 accumulators in registers, no
+// horizontal sums) and writes its tile straight from the registers. The work is a walk over
+// row blocks (x's rows that fit in L2, kRowBlockBytes) x groups of NR panels x passes of MR
+// rows: a row block stays in L2 while every group goes over it, and a group's panels stay in
+// L2 while the block's rows go over them. Each thread takes an equal contiguous share of the
+// walk. At M = 1 the kernel streams W at memory speed (one pass per group, the groups split
+// between threads); at large M it runs near the vdpbf16ps peak (one per cycle per core here).
+
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -36,14 +44,21 @@ constexpr int kMaxNR = 4;       // panels per pass
 constexpr int64_t kPanelBytesInL2 = 256 * 1024;
 // Bytes of x's rows a block keeps in L2 while every group of panels goes over them.
 constexpr int64_t kRowBlockBytes = 256 * 1024;
-// Steps ahead a pass prefetches its panels into L1 (they stream from L2).
-constexpr int64_t kAhead = 8;
 
 // k per packed step: 2 for bfloat16 (a pair per lane), 1 otherwise.
 template <typename T>
 constexpr int64_t step_k() {
   return std::is_same_v<T, c10::BFloat16> ? 2 : 1;
 }
+
+// Where a pass's tile goes: rows of y N apart, nn columns from n0 (bias_f, scale from n0).
+template <typename OutT>
+struct Tile {
+  OutT* y;
+  int64_t N, nn;
+  const float* scale;
+  const float* bias_f;
+};
 
 // y [nn] = round(v * scale + bias) (scale: int8 weights only, else null).
 template <typename OutT>
@@ -68,7 +83,8 @@ inline __m512bh load_pairs(const int8_t* w) {  // 32 int8, widened exactly to bf
 
 // One k-step of MR rows against NR panels: acc[m][j] += x pair (m) . W pairs (panel j).
 template <int MR, int NR>
-inline void step_bf16(const int32_t* pairs, const __m512bh* w, __m512 acc[kMaxMR][kMaxNR]) {
+[[gnu::always_inline]] inline void step_bf16(const int32_t* pairs, const __m512bh* w,
+                                             __m512 acc[kMaxMR][kMaxNR]) {
   for (int m = 0; m < MR; ++m) {
     const __m512bh xb = (__m512bh)_mm512_set1_epi32(pairs[m]);
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, w[j]);
@@ -79,19 +95,15 @@ inline void step_bf16(const int32_t* pairs, const __m512bh* w, __m512 acc[kMaxMR
 // The steps whose pair lies inside x's rows run branch-free; an odd K's last k pairs with a
 // zero in a last step of its own (the same vdpbf16ps on the same accumulators, in order).
 template <int MR, int NR, typename WT>
-inline void pass_bf16(const c10::BFloat16* x, int64_t K, const WT* Wp, int64_t steps,
-                      __m512 acc[kMaxMR][kMaxNR]) {
+[[gnu::always_inline]] inline void pass_bf16(const c10::BFloat16* x, int64_t K, const WT* Wp,
+                                             int64_t steps, __m512 acc[kMaxMR][kMaxNR]) {
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
   const int64_t full = K / 2;
   const int64_t stride = steps * 32;
   for (int64_t s = 0; s < full; ++s) {
     __m512bh w[NR];
-    for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(Wp + j * stride + (s + kAhead) * 32),
-                   _MM_HINT_T0);
-      w[j] = load_pairs(Wp + j * stride + s * 32);
-    }
+    for (int j = 0; j < NR; ++j) w[j] = load_pairs(Wp + j * stride + s * 32);
     int32_t pairs[MR];
     for (int m = 0; m < MR; ++m) std::memcpy(&pairs[m], x + m * K + 2 * s, 4);
     step_bf16<MR, NR>(pairs, w, acc);
@@ -110,8 +122,8 @@ inline void pass_bf16(const c10::BFloat16* x, int64_t K, const WT* Wp, int64_t s
 }
 
 template <int MR, int NR>
-inline void pass_f32(const float* x, int64_t K, const float* Wp, int64_t steps,
-                     __m512 acc[kMaxMR][kMaxNR]) {
+[[gnu::always_inline]] inline void pass_f32(const float* x, int64_t K, const float* Wp,
+                                            int64_t steps, __m512 acc[kMaxMR][kMaxNR]) {
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
   const int64_t stride = steps * 16;
@@ -138,20 +150,13 @@ inline void store_lanes(__m512 v, const float* scale, const float* bias, int64_t
   } else {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    const __m512i bias_ne = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias_ne), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
     _mm512_mask_cvtepi32_storeu_epi16(y, k, r);
   }
 }
-
-// Where a pass's tile goes: rows of y N apart, nn columns from n0 (bias_f, scale from n0).
-template <typename OutT>
-struct Tile {
-  OutT* y;
-  int64_t N, nn;
-  const float* scale;
-  const float* bias_f;
-};
 
 template <typename T, int MR, int NR, typename WT, typename OutT>
 inline void pass(const T* x, int64_t K, const WT* Wp, int64_t steps, const Tile<OutT>& t) {
@@ -203,13 +208,6 @@ constexpr bool kHasSimdPass =
 #else
 template <typename T, typename WT>
 constexpr bool kHasSimdPass = false;
-template <typename OutT>
-struct Tile {
-  OutT* y;
-  int64_t N, nn;
-  const float* scale;
-  const float* bias_f;
-};
 template <typename T, typename WT, typename OutT>
 inline void any_pass(const T*, int64_t, const WT*, int64_t, int, int, const Tile<OutT>&) {}
 #endif
@@ -287,9 +285,8 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
   // panels stay in L2 while the block's rows go over them. Each thread takes an equal
   // contiguous share of the walk, so an odd number of groups or a large M split evenly.
   // M = 1: one block of one pass per group, a share of the groups per thread.
-  const int64_t block_rows =
-      std::max<int64_t>(1, kRowBlockBytes / std::max<int64_t>(1, K * int64_t(sizeof(T))) / kMaxMR) *
-      kMaxMR;
+  const int64_t row_bytes = std::max<int64_t>(1, K * int64_t(sizeof(T)));
+  const int64_t block_rows = std::max<int64_t>(1, kRowBlockBytes / row_bytes / kMaxMR) * kMaxMR;
   const int64_t row_passes = (M + kMaxMR - 1) / kMaxMR, work = groups * row_passes;
 #pragma omp parallel
   {
