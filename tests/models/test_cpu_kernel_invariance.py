@@ -60,6 +60,31 @@ def test_a_packed_linear_row_does_not_depend_on_the_other_rows(
         assert torch.equal(got, solo), f"M={m}, row {row}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(100, 577), (960, 576), (37, 1537)])
+def test_every_row_of_a_prefill_sized_call_equals_its_solo_row(
+    dtype: torch.dtype, n: int, k: int
+) -> None:
+    """M = 2048 spans many of the kernel's L2 row blocks (their size depends on K) and splits
+    between threads mid-walk: rows at every block and share boundary, and a random sample, equal
+    the same row computed alone, bitwise; all rows match a float64 matmul."""
+    gen = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    packed = ext().pack_linear(w)
+    m = 2048
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    got = ext().linear(x, packed, bias, n, False)
+    want = x.double() @ w.double().T + bias.double()
+    tol = 1e-5 * k**0.5 if dtype == torch.float32 else 1e-2 * k**0.5
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=1e-2)
+    edges = {r for b in range(6, m, 6) for r in (b - 1, b)}  # every pass (and so block) edge
+    rows = sorted(edges | set(torch.randint(m, (64,), generator=gen).tolist()))
+    for r in rows:
+        solo = ext().linear(x[r : r + 1].contiguous(), packed, bias, n, False)[0]
+        assert torch.equal(got[r], solo), f"row {r}"
+
+
 MAX_ROWS, MAX_LEN = 41, 900
 
 
