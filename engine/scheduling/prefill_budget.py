@@ -9,17 +9,18 @@ Contract: one `PrefillBudget` per `Scheduler.schedule()`, made after the decodes
 - `fit(start, want, floor)`: the chunk size for a prefill of `want` tokens from position `start`:
   what the window leaves, at least `floor` tokens. `take(start, n, delivers)` places a chunk.
 - `anchor_floor(start, need)`: the anchor's guaranteed chunk, the one prefill that may pass the
-  window: `MIN_PREFILL_CHUNK` tokens, shrunk (costed with its attention pairs) to what the
-  window leaves after the decodes, as if the step delivered a token, but never below
-  `ANCHOR_MIN_CHUNK`. So a step with decodes is predicted within the target, floors included,
+  window: `MIN_PREFILL_CHUNK` tokens, shrunk (costed with its attention pairs) to what
+  `ANCHOR_WINDOW_SHARE` of the window's slack after the decodes takes, as if the step delivered
+  a token (the rest goes to shorter prompts first), but never below `ANCHOR_MIN_CHUNK`. So a step with decodes is predicted within the target, floors included,
   unless the decodes alone (nearly) fill it; then only the anchor passes it, by a few tokens,
   and still progresses every step (no starvation). The allotment `hold`s the anchor's floor
   (tokens, rows and pairs) while shorter prompts are served, so they are sized around it.
 Without a target only the token budget applies. With one, before the cost model is `ready`
-(a fresh server), a step that delivers a token takes at most `COLD_PREFILL_TOKENS` prefill
-tokens (the anchor's floor aside): an unfitted model cannot size a chunk, and a full-budget
-chunk in a decoding step is an inter-token gap of seconds on a CPU; the steps that deliver
-nothing still fill the budget, so the model learns from both sizes.
+(a fresh server), steps are sized with its `rough_per_row` prior (seconds per row of the largest
+step timed: rows x prior within the target), and before any step was timed a step that delivers
+a token takes at most `COLD_PREFILL_TOKENS` prefill tokens: an unfitted model cannot size a
+chunk, and a full-budget chunk in a decoding step is an inter-token gap of seconds on a CPU; the
+steps that deliver nothing still fill the budget, so the model learns from both sizes.
 Pure Python (no torch, no clock).
 """
 
@@ -33,6 +34,9 @@ MIN_PREFILL_CHUNK = 32
 # The anchor's floor when the decodes alone (nearly) fill the window: never zero, so the oldest
 # prompt progresses every step, and small, so the step passes the target by little.
 ANCHOR_MIN_CHUNK = 4
+# The anchor's floor takes at most this share of a step's time slack after the decodes, so
+# shortest-first still serves short prompts when the decodes leave little room.
+ANCHOR_WINDOW_SHARE = 0.25
 # Prefill tokens a step that delivers a token may take before the cost model is fitted: a few
 # short prompts (a burst of them is admitted together), a fraction of a second on a CPU.
 COLD_PREFILL_TOKENS = 256
@@ -66,15 +70,22 @@ class PrefillBudget:
         else is placed: sized as if the step delivered a token (see the module docstring)."""
         n = min(MIN_PREFILL_CHUNK, need, self.tokens_left)
         if n > 0 and self.target_s is not None:
-            n = self._in_window(start, n)
+            n = self._in_window(start, n, ANCHOR_WINDOW_SHARE)
         return max(n, min(ANCHOR_MIN_CHUNK, need, self.tokens_left))
 
-    def _in_window(self, start: int, n: int) -> int:
-        """The most of `n` tokens from position `start` the time window still takes."""
-        assert self.cost is not None and self.target_s is not None
-        if not self.cost.ready:  # still learning (see the module docstring)
-            return min(n, max(0, COLD_PREFILL_TOKENS - self.prefill_tokens))
-        return self.cost.max_chunk(self.rows, self.pairs, start, n, self.target_s)
+    def _in_window(self, start: int, n: int, share: float = 1.0) -> int:
+        """The most of `n` tokens from position `start` that `share` of the time window's
+        slack still takes."""
+        cost, target = self.cost, self.target_s
+        assert cost is not None and target is not None
+        if cost.ready:
+            base = cost.predict(self.rows, self.pairs)
+            return cost.max_chunk(self.rows, self.pairs, start, n, base + share * (target - base))
+        if cost.rough_per_row is not None:  # a fresh server: the prior (module docstring)
+            slack = target / cost.rough_per_row - self.rows
+        else:
+            slack = COLD_PREFILL_TOKENS - self.prefill_tokens
+        return min(n, max(0, int(share * slack)))
 
     def take(self, start: int, n: int, delivers: bool) -> None:
         self.hold(start, n)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from engine.scheduling.prefill_budget import (
     ANCHOR_MIN_CHUNK,
+    ANCHOR_WINDOW_SHARE,
     COLD_PREFILL_TOKENS,
     MIN_PREFILL_CHUNK,
 )
@@ -141,6 +142,31 @@ def test_when_decodes_nearly_fill_the_target_only_the_anchor_passes_it_by_a_few_
         assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
 
 
+def test_the_anchors_floor_takes_a_share_of_a_small_window_and_shortest_first_the_rest():
+    cost = FakeCost(fixed=0.010, per_row=0.001)  # 10 ms + 1 ms per row
+    rng = random.Random(7)
+    d = Driver(
+        num_blocks=1024,
+        max_num_batched_tokens=512,
+        cost_model=cost,
+        target_itl_ms=50,
+        max_num_seqs=32,
+        max_model_len=1024,
+    )
+    streams = [d.add(f"s{i}", prompt(rng, 1), 30) for i in range(20)]
+    d.step()  # 20 decodes: 30 ms, 20 rows of slack
+    long = d.add("long", prompt(rng, 300), 2)  # the anchor
+    short = d.add("short", prompt(rng, 12), 2)
+    out = d.step()
+    floor = int(ANCHOR_WINDOW_SHARE * 20)
+    assert chunk_of(out, "short") == 12  # whole: the anchor held only its share back
+    assert chunk_of(out, "long") == 20 - 12 >= floor  # and it takes what is left
+    assert cost.predict(out.num_batched_tokens, out.num_pairs) <= 0.050 + 1e-9
+    d.run()
+    for r in [*streams, long, short]:
+        assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
+
+
 def test_the_anchors_floor_is_costed_with_its_attention_pairs():
     cost = FakeCost(fixed=0.010, per_row=0.001, per_pair=0.000002)  # 2 us per query x key pair
     rng = random.Random(6)
@@ -209,6 +235,29 @@ def test_before_the_cost_model_is_fitted_decoding_steps_take_a_small_prefill():
     assert chunk_of(out, "long") == min(want, 1024 - len(decodes)) > COLD_PREFILL_TOKENS
     d.run()
     for r in (first, long, *shorts):
+        assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
+
+
+def test_after_one_timed_step_a_fresh_model_sizes_decoding_steps_with_its_prior():
+    cost = StepCostModel()  # the real model: not ready before 8 steps
+    cost.observe(200, 20_000, 0.200)  # one timed step: 1 ms per row, fixed part included
+    assert not cost.ready and cost.rough_per_row == 0.001
+    d = Driver(
+        num_blocks=1024,
+        max_num_batched_tokens=1024,
+        cost_model=cost,
+        target_itl_ms=100,
+        max_num_seqs=32,
+        max_model_len=2048,
+    )
+    rng = random.Random(8)
+    streams = [d.add(f"s{i}", prompt(rng, 1), 20) for i in range(10)]
+    d.step()  # nobody decoded: prompts only
+    long = d.add("long", prompt(rng, 1000), 2)
+    out = d.step()
+    assert chunk_of(out, "long") == 100 - 10  # rows x 1 ms within 100 ms (cold: 256)
+    d.run()
+    for r in [*streams, long]:
         assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
 
 
