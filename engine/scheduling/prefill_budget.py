@@ -11,10 +11,11 @@ Contract: one `PrefillBudget` per `Scheduler.schedule()`, made after the decodes
 - `anchor_floor(start, need)`: the anchor's guaranteed chunk, the one prefill that may pass the
   window: `MIN_PREFILL_CHUNK` tokens, shrunk (costed with its attention pairs) to what
   `ANCHOR_WINDOW_SHARE` of the window's slack after the decodes takes, as if the step delivered
-  a token (the rest goes to shorter prompts first), but never below `ANCHOR_MIN_CHUNK`. So a step with decodes is predicted within the target, floors included,
-  unless the decodes alone (nearly) fill it; then only the anchor passes it, by a few tokens,
-  and still progresses every step (no starvation). The allotment `hold`s the anchor's floor
-  (tokens, rows and pairs) while shorter prompts are served, so they are sized around it.
+  a token (the rest goes to shorter prompts first), but never below `ANCHOR_MIN_CHUNK`. So a
+  step with decodes is predicted within the target, floors included, unless the decodes alone
+  (nearly) fill it; then only the anchor passes it, by a few tokens, and still progresses every
+  step (no starvation). The allotment `hold`s the anchor's floor (tokens, rows and pairs) while
+  shorter prompts are served, so they are sized around it.
 Without a target only the token budget applies. With one, before the cost model is `ready`
 (a fresh server), steps are sized with its `rough_per_row` prior (seconds per row of the largest
 step timed: rows x prior within the target), and before any step was timed a step that delivers
