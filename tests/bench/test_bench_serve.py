@@ -146,7 +146,7 @@ def test_serve_measures_ttft_itl_and_tpot_from_known_delays(capsys):
     (result,) = _json_lines(capsys)
     assert result["kind"] == "serve" and result["completed"] == 4 and result["failed"] == 0
     assert result["output_tokens"] == 4 * 5 and result["prompt_tokens"] == 4 * 6
-    assert 300 <= result["ttft"]["p50_ms"] < 400
+    assert 300 <= result["ttft"]["p50_ms"] < 500  # a 0.3 s sleep; a loaded machine adds some
     assert 90 <= result["itl"]["p50_ms"] < 150 and 90 <= result["tpot"]["p50_ms"] < 150
     assert 700 <= result["e2e"]["p50_ms"] < 900  # 0.3 + 4 * 0.1
     assert 1.4 <= result["duration_s"] < 2.2  # two waves of two concurrent requests
