@@ -87,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--long-prompt-len", type=int, default=0)
     serve.add_argument(
+        "--token-logprobs",
+        action="store_true",
+        help="ask for logprobs 0, so every token comes in its own chunk (also while the server "
+        "holds back a character's text): ITL per token",
+    )
+    serve.add_argument(
         "--dtype",
         default="bfloat16",
         choices=DTYPE_CHOICES,

@@ -170,7 +170,14 @@ def _run_serve(
     requests = make_workload(spec, vocab, tokenizer)
     model_name = args.served_model_name or discover_model(args.url, args.api_key)
     load_spec = LoadSpec(
-        args.url, concurrency, args.request_rate, args.seed, model_name, args.timeout, args.api_key
+        args.url,
+        concurrency,
+        args.request_rate,
+        args.seed,
+        model_name,
+        args.timeout,
+        args.api_key,
+        token_logprobs=args.token_logprobs,
     )
     with ProgressBar("serve", len(requests), show_progress) as bar:
         load_before = os.getloadavg()

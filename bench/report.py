@@ -179,4 +179,11 @@ def format_serve(r: ServeResult) -> str:
         [_pcts("TTFT", r.ttft), _pcts("TPOT", r.tpot), _pcts("ITL", r.itl), _pcts("E2E", r.e2e)],
     )
     errors = "".join(f"\n  error: {e}" for e in r.errors)
-    return f"{title}\n{summary}\n{table}{errors}"
+    merged = ""
+    if r.merged_tokens:
+        merged = (
+            f"\n{r.merged_tokens} of {r.output_tokens} output tokens came inside another token's "
+            "chunk (text held back inside a character): each such chunk is one ITL gap of "
+            "several steps; --token-logprobs times every token"
+        )
+    return f"{title}\n{summary}\n{table}{merged}{errors}"

@@ -12,7 +12,12 @@ prompts are token-id lists, or text when the workload carries text) and returns 
   carries a token; ITL = the gaps between successive token chunks (a chunk carrying several
   tokens counts once, as in `vllm bench serve`); end-to-end = send until `[DONE]`. A chunk whose
   only news is a finish reason with no text carries no token. Output tokens come from the usage
-  chunk (the number of token chunks when the server sends none).
+  chunk (the number of token chunks when the server sends none); `chunks` counts the token
+  chunks, so output tokens - chunks tokens came inside another token's chunk (a server holds
+  back the text of a token that ends inside a UTF-8 character, and sends no empty chunk).
+- `token_logprobs`: each request asks for `logprobs: 0`, so every token comes in a chunk of its
+  own (a chunk that carries logprobs goes out even with empty text) and ITL is per token; a
+  chunk that still carries k tokens (the server merged outputs) counts as k gaps of 1/k each.
 - A request fails (recorded, never raised) on a non-200 status, a transport error, an error
   payload in the stream or a stream that ends without `[DONE]`.
 httpx (a test extra) is imported when the load starts, with an install hint if missing.
@@ -40,6 +45,7 @@ class LoadSpec:
     model: str | None = None  # the "model" field; None: left out
     timeout_s: float = 600.0
     api_key: str | None = None
+    token_logprobs: bool = False  # logprobs 0: a chunk per token, ITL per token
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -59,6 +65,7 @@ class RequestRecord:
     itl_s: tuple[float, ...]
     e2e_s: float
     error: str | None = None
+    chunks: int = 0  # chunks that carried tokens
 
 
 def arrival_gaps(num_requests: int, request_rate: float, seed: int) -> list[float]:
@@ -139,6 +146,8 @@ def _body(spec: LoadSpec, request: BenchRequest) -> dict:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if spec.token_logprobs:
+        body["logprobs"] = 0
     if spec.model:
         body["model"] = spec.model
     return body
@@ -154,9 +163,8 @@ async def _stream_one(client, spec: LoadSpec, request: BenchRequest) -> RequestR
     usage_tokens = None
 
     def failed(message: str) -> RequestRecord:
-        return RequestRecord(
-            False, prompt_tokens, chunks, ttft, tuple(itl), time.perf_counter() - start, message
-        )
+        end = time.perf_counter() - start
+        return RequestRecord(False, prompt_tokens, chunks, ttft, tuple(itl), end, message, chunks)
 
     try:
         async with client.stream(
@@ -171,8 +179,9 @@ async def _stream_one(client, spec: LoadSpec, request: BenchRequest) -> RequestR
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     tokens = usage_tokens if usage_tokens is not None else chunks
+                    end = time.perf_counter() - start
                     return RequestRecord(
-                        True, prompt_tokens, tokens, ttft, tuple(itl), time.perf_counter() - start
+                        True, prompt_tokens, tokens, ttft, tuple(itl), end, None, chunks
                     )
                 data = json.loads(payload)
                 if "error" in data:
@@ -180,12 +189,15 @@ async def _stream_one(client, spec: LoadSpec, request: BenchRequest) -> RequestR
                 if data.get("usage"):
                     usage_tokens = data["usage"].get("completion_tokens")
                 choices = data.get("choices") or []
-                if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+                choice = choices[0] if choices else {}
+                scored = len((choice.get("logprobs") or {}).get("tokens") or ())
+                if choice and (choice.get("text") or choice.get("finish_reason") is None or scored):
                     now = time.perf_counter()
                     if ttft is None:
                         ttft = now - start
                     else:
-                        itl.append(now - last)
+                        k = max(1, scored)
+                        itl.extend([(now - last) / k] * k)
                     last = now
                     chunks += 1
         return failed("the stream ended without [DONE]")

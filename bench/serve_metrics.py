@@ -49,6 +49,8 @@ class ServeResult:
     itl: Percentiles
     e2e: Percentiles
     itl_p99_over_p50: float | None  # the streaming smoothness target: <= 3
+    # Output tokens that reached the client inside another token's chunk (text held back).
+    merged_tokens: int
     bound_s: float | None  # minimal matmul time of the run's tokens (with --model), else None
     fraction_of_bound: float | None
     load_before: tuple[float, float, float]
@@ -113,6 +115,7 @@ def summarize_run(
         itl=itl,
         e2e=summarize([r.e2e_s for r in good]),
         itl_p99_over_p50=itl.p99_ms / itl.p50_ms if itl.p50_ms else None,
+        merged_tokens=sum(max(0, r.output_tokens - len(r.itl_s) - 1) for r in good if r.chunks),
         bound_s=bound_s,
         fraction_of_bound=bound_s / duration_s if bound_s is not None else None,
         load_before=load_before,

@@ -6,9 +6,12 @@ step, and touches nothing but `budget` (no blocks are allocated, no request chan
 the scheduler then places the running chunks and admits the waiting ones in that order.
 - Order: shortest remaining prefill first within a priority (lower value first), arrival
   order breaking ties, so a short prompt never waits behind long ones.
-- The anchor: the oldest candidate of the best priority. It always gets at least
-  `MIN_PREFILL_CHUNK` tokens (held back from the budget until its turn), so long prompts
-  progress every step and nothing starves; the first candidate served gets the floor too.
+- The anchor: the oldest candidate of the best priority. It always gets at least its floor
+  (`PrefillBudget.anchor_floor`: `MIN_PREFILL_CHUNK` tokens, fewer when the decodes leave less
+  of the step-time window, never fewer than `ANCHOR_MIN_CHUNK`), held back from the budget
+  (tokens and time) until its turn, so long prompts progress every step and nothing starves.
+  Everybody else gets only what the window leaves: a step with decodes passes the target
+  only by the anchor's few tokens, and only when the decodes alone (nearly) fill it.
 - Seats: waiting requests are admitted within the free sequence slots (`max_num_seqs` minus
   the running ones'), the anchor first, then in prefill order up to the first that does not
   fit. Once a waiting request gets no tokens, no waiting request behind it does (except the
@@ -24,12 +27,10 @@ from dataclasses import dataclass
 
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import PrefixMatch
-from engine.scheduling.prefill_budget import PrefillBudget
+from engine.scheduling.prefill_budget import MIN_PREFILL_CHUNK, PrefillBudget
 from engine.scheduling.step_plan import chunk_sizes
 
-# Prefill tokens the anchor (and the shortest prefill) get per step even past the time target:
-# progress for every prompt when the decodes alone fill the target.
-MIN_PREFILL_CHUNK = 32
+__all__ = ["MIN_PREFILL_CHUNK", "Allot", "PrefillCandidates", "allot_prefill", "prefill_key"]
 
 
 @dataclass(frozen=True)
@@ -69,38 +70,43 @@ def allot_prefill(candidates: PrefillCandidates, budget: PrefillBudget) -> list[
     best = order[0].params.priority
     anchor = min((r for r in order if r.params.priority == best), key=lambda r: c.arrival[r])
     seated = _seated(c, anchor)
-    reserve = 0
-    if anchor is not order[0] and (anchor in seated or anchor.status is RequestStatus.RUNNING):
-        need = max(s.num_uncomputed_tokens for s in anchor.live_seqs)
-        reserve = min(MIN_PREFILL_CHUNK, need, budget.tokens_left)
-        budget.hold(reserve)
+    reserve, reserve_start = 0, 0
+    if anchor in seated or anchor.status is RequestStatus.RUNNING:
+        _, starts = _starts(c, anchor)
+        reserve_start = min(starts)
+        need = max(s.num_tokens - st for s, st in zip(anchor.live_seqs, starts, strict=True))
+        reserve = budget.anchor_floor(reserve_start, need)
+        budget.hold(reserve_start, reserve)
     allots: list[Allot] = []
-    first, waiting_open = True, True
+    waiting_open = True
     for request in order:
         if request.status is RequestStatus.WAITING and not (
             request in seated and (waiting_open or request is anchor)
         ):
             continue
         if request is anchor:
-            budget.release(reserve)
+            budget.release(reserve_start, reserve)
         seqs = request.live_seqs
-        matches = None
-        if request.status is RequestStatus.WAITING:
-            matches = [c.prefix_match(request, s) for s in seqs]
-            starts = [m.num_tokens for m in matches]
-        else:
-            starts = [s.num_computed_tokens for s in seqs]
+        matches, starts = _starts(c, request)
         remaining = [s.num_tokens - st for s, st in zip(seqs, starts, strict=True)]
-        floor = MIN_PREFILL_CHUNK if first or request is anchor else 0
-        n = budget.fit(starts[0], sum(remaining), floor)
+        n = budget.fit(starts[0], sum(remaining), reserve if request is anchor else 0)
         sizes = chunk_sizes(remaining, n) if n > 0 else None
         if sizes is None:
             waiting_open = waiting_open and matches is None
             continue
-        first = False
         budget.take(starts[0], sum(sizes), delivers=sizes == remaining)
         allots.append(Allot(request, sizes, matches, request is anchor))
     return allots
+
+
+def _starts(c: PrefillCandidates, request: Request) -> tuple[list[PrefixMatch] | None, list[int]]:
+    """Where each live sequence's chunk starts: after a waiting request's prefix-cache hits
+    (returned too), after a running one's computed tokens (matches None)."""
+    seqs = request.live_seqs
+    if request.status is RequestStatus.WAITING:
+        matches = [c.prefix_match(request, s) for s in seqs]
+        return matches, [m.num_tokens for m in matches]
+    return None, [s.num_computed_tokens for s in seqs]
 
 
 def _seated(c: PrefillCandidates, anchor: Request) -> set[Request]:

@@ -35,12 +35,7 @@ from engine.config import EngineConfig
 from engine.requests.outputs import FINISH_REASONS
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
-from engine.scheduling.prefill_allotment import (
-    MIN_PREFILL_CHUNK,
-    Allot,
-    PrefillCandidates,
-    allot_prefill,
-)
+from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_prefill
 from engine.scheduling.prefill_budget import PrefillBudget
 from engine.scheduling.step_cost import StepCostModel, chunk_pairs
 from engine.scheduling.step_plan import (
@@ -128,7 +123,7 @@ class Scheduler:
         step = _Step(budget=self.config.max_num_batched_tokens)
         self._schedule_decodes(step)
         budget = self._prefill_budget(step)
-        self._prefill_capacity = budget.fit(0, budget.tokens_left, MIN_PREFILL_CHUNK)
+        self._prefill_capacity = budget.fit(0, budget.tokens_left)
         self._schedule_prefills(step, budget)
         chunks = tuple(c for p in step.plans.values() for c in p.chunks)
         return SchedulerOutput(

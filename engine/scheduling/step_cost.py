@@ -8,7 +8,9 @@ Model (three non-negative coefficients):
 Fit: least squares weighted by recency (each new step multiplies the old weights by `decay`,
 since the machine's speed drifts), with every coefficient >= 0 (the best of the 7 active sets,
 solved on the 3x3 normal equations), so no fit ever promises a free row or a free pair.
-Until `min_samples` steps were observed `ready` is False and callers use their token budget.
+Until `min_samples` steps were observed `ready` is False; meanwhile `rough_per_row` (seconds per
+row of the largest step timed so far: its fixed part spread over its rows) is a prior a caller
+may size steps with, and None before the first step.
 Trust region: `max_chunk` never proposes a step larger than `growth` times the largest step
 (in rows) ever timed, so a fit made from small steps is not extrapolated far; every step the
 budget allows teaches the model, so the region grows as fast as the traffic needs.
@@ -49,6 +51,7 @@ class StepCostModel:
         self._xy = [0.0] * 3  # sum of w * x * seconds
         self.num_samples = 0
         self.max_rows_seen = 0
+        self.rough_per_row: float | None = None
         self.coefficients = (0.0, 0.0, 0.0)  # fixed s, s per row, s per pair (unscaled)
 
     @property
@@ -71,6 +74,8 @@ class StepCostModel:
             for j in range(3):
                 self._xx[i][j] = self.decay * self._xx[i][j] + x[i] * x[j]
         self.num_samples += 1
+        if rows >= self.max_rows_seen:
+            self.rough_per_row = seconds / rows
         self.max_rows_seen = max(self.max_rows_seen, rows)
         theta = _non_negative_fit(self._xx, self._xy)
         self.coefficients = (theta[0], theta[1] * _ROW_SCALE, theta[2] * _PAIR_SCALE)

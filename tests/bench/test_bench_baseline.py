@@ -49,8 +49,11 @@ def test_this_checkout_as_baseline_decodes_what_the_in_process_backend_decodes(t
     requests = make_workload(WorkloadSpec(5, 9, 4, "uniform", seed=1), VOCAB)
     results = {}
     for name in ("tgserve", "tgserve-baseline"):
-        # PyTorch paths: a cold C++ kernel build (a minute) in either process would swamp the test
-        backend = load_backend(name, source, _options(REPO, cpu_kernels=False))
+        # PyTorch paths: a cold C++ kernel build (a minute) in either process would swamp the test.
+        # No step-time target: it sizes steps from their timings, so the two processes' KV
+        # peaks could differ; without it both schedule the same steps.
+        options = _options(REPO, cpu_kernels=False, target_itl_ms=0)
+        backend = load_backend(name, source, options)
         try:
             progress: list[int] = []
             results[name] = (

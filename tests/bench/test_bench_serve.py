@@ -61,7 +61,10 @@ def test_percentiles_agree_with_numpy_on_random_data():
 def fake_streaming_server(ttft: float, itl: float) -> Iterator[str]:
     """An OpenAI-style /v1/completions on raw asyncio streams, yielding its URL: the first token
     after `ttft` seconds, then one every `itl` seconds, a finish-only chunk, a usage chunk, [DONE].
-    Prompts starting with token 7 get HTTP 503; starting with 8, a stream cut before [DONE]."""
+    Prompts starting with token 7 get HTTP 503; starting with 8, a stream cut before [DONE];
+    starting with 9, the text of every other token (the 1st, 3rd, ...) is held back and sent with
+    the next token's (as a server does inside a UTF-8 character), unless logprobs were asked:
+    then a chunk per token."""
     fake = _FakeHandler(ttft, itl)
     loop = asyncio.new_event_loop()
     server = loop.run_until_complete(asyncio.start_server(fake.handle, "127.0.0.1", 0))
@@ -107,9 +110,19 @@ class _FakeHandler:
             await writer.drain()
 
         n = req["max_tokens"]
+        held = ""
         for i in range(n):
             await asyncio.sleep(self.ttft if i == 0 else self.itl)
-            await event({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]})
+            text, scored = held + f" t{i}", "logprobs" in req
+            if req["prompt"][0] == 9 and i % 2 == 0:
+                held, text = text, ""
+                if not scored:
+                    continue
+            held = "" if text else held
+            choice = {"index": 0, "text": text, "finish_reason": None}
+            if scored:
+                choice["logprobs"] = {"tokens": [f" t{i}"], "token_logprobs": [-0.5]}
+            await event({"choices": [choice]})
         if req["prompt"][0] != 8:  # 8: the stream is cut, no usage and no [DONE]
             await event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
             await event(
@@ -133,7 +146,7 @@ def test_serve_measures_ttft_itl_and_tpot_from_known_delays(capsys):
     (result,) = _json_lines(capsys)
     assert result["kind"] == "serve" and result["completed"] == 4 and result["failed"] == 0
     assert result["output_tokens"] == 4 * 5 and result["prompt_tokens"] == 4 * 6
-    assert 300 <= result["ttft"]["p50_ms"] < 400
+    assert 300 <= result["ttft"]["p50_ms"] < 500  # a 0.3 s sleep; a loaded machine adds some
     assert 90 <= result["itl"]["p50_ms"] < 150 and 90 <= result["tpot"]["p50_ms"] < 150
     assert 700 <= result["e2e"]["p50_ms"] < 900  # 0.3 + 4 * 0.1
     assert 1.4 <= result["duration_s"] < 2.2  # two waves of two concurrent requests
@@ -152,3 +165,21 @@ def test_serve_counts_failed_and_cut_streams_without_their_figures():
     result = summarize_run(spec, records, duration, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
     assert (result.completed, result.failed, result.output_tokens) == (1, 2, 3)
     assert len(result.errors) == 2
+
+
+def test_tokens_held_back_inside_a_chunk_are_counted_and_timed_per_token_with_logprobs():
+    """8 tokens 0.05 s apart, every other one's text held back: 4 chunks 0.1 s apart (3 gaps),
+    4 tokens merged; asking for logprobs gives 7 gaps of 0.05 s and none merged."""
+    requests = [BenchRequest((9, 2, 3), 8)]
+    with fake_streaming_server(ttft=0.05, itl=0.05) as url:
+        plain = LoadSpec(url, concurrency=1)
+        [merged], duration = run_load(plain, requests, lambda _n: None)
+        scored = LoadSpec(url, concurrency=1, token_logprobs=True)
+        [timed], _ = run_load(scored, requests, lambda _n: None)
+    assert merged.ok and merged.output_tokens == 8 and merged.chunks == 4
+    assert len(merged.itl_s) == 3 and all(0.09 <= gap < 0.2 for gap in merged.itl_s)
+    result = summarize_run(plain, [merged], duration, (0.0,) * 3, (0.0,) * 3)
+    assert result.merged_tokens == 4
+    assert timed.ok and timed.chunks == 8
+    assert len(timed.itl_s) == 7 and all(0.04 <= gap < 0.1 for gap in timed.itl_s)
+    assert summarize_run(scored, [timed], duration, (0.0,) * 3, (0.0,) * 3).merged_tokens == 0

@@ -118,3 +118,13 @@ def test_a_stalled_step_is_clipped_before_it_is_learned():
     before = model.predict(64, 50_000)
     model.observe(64, 50_000, 30.0)  # a 30 s pause (GC, a neighbour): at most 4x the prediction
     assert model.predict(64, 50_000) < 1.5 * before
+
+
+def test_the_prior_before_the_fit_is_the_largest_steps_seconds_per_row():
+    model = StepCostModel(min_samples=8)
+    assert model.rough_per_row is None
+    model.observe(1, 10, 0.020)  # a decode: its fixed part dominates
+    assert model.rough_per_row == pytest.approx(0.020)
+    model.observe(256, 16_000, 0.400)  # larger: replaces it
+    model.observe(10, 100, 0.050)  # smaller: does not
+    assert model.rough_per_row == pytest.approx(0.400 / 256)
