@@ -115,7 +115,10 @@ def test_a_block_linear_row_does_not_depend_on_the_other_rows(qtype, dtype, n) -
     raw = quantize(torch.randn(n, k, generator=gen).numpy(), qtype)
     bias = torch.nn.Parameter(torch.randn(n, generator=gen).to(dtype), requires_grad=False)
     layer = BlockLinear(packed(raw, qtype, k), bias)
-    x = torch.randn(1, k, generator=gen).to(dtype)
+    # magnitudes spread over 2^±12: the block sums round in float32, so any change in the
+    # order of a lane's operations shows in its bits
+    scale = torch.exp2(torch.randint(-12, 13, (1, k), generator=gen).float())
+    x = (torch.randn(1, k, generator=gen) * scale).to(dtype)
     solo = {out: layer.apply(x, float_out=out)[0] for out in (True, False)}
     for m in ROW_COUNTS:
         others = torch.randn(m, k, generator=gen).to(dtype) * 10
