@@ -100,22 +100,47 @@ def test_block_linear_equals_a_float64_matmul_of_the_dequantised_weights(qtype, 
     assert 0 < float(bound.max()) < 1e-3 * float(want.abs().max())
 
 
+# Row counts: 1..8 take the few-rows pass (blocks unpacked in registers), more the unpacked-panel
+# scratch; 9 and 13 and 130 leave every 4-row tile remainder, 130 rows over n = 40 (one group
+# of 3 panels) are split in row chunks across threads.
+ROW_COUNTS = (2, 3, 5, 7, 8, 9, 13, 64, 130)
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_block_linear_row_does_not_depend_on_the_other_rows(qtype, dtype) -> None:
+@pytest.mark.parametrize("n", [200, 40])
+def test_a_block_linear_row_does_not_depend_on_the_other_rows(qtype, dtype, n) -> None:
     gen = torch.Generator().manual_seed(3)
-    n, k = 200, 576
+    k = 576
     raw = quantize(torch.randn(n, k, generator=gen).numpy(), qtype)
     bias = torch.nn.Parameter(torch.randn(n, generator=gen).to(dtype), requires_grad=False)
     layer = BlockLinear(packed(raw, qtype, k), bias)
-    x = torch.randn(1, k, generator=gen).to(dtype)
+    # magnitudes spread over 2^±12: the block sums round in float32, so any change in the
+    # order of a lane's operations shows in its bits
+    scale = torch.exp2(torch.randint(-12, 13, (1, k), generator=gen).float())
+    x = (torch.randn(1, k, generator=gen) * scale).to(dtype)
     solo = {out: layer.apply(x, float_out=out)[0] for out in (True, False)}
-    for m in (2, 3, 5, 7, 13, 64):  # every register-tile remainder, and both tile shapes
+    for m in ROW_COUNTS:
         others = torch.randn(m, k, generator=gen).to(dtype) * 10
         row = int(torch.randint(m, (1,), generator=gen))
         others[row] = x[0]
         for out, want in solo.items():
             assert torch.equal(layer.apply(others, float_out=out)[row], want), (m, row, out)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_bfloat16_outputs_are_the_float32_outputs_rounded_by_torch(qtype, m) -> None:
+    """The kernel rounds acc + bias to bf16 itself (16 lanes at a time): torch's rounding of
+    the same float32 sums is the oracle, on both passes (few rows and many)."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 75, 256
+    raw = quantize(torch.randn(n, k, generator=gen).numpy(), qtype)
+    bias = torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16(), requires_grad=False)
+    layer = BlockLinear(packed(raw, qtype, k), bias)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    full = layer.apply(x, float_out=True)
+    assert torch.equal(layer.apply(x, float_out=False), full.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
