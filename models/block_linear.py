@@ -6,7 +6,8 @@ per weight where bf16 is 16. The blocks stay in memory as the file stores them (
 them in registers, activations in the model's dtype, sums in float32.
 
 Contract:
-- `STORED_TYPES`: the GGML types kept as blocks (Q4_0, Q4_1, Q8_0); others are dequantised.
+- `STORED_TYPES`: the GGML types kept as blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+  Q6_K; models/cpu_kernels/kquant_linear.cpp has the last five); others are dequantised.
 - `BlockWeight.pack(raw, qtype, in_features)`: raw [N, row bytes] uint8 as in the file -> the
   packed weight (needs the C++ extension); `rows(ids)` -> float32 [T, K], bitwise equal to
   `gguf.quants.dequantize` of those rows; `dequantized()` all rows (the reference).
@@ -28,7 +29,8 @@ from torch import nn
 from models import cpu_kernels
 
 STORED_TYPES: frozenset[GGMLQuantizationType] = frozenset(
-    (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
+    GGMLQuantizationType[name]
+    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 )
 
 
@@ -43,7 +45,7 @@ def _ext():
 
 @dataclass(frozen=True, eq=False)
 class BlockWeight:
-    packed: torch.Tensor  # uint8 [ceil(N / 16), K / 32 * 16 * block bytes]
+    packed: torch.Tensor  # uint8 [ceil(N / 16), 16 * the file's row bytes]
     qtype: GGMLQuantizationType
     out_features: int  # N
     in_features: int  # K

@@ -22,13 +22,19 @@ from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear
 from models.loader import load_model
 from tests.models.gguf.tiny_gguf import to_gguf
 
-HIDDEN, INTERMEDIATE, VOCAB = 64, 96, 96  # every K a multiple of the 32-wide blocks
+VOCAB = 96
+
+
+def dims(qtype: QT) -> tuple[int, int]:
+    """(hidden, intermediate): every K a multiple of the type's blocks (K-quants: 256 wide)."""
+    return (256, 512) if qtype.name.endswith("_K") else (64, 96)
 
 
 def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool) -> Path:
     torch.manual_seed(int(qtype))
+    hidden, intermediate = dims(qtype)
     cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-6,
         max_position_embeddings=128, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
@@ -40,8 +46,8 @@ def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool) -> Path:
     meta = {
         "llama.block_count": 2,
         "llama.context_length": 128,
-        "llama.embedding_length": HIDDEN,
-        "llama.feed_forward_length": INTERMEDIATE,
+        "llama.embedding_length": hidden,
+        "llama.feed_forward_length": intermediate,
         "llama.attention.head_count": 4,
         "llama.attention.head_count_kv": 2,
         "llama.rope.freq_base": 5000.0,

@@ -17,6 +17,8 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as QT
 
+from bench.kquantize import KQUANT_TYPES, quantize_k
+
 
 def write_tensors(
     path: Path, tensors: dict[str, tuple[np.ndarray, QT | None]], arch: str = "llama"
@@ -42,7 +44,8 @@ def to_gguf(
     qtype: QT | None = None,
 ) -> Path:
     """Writes a transformers model the way llama.cpp's convert_hf_to_gguf.py would; with
-    `qtype`, every matrix (rank 2) is quantised to that GGML type by gguf's own quantize."""
+    `qtype`, every matrix (rank 2) is quantised to that GGML type by gguf's own quantize (K-quants,
+    which gguf cannot write: bench/kquantize.py)."""
     cfg = model.config
     gguf_arch = {
         "llama": gguf.MODEL_ARCH.LLAMA,
@@ -75,7 +78,8 @@ def to_gguf(
             w = w.t()  # Conv1D [in, out] -> [out, in]
         array = np.ascontiguousarray(w.numpy())
         if qtype is not None and array.ndim == 2:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            quantise = quantize_k if qtype in KQUANT_TYPES else gguf.quants.quantize
+            writer.add_tensor(gguf_name, quantise(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, array)
     writer.write_header_to_file()
