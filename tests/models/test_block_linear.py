@@ -94,10 +94,7 @@ def test_block_linear_equals_a_float64_matmul_of_the_dequantised_weights(qtype, 
     layer = BlockLinear(packed(raw, qtype, k))
     x = torch.randn(13, k, generator=gen).to(dtype)
     want, bound = reference_and_bound(x, raw, qtype, k)
-    got = layer.apply(x, float_out=True).double()
-    assert ((got - want).abs() <= bound).all(), float(((got - want).abs() / bound).max())
-    # the bound is a tight one (0.1% of the outputs' scale), not a blanket tolerance
-    assert 0 < float(bound.max()) < 1e-3 * float(want.abs().max())
+    assert_within_tight_bound(layer.apply(x, float_out=True).double(), want, bound)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -108,6 +105,12 @@ def test_a_block_linear_row_does_not_depend_on_the_other_rows(qtype, dtype) -> N
     raw = quantize(torch.randn(n, k, generator=gen).numpy(), qtype)
     bias = torch.nn.Parameter(torch.randn(n, generator=gen).to(dtype), requires_grad=False)
     assert_rows_alone_equal_rows_in_batches(BlockLinear(packed(raw, qtype, k), bias), dtype, gen)
+
+
+def assert_within_tight_bound(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> None:
+    assert ((got - want).abs() <= bound).all(), float(((got - want).abs() / bound).max())
+    # the bound is a tight one (0.1% of the outputs' scale), not a blanket tolerance
+    assert 0 < float(bound.max()) < 1e-3 * float(want.abs().max())
 
 
 def assert_rows_alone_equal_rows_in_batches(layer: BlockLinear, dtype, gen) -> None:

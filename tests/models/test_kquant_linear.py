@@ -15,7 +15,10 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from models.block_linear import STORED_TYPES, BlockLinear, BlockWeight
-from tests.models.test_block_linear import assert_rows_alone_equal_rows_in_batches
+from tests.models.test_block_linear import (
+    assert_rows_alone_equal_rows_in_batches,
+    assert_within_tight_bound,
+)
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 DTYPES = [torch.float32, torch.bfloat16]
@@ -85,10 +88,7 @@ def test_kquant_linear_equals_a_float64_matmul_of_the_dequantised_weights(qtype,
     layer = BlockLinear(BlockWeight.pack(torch.from_numpy(raw), qtype, k))
     x = torch.randn(13, k, generator=gen).to(dtype)
     want, bound = reference_and_bound(x, raw, qtype, k)
-    got = layer.apply(x, float_out=True).double()
-    assert ((got - want).abs() <= bound).all(), float(((got - want).abs() / bound).max())
-    # the bound is a tight one (0.1% of the outputs' scale), not a blanket tolerance
-    assert 0 < float(bound.max()) < 1e-3 * float(want.abs().max())
+    assert_within_tight_bound(layer.apply(x, float_out=True).double(), want, bound)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
