@@ -31,7 +31,7 @@ from models.cpu_features import cpu_flags
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
-_SOURCES = ("attention.cpp", "linear.cpp", "block_linear.cpp", "kquant_linear.cpp", "decoder.cpp", "bindings.cpp")
+_SOURCES = ("attention.cpp", "linear.cpp", "block_linear.cpp", "kquant_linear.cpp", "mixed_blocks.cpp", "decoder.cpp", "bindings.cpp")
 _HEADERS = (
     "kernels.h",
     "decoder.h",

@@ -103,7 +103,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 // GGUF blocks kept as stored (block_linear.cpp, kquant_linear.cpp). raw [N, row bytes] uint8
 // as in the file -> the packed copy, a [panels, 16 * row bytes] uint8 tensor.
 torch::Tensor pack_blocks(torch::Tensor raw, int64_t type, int64_t K) {
-  TORCH_CHECK(tgserve::block_width(static_cast<int>(type)) > 0, "pack_blocks: unsupported GGML type ", type);
+  TORCH_CHECK(tgserve::block_width(static_cast<int>(type)) > 0 && type != tgserve::kMixedBlocks,
+              "pack_blocks: unsupported GGML type ", type);
   TORCH_CHECK(raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kByte,
               "pack_blocks: a contiguous uint8 [N, row bytes] tensor");
   const int64_t rb = tgserve::row_bytes(static_cast<int>(type), K);
@@ -118,6 +119,13 @@ torch::Tensor pack_blocks(torch::Tensor raw, int64_t type, int64_t K) {
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K, int64_t N) {
   TORCH_CHECK(tgserve::block_width(static_cast<int>(type)) > 0, "unsupported GGML type ", type);
+  if (type == tgserve::kMixedBlocks) {  // one row: header + segments (mixed_blocks.cpp)
+    TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.size(0) == 1 &&
+                    packed.is_contiguous() &&
+                    tgserve::mixed_blocks_valid(packed.data_ptr<uint8_t>(), packed.numel(), K, N),
+                "the mixed packed blocks do not match N = ", N, " and K = ", K);
+    return;
+  }
   const int64_t rb = tgserve::row_bytes(static_cast<int>(type), K);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 &&
                   packed.size(0) == (N + 15) / 16 && rb > 0 && packed.size(1) == 16 * rb,

@@ -356,16 +356,17 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
 
 }  // namespace
 
-bool is_kquant_type(int type) { return kformat(type).width > 0; }
+bool is_kquant_type(int type) { return type == kMixedBlocks || kformat(type).width > 0; }
 
 int64_t block_width(int type) {
+  if (type == kMixedBlocks) return 256;  // the widest of its parts' (each part checks its own)
   if (is_kquant_type(type)) return kformat(type).width;
   return block_bytes(type) > 0 ? 32 : 0;
 }
 
 int64_t row_bytes(int type, int64_t K) {
   const int64_t w = block_width(type);
-  if (w == 0 || K <= 0 || K % w) return 0;
+  if (w == 0 || type == kMixedBlocks || K <= 0 || K % w) return 0;
   return K / w * (is_kquant_type(type) ? kformat(type).file_block : block_bytes(type));
 }
 
@@ -412,6 +413,7 @@ void kquant_pack(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp
 // Unpacked rows, as gguf's dequantisation computes them: fl(fl(s q) + m) or fl(fl(s q) - fl(dmin
 // m)), no fused multiply-add (the empty asm keeps the compiler from contracting the roundings).
 void kquant_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T, float* out) {
+  if (type == kMixedBlocks) return mixed_rows(Wp, K, ids, T, out);  // mixed_blocks.cpp
   const KFormat f = kformat(type);
   const int64_t nb = K / f.width, bb = f.file_block * kPanel;
 #pragma omp parallel for schedule(static) if (T * K >= 65536)
@@ -434,6 +436,13 @@ void kquant_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int
 template <typename T, typename OutT>
 void kquant_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
                    OutT* y, int64_t N) {
+  if (type == kMixedBlocks) return mixed_linear<T, OutT>(x, M, K, Wp, bias, y, N);
+  kquant_linear_ld<T, OutT>(x, M, K, Wp, type, bias, y, N, N);
+}
+
+template <typename T, typename OutT>
+void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
+                      OutT* y, int64_t N, int64_t ldy) {
   const KFormat f = kformat(type);
   const int64_t panel_bytes = K / f.width * f.file_block * kPanel, ns = K / kSum;
   const int64_t panels = (N + kPanel - 1) / kPanel;
@@ -458,15 +467,17 @@ void kquant_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type
       for (int m = 0; m < mr; ++m)
         for (int64_t c = 0; c < nn; ++c) {
           const float bv = bias ? static_cast<float>(bias[n0 + c]) : 0.0f;
-          y[(m0 + m) * N + n0 + c] = static_cast<OutT>(out[(m * kMaxNR + c / kPanel) * kPanel + c % kPanel] + bv);
+          y[(m0 + m) * ldy + n0 + c] = static_cast<OutT>(out[(m * kMaxNR + c / kPanel) * kPanel + c % kPanel] + bv);
         }
     }
   }
 }
 
-#define TGSERVE_INSTANTIATE(T, OutT)                                                           \
-  template void kquant_linear<T, OutT>(const T*, int64_t, int64_t, const uint8_t*, int, const T*, \
-                                       OutT*, int64_t);
+#define TGSERVE_INSTANTIATE(T, OutT)                                                            \
+  template void kquant_linear<T, OutT>(const T*, int64_t, int64_t, const uint8_t*, int, const T*,  \
+                                       OutT*, int64_t);                                            \
+  template void kquant_linear_ld<T, OutT>(const T*, int64_t, int64_t, const uint8_t*, int, const T*, \
+                                          OutT*, int64_t, int64_t);
 TGSERVE_INSTANTIATE(float, float)
 TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
 TGSERVE_INSTANTIATE(c10::BFloat16, float)

@@ -109,3 +109,40 @@ def test_rows_that_are_not_whole_super_blocks_are_refused(qtype) -> None:
         BlockWeight.pack(raw, qtype, 512)
     with pytest.raises(RuntimeError, match="do not hold 32 weights"):
         BlockWeight.pack(raw[:, :0].contiguous(), qtype, 32)
+
+
+def test_a_mixed_weight_computes_each_part_as_its_own_type_does() -> None:
+    """Parts of different types in one layer (a Q4_K_M fused q/k/v): every column's bits equal
+    that part's one-type layer's, unpacked rows equal gguf's; bytes: the file's + header."""
+    k, gen = 512, torch.Generator().manual_seed(11)
+    spec = [(QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q5_0, 16), (QT.Q4_K, 20)]  # 37, 20: partial panels
+    raws = [hand_made_blocks(t, n, k, seed=i, spread=2) for i, (t, n) in enumerate(spec)]
+    parts = [(torch.from_numpy(raw), t) for raw, (t, _) in zip(raws, spec, strict=True)]
+    mixed = BlockWeight.pack_parts(parts, k)
+    assert mixed.qtype is None and mixed.parts == tuple(spec) and mixed.out_features == 121
+    file_bytes = sum(raw.nbytes for raw in raws)
+    pad = 11 * raws[1].shape[1] + 12 * raws[3].shape[1]  # zero rows: 37 -> 48, 20 -> 32
+    assert mixed.nbytes == 64 + file_bytes + pad
+    want_rows = np.concatenate([dequantize(raw, t) for raw, (t, _) in zip(raws, spec, strict=True)])
+    assert np.array_equal(bits(mixed.dequantized()), bits(want_rows))
+    for dtype in DTYPES:
+        bias = torch.randn(121, generator=gen).to(dtype)
+        x = torch.randn(5, k, generator=gen).to(dtype)
+        layer = BlockLinear(mixed, torch.nn.Parameter(bias, requires_grad=False))
+        for out in (True, False):
+            got, first = layer.apply(x, float_out=out), 0
+            for raw, (t, n) in zip(raws, spec, strict=True):
+                alone = BlockWeight.pack(torch.from_numpy(raw), t, k)
+                part_bias = torch.nn.Parameter(bias[first : first + n], requires_grad=False)
+                want = BlockLinear(alone, part_bias).apply(x, float_out=out)
+                assert torch.equal(got[:, first : first + n], want), (t, dtype, out)
+                first += n
+
+
+def test_parts_that_cannot_be_mixed_are_refused() -> None:
+    q41 = torch.zeros(16, 2 * 20 * 8, dtype=torch.uint8)  # Q4_1 rows of 512
+    q4k = torch.zeros(16, 2 * 144, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="Q4_1, Q4_K"):
+        BlockWeight.pack_parts([(q41, QT.Q4_1), (q4k, QT.Q4_K)], 512)
+    one = BlockWeight.pack_parts([(q4k, QT.Q4_K), (q4k, QT.Q4_K)], 512)  # one type: plain
+    assert one.qtype == QT.Q4_K and one.out_features == 32
