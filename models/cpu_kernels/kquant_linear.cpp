@@ -49,6 +49,7 @@ constexpr int64_t kPanel = 16;
 constexpr int64_t kSum = 32;  // xsum granularity: every type with a min has 32-wide sub-blocks
 constexpr int kMaxMR = 4;
 constexpr int kMaxNR = 4;
+constexpr int64_t kWideM = 8;  // more rows than this: unpack each block once (wide_linear)
 
 struct KFormat {
   int width;       // weights per block (W)
@@ -319,11 +320,138 @@ void simd_any(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pb, co
   }
 }
 
+// Large M (prefill, big batches): a group of kWideNR panels is unpacked one block at a time
+// into bf16 words and float scales, and every row runs over them (the register path re-unpacks
+// them for each 4-row pass). A lane's operations are the register path's, in its order.
+constexpr int kWideNR = 2;
+
+template <int TYPE>
+void unpack_block(const uint8_t* Wp, int64_t panel_bytes, int64_t b, int nr, __m512bh* words,
+                  __m512* s, __m512* mt) {
+  constexpr KFormat f = kformat(TYPE);
+  constexpr int64_t bb = f.file_block * kPanel;
+  const __m512i t0 = value_table(f.offset, 0), t1 = value_table(f.offset, 1);
+  const __m512i low = _mm512_set1_epi16(0xF);
+  for (int n = 0; n < kWideNR; ++n) {
+    const uint8_t* blk = Wp + n * panel_bytes + b * bb;
+    const uint8_t* nib = blk + f.scales;
+    for (int t = 0; t < f.width / 4; ++t) {  // words [step][panel]
+      if (n >= nr) {  // no such panel: zeros, never stored
+        words[2 * t * kWideNR + n] = words[(2 * t + 1) * kWideNR + n] = (__m512bh)_mm512_setzero_si512();
+        continue;
+      }
+      const uint8_t* hi = nib + 8 * f.width + 2 * t * f.hbits * 4;
+      const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(nib + t * 32)));
+      words[2 * t * kWideNR + n] = step_values<TYPE>(_mm512_and_si512(bytes, low), hi, t0, t1);
+      words[(2 * t + 1) * kWideNR + n] =
+          step_values<TYPE>(_mm512_srli_epi16(bytes, 4), hi + f.hbits * 4, t0, t1);
+    }
+    for (int j = 0; j < f.width / f.sub; ++j) {
+      __m512 sv = _mm512_setzero_ps(), mv = _mm512_setzero_ps();
+      if (n < nr) simd_scales<TYPE>(blk, j, &sv, &mv);
+      s[j * kWideNR + n] = sv, mt[j * kWideNR + n] = mv;
+    }
+  }
+}
+
+// Rows x[0 .. MR) over block b's unpacked words; accs [MR][kWideNR][16] their running sums.
+template <int MR, int TYPE>
+void wide_rows(const c10::BFloat16* x, int64_t K, int64_t b, const __m512bh* words, const __m512* s,
+               const __m512* mt, const float* xsum, int64_t ns, float* accs) {
+  constexpr KFormat f = kformat(TYPE);
+  constexpr int pairs = f.sub / 4;
+  __m512 acc[MR][kWideNR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < kWideNR; ++n) acc[m][n] = _mm512_loadu_ps(accs + (m * kWideNR + n) * kPanel);
+  const c10::BFloat16* xb = x + b * f.width;
+  for (int j = 0; j < f.width / f.sub; ++j) {
+    __m512 dot[MR][kWideNR];
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < kWideNR; ++n) dot[m][n] = _mm512_setzero_ps();
+    for (int t = j * pairs; t < (j + 1) * pairs; ++t)
+      for (int m = 0; m < MR; ++m) {
+        const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
+        for (int n = 0; n < kWideNR; ++n) {
+          dot[m][n] = _mm512_dpbf16_ps(dot[m][n], x0, words[2 * t * kWideNR + n]);
+          dot[m][n] = _mm512_dpbf16_ps(dot[m][n], x1, words[(2 * t + 1) * kWideNR + n]);
+        }
+      }
+    const int64_t sum_index = (b * f.width + j * f.sub) / kSum;
+    for (int n = 0; n < kWideNR; ++n)
+      for (int m = 0; m < MR; ++m) {
+        acc[m][n] = _mm512_fmadd_ps(s[j * kWideNR + n], dot[m][n], acc[m][n]);
+        if constexpr (TYPE == kQ5_1)
+          acc[m][n] = _mm512_fmadd_ps(mt[j * kWideNR + n], _mm512_set1_ps(xsum[m * ns + sum_index]), acc[m][n]);
+        else if constexpr (f.has_min)
+          acc[m][n] = _mm512_fnmadd_ps(mt[j * kWideNR + n], _mm512_set1_ps(xsum[m * ns + sum_index]), acc[m][n]);
+      }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < kWideNR; ++n) _mm512_storeu_ps(accs + (m * kWideNR + n) * kPanel, acc[m][n]);
+}
+
+template <typename OutT, int TYPE>
+void wide_linear(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp,
+                 const c10::BFloat16* bias, OutT* y, int64_t N, int64_t ldy, const float* xsum) {
+  constexpr KFormat f = kformat(TYPE);
+  const int64_t nb = K / f.width, ns = K / kSum, panel_bytes = nb * f.file_block * kPanel;
+  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + kWideNR - 1) / kWideNR;
+#pragma omp parallel
+  {
+    std::vector<float> accs(M * kWideNR * kPanel);
+    __m512bh words[f.width / 2 * kWideNR];  // [step][panel]: 16 KiB at most, L1-resident
+    __m512 s[f.width / f.sub * kWideNR], mt[f.width / f.sub * kWideNR];
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t p0 = g * kWideNR, n0 = p0 * kPanel;
+      const int nr = static_cast<int>(std::min<int64_t>(kWideNR, panels - p0));
+      std::fill(accs.begin(), accs.end(), 0.0f);
+      for (int64_t b = 0; b < nb; ++b) {
+        unpack_block<TYPE>(Wp + p0 * panel_bytes, panel_bytes, b, nr, words, s, mt);
+        for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
+          const float* xs = xsum ? xsum + m0 * ns : nullptr;
+          float* a = accs.data() + m0 * kWideNR * kPanel;
+          const c10::BFloat16* xm = x + m0 * K;
+          switch (std::min<int64_t>(kMaxMR, M - m0)) {
+            case 1: wide_rows<1, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
+            case 2: wide_rows<2, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
+            case 3: wide_rows<3, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
+            default: wide_rows<4, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
+          }
+        }
+      }
+      const int64_t nn = std::min(N - n0, nr * kPanel);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t c = 0; c < nn; ++c) {
+          const float bv = bias ? static_cast<float>(bias[n0 + c]) : 0.0f;
+          y[m * ldy + n0 + c] = static_cast<OutT>(accs[(m * kWideNR + c / kPanel) * kPanel + c % kPanel] + bv);
+        }
+    }
+  }
+}
+
+template <typename T, typename OutT>
+void wide_any(int type, const T* x, int64_t M, int64_t K, const uint8_t* Wp, const T* bias, OutT* y,
+              int64_t N, int64_t ldy, const float* xsum) {
+  if constexpr (kHasSimd<T>) {
+    switch (type) {
+      case kQ5_0: wide_linear<OutT, kQ5_0>(x, M, K, Wp, bias, y, N, ldy, xsum); break;
+      case kQ5_1: wide_linear<OutT, kQ5_1>(x, M, K, Wp, bias, y, N, ldy, xsum); break;
+      case kQ4_K: wide_linear<OutT, kQ4_K>(x, M, K, Wp, bias, y, N, ldy, xsum); break;
+      case kQ5_K: wide_linear<OutT, kQ5_K>(x, M, K, Wp, bias, y, N, ldy, xsum); break;
+      default: wide_linear<OutT, kQ6_K>(x, M, K, Wp, bias, y, N, ldy, xsum); break;
+    }
+  }
+}
+
 #else
 template <typename T>
 constexpr bool kHasSimd = false;
 template <typename T>
 void simd_any(int, const T*, int64_t, const uint8_t*, int64_t, const float*, int, int, float*) {}
+template <typename T, typename OutT>
+void wide_any(int, const T*, int64_t, int64_t, const uint8_t*, const T*, OutT*, int64_t, int64_t,
+              const float*) {}
 #endif
 
 // The same per-lane order in plain loops (float32 activations, CPUs without AVX512-BF16).
@@ -448,6 +576,8 @@ void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int t
   const int64_t panels = (N + kPanel - 1) / kPanel;
   std::vector<float> xsum(f.has_min ? M * ns : 0);
   if (f.has_min) sub_sums(x, M, K, xsum.data());
+  if (kHasSimd<T> && M > kWideM)
+    return wide_any<T, OutT>(type, x, M, K, Wp, bias, y, N, ldy, f.has_min ? xsum.data() : nullptr);
   // Tile: few rows -> more panels per pass (independent chains); many rows -> more rows.
   const int nr_max = M <= 2 ? kMaxNR : 2;
   const int64_t groups = (panels + nr_max - 1) / nr_max;
