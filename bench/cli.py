@@ -243,7 +243,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dequantize",
         action="store_true",
-        help="tgserve: dequantise a GGUF to --dtype (default: Q4_0/Q4_1/Q8_0 kept as stored)",
+        help="tgserve: dequantise a GGUF to --dtype (default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K kept as stored)",
     )
     p.add_argument(
         "--disable-cpu-kernels",

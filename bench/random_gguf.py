@@ -11,8 +11,11 @@ Contract: `write_random_gguf(dest, qtype, shape="llama-3.2-1b", vocab_from=None,
   are 49152 x 2048 unless a GGUF with that vocabulary is given, e.g. llama.cpp's
   ggml-vocab-llama-bpe.gguf from the llama-cpp-python sdist).
 - Weights: seeded N(0, 0.02) matrices stored in `qtype` by `gguf.quants.quantize` (Q4_0, Q4_1,
-  Q5_0, Q5_1, Q8_0, F16, BF16, F32: the types gguf-py can write; it cannot write K-quants),
-  norms F32 ones. One tensor is made at a time (memory: the largest tensor, not the model).
+  Q5_0, Q5_1, Q8_0, F16, BF16, F32) or bench/kquantize.py (Q4_K, Q5_K, Q6_K, which gguf-py
+  cannot write), norms F32 ones. One tensor is made at a time (memory: the largest tensor).
+- `qtype` "Q4_K_M" writes llama-quantize's Q4_K_M mix (`mix_type`): Q6_K for the output (the
+  embedding when tied) and for attn_v / ffn_down of the layers llama.cpp gives more bits (the
+  first and last eighth, and every third between), Q4_K for every other matrix.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from gguf import (
 )
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
+from bench.kquantize import KQUANT_TYPES, quantize_k
+
 SHAPES: dict[str, dict[str, float | int]] = {
     "llama-3.2-1b": dict(
         block_count=16,
@@ -43,7 +48,10 @@ SHAPES: dict[str, dict[str, float | int]] = {
         context_length=8192,
     ),  # fmt: skip
 }
-WRITABLE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")
+WRITABLE_TYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "F16", "BF16", "F32"
+)  # fmt: skip
+MIXES = {"Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M}
 
 
 def write_random_gguf(
@@ -59,12 +67,14 @@ def write_random_gguf(
         raise ValueError(f"unknown shape {shape!r}; choose one of: {', '.join(SHAPES)}")
     from models.default_model import default_model_path
 
-    s, qt = SHAPES[shape], GGMLQuantizationType[qtype]
+    s = SHAPES[shape]
     vocab = GGUFReader(vocab_from or default_model_path())
     vocab_size = len(vocab.fields["tokenizer.ggml.tokens"].data)
     writer = GGUFWriter(str(dest), arch="llama")
     writer.add_name(f"random {shape} {qtype}")
-    writer.add_file_type(_file_type(qt))
+    writer.add_file_type(
+        MIXES[qtype] if qtype in MIXES else _file_type(GGMLQuantizationType[qtype])
+    )
     writer.add_block_count(s["block_count"])
     writer.add_context_length(s["context_length"])
     writer.add_embedding_length(s["embedding_length"])
@@ -81,20 +91,26 @@ def write_random_gguf(
             sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
     tensors = _tensor_shapes(s, vocab_size)
+    types = {
+        name: mix_type(qtype, name, s["block_count"])
+        if len(shape) == 2
+        else GGMLQuantizationType.F32
+        for name, shape in tensors.items()
+    }
     for name, rows_cols in tensors.items():
-        stored = qt if len(rows_cols) == 2 else GGMLQuantizationType.F32
+        stored = types[name]
         nbytes = int(np.prod(quant_shape_to_byte_shape(rows_cols, stored)))
         writer.add_tensor_info(name, rows_cols, np.dtype(np.float32), nbytes, stored)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for rows_cols in tensors.values():
+    for name, rows_cols in tensors.items():
         if len(rows_cols) == 1:
             writer.write_tensor_data(np.ones(rows_cols, dtype=np.float32))
             continue
         values = (rng.standard_normal(rows_cols, dtype=np.float32) * 0.02).astype(np.float32)
-        writer.write_tensor_data(_stored(values, qt))
+        writer.write_tensor_data(_stored(values, types[name]))
     writer.close()
     return Path(dest)
 
@@ -119,7 +135,23 @@ def _tensor_shapes(s: dict, vocab_size: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def mix_type(qtype: str, name: str, layers: int) -> GGMLQuantizationType:
+    """The GGML type of matrix `name` in a file of `qtype` (a type, or a mix of `MIXES`)."""
+    if qtype not in MIXES:
+        return GGMLQuantizationType[qtype]
+    if name in ("output.weight", "token_embd.weight"):  # tied: the embedding is the output
+        return GGMLQuantizationType.Q6_K
+    parts = name.split(".")
+    if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down"):
+        i = int(parts[1])  # llama.cpp's use_more_bits(i, layers)
+        if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2:
+            return GGMLQuantizationType.Q6_K
+    return GGMLQuantizationType.Q4_K
+
+
 def _stored(values: np.ndarray, qt: GGMLQuantizationType) -> np.ndarray:
+    if qt in KQUANT_TYPES:
+        return quantize_k(values, qt)
     if qt == GGMLQuantizationType.F32:
         return values
     if qt == GGMLQuantizationType.F16:

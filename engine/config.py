@@ -52,7 +52,7 @@ class EngineConfig:
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
-    # GGUF files: False keeps Q4_0/Q4_1/Q8_0 matrices as stored (models/gguf/stored.py); True
+    # GGUF files: False keeps Q4_0..Q8_0 / K-quant matrices as stored (models/gguf/stored.py); True
     # dequantises every tensor to `dtype` (always so with quantization="int8").
     dequantize: bool = False
     # Ranks of one replica (torch.distributed; engine/parallel): 1 runs in this process alone.

@@ -6,10 +6,17 @@ per weight where bf16 is 16. The blocks stay in memory as the file stores them (
 them in registers, activations in the model's dtype, sums in float32.
 
 Contract:
-- `STORED_TYPES`: the GGML types kept as blocks (Q4_0, Q4_1, Q8_0); others are dequantised.
+- `STORED_TYPES`: the GGML types kept as blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+  Q6_K; models/cpu_kernels/kquant_linear.cpp has the last five); others are dequantised.
 - `BlockWeight.pack(raw, qtype, in_features)`: raw [N, row bytes] uint8 as in the file -> the
   packed weight (needs the C++ extension); `rows(ids)` -> float32 [T, K], bitwise equal to
   `gguf.quants.dequantize` of those rows; `dequantized()` all rows (the reference).
+- `BlockWeight.pack_parts([(raw, qtype), ...], in_features)`: row segments stacked into one
+  weight (a fused q/k/v or gate/up layer); parts of different types (llama.cpp's Q4_K_M puts
+  attn_v in Q6_K beside Q4_K q / k) must all be `MIXABLE_TYPES` and give a mixed weight
+  (`qtype` None, `parts` their (type, rows); models/cpu_kernels/mixed_blocks.cpp): each column
+  computed as its part's type computes it, bytes the file's plus a 64-byte header (and, for a
+  part whose rows are not a multiple of 16, its last panel's zero rows). ValueError otherwise.
 - `BlockLinear(weight, bias)`: `forward(x [..., K]) -> [..., N]` in x's dtype (float32 or
   bfloat16), y = x @ W^T (+ bias) with W the dequantised weight, accumulated in float32 in an
   order fixed by K alone (a row's values do not depend on the other rows: issue #14).
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 from torch import nn
@@ -28,8 +36,16 @@ from torch import nn
 from models import cpu_kernels
 
 STORED_TYPES: frozenset[GGMLQuantizationType] = frozenset(
-    (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
+    GGMLQuantizationType[name]
+    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 )
+
+# The types a mixed weight's parts may have (kquant_linear.cpp's), and kernels.h's kMixedBlocks.
+MIXABLE_TYPES: frozenset[GGMLQuantizationType] = frozenset(
+    GGMLQuantizationType[name] for name in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+)
+_MIXED_ID = 1000
+_MAX_PARTS = 7
 
 
 def _ext():
@@ -43,15 +59,49 @@ def _ext():
 
 @dataclass(frozen=True, eq=False)
 class BlockWeight:
-    packed: torch.Tensor  # uint8 [ceil(N / 16), K / 32 * 16 * block bytes]
-    qtype: GGMLQuantizationType
+    packed: torch.Tensor  # uint8 [ceil(N / 16), 16 * the file's row bytes]; mixed: [1, bytes]
+    qtype: GGMLQuantizationType | None  # None: parts of different types
     out_features: int  # N
     in_features: int  # K
+    parts: tuple[tuple[GGMLQuantizationType, int], ...] = ()  # mixed: (type, rows) in row order
 
     @classmethod
     def pack(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, in_features: int) -> BlockWeight:
         packed = _ext().pack_blocks(raw.contiguous(), int(qtype), in_features)
         return cls(packed, qtype, raw.shape[0], in_features)
+
+    @classmethod
+    def pack_parts(
+        cls, parts: list[tuple[torch.Tensor, GGMLQuantizationType]], in_features: int
+    ) -> BlockWeight:
+        types = [qtype for _, qtype in parts]
+        if len(set(types)) == 1:
+            return cls.pack(torch.cat([raw for raw, _ in parts]), types[0], in_features)
+        if not set(types) <= MIXABLE_TYPES or len(parts) > _MAX_PARTS:
+            names = ", ".join(t.name for t in types)
+            raise ValueError(f"parts of types {names} cannot share one layer as stored")
+        header = np.zeros(16, dtype=np.int32)  # count, then (type, rows) per part
+        header[0] = len(parts)
+        header[1 : 1 + 2 * len(parts)] = [v for raw, t in parts for v in (int(t), raw.shape[0])]
+        packed = [_ext().pack_blocks(raw.contiguous(), int(t), in_features) for raw, t in parts]
+        blob = torch.cat(
+            [torch.from_numpy(header.view(np.uint8)), *(p.reshape(-1) for p in packed)]
+        )
+        rows = tuple((t, raw.shape[0]) for raw, t in parts)
+        weight = cls(blob.reshape(1, -1), None, sum(n for _, n in rows), in_features, rows)
+        weight.rows(torch.zeros(0, dtype=torch.long))  # the extension checks the layout
+        return weight
+
+    @property
+    def type_id(self) -> int:
+        """The kernels' type code: the GGML type's id, or kMixedBlocks."""
+        return _MIXED_ID if self.qtype is None else int(self.qtype)
+
+    @property
+    def type_name(self) -> str:
+        if self.qtype is not None:
+            return self.qtype.name
+        return "+".join(f"{t.name}[{n}]" for t, n in self.parts)
 
     @property
     def nbytes(self) -> int:
@@ -60,7 +110,7 @@ class BlockWeight:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] int64 -> float32 [T, K], the rows as gguf dequantises them."""
         return _ext().block_rows(
-            self.packed, int(self.qtype), self.in_features, self.out_features, ids.contiguous()
+            self.packed, self.type_id, self.in_features, self.out_features, ids.contiguous()
         )
 
     def dequantized(self) -> torch.Tensor:
@@ -85,7 +135,7 @@ class BlockLinear(nn.Module):
         y = _ext().block_linear(
             x.reshape(-1, shape[-1]).contiguous(),
             w.packed,
-            int(w.qtype),
+            w.type_id,
             w.out_features,
             bias,
             float_out,
@@ -94,7 +144,7 @@ class BlockLinear(nn.Module):
 
     def extra_repr(self) -> str:
         w = self.block_weight
-        return f"in_features={w.in_features}, out_features={w.out_features}, type={w.qtype.name}"
+        return f"in_features={w.in_features}, out_features={w.out_features}, type={w.type_name}"
 
 
 class BlockEmbedding(nn.Module):

@@ -4,8 +4,8 @@ Contract:
 - `load_checkpoint(path)` returns the config and every tensor under transformers' state_dict
   names for LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel (GPT-2
   keeps HF's Conv1D [in, out] layout). `path` is a folder with config.json and model.safetensors
-  or a sharded model.safetensors.index.json, or a .gguf file (F32/F16/BF16 kept, Q8_0/Q4_0/Q4_1
-  dequantised to float32, llama.cpp's Q/K row permutation undone). With tied embeddings the
+  or a sharded model.safetensors.index.json, or a .gguf file (F32/F16/BF16 kept, Q8_0/Q4_0/Q4_1/
+  Q5_0/Q5_1/Q4_K/Q5_K/Q6_K dequantised to float32, llama.cpp's Q/K row permutation undone). With tied embeddings the
   result has no `lm_head.weight`, as in the saved files. Every tensor the config implies is
   checked for presence and shape.
 - A GGUF file is converted once into a cache folder (models/gguf/cache.py) and later loads read
@@ -13,7 +13,7 @@ Contract:
   writable the GGUF is still loaded (with a warning).
 - `load_model(path, dtype, device, progress)` builds the model (`models.build_model`) and copies
   the tensors in; dtype is "float32" | "bfloat16" | "float16" (float16 only on CUDA). A GGUF's
-  Q4_0 / Q4_1 / Q8_0 matrices are kept as stored (models/gguf/stored.py: Llama family on a CPU
+  block-quantised matrices (`STORED_TYPES`) are kept as stored (models/gguf/stored.py: Llama family on a CPU
   with the C++ kernels) unless `dequantize=True`; otherwise they are dequantised as above.
 Errors: FileNotFoundError for a missing path or shard, ValueError for everything else, each
 naming the file (and the tensor when one is at fault).

@@ -138,7 +138,7 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "dequantize",
         _bool,
-        "GGUF files: dequantise every tensor to --dtype (default: Q4_0/Q4_1/Q8_0 kept as stored)",
+        "GGUF files: dequantise every tensor to --dtype (default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K kept as stored)",
         flag_is_switch=True,
     ),
     _Option(

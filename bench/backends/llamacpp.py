@@ -3,7 +3,7 @@
 Contract (see bench.backends): llama.cpp loads GGUF files only, so this backend needs `--model` to
 be a .gguf file (the default model is one).
 Weights: by default the ones tgserve runs: the file as stored when tgserve keeps its blocks (the
-default for Q4_0 / Q4_1 / Q8_0 files, e.g. the default model). With `--dequantize`, a GGUF whose
+default for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / K-quant files, e.g. the default model). With `--dequantize`, a GGUF whose
 matrices are not stored in `--dtype` is rewritten once by gguf_requant.py (tensors dequantised
 then rounded to `--dtype`, cached beside tgserve's converted folders) and llama.cpp loads the copy.
 Setting `TGSERVE_LLAMACPP_WEIGHTS=stored` (read when the backend loads) runs the file as stored

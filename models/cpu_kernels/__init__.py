@@ -3,8 +3,9 @@
 - `paged_decode` (attention.cpp): paged attention, one query per row, reading K/V in place
   through the block tables; wrapped with checks by `models.cpu_kernels.paged_attention`.
 - `linear` (linear.cpp): small-batch linear layers that stream the weights at memory speed.
-- `pack_blocks`, `block_linear`, `block_rows` (block_linear.cpp): GGUF Q4_0 / Q4_1 / Q8_0
-  weights kept as stored, unpacked in registers (models/block_linear.py wraps them).
+- `pack_blocks`, `block_linear`, `block_rows` (block_linear.cpp: GGUF Q4_0 / Q4_1 / Q8_0;
+  kquant_linear.cpp: Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K; mixed_blocks.cpp: layers whose row
+  segments mix those): weights kept as stored, unpacked in registers (models/block_linear.py).
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
   Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
@@ -31,7 +32,15 @@ from models.cpu_features import cpu_flags
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
-_SOURCES = ("attention.cpp", "linear.cpp", "block_linear.cpp", "decoder.cpp", "bindings.cpp")
+_SOURCES = (
+    "attention.cpp",
+    "linear.cpp",
+    "block_linear.cpp",
+    "kquant_linear.cpp",
+    "mixed_blocks.cpp",
+    "decoder.cpp",
+    "bindings.cpp",
+)
 _HEADERS = (
     "kernels.h",
     "decoder.h",

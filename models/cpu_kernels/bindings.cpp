@@ -100,28 +100,35 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y;
 }
 
-// GGUF blocks kept as stored (block_linear.cpp). raw [N, row bytes] uint8 as in the file ->
-// the packed copy, a [panels, K / 32 * 16 * block bytes] uint8 tensor.
+// GGUF blocks kept as stored (block_linear.cpp, kquant_linear.cpp). raw [N, row bytes] uint8
+// as in the file -> the packed copy, a [panels, 16 * row bytes] uint8 tensor.
 torch::Tensor pack_blocks(torch::Tensor raw, int64_t type, int64_t K) {
-  const int64_t bb = tgserve::block_bytes(static_cast<int>(type));
-  TORCH_CHECK(bb > 0, "pack_blocks: unsupported GGML type ", type);
+  TORCH_CHECK(tgserve::block_width(static_cast<int>(type)) > 0 && type != tgserve::kMixedBlocks,
+              "pack_blocks: unsupported GGML type ", type);
   TORCH_CHECK(raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kByte,
               "pack_blocks: a contiguous uint8 [N, row bytes] tensor");
-  TORCH_CHECK(K % 32 == 0 && raw.size(1) == K / 32 * bb, "pack_blocks: rows of ", raw.size(1),
+  const int64_t rb = tgserve::row_bytes(static_cast<int>(type), K);
+  TORCH_CHECK(rb > 0 && raw.size(1) == rb, "pack_blocks: rows of ", raw.size(1),
               " bytes do not hold ", K, " weights");
   const int64_t N = raw.size(0);
-  auto packed = torch::empty({(N + 15) / 16, K / 32 * 16 * bb}, raw.options());
+  auto packed = torch::empty({(N + 15) / 16, 16 * rb}, raw.options());
   tgserve::pack_blocks(raw.data_ptr<uint8_t>(), N, K, static_cast<int>(type),
                        packed.data_ptr<uint8_t>());
   return packed;
 }
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K, int64_t N) {
-  const int64_t bb = tgserve::block_bytes(static_cast<int>(type));
-  TORCH_CHECK(bb > 0, "unsupported GGML type ", type);
+  TORCH_CHECK(tgserve::block_width(static_cast<int>(type)) > 0, "unsupported GGML type ", type);
+  if (type == tgserve::kMixedBlocks) {  // one row: header + segments (mixed_blocks.cpp)
+    TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.size(0) == 1 &&
+                    packed.is_contiguous() &&
+                    tgserve::mixed_blocks_valid(packed.data_ptr<uint8_t>(), packed.numel(), K, N),
+                "the mixed packed blocks do not match N = ", N, " and K = ", K);
+    return;
+  }
+  const int64_t rb = tgserve::row_bytes(static_cast<int>(type), K);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 &&
-                  packed.size(0) == (N + 15) / 16 && K % 32 == 0 &&
-                  packed.size(1) == K / 32 * 16 * bb,
+                  packed.size(0) == (N + 15) / 16 && rb > 0 && packed.size(1) == 16 * rb,
               "the packed blocks do not match N = ", N, " and K = ", K);
 }
 

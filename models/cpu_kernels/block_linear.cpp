@@ -463,6 +463,7 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
 int64_t block_bytes(int type) { return format_of(type).file_block; }
 
 void pack_blocks(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp) {
+  if (is_kquant_type(type)) return kquant_pack(raw, N, K, type, Wp);  // kquant_linear.cpp
   const Format f = format_of(type);
   const int64_t nb = K / kBlock, bb = f.file_block * kPanel, panels = (N + kPanel - 1) / kPanel;
 #pragma omp parallel for schedule(static)
@@ -491,6 +492,7 @@ void pack_blocks(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp
 // (the empty asm keeps the compiler from contracting the two roundings into one).
 void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T,
                 float* out) {
+  if (is_kquant_type(type)) return kquant_rows(Wp, K, type, ids, T, out);
   const Format f = format_of(type);
   const int64_t nb = K / kBlock, bb = f.file_block * kPanel;
 #pragma omp parallel for schedule(static) if (T * K >= 65536)
@@ -515,6 +517,7 @@ void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int6
 template <typename T, typename OutT>
 void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
                   OutT* y, int64_t N) {
+  if (is_kquant_type(type)) return kquant_linear<T, OutT>(x, M, K, Wp, type, bias, y, N);
   const Format f = format_of(type);
   const int64_t nb = K / kBlock, panel_bytes = nb * f.file_block * kPanel;
   const int64_t panels = (N + kPanel - 1) / kPanel;

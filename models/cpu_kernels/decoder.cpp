@@ -185,7 +185,7 @@ void bind_decoder(pybind11::module& m) {
                              (!scales || (scales->scalar_type() == at::kFloat &&
                                           scales->numel() == weight.size(0))),
                          "LinearWeights: int8 weights come with float32 scales [N], only they");
-             TORCH_CHECK(!block_type || (block_bytes(static_cast<int>(block_type)) > 0 &&
+             TORCH_CHECK(!block_type || (block_width(static_cast<int>(block_type)) > 0 &&
                                          packed.scalar_type() == at::kByte && out_features > 0),
                          "LinearWeights: GGUF blocks need a supported type, uint8 packed "
                          "blocks and out_features");

@@ -47,7 +47,7 @@ class FusedDecoder:
             if isinstance(layer, BlockLinear):  # GGUF blocks: already packed, the only copy
                 w = layer.block_weight
                 return ext.LinearWeights(
-                    weight=w.packed, packed=w.packed, bias=bias, block_type=int(w.qtype),
+                    weight=w.packed, packed=w.packed, bias=bias, block_type=w.type_id,
                     out_features=w.out_features,
                 )  # fmt: skip
             weight, scales = _weight_and_scales(layer)

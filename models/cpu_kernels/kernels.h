@@ -37,10 +37,36 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
                    const T* bias, OutT* y, int64_t N);
 
 // GGUF block-quantised weights kept as stored (block_linear.cpp: the packed layout and the
-// accumulation order). Types by their GGML ids. pack_blocks: raw [N, K / 32 blocks] as in the
-// file -> Wp [ceil(N / 16), K / 32, 16 * block_bytes(type)] bytes (zero rows pad the last panel).
-enum BlockType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
-int64_t block_bytes(int type);  // bytes of one row's block of 32 weights in the file; 0: unknown
+// accumulation order). Types by their GGML ids. pack_blocks: raw [N, row_bytes(type, K)] as in
+// the file -> Wp [ceil(N / 16), K / W, 16 * the block's bytes] (zero rows pad the last panel).
+enum BlockType : int {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+  kMixedBlocks = 1000  // row segments of kquant types, one layer (mixed_blocks.cpp)
+};
+int64_t block_bytes(int type);  // Q4_0 / Q4_1 / Q8_0: bytes of one row's block of 32 weights; else 0
+// Every block type (kquant_linear.cpp): weights per block (32 or 256; 0: unknown type), and
+// bytes of a row of K weights in the file (0: unknown type or K not a whole number of blocks).
+// The packed weight is [ceil(N / 16), 16 * row_bytes] bytes.
+int64_t block_width(int type);
+int64_t row_bytes(int type, int64_t K);
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and kMixedBlocks (kquant_linear.cpp; block_linear.cpp's
+// functions dispatch there; kMixedBlocks weights are built in Python, not by pack_blocks).
+bool is_kquant_type(int type);
+void kquant_pack(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp);
+void kquant_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T, float* out);
+template <typename T, typename OutT>
+void kquant_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
+                   OutT* y, int64_t N);
+// The same writing y's rows `ldy` apart (a segment's columns of a kMixedBlocks layer).
+template <typename T, typename OutT>
+void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
+                      OutT* y, int64_t N, int64_t ldy);
+// kMixedBlocks (mixed_blocks.cpp): the header checked against K, N and the packed bytes.
+bool mixed_blocks_valid(const uint8_t* Wp, int64_t bytes, int64_t K, int64_t N);
+void mixed_rows(const uint8_t* Wp, int64_t K, const int64_t* ids, int64_t T, float* out);
+template <typename T, typename OutT>
+void mixed_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, const T* bias, OutT* y,
+                  int64_t N);
 void pack_blocks(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp);
 // out [T, K] float32: rows ids[T] of the packed weight, bitwise as gguf's dequantisation.
 void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T, float* out);

@@ -9,8 +9,10 @@ or no matrix is stored in a type of `STORED_TYPES`.
   the file's blocks: q/k/v (and gate/up) concatenated by rows as llama.py fuses them, llama.cpp's
   Q/K row permutation undone on the block rows (a block never spans two rows). With tied
   embeddings the LM head is a `BlockLinear` over the embedding's blocks (one copy).
-- A fused layer whose parts have different types, and every other tensor (norms, biases, F16 /
-  BF16 / F32 matrices), loads as the dequantising path loads it, in `dtype`.
+- A fused layer whose parts have different types (Q4_K_M: Q6_K attn_v beside Q4_K q / k) is
+  one mixed `BlockWeight` when every part's type is in `MIXABLE_TYPES` (the K-quants, Q5_0 /
+  Q5_1); otherwise it, and every other tensor (norms, biases, F16 / BF16 / F32 matrices), loads
+  as the dequantising path loads it, in `dtype`.
 Errors: `ValueError` naming the file and tensor for a shape the model does not expect.
 """
 
@@ -24,7 +26,13 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from models import cpu_kernels
-from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear, BlockWeight
+from models.block_linear import (
+    MIXABLE_TYPES,
+    STORED_TYPES,
+    BlockEmbedding,
+    BlockLinear,
+    BlockWeight,
+)
 from models.config import ModelConfig
 from models.gguf.config import read_gguf_config
 from models.gguf.file import GGUFFile
@@ -60,7 +68,8 @@ def load_stored_gguf(
     model = build_model(config, dtype, device)
     kept: set[str] = set()
     for module_name, (parts, count) in groups.items():
-        if len(parts) == count and len({_qtype(info) for _, info, _, _ in parts}) == 1:
+        types = {_qtype(info) for _, info, _, _ in parts}
+        if len(parts) == count and (len(types) == 1 or types <= MIXABLE_TYPES):
             weight = _pack(gguf, sorted(parts, key=lambda p: p[0]))
             _replace(model, module_name, weight, dtype, path)
             kept.update(hf_name for _, _, hf_name, _ in parts)
@@ -97,9 +106,11 @@ def _block_groups(plan) -> dict[str, tuple[list[Part], int]]:
 
 
 def _pack(gguf: GGUFFile, parts: list[Part]) -> BlockWeight:
-    rows = [fixup(gguf.blocks(info)) if fixup else gguf.blocks(info) for _, info, _, fixup in parts]
-    info = parts[0][1]
-    return BlockWeight.pack(torch.cat(rows), _qtype(info), info.shape[-1])
+    rows = [
+        (fixup(gguf.blocks(info)) if fixup else gguf.blocks(info), _qtype(info))
+        for _, info, _, fixup in parts
+    ]
+    return BlockWeight.pack_parts(rows, parts[0][1].shape[-1])
 
 
 def _replace(

@@ -38,4 +38,23 @@ def test_written_gguf_has_the_shape_type_and_vocabulary_asked_for(tmp_path, monk
 
 def test_unwritable_type_is_refused_with_the_choices(tmp_path):
     with pytest.raises(ValueError, match="Q4_1"):
-        write_random_gguf(tmp_path / "x.gguf", "Q4_K")
+        write_random_gguf(tmp_path / "x.gguf", "Q2_K")
+
+
+def test_q4_k_m_file_has_llama_quantizes_type_mix_and_loads_as_stored(tmp_path, monkeypatch):
+    # 8 layers: llama.cpp's use_more_bits gives layers 0, 3, 6, 7 Q6_K attn_v and ffn_down
+    shape = TINY | dict(block_count=8, embedding_length=256, feed_forward_length=512)
+    monkeypatch.setitem(random_gguf.SHAPES, "tiny-k", shape)
+    path = write_random_gguf(tmp_path / "k.gguf", "Q4_K_M", shape="tiny-k")
+    types = {t.name: QT(t.tensor_type) for t in GGUFReader(path).tensors if len(t.shape) == 2}
+    more_bits = {0, 3, 6, 7}
+    for name, qtype in types.items():
+        part = name.split(".")
+        wide = name == "token_embd.weight" or (
+            part[2] in ("attn_v", "ffn_down") and int(part[1]) in more_bits
+        )
+        assert qtype == (QT.Q6_K if wide else QT.Q4_K), name
+    model, _ = load_model(path, "bfloat16", "cpu")
+    qkv = [layer.self_attn.qkv_proj.block_weight for layer in model.model.layers]
+    assert [w.qtype is None for w in qkv] == [i in more_bits for i in range(8)]  # mixed q/k/v
+    assert model.lm_head.block_weight.qtype == QT.Q6_K

@@ -14,12 +14,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
-from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear, BlockWeight
+from models.block_linear import BlockEmbedding, BlockLinear, BlockWeight
 from models.default_model import default_model_path
 from models.gguf.file import open_gguf
 from tests.ggml_blocks import hand_dequantise
 
-TYPES = sorted(STORED_TYPES, key=int)
+TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]  # block_linear.cpp's own (test_kquant_linear.py: the rest)
 DTYPES = [torch.float32, torch.bfloat16]
 BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}
 SCALE_BYTES = {QT.Q4_0: 2, QT.Q4_1: 4, QT.Q8_0: 2}  # d (and m) at the start of a block
@@ -94,10 +94,7 @@ def test_block_linear_equals_a_float64_matmul_of_the_dequantised_weights(qtype, 
     layer = BlockLinear(packed(raw, qtype, k))
     x = torch.randn(13, k, generator=gen).to(dtype)
     want, bound = reference_and_bound(x, raw, qtype, k)
-    got = layer.apply(x, float_out=True).double()
-    assert ((got - want).abs() <= bound).all(), float(((got - want).abs() / bound).max())
-    # the bound is a tight one (0.1% of the outputs' scale), not a blanket tolerance
-    assert 0 < float(bound.max()) < 1e-3 * float(want.abs().max())
+    assert_within_tight_bound(layer.apply(x, float_out=True).double(), want, bound)
 
 
 # Row counts: 1..8 take the few-rows pass (blocks unpacked in registers), more the unpacked-panel
@@ -114,7 +111,18 @@ def test_a_block_linear_row_does_not_depend_on_the_other_rows(qtype, dtype, n) -
     k = 576
     raw = quantize(torch.randn(n, k, generator=gen).numpy(), qtype)
     bias = torch.nn.Parameter(torch.randn(n, generator=gen).to(dtype), requires_grad=False)
-    layer = BlockLinear(packed(raw, qtype, k), bias)
+    assert_rows_alone_equal_rows_in_batches(BlockLinear(packed(raw, qtype, k), bias), dtype, gen)
+
+
+def assert_within_tight_bound(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> None:
+    assert ((got - want).abs() <= bound).all(), float(((got - want).abs() / bound).max())
+    # the bound is a tight one (0.1% of the outputs' scale), not a blanket tolerance
+    assert 0 < float(bound.max()) < 1e-3 * float(want.abs().max())
+
+
+def assert_rows_alone_equal_rows_in_batches(layer: BlockLinear, dtype, gen) -> None:
+    """A random row's output bits, alone and among M - 1 random others, both output dtypes."""
+    k = layer.in_features
     # magnitudes spread over 2^±12: the block sums round in float32, so any change in the
     # order of a lane's operations shows in its bits
     scale = torch.exp2(torch.randint(-12, 13, (1, k), generator=gen).float())

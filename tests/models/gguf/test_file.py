@@ -57,7 +57,7 @@ def test_hand_built_q4_blocks_put_low_nibbles_first():
 
 
 def test_unsupported_tensor_type_is_refused_naming_file_and_tensor(tmp_path):
-    raw = np.zeros((2, 144), dtype=np.uint8)  # one 256-wide Q4_K block per row
-    path = write_tensors(tmp_path / "k.gguf", {"blk.0.attn_q.weight": (raw, QT.Q4_K)})
-    with pytest.raises(ValueError, match=r"k\.gguf.*blk\.0\.attn_q\.weight.*Q4_K"):
+    raw = np.zeros((2, 84), dtype=np.uint8)  # one 256-wide Q2_K block per row
+    path = write_tensors(tmp_path / "k.gguf", {"blk.0.attn_q.weight": (raw, QT.Q2_K)})
+    with pytest.raises(ValueError, match=r"k\.gguf.*blk\.0\.attn_q\.weight.*Q2_K"):
         dict(open_gguf(path).tensors())

@@ -22,13 +22,27 @@ from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear
 from models.loader import load_model
 from tests.models.gguf.tiny_gguf import to_gguf
 
-HIDDEN, INTERMEDIATE, VOCAB = 64, 96, 96  # every K a multiple of the 32-wide blocks
+VOCAB = 96
 
 
-def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool) -> Path:
+def dims(qtype: QT) -> tuple[int, int]:
+    """(hidden, intermediate): every K a multiple of the type's blocks (K-quants: 256 wide)."""
+    return (256, 512) if qtype.name.endswith("_K") else (64, 96)
+
+
+def q4_k_m(gguf_name: str) -> QT:
+    """A Q4_K_M-like mix with every fused layer mixed: q/k Q4_K + v Q6_K, gate Q4_K + up Q5_K."""
+    part = gguf_name.split(".")[-2]
+    return {"attn_v": QT.Q6_K, "ffn_up": QT.Q5_K, "ffn_down": QT.Q6_K, "token_embd": QT.Q6_K}.get(
+        part, QT.Q4_K
+    )
+
+
+def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool, mix=None) -> Path:
     torch.manual_seed(int(qtype))
+    hidden, intermediate = dims(qtype)
     cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-6,
         max_position_embeddings=128, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
@@ -40,8 +54,8 @@ def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool) -> Path:
     meta = {
         "llama.block_count": 2,
         "llama.context_length": 128,
-        "llama.embedding_length": HIDDEN,
-        "llama.feed_forward_length": INTERMEDIATE,
+        "llama.embedding_length": hidden,
+        "llama.feed_forward_length": intermediate,
         "llama.attention.head_count": 4,
         "llama.attention.head_count_kv": 2,
         "llama.rope.freq_base": 5000.0,
@@ -51,7 +65,7 @@ def tiny_quantised_gguf(folder: Path, qtype: QT, tied: bool) -> Path:
         "tokenizer.ggml.eos_token_id": 2,
     }
     path = folder / f"tiny-{qtype.name}-{'tied' if tied else 'untied'}.gguf"
-    return to_gguf(model, path, "llama", tied, meta, qtype=qtype)
+    return to_gguf(model, path, "llama", tied, meta, qtype=mix or qtype)
 
 
 def logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -92,6 +106,29 @@ def test_tiny_gguf_as_stored_gives_the_dequantised_paths_logits(tmp_path, qtype,
 @pytest.mark.parametrize("qtype", sorted(STORED_TYPES, key=int))
 def test_tiny_gguf_as_stored_greedy_tokens_equal_the_dequantised_path(tmp_path, qtype):
     path = tiny_quantised_gguf(tmp_path, qtype, tied=True)
+    assert_greedy_as_stored_equals_dequantised(path)
+
+
+def test_tiny_q4_k_m_gguf_mixes_types_in_fused_layers_and_greedy_equals_the_dequantised_path(
+    tmp_path,
+):
+    path = tiny_quantised_gguf(tmp_path, QT.Q4_K, tied=True, mix=q4_k_m)
+    stored, _ = load_model(path, "float32", use_cache=False)
+    layer = stored.model.layers[1]
+    qkv, gate_up = layer.self_attn.qkv_proj.block_weight, layer.mlp.gate_up_proj.block_weight
+    assert qkv.parts == ((QT.Q4_K, 256), (QT.Q4_K, 128), (QT.Q6_K, 128))
+    assert gate_up.parts == ((QT.Q4_K, 512), (QT.Q5_K, 512))
+    assert layer.mlp.down_proj.block_weight.qtype == QT.Q6_K
+    assert stored.lm_head.block_weight.qtype == QT.Q6_K
+    plain, _ = load_model(path, "float32", use_cache=False, dequantize=True)
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1))
+    ours, want = logits(stored, ids), logits(plain, ids)
+    assert (ours - want).abs().max() <= 2e-4 * want.abs().max(), float((ours - want).abs().max())
+    assert_greedy_as_stored_equals_dequantised(path)
+
+
+def assert_greedy_as_stored_equals_dequantised(path: Path) -> None:
+    """3 prompts x 24 greedy tokens through the engine (float32, C++ step), both paths."""
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompts = [[5, 17, 33, 9], [60, 2, 71], list(range(10, 40))]
     runs = []

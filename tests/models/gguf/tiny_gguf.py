@@ -9,6 +9,7 @@ is the check that the writer is right.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -16,6 +17,8 @@ import numpy as np
 import torch
 import transformers
 from gguf import GGMLQuantizationType as QT
+
+from bench.kquantize import KQUANT_TYPES, quantize_k
 
 
 def write_tensors(
@@ -39,10 +42,11 @@ def to_gguf(
     meta: dict,
     extra: dict[str, np.ndarray] | None = None,
     tokens: list[str] | None = None,
-    qtype: QT | None = None,
+    qtype: QT | Callable[[str], QT] | None = None,
 ) -> Path:
     """Writes a transformers model the way llama.cpp's convert_hf_to_gguf.py would; with
-    `qtype`, every matrix (rank 2) is quantised to that GGML type by gguf's own quantize."""
+    `qtype` (a type, or GGUF name -> type), every matrix (rank 2) is quantised to that GGML type
+    by gguf's own quantize (K-quants, which gguf cannot write: bench/kquantize.py)."""
     cfg = model.config
     gguf_arch = {
         "llama": gguf.MODEL_ARCH.LLAMA,
@@ -75,7 +79,9 @@ def to_gguf(
             w = w.t()  # Conv1D [in, out] -> [out, in]
         array = np.ascontiguousarray(w.numpy())
         if qtype is not None and array.ndim == 2:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            stored = qtype(gguf_name) if callable(qtype) else qtype
+            quantise = quantize_k if stored in KQUANT_TYPES else gguf.quants.quantize
+            writer.add_tensor(gguf_name, quantise(array, stored), raw_dtype=stored)
         else:
             writer.add_tensor(gguf_name, array)
     writer.write_header_to_file()
