@@ -123,7 +123,9 @@ class Scheduler:
         step = _Step(budget=self.config.max_num_batched_tokens)
         self._schedule_decodes(step)
         budget = self._prefill_budget(step)
-        self._prefill_capacity = budget.fit(0, budget.tokens_left)
+        # the gauge: a prompt's chunk now, at least the anchor's floor
+        left = budget.tokens_left
+        self._prefill_capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
         self._schedule_prefills(step, budget)
         chunks = tuple(c for p in step.plans.values() for c in p.chunks)
         return SchedulerOutput(

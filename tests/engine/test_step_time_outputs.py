@@ -29,5 +29,5 @@ def test_outputs_do_not_depend_on_the_step_time_target_or_priority(tmp_path) -> 
     stats = tight.stats()
     assert stats.step_seconds is not None and stats.step_seconds.count > 10
     assert stats.prefill_tokens_per_step.total >= sum(len(p) for p in prompts)
-    assert 0 < stats.prefill_chunk_tokens <= 64  # the floor at least, the budget at most
+    assert 0 < stats.prefill_chunk_tokens <= 64  # the anchor's floor at least, the budget at most
     assert_no_leaks(tight)
