@@ -150,60 +150,87 @@ inline __m512 scale(__m512 q, __m512 d, __m512 mn) {
   return v;
 }
 
-// One packed block of a panel -> its 16 steps as bf16 operands, step s at w[s * stride]
-// (float32 values d * q (+ m) rounded to bf16 to nearest even by vcvtne2ps2bf16).
+// A packed block's d (and m) spread over a step's two halves (see spread).
+struct BlockScales {
+  __m512 dlo, dhi, mlo, mhi;
+};
+
 template <int TYPE>
-inline void dequant_block(const uint8_t* blk, __m512i* w, int64_t stride) {
-  constexpr Format f = kFormat<TYPE>;
-  __m512 dlo, dhi, mlo = _mm512_setzero_ps(), mhi = _mm512_setzero_ps();
-  spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)blk)), dlo, dhi);
-  if constexpr (f.has_min) spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32))), mlo, mhi);
-  const uint8_t* q = blk + f.scales;
+inline BlockScales load_scales(const uint8_t* blk) {
+  BlockScales s{};
+  spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)blk)), s.dlo, s.dhi);
+  if constexpr (kFormat<TYPE>.has_min)
+    spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32))), s.mlo, s.mhi);
+  return s;
+}
+
+// Steps 2t and 2t + 1 of a packed block's quants `q` as bf16 operands: the float32 values
+// d * q (+ m) rounded to bf16 to nearest even by vcvtne2ps2bf16.
+template <int TYPE>
+inline void dequant_steps(const uint8_t* q, int t, const BlockScales& s, __m512bh& w0,
+                          __m512bh& w1) {
+  constexpr bool kMin = kFormat<TYPE>.has_min;
+  __m512 l0, h0, l1, h1;
   if constexpr (TYPE == kQ8_0) {
-    for (int s = 0; s < 16; ++s) {
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * s))));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * s + 16))));
-      w[s * stride] = (__m512i)_mm512_cvtne2ps_pbh(scale<false>(hi, dhi, mhi), scale<false>(lo, dlo, mlo));
-    }
+    const uint8_t* p = q + 64 * t;
+    l0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+    h0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+    l1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 32))));
+    h1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 48))));
   } else {
-    // vpermps reads the low 4 bits of each index: the nibble's value as float32, table-looked-up.
+    // 32 bytes: step 2t in the low nibbles, 2t + 1 in the high ones. vpermps reads the low 4
+    // bits of each index: the nibble's value as float32, looked up in a 16-entry table.
     const __m512 table = _mm512_sub_ps(
         _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         _mm512_set1_ps(TYPE == kQ4_0 ? 8.0f : 0.0f));
-    for (int t = 0; t < 8; ++t) {  // 32 bytes: step 2t in the low nibbles, 2t + 1 in the high
-      const __m512i blo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * t)));
-      const __m512i bhi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * t + 16)));
-      const __m512 l0 = _mm512_permutexvar_ps(blo, table), h0 = _mm512_permutexvar_ps(bhi, table);
-      const __m512 l1 = _mm512_permutexvar_ps(_mm512_srli_epi32(blo, 4), table);
-      const __m512 h1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bhi, 4), table);
-      constexpr bool kMin = f.has_min;
-      w[2 * t * stride] = (__m512i)_mm512_cvtne2ps_pbh(scale<kMin>(h0, dhi, mhi), scale<kMin>(l0, dlo, mlo));
-      w[(2 * t + 1) * stride] =
-          (__m512i)_mm512_cvtne2ps_pbh(scale<kMin>(h1, dhi, mhi), scale<kMin>(l1, dlo, mlo));
-    }
+    const __m512i blo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * t)));
+    const __m512i bhi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * t + 16)));
+    l0 = _mm512_permutexvar_ps(blo, table);
+    h0 = _mm512_permutexvar_ps(bhi, table);
+    l1 = _mm512_permutexvar_ps(_mm512_srli_epi32(blo, 4), table);
+    h1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bhi, 4), table);
+  }
+  w0 = _mm512_cvtne2ps_pbh(scale<kMin>(h0, s.dhi, s.mhi), scale<kMin>(l0, s.dlo, s.mlo));
+  w1 = _mm512_cvtne2ps_pbh(scale<kMin>(h1, s.dhi, s.mhi), scale<kMin>(l1, s.dlo, s.mlo));
+}
+
+// One packed block of a panel -> its 16 steps as bf16 operands, step s at w[s * stride].
+template <int TYPE>
+inline void dequant_block(const uint8_t* blk, __m512i* w, int64_t stride) {
+  const BlockScales s = load_scales<TYPE>(blk);
+  for (int t = 0; t < 8; ++t) {
+    __m512bh w0, w1;
+    dequant_steps<TYPE>(blk + kFormat<TYPE>.scales, t, s, w0, w1);
+    w[2 * t * stride] = (__m512i)w0;
+    w[(2 * t + 1) * stride] = (__m512i)w1;
   }
 }
 
 // Few rows: rows x[0 .. MR) against panels [0 .. NR) from `Wp` (panel stride `panel_bytes`);
-// each block of the NR panels is dequantised once into `w` (L1) for all MR rows.
+// each pair of steps of the NR panels is dequantised in registers once for all MR rows.
 template <int MR, int NR, int TYPE>
 void simd_pass(const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
                float* out) {
-  constexpr int64_t bb = kFormat<TYPE>.file_block * kPanel;
+  constexpr Format f = kFormat<TYPE>;
+  constexpr int64_t bb = f.file_block * kPanel;
   const int64_t nb = K / kBlock;
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
-  alignas(64) __m512i w[16 * NR];  // step s of panel j at w[s * NR + j]
   for (int64_t b = 0; b < nb; ++b) {
-    for (int j = 0; j < NR; ++j) dequant_block<TYPE>(Wp + j * panel_bytes + b * bb, w + j, NR);
+    BlockScales sc[NR];
+    for (int j = 0; j < NR; ++j) sc[j] = load_scales<TYPE>(Wp + j * panel_bytes + b * bb);
     const c10::BFloat16* xb = x + b * kBlock;
-    for (int s = 0; s < 16; ++s) {
-      __m512bh wv[NR];
-      for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_load_si512(w + s * NR + j);
+    for (int t = 0; t < 8; ++t) {
+      __m512bh w0[NR], w1[NR];
+      for (int j = 0; j < NR; ++j)
+        dequant_steps<TYPE>(Wp + j * panel_bytes + b * bb + f.scales, t, sc[j], w0[j], w1[j]);
       for (int m = 0; m < MR; ++m) {
-        const __m512bh xv = x_pair(xb + m * K + 2 * s);
-        for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
+        const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
+        for (int j = 0; j < NR; ++j) {
+          acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x0, w0[j]);
+          acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x1, w1[j]);
+        }
       }
     }
   }
