@@ -2,8 +2,8 @@
 
 Why: at batch 1 on a CPU the bytes streamed per token decide the speed; a Q4_1 matrix is 5 bits
 per weight where bf16 is 16. The blocks stay in memory as the file stores them (repacked into
-16-row panels, the same bytes: models/cpu_kernels/block_linear.cpp) and the C++ kernel unpacks
-them in registers, activations in the model's dtype, sums in float32.
+16-row panels, the same bytes: models/cpu_kernels/block_linear.cpp) and the C++ kernel
+dequantises them on the fly, activations in the model's dtype, sums in float32.
 
 Contract:
 - `STORED_TYPES`: the GGML types kept as blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
@@ -18,8 +18,9 @@ Contract:
   computed as its part's type computes it, bytes the file's plus a 64-byte header (and, for a
   part whose rows are not a multiple of 16, its last panel's zero rows). ValueError otherwise.
 - `BlockLinear(weight, bias)`: `forward(x [..., K]) -> [..., N]` in x's dtype (float32 or
-  bfloat16), y = x @ W^T (+ bias) with W the dequantised weight, accumulated in float32 in an
-  order fixed by K alone (a row's values do not depend on the other rows: issue #14).
+  bfloat16), y = x @ W^T (+ bias) with W the dequantised weight rounded to x's dtype,
+  accumulated in float32 in linear.cpp's order (fixed by K alone: a row's values do not depend
+  on the other rows, issue #14): bitwise what the dequantising path (`--dequantize`) computes.
 - `BlockEmbedding(weight, dtype)`: `forward(ids) -> [..., K]` the dequantised rows rounded to
   `dtype`, as the dequantising loader's embedding table holds them.
 """

@@ -1,5 +1,6 @@
 // Linear layers over GGUF block-quantised weights kept as stored (Q4_0, Q4_1, Q8_0): the
-// blocks are unpacked in registers, activations stay in their dtype, sums are float32.
+// blocks stay in memory as the file's bytes; the kernel dequantises them on the fly and runs
+// the dense kernel's order, so the outputs are bitwise those of `--dequantize` + linear.cpp.
 //
 // Formats (ggml): a row of K weights is K / 32 blocks; block b holds an fp16 scale d (Q4_1:
 // and an fp16 min m) and 32 small integers q. Weight = d * q (Q8_0: q int8; Q4_0: q = nibble
@@ -12,21 +13,23 @@
 // steps share 32 bytes, step 2t in the low nibbles, step 2t + 1 in the high ones. A panel's
 // block is 16 x the file's block bytes: resident bytes == the file's tensor bytes.
 //
-// Accumulation order of y[m, n] (one float32 lane, fixed by K alone, as in linear.cpp): acc =
-// 0; for each block b in order: dot = 0; for each step s = 0..15: dot += x[m, pair s] . q[n,
-// pair s] (one vdpbf16ps; the integers are exact in bf16); acc = fma(d[n, b], dot, acc); Q4_1:
-// acc = fma(m[n, b], xsum[m, b], acc), xsum = the block's 32 x summed left to right. y =
-// round(acc + bias[n]). The register tile, M, the thread and the other rows change which lanes
-// run together, never a lane's sequence: batch invariance (issue #14) holds as for linear.cpp.
-// float32 activations and CPUs without AVX512-BF16 run the portable pass: the same order, per
-// lane, in plain loops (x * q in float32, not rounded to bf16).
+// Accumulation order of y[m, n] (one float32 lane, fixed by K alone): each weight is first
+// dequantised as gguf does it in float32, w = d * q, Q4_1: w = (d * q) + m (d * q is exact:
+// an 11-bit d times a q of at most 8 bits, so only the add rounds), then, for bfloat16
+// activations, rounded to bf16 (nearest even, as torch's .to(torch.bfloat16)); then acc = 0;
+// for every k-pair step in order: acc = vdpbf16ps(acc, x pair, w pair); y = round(acc +
+// bias[n]). That is linear.cpp's order over the weights `--dequantize` holds, so the two paths
+// agree bit for bit. float32 activations keep the float32 weights and run acc = fma(x[k], w[k],
+// acc) for every k (linear.cpp's AVX-512 float32 pass, i.e. `--dequantize --dtype float32`);
+// bf16 without AVX512-BF16 runs linear.cpp's portable order (acc += x * w per k). The tile, M,
+// the thread and the other rows change which lanes run together, never a lane's sequence:
+// batch invariance (issue #14) holds as for linear.cpp.
 //
-// Two SIMD paths, one order. Few rows (M <= 8, decode): each pass unpacks its blocks in
-// registers (the weights are read once; unpacking is cheap next to streaming them). Many rows:
-// unpacking per 4-row pass would repeat for every pass, so a thread unpacks a group of 3 panels
-// once into a bf16 scratch (L2-sized) and runs all its rows over it. Per (row, panel, block) both
-// cost 16 vdpbf16ps + 1 fma (Q4_1: 2), so at large M the kernel runs at ~16/17 (16/18) of the
-// dense bf16 kernel's rate on the same FMA units, while streaming a third of its bytes.
+// Two SIMD paths, one order. Few rows (M <= 8, decode): a pass dequantises each block of its
+// panels once into 16 bf16 steps (in L1) and runs all its rows over them (the weights are read
+// once; dequantising costs ALU work next to streaming a third of the dense bytes). Many rows:
+// a thread dequantises a group of 4 panels once into a bf16 scratch (L2-sized) and runs 6-row x
+// 4-panel dense register tiles over it: the dense kernel's work plus the amortised dequantising.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -43,7 +46,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;
 constexpr int64_t kBlock = 32;
-constexpr int kMaxMR = 4;
+constexpr int kMaxMR = 8;  // few-rows pass: every row of a decode step in one pass
 constexpr int kMaxNR = 4;
 
 inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
@@ -92,17 +95,25 @@ inline int packed_q(const uint8_t* q, int type, int l, int e) {
   return type == kQ4_0 ? nib - 8 : nib;
 }
 
-// xsum [M, K / 32]: each block's 32 activations summed left to right in float32 (Q4_1's min).
-template <typename T>
-void block_sums(const T* x, int64_t M, int64_t K, float* xsum) {
-  const int64_t nb = K / kBlock;
-#pragma omp parallel for schedule(static) if (M * K >= 65536)
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      float s = 0.0f;
-      for (int64_t e = 0; e < kBlock; ++e) s += static_cast<float>(x[m * K + b * kBlock + e]);
-      xsum[m * nb + b] = s;
-    }
+// One weight as gguf dequantises it: d * q, Q4_1 (d * q) + m, two float32 roundings, no fused
+// multiply-add (the empty asm keeps the compiler from contracting them).
+inline float dequant(float d, float mn, int q, bool has_min) {
+  float v = d * static_cast<float>(q);
+  asm volatile("" : "+x"(v));
+  return has_min ? v + mn : v;
+}
+
+// w [16 lanes][32]: one packed block of a panel, dequantised (rounded to WT).
+template <typename WT>
+void dequant_block_portable(const uint8_t* blk, const Format& f, int type, WT w[kPanel][kBlock]) {
+  for (int l = 0; l < kPanel; ++l) {
+    uint16_t dh, mh = 0;
+    std::memcpy(&dh, blk + 2 * l, 2);
+    if (f.has_min) std::memcpy(&mh, blk + 32 + 2 * l, 2);
+    const float d = half_to_float(dh), mn = half_to_float(mh);
+    for (int e = 0; e < kBlock; ++e)
+      w[l][e] = static_cast<WT>(dequant(d, mn, packed_q(blk + f.scales, type, l, e), f.has_min));
+  }
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -110,24 +121,10 @@ void block_sums(const T* x, int64_t M, int64_t K, float* xsum) {
 template <typename T>
 constexpr bool kHasSimd = std::is_same_v<T, c10::BFloat16>;
 
-// bf16 bit patterns of the nibble values, indexed by nibble (vpermw's table, 32 words).
-inline __m512i nibble_table(int type) {
-  alignas(64) uint16_t t[32];
-  for (int i = 0; i < 32; ++i) {
-    const float v = static_cast<float>((i & 0xF) - (type == kQ4_0 ? 8 : 0));
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    t[i] = static_cast<uint16_t>(bits >> 16);  // exact: small integers
-  }
-  return _mm512_load_si512(t);
-}
-
-inline __m512bh widen_int8(const uint8_t* w) {  // 32 int8 -> 32 bf16, exact
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
-  const __m512 hi =
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16))));
-  return _mm512_cvtne2ps_pbh(hi, lo);
-}
+template <int TYPE>
+constexpr Format kFormat = TYPE == kQ4_0   ? Format{18, 32, false}
+                           : TYPE == kQ4_1 ? Format{20, 64, true}
+                                           : Format{34, 32, false};
 
 inline __m512bh x_pair(const c10::BFloat16* x) {
   int32_t pair;
@@ -135,59 +132,105 @@ inline __m512bh x_pair(const c10::BFloat16* x) {
   return (__m512bh)_mm512_set1_epi32(pair);
 }
 
-// Rows x[0 .. MR) against panels [0 .. NR) from `Wp` (panel stride `panel_bytes`).
+// 16 lane values -> the two halves of a step's operand: element e = 2l + i of a step is lane
+// e / 2, so the low 16 elements take lanes 0..7 twice each, the high ones lanes 8..15.
+inline void spread(__m512 v, __m512& lo, __m512& hi) {
+  const __m512i idx = _mm512_srli_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
+  lo = _mm512_permutexvar_ps(idx, v);
+  hi = _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), v);
+}
+
+// 16 float32 q values -> d * q (+ m) with gguf's roundings (d * q is exact; the explicit
+// rounding intrinsics are never contracted into an fma).
+template <bool MIN>
+inline __m512 scale(__m512 q, __m512 d, __m512 mn) {
+  const __m512 v = _mm512_mul_round_ps(q, d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  if constexpr (MIN) return _mm512_add_round_ps(v, mn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return v;
+}
+
+// A packed block's d (and m) spread over a step's two halves (see spread).
+struct BlockScales {
+  __m512 dlo, dhi, mlo, mhi;
+};
+
+template <int TYPE>
+inline BlockScales load_scales(const uint8_t* blk) {
+  BlockScales s{};
+  spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)blk)), s.dlo, s.dhi);
+  if constexpr (kFormat<TYPE>.has_min)
+    spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32))), s.mlo, s.mhi);
+  return s;
+}
+
+// Steps 2t and 2t + 1 of a packed block's quants `q` as bf16 operands: the float32 values
+// d * q (+ m) rounded to bf16 to nearest even by vcvtne2ps2bf16.
+template <int TYPE>
+inline void dequant_steps(const uint8_t* q, int t, const BlockScales& s, __m512bh& w0,
+                          __m512bh& w1) {
+  constexpr bool kMin = kFormat<TYPE>.has_min;
+  __m512 l0, h0, l1, h1;
+  if constexpr (TYPE == kQ8_0) {
+    const uint8_t* p = q + 64 * t;
+    l0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+    h0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+    l1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 32))));
+    h1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 48))));
+  } else {
+    // 32 bytes: step 2t in the low nibbles, 2t + 1 in the high ones. vpermps reads the low 4
+    // bits of each index: the nibble's value as float32, looked up in a 16-entry table.
+    const __m512 table = _mm512_sub_ps(
+        _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_ps(TYPE == kQ4_0 ? 8.0f : 0.0f));
+    const __m512i blo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * t)));
+    const __m512i bhi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * t + 16)));
+    l0 = _mm512_permutexvar_ps(blo, table);
+    h0 = _mm512_permutexvar_ps(bhi, table);
+    l1 = _mm512_permutexvar_ps(_mm512_srli_epi32(blo, 4), table);
+    h1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bhi, 4), table);
+  }
+  w0 = _mm512_cvtne2ps_pbh(scale<kMin>(h0, s.dhi, s.mhi), scale<kMin>(l0, s.dlo, s.mlo));
+  w1 = _mm512_cvtne2ps_pbh(scale<kMin>(h1, s.dhi, s.mhi), scale<kMin>(l1, s.dlo, s.mlo));
+}
+
+// One packed block of a panel -> its 16 steps as bf16 operands, step s at w[s * stride].
+template <int TYPE>
+inline void dequant_block(const uint8_t* blk, __m512i* w, int64_t stride) {
+  const BlockScales s = load_scales<TYPE>(blk);
+  for (int t = 0; t < 8; ++t) {
+    __m512bh w0, w1;
+    dequant_steps<TYPE>(blk + kFormat<TYPE>.scales, t, s, w0, w1);
+    w[2 * t * stride] = (__m512i)w0;
+    w[(2 * t + 1) * stride] = (__m512i)w1;
+  }
+}
+
+// Few rows: rows x[0 .. MR) against panels [0 .. NR) from `Wp` (panel stride `panel_bytes`);
+// each pair of steps of the NR panels is dequantised in registers once for all MR rows.
 template <int MR, int NR, int TYPE>
 void simd_pass(const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
-               const float* xsum, float* out) {
-  constexpr Format f = TYPE == kQ4_0 ? Format{18, 32, false}
-                       : TYPE == kQ4_1 ? Format{20, 64, true}
-                                       : Format{34, 32, false};
+               float* out) {
+  constexpr Format f = kFormat<TYPE>;
   constexpr int64_t bb = f.file_block * kPanel;
   const int64_t nb = K / kBlock;
-  const __m512i table = nibble_table(TYPE), low = _mm512_set1_epi16(0xF);
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512 dot[MR][NR];
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NR; ++j) dot[m][j] = _mm512_setzero_ps();
+    BlockScales sc[NR];
+    for (int j = 0; j < NR; ++j) sc[j] = load_scales<TYPE>(Wp + j * panel_bytes + b * bb);
     const c10::BFloat16* xb = x + b * kBlock;
-    if constexpr (TYPE == kQ8_0) {
-      for (int s = 0; s < 16; ++s) {
-        __m512bh w[NR];
-        for (int j = 0; j < NR; ++j) w[j] = widen_int8(Wp + j * panel_bytes + b * bb + f.scales + s * 32);
-        for (int m = 0; m < MR; ++m) {
-          const __m512bh xv = x_pair(xb + m * K + 2 * s);
-          for (int j = 0; j < NR; ++j) dot[m][j] = _mm512_dpbf16_ps(dot[m][j], xv, w[j]);
-        }
-      }
-    } else {
-      for (int t = 0; t < 8; ++t) {  // steps 2t (low nibbles) and 2t + 1 (high nibbles)
-        __m512bh w0[NR], w1[NR];
+    for (int t = 0; t < 8; ++t) {
+      __m512bh w0[NR], w1[NR];
+      for (int j = 0; j < NR; ++j)
+        dequant_steps<TYPE>(Wp + j * panel_bytes + b * bb + f.scales, t, sc[j], w0[j], w1[j]);
+      for (int m = 0; m < MR; ++m) {
+        const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
         for (int j = 0; j < NR; ++j) {
-          const __m512i bytes = _mm512_cvtepu8_epi16(
-              _mm256_loadu_si256((const __m256i*)(Wp + j * panel_bytes + b * bb + f.scales + t * 32)));
-          w0[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(bytes, low), table);
-          w1[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table);
+          acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x0, w0[j]);
+          acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x1, w1[j]);
         }
-        for (int m = 0; m < MR; ++m) {
-          const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
-          for (int j = 0; j < NR; ++j) {
-            dot[m][j] = _mm512_dpbf16_ps(dot[m][j], x0, w0[j]);
-            dot[m][j] = _mm512_dpbf16_ps(dot[m][j], x1, w1[j]);
-          }
-        }
-      }
-    }
-    for (int j = 0; j < NR; ++j) {
-      const uint8_t* blk = Wp + j * panel_bytes + b * bb;
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)blk));
-      for (int m = 0; m < MR; ++m) acc[m][j] = _mm512_fmadd_ps(d, dot[m][j], acc[m][j]);
-      if constexpr (f.has_min) {
-        const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32)));
-        for (int m = 0; m < MR; ++m)
-          acc[m][j] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * nb + b]), acc[m][j]);
       }
     }
   }
@@ -197,38 +240,38 @@ void simd_pass(const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t pan
 
 template <int MR, int NR>
 void simd_type(int type, const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t pb,
-               const float* xs, float* out) {
+               float* out) {
   switch (type) {
-    case kQ4_0: simd_pass<MR, NR, kQ4_0>(x, K, Wp, pb, xs, out); break;
-    case kQ4_1: simd_pass<MR, NR, kQ4_1>(x, K, Wp, pb, xs, out); break;
-    default: simd_pass<MR, NR, kQ8_0>(x, K, Wp, pb, xs, out); break;
+    case kQ4_0: simd_pass<MR, NR, kQ4_0>(x, K, Wp, pb, out); break;
+    case kQ4_1: simd_pass<MR, NR, kQ4_1>(x, K, Wp, pb, out); break;
+    default: simd_pass<MR, NR, kQ8_0>(x, K, Wp, pb, out); break;
   }
 }
 
-template <int NR>
+// MR = mr (1 .. R) rows; NR = nr panels (1 .. 4 for up to 2 rows, else 1 .. 2).
+template <int R>
 void simd_rows(int type, const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t pb,
-               const float* xs, int mr, float* out) {
-  switch (mr) {
-    case 1: simd_type<1, NR>(type, x, K, Wp, pb, xs, out); break;
-    case 2: simd_type<2, NR>(type, x, K, Wp, pb, xs, out); break;
-    case 3: simd_type<3, NR>(type, x, K, Wp, pb, xs, out); break;
-    default: simd_type<4, NR>(type, x, K, Wp, pb, xs, out); break;
+               int mr, int nr, float* out) {
+  if constexpr (R > 1)
+    if (mr < R) return simd_rows<R - 1>(type, x, K, Wp, pb, mr, nr, out);
+  if constexpr (R <= 2) {
+    switch (nr) {
+      case 1: return simd_type<R, 1>(type, x, K, Wp, pb, out);
+      case 2: return simd_type<R, 2>(type, x, K, Wp, pb, out);
+      case 3: return simd_type<R, 3>(type, x, K, Wp, pb, out);
+      default: return simd_type<R, 4>(type, x, K, Wp, pb, out);
+    }
+  } else {
+    if (nr == 1) return simd_type<R, 1>(type, x, K, Wp, pb, out);
+    simd_type<R, 2>(type, x, K, Wp, pb, out);
   }
 }
 
 template <typename T>
-void simd_any(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pb, const float* xs,
-              int mr, int nr, float* out) {
-  if constexpr (kHasSimd<T>) {
-    switch (nr) {
-      case 1: simd_rows<1>(type, x, K, Wp, pb, xs, mr, out); break;
-      case 2: simd_rows<2>(type, x, K, Wp, pb, xs, mr, out); break;
-      case 3: simd_rows<3>(type, x, K, Wp, pb, xs, mr, out); break;
-      default: simd_rows<4>(type, x, K, Wp, pb, xs, mr, out); break;
-    }
-  }
+void simd_any(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pb, int mr, int nr,
+              float* out) {
+  if constexpr (kHasSimd<T>) simd_rows<kMaxMR>(type, x, K, Wp, pb, mr, nr, out);
 }
-
 
 // y[0 .. count) = round(v + bias) in OutT, as static_cast<OutT>(float) rounds (bf16: to nearest
 // even, NaN -> 0x7FC0, as c10::BFloat16 does), 16 lanes at a time.
@@ -256,82 +299,42 @@ inline void store_lanes(__m512 v, const T* bias, int count, OutT* y) {
   }
 }
 
-// Many rows (M > kFewRows): a thread unpacks a group of kGroupPanels panels once into a bf16
-// scratch, w [nb][16 steps][nr panels] x 32 bf16 (the vdpbf16ps operand) and the scales as
-// float32, d / mn [nb][nr][16], then runs every row over it with a 4-row x 3-panel register
-// tile (12 accumulators + 12 block dots + 3 weights + 1 broadcast of 32 zmm). Each lane runs
-// the same sequence as simd_pass: the bits equal the few-rows path's.
+// Many rows (M > kFewRows): a thread dequantises a group of kGroupPanels panels once into a
+// bf16 scratch, w [K / 2 steps][nr panels] x 32 bf16 (the vdpbf16ps operand), then runs every
+// row over it with a 6-row x 4-panel register tile (24 accumulators + 4 weights + 1 broadcast
+// of 32 zmm), linear.cpp's pass over a scratch instead of a packed bf16 matrix.
 constexpr int64_t kFewRows = 8;
-constexpr int kTileRows = 4;
-constexpr int kGroupPanels = 3;
+constexpr int kTileRows = 6;
+constexpr int kGroupPanels = 4;
 
 struct Scratch {
   std::vector<__m512i> w;
-  std::vector<float> d, mn;
   const uint8_t* group = nullptr;  // the panels the scratch holds (a thread reuses it)
 };
 
 template <int TYPE>
 void unpack_group(const uint8_t* Wp, int64_t panel_bytes, int nr, int64_t nb, Scratch& s) {
-  constexpr Format f = TYPE == kQ4_0 ? Format{18, 32, false}
-                       : TYPE == kQ4_1 ? Format{20, 64, true}
-                                       : Format{34, 32, false};
-  constexpr int64_t bb = f.file_block * kPanel;
-  const __m512i table = nibble_table(TYPE), low = _mm512_set1_epi16(0xF);
+  constexpr int64_t bb = kFormat<TYPE>.file_block * kPanel;
   for (int64_t b = 0; b < nb; ++b)
-    for (int j = 0; j < nr; ++j) {
-      const uint8_t* blk = Wp + j * panel_bytes + b * bb;
-      const int64_t at = (b * nr + j) * kPanel;
-      _mm512_storeu_ps(s.d.data() + at, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)blk)));
-      if constexpr (f.has_min)
-        _mm512_storeu_ps(s.mn.data() + at,
-                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 32))));
-      __m512i* w = s.w.data() + b * 16 * nr + j;  // step t at w[t * nr]
-      const uint8_t* q = blk + f.scales;
-      if constexpr (TYPE == kQ8_0) {
-        for (int t = 0; t < 16; ++t) w[t * nr] = (__m512i)widen_int8(q + t * 32);
-      } else {
-        for (int t = 0; t < 8; ++t) {
-          const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(q + t * 32)));
-          w[2 * t * nr] = _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low), table);
-          w[(2 * t + 1) * nr] = _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table);
-        }
-      }
-    }
+    for (int j = 0; j < nr; ++j)
+      dequant_block<TYPE>(Wp + j * panel_bytes + b * bb, s.w.data() + b * 16 * nr + j, nr);
 }
 
 // Rows x[0 .. MR) against the scratch's NR panels, stored to y (row stride N, nn columns).
-template <int MR, int NR, bool MIN, typename OutT>
-void scratch_tile(const c10::BFloat16* x, int64_t K, const Scratch& s, const float* xsum,
+template <int MR, int NR, typename OutT>
+void scratch_tile(const c10::BFloat16* x, int64_t K, const Scratch& s,
                   const c10::BFloat16* bias, int64_t nn, OutT* y, int64_t N) {
-  const int64_t nb = K / kBlock;
+  const int64_t steps = K / 2;
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
-  const __m512i* wb = s.w.data();
-  const float* d = s.d.data();
-  const float* mn = s.mn.data();
-  for (int64_t b = 0; b < nb; ++b, wb += 16 * NR, d += NR * kPanel, mn += NR * kPanel) {
-    __m512 dot[MR][NR];
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NR; ++j) dot[m][j] = _mm512_setzero_ps();
-    const c10::BFloat16* xb = x + b * kBlock;
-    for (int t = 0; t < 16; ++t) {
-      __m512bh w[NR];
-      for (int j = 0; j < NR; ++j) w[j] = (__m512bh)_mm512_load_si512(wb + t * NR + j);
-      for (int m = 0; m < MR; ++m) {
-        const __m512bh xv = x_pair(xb + m * K + 2 * t);
-        for (int j = 0; j < NR; ++j) dot[m][j] = _mm512_dpbf16_ps(dot[m][j], xv, w[j]);
-      }
-    }
-    for (int j = 0; j < NR; ++j) {
-      const __m512 dv = _mm512_loadu_ps(d + j * kPanel);
-      for (int m = 0; m < MR; ++m) acc[m][j] = _mm512_fmadd_ps(dv, dot[m][j], acc[m][j]);
-      if constexpr (MIN) {
-        const __m512 mv = _mm512_loadu_ps(mn + j * kPanel);
-        for (int m = 0; m < MR; ++m)
-          acc[m][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[m * nb + b]), acc[m][j]);
-      }
+  const __m512i* ws = s.w.data();
+  for (int64_t t = 0; t < steps; ++t, ws += NR) {
+    __m512bh w[NR];
+    for (int j = 0; j < NR; ++j) w[j] = (__m512bh)_mm512_load_si512(ws + j);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = x_pair(x + m * K + 2 * t);
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, w[j]);
     }
   }
   for (int m = 0; m < MR; ++m)
@@ -342,41 +345,39 @@ void scratch_tile(const c10::BFloat16* x, int64_t K, const Scratch& s, const flo
 }
 
 // scratch_tile with MR = mr (1 .. R) rows.
-template <int R, int NR, bool MIN, typename OutT>
+template <int R, int NR, typename OutT>
 void scratch_tile_rows(int mr, const c10::BFloat16* x, int64_t K, const Scratch& s,
-                       const float* xsum, const c10::BFloat16* bias, int64_t nn, OutT* y,
-                       int64_t N) {
+                       const c10::BFloat16* bias, int64_t nn, OutT* y, int64_t N) {
   if constexpr (R > 1)
-    if (mr < R) return scratch_tile_rows<R - 1, NR, MIN>(mr, x, K, s, xsum, bias, nn, y, N);
-  scratch_tile<R, NR, MIN>(x, K, s, xsum, bias, nn, y, N);
+    if (mr < R) return scratch_tile_rows<R - 1, NR>(mr, x, K, s, bias, nn, y, N);
+  scratch_tile<R, NR>(x, K, s, bias, nn, y, N);
 }
 
-template <int NR, bool MIN, typename OutT>
+template <int NR, typename OutT>
 void scratch_rows(const c10::BFloat16* x, int64_t M, int64_t K, const Scratch& s,
-                  const float* xsum, const c10::BFloat16* bias, int64_t nn, OutT* y, int64_t N) {
-  const int64_t nb = K / kBlock;
+                  const c10::BFloat16* bias, int64_t nn, OutT* y, int64_t N) {
   for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m0));
-    scratch_tile_rows<kTileRows, NR, MIN>(mr, x + m0 * K, K, s, MIN ? xsum + m0 * nb : nullptr,
-                                          bias, nn, y + m0 * N, N);
+    scratch_tile_rows<kTileRows, NR>(mr, x + m0 * K, K, s, bias, nn, y + m0 * N, N);
   }
 }
 
-template <bool MIN, typename OutT>
+template <typename OutT>
 void scratch_any(int nr, const c10::BFloat16* x, int64_t M, int64_t K, const Scratch& s,
-                 const float* xsum, const c10::BFloat16* bias, int64_t nn, OutT* y, int64_t N) {
+                 const c10::BFloat16* bias, int64_t nn, OutT* y, int64_t N) {
   switch (nr) {
-    case 1: scratch_rows<1, MIN>(x, M, K, s, xsum, bias, nn, y, N); break;
-    case 2: scratch_rows<2, MIN>(x, M, K, s, xsum, bias, nn, y, N); break;
-    default: scratch_rows<kGroupPanels, MIN>(x, M, K, s, xsum, bias, nn, y, N); break;
+    case 1: scratch_rows<1>(x, M, K, s, bias, nn, y, N); break;
+    case 2: scratch_rows<2>(x, M, K, s, bias, nn, y, N); break;
+    case 3: scratch_rows<3>(x, M, K, s, bias, nn, y, N); break;
+    default: scratch_rows<kGroupPanels>(x, M, K, s, bias, nn, y, N); break;
   }
 }
 
 // The many-rows path: work items are (panel group, chunk of rows); a thread's items come in
-// group order, so it unpacks each of its groups once.
+// group order, so it dequantises each of its groups once.
 template <typename OutT>
 void many_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
-               const c10::BFloat16* bias, const float* xsum, OutT* y, int64_t N) {
+               const c10::BFloat16* bias, OutT* y, int64_t N) {
   const Format f = format_of(type);
   const int64_t nb = K / kBlock, panel_bytes = nb * f.file_block * kPanel;
   const int64_t panels = (N + kPanel - 1) / kPanel;
@@ -390,8 +391,6 @@ void many_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp, 
   {
     thread_local Scratch s;
     s.w.resize(nb * 16 * kGroupPanels);
-    s.d.resize(nb * kGroupPanels * kPanel);
-    s.mn.resize(f.has_min ? nb * kGroupPanels * kPanel : 0);
     s.group = nullptr;
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < groups * chunks; ++item) {
@@ -410,12 +409,7 @@ void many_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp, 
       }
       const int64_t mm = std::min(rows, M - r0);
       if (mm <= 0) continue;
-      const float* xs = f.has_min ? xsum + r0 * nb : nullptr;
-      const c10::BFloat16* bn = bias ? bias + n0 : nullptr;
-      if (f.has_min)
-        scratch_any<true>(nr, x + r0 * K, mm, K, s, xs, bn, nn, y + r0 * N + n0, N);
-      else
-        scratch_any<false>(nr, x + r0 * K, mm, K, s, xs, bn, nn, y + r0 * N + n0, N);
+      scratch_any(nr, x + r0 * K, mm, K, s, bias ? bias + n0 : nullptr, nn, y + r0 * N + n0, N);
     }
   }
 }
@@ -424,37 +418,36 @@ void many_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp, 
 template <typename T>
 constexpr bool kHasSimd = false;
 template <typename T>
-void simd_any(int, const T*, int64_t, const uint8_t*, int64_t, const float*, int, int, float*) {}
+void simd_any(int, const T*, int64_t, const uint8_t*, int64_t, int, int, float*) {}
 #endif
 
-// The same per-lane order in plain loops (float32 activations, CPUs without AVX512-BF16).
+// float32 activations (and bf16 on CPUs without AVX512-BF16): each block of the nr panels is
+// dequantised once (float32 weights for float32 x, bf16 for bf16 x), then every row runs
+// linear.cpp's order over it: float32 acc = fma(x, w, acc) per k (its AVX-512 pass), bf16 acc
+// += x * w per k (its portable pass).
 template <typename T>
 void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
-                   const float* xsum, int mr, int nr, float* out) {
+                   int mr, int nr, float* out) {
+  using WT = std::conditional_t<std::is_same_v<T, float>, float, c10::BFloat16>;
   const Format f = format_of(type);
   const int64_t bb = f.file_block * kPanel, nb = K / kBlock;
-  for (int m = 0; m < mr; ++m)
+  std::fill(out, out + kMaxMR * kMaxNR * kPanel, 0.0f);
+  WT w[kPanel][kBlock];
+  for (int64_t b = 0; b < nb; ++b)
     for (int j = 0; j < nr; ++j) {
-      float acc[kPanel] = {};
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = Wp + j * panel_bytes + b * bb;
-        const float* xb = nullptr;
-        float xv[kBlock];
-        for (int e = 0; e < kBlock; ++e) xv[e] = static_cast<float>(x[m * K + b * kBlock + e]);
-        xb = xv;
-        for (int l = 0; l < kPanel; ++l) {
-          float dot = 0.0f;
-          for (int e = 0; e < kBlock; ++e) dot += xb[e] * static_cast<float>(packed_q(blk + f.scales, type, l, e));
-          uint16_t d, mn;
-          std::memcpy(&d, blk + 2 * l, 2);
-          acc[l] = std::fma(half_to_float(d), dot, acc[l]);
-          if (f.has_min) {
-            std::memcpy(&mn, blk + 32 + 2 * l, 2);
-            acc[l] = std::fma(half_to_float(mn), xsum[m * nb + b], acc[l]);
+      dequant_block_portable<WT>(Wp + j * panel_bytes + b * bb, f, type, w);
+      for (int m = 0; m < mr; ++m) {
+        float* acc = out + (m * kMaxNR + j) * kPanel;
+        for (int e = 0; e < kBlock; ++e) {
+          const float xv = static_cast<float>(x[m * K + b * kBlock + e]);
+          for (int l = 0; l < kPanel; ++l) {
+            if constexpr (std::is_same_v<T, float>)
+              acc[l] = std::fma(xv, w[l][e], acc[l]);
+            else
+              acc[l] += xv * static_cast<float>(w[l][e]);
           }
         }
       }
-      std::copy(acc, acc + kPanel, out + (m * kMaxNR + j) * kPanel);
     }
 }
 
@@ -488,8 +481,7 @@ void pack_blocks(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp
     }
 }
 
-// Unpacked rows, as gguf's dequantisation computes them: fl(fl(d * q) + m), no fused multiply-add
-// (the empty asm keeps the compiler from contracting the two roundings into one).
+// Unpacked rows, as gguf's dequantisation computes them (dequant: fl(fl(d * q) + m)).
 void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T,
                 float* out) {
   if (is_kquant_type(type)) return kquant_rows(Wp, K, type, ids, T, out);
@@ -505,11 +497,8 @@ void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int6
       std::memcpy(&dh, blk + 2 * l, 2);
       if (f.has_min) std::memcpy(&mh, blk + 32 + 2 * l, 2);
       const float d = half_to_float(dh), mn = half_to_float(mh);
-      for (int e = 0; e < kBlock; ++e) {
-        float v = d * static_cast<float>(packed_q(blk + f.scales, type, l, e));
-        asm volatile("" : "+x"(v));
-        out[t * K + b * kBlock + e] = f.has_min ? v + mn : v;
-      }
+      for (int e = 0; e < kBlock; ++e)
+        out[t * K + b * kBlock + e] = dequant(d, mn, packed_q(blk + f.scales, type, l, e), f.has_min);
     }
   }
 }
@@ -519,16 +508,14 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
                   OutT* y, int64_t N) {
   if (is_kquant_type(type)) return kquant_linear<T, OutT>(x, M, K, Wp, type, bias, y, N);
   const Format f = format_of(type);
-  const int64_t nb = K / kBlock, panel_bytes = nb * f.file_block * kPanel;
+  const int64_t panel_bytes = K / kBlock * f.file_block * kPanel;
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  std::vector<float> xsum(f.has_min ? M * nb : 0);
-  if (f.has_min) block_sums(x, M, K, xsum.data());
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
   if constexpr (kHasSimd<T>) {
-    if (M > kFewRows) return many_rows<OutT>(x, M, K, Wp, type, bias, xsum.data(), y, N);
+    if (M > kFewRows) return many_rows<OutT>(x, M, K, Wp, type, bias, y, N);
   }
 #endif
-  // Few rows (decode): blocks unpacked in registers. Tile: fewer rows -> more panels per pass.
+  // Few rows (decode), or float32: fewer rows -> more panels per pass.
   const int nr_max = M <= 2 ? kMaxNR : 2;
   const int64_t groups = (panels + nr_max - 1) / nr_max;
 #pragma omp parallel for schedule(static)
@@ -539,11 +526,10 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     alignas(64) float out[kMaxMR * kMaxNR * kPanel];
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-      const float* xs = f.has_min ? xsum.data() + m0 * nb : nullptr;
       if constexpr (kHasSimd<T>)
-        simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
+        simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       else
-        portable_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
+        portable_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       for (int m = 0; m < mr; ++m)
         for (int64_t c = 0; c < nn; c += kPanel) {
           const float* v = out + (m * kMaxNR + c / kPanel) * kPanel;
