@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
 from models import cpu_kernels
-from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear, BlockWeight
+from models.block_linear import BlockEmbedding, BlockLinear, BlockWeight
 from models.default_model import default_model_path
 from models.gguf.file import open_gguf
 from tests.ggml_blocks import hand_dequantise

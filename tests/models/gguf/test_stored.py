@@ -2,9 +2,12 @@
 each kept type load as BlockLinear / BlockEmbedding layers and agree with our own dequantising
 path (`dequantize=True`, the path tgserve took before: gguf's dequantisation, then the dtype).
 
-"Agree" means bit for bit: the block kernel dequantises each weight as gguf does (then rounds it
-to the dtype, as the dequantising loader does) and runs the dense kernel's per-lane order over it,
-so logits are identical in float32 and bfloat16, and so are greedy tokens run through the engine."""
+"Agree" for Q4_0, Q4_1 and Q8_0 (block_linear.cpp) means bit for bit: the kernel dequantises each
+weight as gguf does (then rounds it to the dtype, as the dequantising loader does) and runs the
+dense kernel's per-lane order over it, so logits and greedy tokens are identical in float32 and
+bfloat16. The Q5 and K-quant types (kquant_linear.cpp) keep a per-sub-block order (float32 sums
+scaled by the sub-block's scale): the same weights summed in another order, so their logits agree
+to a tolerance and greedy tokens of the tiny models are identical in float32 (checked)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from models.loader import load_model
 from tests.models.gguf.tiny_gguf import to_gguf
 
 VOCAB = 96
+DENSE_ORDER = {QT.Q4_0, QT.Q4_1, QT.Q8_0}  # the kernels whose lanes run the dense order
 
 
 def dims(qtype: QT) -> tuple[int, int]:
@@ -96,14 +100,20 @@ def test_tiny_gguf_as_stored_gives_the_dequantised_paths_logits(tmp_path, qtype,
         assert stored.lm_head.block_weight is stored.model.embed_tokens.block_weight
     ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1))
     ours, want = logits(stored, ids), logits(plain, ids)
-    assert torch.equal(ours, want), float((ours - want).abs().max())
+    if qtype in DENSE_ORDER:
+        assert torch.equal(ours, want), float((ours - want).abs().max())
+    else:  # float32: only the order differs; bf16: the dequantised path rounds W to bf16 too
+        tol = 2e-4 if dtype == "float32" else 0.15
+        assert (ours - want).abs().max() <= tol * want.abs().max(), float((ours - want).abs().max())
 
 
 @pytest.mark.parametrize("qtype", sorted(STORED_TYPES, key=int))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_gguf_as_stored_greedy_tokens_equal_the_dequantised_path(tmp_path, qtype, dtype):
+    if dtype == "bfloat16" and qtype not in DENSE_ORDER:
+        pytest.skip("per-sub-block order: equal tokens are promised in float32 only")
     path = tiny_quantised_gguf(tmp_path, qtype, tied=True)
-    assert_greedy_as_stored_equals_dequantised(path)
+    assert_greedy_as_stored_equals_dequantised(path, dtype)
 
 
 def test_tiny_q4_k_m_gguf_mixes_types_in_fused_layers_and_greedy_equals_the_dequantised_path(
@@ -124,7 +134,7 @@ def test_tiny_q4_k_m_gguf_mixes_types_in_fused_layers_and_greedy_equals_the_dequ
     assert_greedy_as_stored_equals_dequantised(path)
 
 
-def assert_greedy_as_stored_equals_dequantised(path: Path) -> None:
+def assert_greedy_as_stored_equals_dequantised(path: Path, dtype: str = "float32") -> None:
     """3 prompts x 24 greedy tokens through the engine (float32, C++ step), both paths."""
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompts = [[5, 17, 33, 9], [60, 2, 71], list(range(10, 40))]
