@@ -25,8 +25,8 @@
 // the thread and the other rows change which lanes run together, never a lane's sequence:
 // batch invariance (issue #14) holds as for linear.cpp.
 //
-// Two SIMD paths, one order. Few rows (M <= 8, decode): a pass dequantises each block of its
-// panels once into 16 bf16 steps (in L1) and runs all its rows over them (the weights are read
+// Two SIMD paths, one order. Few rows (M <= 8, decode): a pass dequantises each pair of steps
+// of its panels in registers and runs all its rows (up to 8) over them (the weights are read
 // once; dequantising costs ALU work next to streaming a third of the dense bytes). Many rows:
 // a thread dequantises a group of 4 panels once into a bf16 scratch (L2-sized) and runs 6-row x
 // 4-panel dense register tiles over it: the dense kernel's work plus the amortised dequantising.
