@@ -21,7 +21,7 @@
 // bias[n]). That is linear.cpp's order over the weights `--dequantize` holds, so the two paths
 // agree bit for bit. float32 activations keep the float32 weights and run acc = fma(x[k], w[k],
 // acc) for every k (linear.cpp's AVX-512 float32 pass, i.e. `--dequantize --dtype float32`);
-// bf16 without AVX512-BF16 runs linear.cpp's portable order (acc += x * w per k). The tile, M,
+// bf16 without AVX512-BF16 runs linear.cpp's portable order (acc = fma(x, w, acc) per k). The tile, M,
 // the thread and the other rows change which lanes run together, never a lane's sequence:
 // batch invariance (issue #14) holds as for linear.cpp.
 //
@@ -423,8 +423,8 @@ void simd_any(int, const T*, int64_t, const uint8_t*, int64_t, int, int, float*)
 
 // float32 activations (and bf16 on CPUs without AVX512-BF16): each block of the nr panels is
 // dequantised once (float32 weights for float32 x, bf16 for bf16 x), then every row runs
-// linear.cpp's order over it: float32 acc = fma(x, w, acc) per k (its AVX-512 pass), bf16 acc
-// += x * w per k (its portable pass).
+// linear.cpp's order over it: acc = fma(x, w, acc) per k (its AVX-512 float32 pass and its
+// portable pass, both explicit fmas).
 template <typename T>
 void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
                    int mr, int nr, float* out) {
@@ -441,10 +441,7 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
         for (int e = 0; e < kBlock; ++e) {
           const float xv = static_cast<float>(x[m * K + b * kBlock + e]);
           for (int l = 0; l < kPanel; ++l) {
-            if constexpr (std::is_same_v<T, float>)
-              acc[l] = std::fma(xv, w[l][e], acc[l]);
-            else
-              acc[l] += xv * static_cast<float>(w[l][e]);
+            acc[l] = std::fma(xv, static_cast<float>(w[l][e]), acc[l]);
           }
         }
       }

@@ -32,6 +32,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace tgserve {
@@ -214,6 +215,9 @@ inline void any_pass(const T*, int64_t, const WT*, int64_t, int, int, const Tile
 
 // Portable pass (CPUs without AVX-512 BF16, and float16): the same per-lane order, as plain
 // loops over the 16 lanes (which the compiler vectorizes without reordering a lane's sums).
+// Each k is an explicit fma, never `acc += x * w`: whether the compiler contracts that into an
+// fma depends on the flags and the loop's shape, and block_linear.cpp's portable pass must
+// produce the same bits over the same weights.
 template <typename T, typename WT>
 void portable_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, int nr,
                    float* out) {
@@ -227,7 +231,7 @@ void portable_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr, i
           const int64_t k = s * sk + i;
           const float xv = k < K ? static_cast<float>(x[m * K + k]) : 0.0f;
           for (int64_t l = 0; l < kPanel; ++l)
-            acc[l] += xv * static_cast<float>(panel[(s * kPanel + l) * sk + i]);
+            acc[l] = std::fma(xv, static_cast<float>(panel[(s * kPanel + l) * sk + i]), acc[l]);
         }
       std::copy(acc, acc + kPanel, out + (m * kMaxNR + j) * kPanel);
     }
