@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vocab-size",
         type=int,
         default=None,
-        help="random prompt ids are drawn below it (default: --model's, else 1000)",
+        help="random prompt ids are drawn below it (default: --model's, else the server's "
+        "from /info, else 1000)",
     )
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")

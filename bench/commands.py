@@ -23,13 +23,18 @@ from bench.machine_limits import MachineLimits, measure_machine_limits, min_comp
 from bench.model_source import resolve_model
 from bench.progress import ProgressBar, enabled_by_default
 from bench.report import emit
-from bench.serve_load import LoadSpec, discover_model, run_load
+from bench.serve_load import LoadSpec, discover_model, discover_vocab_size, run_load
 from bench.serve_metrics import ServeResult, summarize_run
 from bench.throughput import ThroughputResult, decode_batch, run_throughput_bench
 from bench.workload import WorkloadSpec, make_workload
 
 if TYPE_CHECKING:
     from models.tokenizer import Tokenizer
+
+# serve's prompt ids are drawn below the served vocabulary (--vocab-size, --model's, or what the
+# server states at /info); below this one only when none of them is known. Ids this low are
+# mostly byte tokens, whose answers often end inside a UTF-8 character.
+FALLBACK_VOCAB = 1000
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -165,10 +170,15 @@ def _run_serve(
     if spec.dist == "text" and not args.model:
         raise ValueError("--dist text needs --model: its tokenizer turns the lines into prompts")
     source = resolve_model(args.model) if args.model else None
-    vocab = args.vocab_size or (source.config.vocab_size if source else 1000)
+    model_name = args.served_model_name or discover_model(args.url, args.api_key)
+    vocab = (
+        args.vocab_size
+        or (source.config.vocab_size if source else None)
+        or discover_vocab_size(args.url, args.api_key)
+        or FALLBACK_VOCAB
+    )
     tokenizer = _tokenizer(source.path) if source and spec.dist == "text" else None
     requests = make_workload(spec, vocab, tokenizer)
-    model_name = args.served_model_name or discover_model(args.url, args.api_key)
     load_spec = LoadSpec(
         args.url,
         concurrency,

@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.workload import BenchRequest
 
@@ -78,19 +79,33 @@ def arrival_gaps(num_requests: int, request_rate: float, seed: int) -> list[floa
 
 def discover_model(url: str, api_key: str | None = None) -> str | None:
     """The first model id the server lists at /v1/models, or None if it lists none."""
+    resp = _get(url, "/v1/models", api_key)
+    if resp.status_code != 200:
+        return None
+    models = resp.json().get("data") or []
+    return models[0].get("id") if models else None
+
+
+def discover_vocab_size(url: str, api_key: str | None = None) -> int | None:
+    """The prompt vocabulary a tgserve server states at /info (`vocab_size`), or None when the
+    server does not say (another server, or still loading)."""
+    resp = _get(url, "/info", api_key)
+    if resp.status_code != 200:
+        return None
+    size = resp.json().get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def _get(url: str, path: str, api_key: str | None) -> Any:
     try:
         import httpx
     except ImportError as exc:
         raise ValueError("bench serve needs httpx: pip install httpx") from exc
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        resp = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+        return httpx.get(url.rstrip("/") + path, headers=headers, timeout=30)
     except httpx.HTTPError as exc:
         raise ValueError(f"cannot reach the server at {url} ({exc}); is it running?") from exc
-    if resp.status_code != 200:
-        return None
-    models = resp.json().get("data") or []
-    return models[0].get("id") if models else None
 
 
 def run_load(

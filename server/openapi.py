@@ -45,6 +45,7 @@ def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
 
 _INT, _STR, _NUM = {"type": "integer"}, {"type": "string"}, {"type": "number"}
 _NULL_STR = {"type": ["string", "null"]}
+_NULL_INT = {"type": ["integer", "null"]}
 _OPENAI_ERROR = _obj(
     ["error"],
     error=_obj(
@@ -116,6 +117,7 @@ _OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each rout
         model_id=_NULL_STR,
         max_total_tokens=_INT,
         max_input_tokens=_INT,
+        vocab_size=_NULL_INT,
     ),
     ("/health", "get"): _STATUS,
     ("/ready", "get"): _STATUS,

@@ -191,6 +191,7 @@ async def info(request: Request) -> dict[str, Any]:
         "max_stop_sequences": MAX_STOP_STRINGS,
         "max_input_tokens": max(0, state.max_model_len - 1),
         "max_total_tokens": state.max_model_len,
+        "vocab_size": state.vocab_size,  # tgserve's: the prompt token ids it accepts, [0, this)
         "router": "tgserve",
         "version": "0.1.0",
     }

@@ -51,6 +51,7 @@ class ServerState:
         self.token_texts: TokenTexts | None = None
         self.chat: ChatSetup = chat_setup(None, settings)
         self.max_model_len = 0
+        self.vocab_size: int | None = None  # token ids a prompt may hold, once loaded
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
         self.draining = False
@@ -85,6 +86,7 @@ class ServerState:
         self.token_texts = TokenTexts(info.tokenizer) if info.tokenizer is not None else None
         self.chat = chat_setup(info.tokenizer, self.settings)
         self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
         self.model_names = self.model_names or (info.model_name,)
         loop = asyncio.get_running_loop()
         self.engine = AsyncEngine(

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from bench.serve_load import LoadSpec, arrival_gaps, run_load
+from bench.serve_load import LoadSpec, arrival_gaps, discover_vocab_size, run_load
 from bench.serve_metrics import percentile, summarize, summarize_run
 from bench.workload import BenchRequest
 from server.cli import main
@@ -58,14 +58,16 @@ def test_percentiles_agree_with_numpy_on_random_data():
 
 # ----- serving load against a fake streaming server ------------------------------------------------
 @contextmanager
-def fake_streaming_server(ttft: float, itl: float) -> Iterator[str]:
+def fake_streaming_server(
+    ttft: float, itl: float, fake: _FakeHandler | None = None
+) -> Iterator[str]:
     """An OpenAI-style /v1/completions on raw asyncio streams, yielding its URL: the first token
     after `ttft` seconds, then one every `itl` seconds, a finish-only chunk, a usage chunk, [DONE].
     Prompts starting with token 7 get HTTP 503; starting with 8, a stream cut before [DONE];
     starting with 9, the text of every other token (the 1st, 3rd, ...) is held back and sent with
     the next token's (as a server does inside a UTF-8 character), unless logprobs were asked:
-    then a chunk per token."""
-    fake = _FakeHandler(ttft, itl)
+    then a chunk per token. /info states a vocabulary of 6; `fake` (optional) records prompts."""
+    fake = fake or _FakeHandler(ttft, itl)
     loop = asyncio.new_event_loop()
     server = loop.run_until_complete(asyncio.start_server(fake.handle, "127.0.0.1", 0))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -80,6 +82,8 @@ def fake_streaming_server(ttft: float, itl: float) -> Iterator[str]:
 class _FakeHandler:
     def __init__(self, ttft: float, itl: float) -> None:
         self.ttft, self.itl = ttft, itl
+        self.vocab_size = 6  # what /info states: ids 0-5, none of the special 7, 8, 9
+        self.prompts: list[list[int]] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request_line = (await reader.readline()).decode()
@@ -88,10 +92,14 @@ class _FakeHandler:
             key, _, value = line.decode().partition(":")
             headers[key.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", 0)))
-        if request_line.split(" ")[1] == "/v1/models":
-            payload = json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
+        path = request_line.split(" ")[1]
+        if path in ("/v1/models", "/info"):
+            listing = {"object": "list", "data": [{"id": "fake-model"}]}
+            facts = {"model_id": "fake-model", "vocab_size": self.vocab_size}
+            payload = json.dumps(listing if path == "/v1/models" else facts).encode()
             writer.write(_head("200 OK", f"Content-Length: {len(payload)}") + payload)
         else:
+            self.prompts.append(json.loads(body)["prompt"])
             await self._complete(json.loads(body), writer)
         await writer.drain()
         writer.close()
@@ -183,3 +191,26 @@ def test_tokens_held_back_inside_a_chunk_are_counted_and_timed_per_token_with_lo
     assert timed.ok and timed.chunks == 8
     assert len(timed.itl_s) == 7 and all(0.04 <= gap < 0.1 for gap in timed.itl_s)
     assert summarize_run(scored, [timed], duration, (0.0,) * 3, (0.0,) * 3).merged_tokens == 0
+
+
+def test_prompt_ids_are_drawn_below_the_vocabulary_the_server_states(capsys):
+    """Without --vocab-size or --model the ids come from the server's /info (6 here), not from
+    the 1000-id fallback, whose byte tokens make answers that end inside UTF-8 characters."""
+    fake = _FakeHandler(ttft=0.01, itl=0.01)
+    args = "--num-requests 8 --concurrency 4 --input-len 50 --output-len 2 --json"
+    with fake_streaming_server(0.01, 0.01, fake) as url:
+        assert main(["bench", "serve", "--url", url, *args.split()]) == 0
+    (result,) = _json_lines(capsys)
+    assert result["completed"] == 8
+    ids = [t for prompt in fake.prompts for t in prompt]
+    assert len(fake.prompts) == 8 and len(ids) == 8 * 50
+    assert set(ids) == set(range(6))  # 400 draws: all six ids appear, none above
+
+
+def test_a_server_that_states_no_vocabulary_leaves_the_fallback():
+    fake = _FakeHandler(ttft=0.01, itl=0.01)
+    fake.vocab_size = None
+    with fake_streaming_server(0.01, 0.01, fake) as url:
+        assert discover_vocab_size(url) is None
+        fake.vocab_size = 6
+        assert discover_vocab_size(url) == 6

@@ -114,3 +114,4 @@ def test_info_describes_the_model_and_limits(server):
     info = httpx.get(server.url + "/info").json()
     assert info["model_id"] == "fake-model" and info["max_total_tokens"] == 128
     assert info["max_input_tokens"] < info["max_total_tokens"]
+    assert info["vocab_size"] == server.state.tokenizer.vocab_size  # the ids a prompt may hold
