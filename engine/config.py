@@ -34,11 +34,13 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # explicit KV budget; wins over the fraction
     kv_cache_memory_fraction: float = 0.3  # of the memory free after loading weights
     max_num_seqs: int = 64  # sequences (batch rows) running at once; n>1/beams count each
-    # Upper bound on the tokens of one step (decodes + prefill chunks); a step in which nobody
-    # receives a token (long prompts only) fills it. Below it, `target_itl_ms` sizes the chunks.
+    # Upper bound on the tokens of one step (decodes + prefill chunks); a step in which no stream
+    # receives a token (long prompts, whole-output requests) fills it. Below it, `target_itl_ms`
+    # sizes the chunks.
     max_num_batched_tokens: int = 2048
     # Step-time target while streams decode: prefill chunks are sized by the fitted step cost
-    # model (engine/scheduling/step_cost.py) so a step that delivers tokens stays under it.
+    # model (engine/scheduling/step_cost.py) so a step that delivers tokens to a streamed request
+    # (SamplingParams.streamed) stays under it.
     # None: the token budget alone (every step may fill max_num_batched_tokens).
     target_itl_ms: float | None = 100.0
     max_model_len: int | None = None  # None: the model's own context length

@@ -339,7 +339,9 @@ class Engine:
         prompts: Seq[str] | Seq[Seq[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Runs a batch to completion; outputs in prompt order."""
+        """Runs a batch to completion; outputs in prompt order. Nobody reads these tokens as
+        they come, so the requests are not streamed (`SamplingParams.streamed` False): the
+        step-time target does not hold their steps back."""
         params_list = (
             list(params)
             if isinstance(params, list | tuple)
@@ -354,7 +356,7 @@ class Engine:
                     raise ValueError("text prompts need a tokenizer; pass token ids")
                 prompt = self.tokenizer.encode(prompt, add_special_tokens=True)
             rid = f"offline-{self._num_steps}-{i}"
-            self.add_request(rid, prompt, p)
+            self.add_request(rid, prompt, dataclasses.replace(p, streamed=False))
             ids.append(rid)
         partial = {rid: OutputAccumulator() for rid in ids}
         finals: dict[str, RequestOutput] = {}

@@ -197,6 +197,7 @@ def _shared(req: SamplingFields, allow_faults: bool) -> dict[str, Any]:
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens,
         "priority": req.priority,
+        "streamed": bool(req.stream),
         "fault": _fault(req.fault, allow_faults),
         "structured_output": _structured(req, getattr(req, "response_format", None)),
     }
@@ -253,7 +254,9 @@ def chat_params(
 _TGI_RENAMES = {"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"}
 
 
-def tgi_params(p: TgiParameters | None, allow_faults: bool = False) -> SamplingParams:
+def tgi_params(
+    p: TgiParameters | None, allow_faults: bool = False, streamed: bool = True
+) -> SamplingParams:
     p = p or TgiParameters()
     for name in ("typical_p", "adapter_id"):
         if getattr(p, name) is not None:
@@ -287,6 +290,7 @@ def tgi_params(p: TgiParameters | None, allow_faults: bool = False) -> SamplingP
         logprobs=p.top_n_tokens or 0,
         prompt_logprobs=0 if p.decoder_input_details else None,
         priority=p.priority,
+        streamed=streamed,
         fault=_fault(p.fault, allow_faults),
         structured_output=_tgi_grammar(p.grammar),
     )

@@ -30,12 +30,12 @@ router = APIRouter()
 
 
 async def _open(
-    state: ServerState, req: tgi.TgiRequest
+    state: ServerState, req: tgi.TgiRequest, streamed: bool
 ) -> tuple[AsyncIterator[RequestOutput], list[int]]:
     if not req.inputs:
         raise ApiError(400, "`inputs` cannot be empty", param="inputs")
     params = req.parameters or tgi.TgiParameters()
-    sampling = tgi_params(params, state.settings.enable_fault_injection)
+    sampling = tgi_params(params, state.settings.enable_fault_injection, streamed)
     ids = await asyncio.to_thread(state.require_tokenizer().encode, req.inputs, True)
     if params.truncate is not None:
         ids = ids[-params.truncate :]
@@ -75,7 +75,7 @@ def _top(
 
 async def _generate(request: Request, req: tgi.TgiRequest) -> dict[str, Any]:
     state = get_state(request)
-    stream, _ = await _open(state, req)
+    stream, _ = await _open(state, req, streamed=False)
     final = await run_until_disconnect(request.receive, final_output(stream))
     params = req.parameters or tgi.TgiParameters()
     prefix = req.inputs if params.return_full_text else ""
@@ -157,7 +157,7 @@ async def _events(
 
 async def _stream(request: Request, req: tgi.TgiRequest) -> Response:
     state = get_state(request)
-    stream, ids = await _open(state, req)
+    stream, ids = await _open(state, req, streamed=True)
     return EventStreamResponse(_events(state, req, stream, len(ids)))
 
 

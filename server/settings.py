@@ -108,13 +108,13 @@ OPTIONS: tuple[_Option, ...] = (
         "max_num_batched_tokens",
         int,
         "upper bound on the tokens of one engine step, for experts (below it --target-itl-ms "
-        "sizes prefill chunks; a step with no token to deliver fills it)",
+        "sizes prefill chunks; a step with no token to deliver to a stream fills it)",
     ),
     _Option(
         "target_itl_ms",
         _milliseconds,
         "step-time target while streams decode: prefill chunks are sized so a step that "
-        "delivers tokens stays under it (0: off, steps fill --max-num-batched-tokens; "
+        "delivers tokens to a stream stays under it (0: off, steps fill --max-num-batched-tokens; "
         "default: the engine's, 100 ms)",
     ),
     _Option(

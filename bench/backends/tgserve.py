@@ -5,7 +5,8 @@ server drives them, greedy, `ignore_eos=True` and `max_tokens = output_len`, so 
 decodes its full count. Latency times engine steps directly: prefill is submission until the step
 that samples the first token, decode is the remaining steps. Throughput submits every request at
 once and steps until all finish (what `Engine.generate` does, stepped here so the block manager
-can be read at peak usage for the KV cache figures).
+can be read at peak usage for the KV cache figures), as whole-output requests (`streamed` False,
+as `Engine.generate`'s: no stream's inter-token latency holds the steps back).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ class TgserveBackend:
         self.memory = _memory_note(engine)  # measured once, after load (report_note adds it)
         self._ids = count()
 
-    def _params(self, output_len: int):
+    def _params(self, output_len: int, streamed: bool = True):
         from engine import SamplingParams
 
-        return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        return SamplingParams(
+            max_tokens=output_len, temperature=0.0, ignore_eos=True, streamed=streamed
+        )
 
     def run_latency(self, request: BenchRequest) -> LatencySample:
         engine = self.engine
@@ -72,7 +75,9 @@ class TgserveBackend:
         tracker = KvPeakTracker(engine, ids)
         start = time.perf_counter()
         for rid, request in zip(ids, requests, strict=True):
-            engine.add_request(rid, request.prompt_token_ids, self._params(request.output_len))
+            # an offline batch, as Engine.generate: whole outputs, no stream to hold steps for
+            params = self._params(request.output_len, streamed=False)
+            engine.add_request(rid, request.prompt_token_ids, params)
         output_tokens = 0
         finished = 0
         while engine.has_unfinished_requests():

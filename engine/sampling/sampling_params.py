@@ -54,6 +54,11 @@ class SamplingParams:
     # Scheduling order (not sampling): lower runs first, as vLLM's; admission, prefill order
     # and preemption (the highest value is preempted first). Outputs never depend on it.
     priority: int = 0
+    # Whether the caller reads the tokens as they come (an SSE stream): only steps that give a
+    # streamed request a token are held to the step-time target (scheduler.py). A whole-output
+    # request (stream false, an offline batch) has no inter-token latency to protect, so steps
+    # that serve only such requests fill the token budget. Outputs never depend on it.
+    streamed: bool = True
     # A grammar the output must follow (JSON schema, regex, choice, Lark); compiled and checked
     # by the engine at request validation (engine/sampling/structured_output.py).
     structured_output: StructuredOutput | None = None

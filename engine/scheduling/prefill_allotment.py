@@ -94,7 +94,7 @@ def allot_prefill(candidates: PrefillCandidates, budget: PrefillBudget) -> list[
         if sizes is None:
             waiting_open = waiting_open and matches is None
             continue
-        budget.take(starts[0], sum(sizes), delivers=sizes == remaining)
+        budget.take(starts[0], sum(sizes), delivers=sizes == remaining and request.params.streamed)
         allots.append(Allot(request, sizes, matches, request is anchor))
     return allots
 

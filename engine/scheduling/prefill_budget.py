@@ -2,10 +2,12 @@
 
 Contract: one `PrefillBudget` per `Scheduler.schedule()`, made after the decodes are placed.
 - `tokens_left`: the step's token budget (`max_num_batched_tokens`) minus what is placed.
-- The time window: a step that delivers a token to someone (a decode, or the last chunk of a
-  prompt) is held to `target_s`, predicted by the `StepCostModel` from the rows and query x key
-  pairs already placed. A step in which nobody receives a token (long prompts only) is bounded
-  by the token budget alone, so prefill then fills the largest budget.
+- The time window: a step that delivers a token to a streamed request (a decode, or the last
+  chunk of a prompt, of a request whose `SamplingParams.streamed` is set) is held to `target_s`,
+  predicted by the `StepCostModel` from the rows and query x key pairs already placed. A step in
+  which no stream receives a token (long prompts only, or only whole-output requests: stream
+  false, offline batches, which have no inter-token latency to protect) is bounded by the token
+  budget alone, so prefill then fills the largest budget.
 - `fit(start, want, floor)`: the chunk size for a prefill of `want` tokens from position `start`:
   what the window leaves, at least `floor` tokens. `take(start, n, delivers)` places a chunk.
 - `anchor_floor(start, need)`: the anchor's guaranteed chunk, the one prefill that may pass the

@@ -182,7 +182,7 @@ class Scheduler:
             cost=self.cost_model,
             rows=sum(c.num_new_tokens for c in placed),
             pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in placed),
-            delivers=any(c.sample for c in placed),
+            delivers=any(c.sample and c.request.params.streamed for c in placed),
         )
 
     def _schedule_prefills(self, step: _Step, budget: PrefillBudget) -> None:

@@ -1,6 +1,7 @@
-"""`priority` (an extension on both route families; TGI's inside `parameters`): lower runs
-first, as vLLM's. It reaches the engine's SamplingParams; a bad value is a 400 naming it on
-/v1/* and a 422 in TGI's shape."""
+"""Scheduling hints reach the engine's SamplingParams from every route. `priority` (an
+extension on both route families; TGI's inside `parameters`): lower runs first, as vLLM's; a bad
+value is a 400 naming it on /v1/* and a 422 in TGI's shape. `streamed`: whether the client reads
+tokens as they come (stream true, /generate_stream), so the step-time target protects them."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ class RecordingEngine(FakeEngine):
     def __init__(self) -> None:
         super().__init__()
         self.priorities: list[int] = []
+        self.streamed: list[bool] = []
 
     def add(self, request) -> None:
         self.priorities.append(request.params.priority)
+        self.streamed.append(request.params.streamed)
         super().add(request)
 
 
@@ -51,6 +54,26 @@ def test_priority_reaches_the_engine_from_every_route(live):
         assert engine.priorities[before:] == [
             body.get("priority", body.get("parameters", {}).get("priority", 0))
         ]
+
+
+def test_only_streamed_requests_are_marked_streamed(live):
+    server, engine = live
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tgi = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
+    calls = [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}, False),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True}, True),
+        ("/v1/chat/completions", chat, False),
+        ("/v1/chat/completions", {**chat, "stream": True}, True),
+        ("/generate", tgi, False),
+        ("/generate_stream", tgi, True),
+    ]
+    for path, body, streamed in calls:
+        before = len(engine.streamed)
+        with httpx.stream("POST", server.url + path, json=body, timeout=30) as response:
+            assert response.status_code == 200, response.read()
+            response.read()
+        assert engine.streamed[before:] == [streamed], (path, body)
 
 
 @pytest.mark.parametrize("value", [2**40, "high", 1.5])

@@ -55,9 +55,15 @@ class Driver:
         self.requests: dict[str, Request] = {}
 
     def add(
-        self, rid: str, prompt: list[int], max_tokens: int, n: int = 1, priority: int = 0
+        self,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int,
+        n: int = 1,
+        priority: int = 0,
+        streamed: bool = True,
     ) -> Request:
-        params = SamplingParams(max_tokens=max_tokens, n=n, priority=priority)
+        params = SamplingParams(max_tokens=max_tokens, n=n, priority=priority, streamed=streamed)
         request = Request(rid, prompt, params)
         sched = self.sched  # as Engine.new_request does
         check_admissible(

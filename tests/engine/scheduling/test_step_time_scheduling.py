@@ -92,6 +92,36 @@ def test_the_prefill_chunk_follows_the_target_while_streams_decode():
             assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
 
 
+def test_steps_that_deliver_only_to_whole_output_requests_fill_the_budget():
+    """Decodes and first tokens of requests nobody streams (stream false, offline batches) do
+    not window a step: the long prompt's chunks fill the token budget. One streamed decode
+    among them holds the step to the target again."""
+    cost = FakeCost(fixed=0.010, per_row=0.001)  # 10 ms + 1 ms per row
+    rng = random.Random(7)
+    d = Driver(
+        num_blocks=512,
+        max_num_batched_tokens=256,
+        cost_model=cost,
+        target_itl_ms=50,
+        max_num_seqs=8,
+        max_model_len=1024,
+    )
+    whole = [d.add(f"w{i}", prompt(rng, 3), 40, streamed=False) for i in range(4)]
+    d.step()  # the four short prompts: now they decode
+    long = d.add("long", prompt(rng, 700), 2, streamed=False)
+    out = d.step()
+    assert all(chunk_of(out, w.request_id) == 1 for w in whole)
+    assert chunk_of(out, "long") == 256 - 4  # the budget, far past the 50 ms target
+    stream = d.add("stream", prompt(rng, 2), 30)  # streamed: its first token is a delivery
+    d.step()
+    out = d.step()  # it decodes now: the window is back
+    assert chunk_of(out, "stream") == 1 and 0 < chunk_of(out, "long") < 50
+    assert cost.predict(out.num_batched_tokens, out.num_pairs) <= 0.050 + 1e-9
+    d.run()
+    for r in [*whole, long, stream]:
+        assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
+
+
 def test_attention_pairs_shrink_the_chunk_of_a_long_context():
     cost = FakeCost(fixed=0.010, per_row=0.0005, per_pair=0.000002)
     d = Driver(
