@@ -44,7 +44,9 @@ def test_probe_rejects_what_it_cannot_read():
 def test_the_bound_is_the_best_pattern_and_is_reported():
     patterns = probe_read_gb_s(num_bytes=1 << 22, passes=3)
     assert len(patterns) == len(PROBE_PATTERNS) and min(patterns) > 0
-    limits = MachineLimits("bfloat16", 2, 10.0, 12.0, (MatmulRate(1, 5.0),), max(patterns), patterns)
+    limits = MachineLimits(
+        "bfloat16", 2, 10.0, 12.0, (MatmulRate(1, 5.0),), max(patterns), patterns
+    )
     assert limits.bandwidth_gb_s == max(patterns)
     line = format_limits(limits)
     assert f"memory bandwidth {max(patterns):.1f} GB/s" in line
