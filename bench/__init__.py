@@ -1,7 +1,8 @@
 """`tgserve bench`: latency, throughput and serving benchmarks, side by side with peer engines.
 
 Layout: workload.py (seeded request sets), model_source.py / model_shapes.py (which weights and
-what they cost), machine_limits.py (bandwidth and matmul bounds), backends/ (the Backend seam in
+what they cost), machine_limits.py (bandwidth, by the C++ read probe, and matmul bounds),
+decode_layers.py (a GGUF's decode step matrix by matrix, run with `python -m`), backends/ (the Backend seam in
 its `__init__`, and tgserve, transformers, vLLM, llama.cpp with its batcher and GGUF rewrite),
 latency.py / throughput.py (offline benchmarks), serve_load.py / serve_metrics.py (streaming load
 on a running server), kv_usage.py (tgserve's KV cache figures), report.py / progress.py (output).

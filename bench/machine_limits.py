@@ -1,9 +1,14 @@
 """What this machine can do at best, measured now, and the bounds that follow for one model.
 
 Contract:
-- `measure_machine_limits(config, dtype, ms)` measures (1) memory bandwidth: the best of a few
-  copies (read + write) and sums (read only) of a tensor much larger than any CPU cache, and
-  (2) for each M in `ms`, the matmul rate of the model's own projections in its dtype: X[M, in]
+- `measure_machine_limits(config, dtype, ms)` measures (1) memory bandwidth: the read probe
+  (models/cpu_kernels/read_probe.cpp) streams a 1 GiB buffer, 32x the L3, the way the weight
+  kernels read (AVX-512 loads on every OpenMP thread, each thread a contiguous share read as
+  1, 2, 4 or 8 streams, with or without software prefetch: `PROBE_PATTERNS`): the median of
+  `PROBE_PASSES` passes per access pattern, the best pattern's median is the bandwidth every bound uses (a median, not a
+  best pass: the figure must be one the kernels can hold, and single passes on a shared machine
+  jump by half). Torch's best copy (read + write) and sum (read only) of a 256 MiB tensor are
+  kept for reference, and stand in when the C++ extension cannot be built. (2) for each M in `ms`, the matmul rate of the model's own projections in its dtype: X[M, in]
   times every layer's weights and the LM head, through `F.linear` as the models call it, on
   enough distinct layer copies that the weights stream from memory rather than sit in cache.
   Best-of timings: a limit is what the machine reaches, not what it usually reaches.
@@ -17,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,6 +39,10 @@ if TYPE_CHECKING:  # the models package imports torch: keep `tgserve --help` fas
 
 CACHE_BUSTER_BYTES = 64 * 1024**2  # more weights than the largest last-level cache we expect
 DEFAULT_BANDWIDTH_BYTES = 256 * 1024**2
+PROBE_BYTES = 1024**3  # the read probe's buffer: far beyond any L3 we expect (32 MB here)
+PROBE_PASSES = 7
+# (streams per thread, software prefetch): the kernels' 4-panel pass reads 4 streams a thread
+PROBE_PATTERNS = ((1, False), (2, False), (4, False), (8, False), (1, True), (4, True))
 TORCH_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -49,9 +59,15 @@ class MachineLimits:
     bandwidth_copy_gb_s: float  # (read + write bytes) / time of a large copy
     bandwidth_read_gb_s: float  # bytes / time of a large sum
     matmul: tuple[MatmulRate, ...]
+    # The read probe: the best pattern's median GB/s, and each pattern's (None: no C++ kernels).
+    bandwidth_probe_gb_s: float | None = None
+    probe_patterns_gb_s: tuple[float, ...] = ()
 
     @property
     def bandwidth_gb_s(self) -> float:
+        """The bandwidth the bounds use: the read probe's, else torch's best copy or sum."""
+        if self.bandwidth_probe_gb_s is not None:
+            return self.bandwidth_probe_gb_s
         return max(self.bandwidth_copy_gb_s, self.bandwidth_read_gb_s)
 
     def gflops_at(self, m: int) -> float:
@@ -78,10 +94,37 @@ def measure_machine_limits(
         )
     torch_dtype = getattr(torch, dtype)
     copy_gb_s, read_gb_s = _bandwidth(bandwidth_bytes)
+    patterns = probe_read_gb_s()
     rates = tuple(
         MatmulRate(m, _matmul_gflops(config, torch_dtype, m, min_time)) for m in sorted(set(ms))
     )
-    return MachineLimits(dtype, torch.get_num_threads(), copy_gb_s, read_gb_s, rates)
+    return MachineLimits(
+        dtype,
+        torch.get_num_threads(),
+        copy_gb_s,
+        read_gb_s,
+        rates,
+        max(patterns) if patterns else None,
+        patterns,
+    )
+
+
+def probe_read_gb_s(num_bytes: int = PROBE_BYTES, passes: int = PROBE_PASSES) -> tuple[float, ...]:
+    """Each probe pattern's median read GB/s over `passes` passes of a `num_bytes` buffer
+    (empty when the C++ kernels are unavailable)."""
+    import torch
+
+    from models import cpu_kernels
+
+    ext = cpu_kernels.extension()
+    if ext is None:
+        return ()
+    buffer = torch.ones(num_bytes, dtype=torch.uint8)  # ones: every page really mapped
+    ext.read_probe(buffer, 1, False)  # warm: the OpenMP pool, the TLB
+    return tuple(
+        num_bytes / statistics.median(ext.read_probe(buffer, s, p)[0] for _ in range(passes)) / 1e9
+        for s, p in PROBE_PATTERNS
+    )
 
 
 def decode_bound_tok_s(limits: MachineLimits, config: ModelConfig, dtype_bytes: int) -> float:

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from bench.grammar_latency import GrammarResult, format_grammar
 from bench.latency import LatencyResult
-from bench.machine_limits import MachineLimits
+from bench.machine_limits import PROBE_PATTERNS, MachineLimits
 from bench.serve_metrics import Percentiles, ServeResult
 from bench.throughput import ThroughputResult
 
@@ -51,9 +51,20 @@ def format_limits(limits: MachineLimits) -> str:
     rates = ", ".join(f"M={r.m}: {r.gflops:.3g}" for r in limits.matmul)
     return (
         f"Machine ({limits.threads} threads): memory bandwidth {limits.bandwidth_gb_s:.1f} GB/s "
-        f"(copy {limits.bandwidth_copy_gb_s:.1f}, read {limits.bandwidth_read_gb_s:.1f}); "
+        f"({_probe(limits)}torch copy {limits.bandwidth_copy_gb_s:.1f}, "
+        f"sum {limits.bandwidth_read_gb_s:.1f}); "
         f"{limits.dtype} matmul GFLOP/s on the model's shapes: {rates}"
     )
+
+
+def _probe(limits: MachineLimits) -> str:
+    if limits.bandwidth_probe_gb_s is None:
+        return ""
+    patterns = ", ".join(
+        f"{s}{'p' if p else ''} {g:.1f}"
+        for (s, p), g in zip(PROBE_PATTERNS, limits.probe_patterns_gb_s, strict=True)
+    )
+    return f"read probe over 1 GiB, median GB/s by streams per thread (p: prefetch): {patterns}; "
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -6,6 +6,8 @@
 - `pack_blocks`, `block_linear`, `block_rows` (block_linear.cpp: GGUF Q4_0 / Q4_1 / Q8_0;
   kquant_linear.cpp: Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K; mixed_blocks.cpp: layers whose row
   segments mix those): weights kept as stored, unpacked in registers (models/block_linear.py).
+- `read_probe` (read_probe.cpp): one pass of the bench's memory read probe
+  (bench/machine_limits.py); a tool, no kernel uses it.
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
   Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
@@ -39,6 +41,7 @@ _SOURCES = (
     "kquant_linear.cpp",
     "mixed_blocks.cpp",
     "decoder.cpp",
+    "read_probe.cpp",
     "bindings.cpp",
 )
 _HEADERS = (

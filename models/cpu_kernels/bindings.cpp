@@ -176,6 +176,18 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor packed, int64_t type, 
   return y;
 }
 
+// Seconds of one pass of the read probe over a contiguous uint8 buffer, and the xor it read.
+std::tuple<double, int64_t> read_probe(torch::Tensor buffer, int64_t streams, bool prefetch) {
+  TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.is_contiguous(),
+              "read_probe: buffer must be a contiguous uint8 tensor");
+  TORCH_CHECK(streams == 1 || streams == 2 || streams == 4 || streams == 8,
+              "read_probe: streams must be 1, 2, 4 or 8");
+  uint64_t sink = 0;
+  const double s = tgserve::read_probe_seconds(buffer.data_ptr<uint8_t>(), buffer.numel(),
+                                               static_cast<int>(streams), prefetch, &sink);
+  return {s, static_cast<int64_t>(sink)};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -191,5 +203,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_linear", &block_linear, "linear layer over packed GGUF blocks (see kernels.h)",
         py::arg("x"), py::arg("packed"), py::arg("type"), py::arg("n"), py::arg("bias"),
         py::arg("float_out"));
+  m.def("read_probe", &read_probe, "one pass of the bench's memory read probe (see kernels.h)",
+        py::arg("buffer"), py::arg("streams"), py::arg("prefetch"));
   tgserve::bind_decoder(m);
 }

@@ -75,4 +75,9 @@ template <typename T, typename OutT>
 void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
                   OutT* y, int64_t N);
 
+// The bench's read probe (read_probe.cpp): seconds of one pass over p's first bytes (whole
+// 32 KiB units per thread) on the OpenMP threads, `streams` (1, 2, 4, 8) streams per thread,
+// with or without software prefetch; xors what it read into *sink. No kernel uses it.
+double read_probe_seconds(const uint8_t* p, int64_t bytes, int streams, bool prefetch, uint64_t* sink);
+
 }  // namespace tgserve
