@@ -43,6 +43,7 @@ from models.gguf.cache import (
 )
 from models.gguf.config import read_gguf_config
 from models.gguf.names import gguf_to_hf_tensors
+from models.host_memory import release_freed_memory
 
 INDEX_NAME = "model.safetensors.index.json"
 # The dtypes weights load in, by the name configs and the CLI use.
@@ -121,6 +122,7 @@ def load_model(
     with torch.no_grad():
         model.load_weights(bar)
     bar.close()
+    release_freed_memory()  # the float32 tensors a GGUF was dequantised to
     return model, config
 
 
