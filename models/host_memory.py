@@ -8,8 +8,8 @@ any time; it frees nothing still in use. `resident_bytes()` is the process's res
 Why: loading streams through many transient buffers (a GGUF tensor's raw bytes before packing,
 float32 tensors before the cast to the model's dtype). glibc serves buffers under its mmap
 threshold (which grows, up to 32 MiB, each time a larger mapped block is freed) from the heap,
-and a freed heap block between live ones stays resident: without the trim a 1B-shaped Q4_K_M
-load kept ~100 MiB of such pages.
+and a freed heap block between live ones stays resident: a 1B-shaped Q4_K_M file (763 MiB of
+blocks) grew RSS by 926 MiB without the trim, 772 MiB with it.
 """
 
 from __future__ import annotations
