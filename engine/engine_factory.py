@@ -141,9 +141,11 @@ def build_runner(
         layout = plan_shards(model_config, group.world, group.rank)
         shard_model(model, layout, group)
     if config.quantization == "int8":
+        from models.host_memory import release_freed_memory
         from models.quantization import quantize_int8_weight_only
 
         quantize_int8_weight_only(model)
+        release_freed_memory()  # the bf16 matrices the int8 ones replaced
     if config.compile:
         from models.compiled_layers import compile_dense_halves
 

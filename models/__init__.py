@@ -2,7 +2,11 @@
 
 Contract: `build_model(config, dtype, device)` returns a module with
 `forward(input_ids[T], positions[T], meta, kv_caches) -> hidden[T, H]`,
-`compute_logits(hidden[R, H]) -> [R, V]` float32 and `load_weights(pairs)`.
+`compute_logits(hidden[R, H]) -> [R, V]` float32 and `load_weights(pairs)`; its parameters
+are allocated in `dtype`, uninitialised (never written, so not yet resident on a CPU), for
+`load_weights` to fill. `build_meta_model(config, dtype)` is the same model on the meta device
+(no memory): a loader may swap modules (models/gguf/stored.py puts GGUF block layers in place
+of linears) before `materialise(model, config, device)` allocates what is left.
 """
 
 from __future__ import annotations
@@ -22,14 +26,42 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
     """An uninitialised model of the config's family (weights come from load_weights)."""
+    return materialise(build_meta_model(config, dtype), config, device)
+
+
+def build_meta_model(config: ModelConfig, dtype: torch.dtype) -> nn.Module:
+    """The model on the meta device, its floating tensors already in `dtype`: no memory."""
     cls = MODEL_REGISTRY.get(config.family)
     if cls is None:
         raise ValueError(f"no model class for family {config.family!r}")
     with torch.device("meta"):
         model = cls(config)
-    # Materialise on the target device without spending time on random init.
-    model = model.to_empty(device=device).to(dtype)
-    model.tie_weights()  # materialising off the meta device unties shared parameters
+    # Cast while on meta: materialising in float32 and casting would write a float32 copy.
+    return model.to(dtype)
+
+
+def materialise(model: nn.Module, config: ModelConfig, device: torch.device | str) -> nn.Module:
+    """Allocates the meta model's parameters and buffers on `device`, skipping random init:
+    the memory stays untouched until load_weights copies into it. Shared (tied) parameters
+    stay shared. Why not `Module.to_empty`: its `empty_like` of a meta tensor runs torch's
+    Python reference, which imports sympy and torch.fx (~130 MiB resident)."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(meta) -> (meta, allocated)
+
+    def allocate(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:  # the meta tensor is kept in `made`: its id is not reused
+            new = torch.empty(t.shape, dtype=t.dtype, device=device)
+            if isinstance(t, nn.Parameter):
+                new = nn.Parameter(new, requires_grad=t.requires_grad)
+            made[id(t)] = (t, new)
+        return made[id(t)][1]
+
+    for module in model.modules():
+        for name, tensor in [
+            *module.named_parameters(recurse=False),
+            *module.named_buffers(recurse=False),
+        ]:
+            setattr(module, name, allocate(tensor))
+    model.tie_weights()
     _reset_buffers(model, config)
     return model.eval()
 
@@ -66,4 +98,11 @@ def allocate_kv_cache(
     ]
 
 
-__all__ = ["MODEL_REGISTRY", "ModelConfig", "allocate_kv_cache", "build_model"]
+__all__ = [
+    "MODEL_REGISTRY",
+    "ModelConfig",
+    "allocate_kv_cache",
+    "build_meta_model",
+    "build_model",
+    "materialise",
+]

@@ -13,7 +13,7 @@ from torch import nn
 
 from models.attention import AttentionMetadata, KVCache
 from models.config import ModelConfig
-from models.layers import DecoderBlock, GeluMLP, PagedSelfAttention, Rope
+from models.layers import DecoderBlock, GeluMLP, PagedSelfAttention, Rope, embedding
 from models.weights import WeightLoader
 
 
@@ -45,8 +45,8 @@ class GPT2Block(DecoderBlock):
 class GPT2Model(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.wte = embedding(config.vocab_size, config.hidden_size)
+        self.wpe = embedding(config.max_position_embeddings, config.hidden_size)
         self.h = nn.ModuleList(GPT2Block(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 

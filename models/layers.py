@@ -36,6 +36,13 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
+    """An nn.Embedding left uninitialised (the checkpoint fills it). Why not the plain
+    constructor: its random init under the meta device (models.build_meta_model) goes through
+    torch's reference normal_, which imports torch._dynamo: ~150 MiB resident for nothing."""
+    return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim))
+
+
 def rope_inverse_frequencies(
     head_dim: int, theta: float, scaling: dict[str, Any] | None
 ) -> torch.Tensor:

@@ -15,7 +15,15 @@ from torch import nn
 
 from models.attention import AttentionMetadata, KVCache
 from models.config import ModelConfig
-from models.layers import DecoderBlock, GatedMLP, PagedSelfAttention, RMSNorm, Rope, RotaryEmbedding
+from models.layers import (
+    DecoderBlock,
+    GatedMLP,
+    PagedSelfAttention,
+    RMSNorm,
+    Rope,
+    RotaryEmbedding,
+    embedding,
+)
 from models.weights import WeightLoader
 
 
@@ -52,7 +60,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
 
@@ -66,7 +74,14 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
+        # A GGUF loaded as stored may have put block layers in (BlockEmbedding and a BlockLinear
+        # LM head over the same blocks, tied by construction): only dense tables are tied here.
+        head, table = self.lm_head, self.model.embed_tokens
+        if (
+            self.config.tie_word_embeddings
+            and isinstance(head, nn.Linear)
+            and isinstance(table, nn.Embedding)
+        ):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(

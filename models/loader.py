@@ -14,7 +14,8 @@ Contract:
 - `load_model(path, dtype, device, progress)` builds the model (`models.build_model`) and copies
   the tensors in; dtype is "float32" | "bfloat16" | "float16" (float16 only on CUDA). A GGUF's
   block-quantised matrices (`STORED_TYPES`) are kept as stored (models/gguf/stored.py: Llama family on a CPU
-  with the C++ kernels) unless `dequantize=True`; otherwise they are dequantised as above.
+  with the C++ kernels) unless `dequantize=True`; otherwise they are dequantised as above. Freed
+  heap pages (transient tensors of the load) are handed back before it returns.
 Errors: FileNotFoundError for a missing path or shard, ValueError for everything else, each
 naming the file (and the tensor when one is at fault).
 """
@@ -43,6 +44,7 @@ from models.gguf.cache import (
 )
 from models.gguf.config import read_gguf_config
 from models.gguf.names import gguf_to_hf_tensors
+from models.host_memory import release_freed_memory
 
 INDEX_NAME = "model.safetensors.index.json"
 # The dtypes weights load in, by the name configs and the CLI use.
@@ -121,6 +123,7 @@ def load_model(
     with torch.no_grad():
         model.load_weights(bar)
     bar.close()
+    release_freed_memory()  # the float32 tensors a GGUF was dequantised to
     return model, config
 
 

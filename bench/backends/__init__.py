@@ -10,6 +10,9 @@ optional extras, never dependencies) and returns a `Backend`; a peer that is not
 - `run_throughput(requests, on_finished)` submits all requests the way that backend serves best
   and times the whole run; `on_finished(n)` is called as requests complete (progress bars);
 - `close()` frees the model, so the next backend in the same command has the memory.
+`load_backend` measures this process's RSS around the load (bench/load_memory.py) and sets it as
+`backend.load_memory`; a backend may set `held` (name -> bytes it knows it holds: weights, KV
+cache) so the report splits the RSS growth into them and the rest.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bench.kv_usage import KvCacheFigures
+from bench.load_memory import LoadMemory, measure_load, render
 from bench.model_source import ModelSource
 from bench.workload import BenchRequest
 
@@ -92,13 +96,19 @@ def load_backend(name: str, source: ModelSource, options: BackendOptions) -> Bac
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     module = importlib.import_module(BACKENDS[name])
-    return module.load(source, options)
+    backend, memory = measure_load(lambda: module.load(source, options), source)
+    backend.load_memory = memory
+    return backend
 
 
 def report_note(backend: Backend) -> str:
-    """The backend's note for the report, with its memory after load when it measured it."""
-    memory = getattr(backend, "memory", None)
-    return f"{backend.note}; {memory}" if memory else backend.note
+    """The backend's note for the report, with its memory at load and now (after the runs)."""
+    from models.host_memory import resident_bytes
+
+    memory: LoadMemory | None = getattr(backend, "load_memory", None)
+    if memory is None:
+        return backend.note
+    return f"{backend.note}; {render(memory, getattr(backend, 'held', {}), resident_bytes())}"
 
 
 def count_tokens(requests: Sequence[BenchRequest]) -> tuple[int, int]:

@@ -12,7 +12,6 @@ as `Engine.generate`'s: no stream's inter-token latency holds the steps back).
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -35,7 +34,9 @@ class TgserveBackend:
             + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
             + (", CUDA graphs" if engine.runner.decode_graphs is not None else "")
         )
-        self.memory = _memory_note(engine)  # measured once, after load (report_note adds it)
+        self.held = held_bytes(engine)  # report_note splits the RSS growth at load with it
+        if _block_weights(engine.runner.model):
+            self.note += ", GGUF blocks as stored"
         self._ids = count()
 
     def _params(self, output_len: int, streamed: bool = True):
@@ -138,27 +139,42 @@ def engine_config(source: ModelSource, options: BackendOptions):
     )
 
 
-def _memory_note(engine) -> str:
-    """Weights held by the model (GGUF blocks as stored counted once, tied or not), and the
-    process's resident memory after load (weights, KV cache, packed copies, libraries)."""
+def held_bytes(engine) -> dict[str, int]:
+    """What the loaded engine holds, by kind: the model's weights (parameters, buffers and GGUF
+    blocks as stored, each storage counted once, tied or not), the KV cache, and the C++ step's
+    packed copies of dense linear weights (models/cpu_kernels/fused_decoder.py packs each once
+    more, [N rounded up to 16, K] in the weight's dtype; GGUF blocks are not copied)."""
+    from torch import nn
+
+    from models.forward_path import CppStepPath
+    from models.quantization import Int8Linear
+
+    runner = engine.runner
+    seen: dict[int, int] = {}
+    for t in (*runner.model.parameters(), *runner.model.buffers()):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for w in _block_weights(runner.model):
+        seen[w.packed.data_ptr()] = w.nbytes
+    held = {
+        "weights": sum(seen.values()),
+        "KV cache": sum(k.nbytes + v.nbytes for k, v in runner.kv_caches),
+    }
+    if isinstance(runner.forward_path, CppStepPath):
+        packed = sum(
+            -(-m.out_features // 16)
+            * 16
+            * m.in_features
+            * (1 if isinstance(m, Int8Linear) else m.weight.element_size())
+            for m in runner.model.modules()
+            if isinstance(m, nn.Linear | Int8Linear)
+        )
+        if packed:
+            held["packed copies"] = packed
+    return held
+
+
+def _block_weights(model) -> list:
+    """The GGUF block weights (models/block_linear.py) the model holds, shared ones repeated."""
     from models.block_linear import BlockEmbedding, BlockLinear
 
-    model = engine.runner.model
-    seen: dict[int, int] = {}
-    for t in (*model.parameters(), *model.buffers()):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    blocks = [
-        m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)
-    ]
-    for w in blocks:
-        seen[w.packed.data_ptr()] = w.nbytes
-    kind = "GGUF blocks as stored" if blocks else "dense"
-    return f"weights {sum(seen.values()) / 2**20:.0f} MiB ({kind}), RSS after load {_rss_mib():.0f} MiB"
-
-
-def _rss_mib() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return float("nan")
+    return [m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]

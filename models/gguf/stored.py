@@ -13,6 +13,10 @@ or no matrix is stored in a type of `STORED_TYPES`.
   one mixed `BlockWeight` when every part's type is in `MIXABLE_TYPES` (the K-quants, Q5_0 /
   Q5_1); otherwise it, and every other tensor (norms, biases, F16 / BF16 / F32 matrices), loads
   as the dequantising path loads it, in `dtype`.
+- Memory: the model is built on the meta device and the block layers are put in before the
+  rest is allocated, so no dense matrix is made for a block layer; each tensor's bytes are read
+  (not memory-mapped: no file page stays mapped) and freed once packed, and the freed heap pages
+  are handed back. Resident weight bytes after load ≈ the file's tensor bytes.
 Errors: `ValueError` naming the file and tensor for a shape the model does not expect.
 """
 
@@ -38,6 +42,7 @@ from models.gguf.config import read_gguf_config
 from models.gguf.file import GGUFFile
 from models.gguf.header import GGUFTensorInfo
 from models.gguf.names import Fixup, gguf_to_hf_plan
+from models.host_memory import release_freed_memory
 
 # Hugging Face module fragment -> (our fused module fragment, part index, parts).
 _FUSED = {
@@ -54,7 +59,7 @@ Part = tuple[int, GGUFTensorInfo, str, Fixup | None]  # (part index, info, hf na
 def load_stored_gguf(
     path: Path, dtype: torch.dtype, device: str | torch.device
 ) -> tuple[nn.Module, ModelConfig] | None:
-    from models import build_model
+    from models import build_meta_model, materialise
 
     if torch.device(device).type != "cpu" or cpu_kernels.extension() is None:
         return None
@@ -65,7 +70,9 @@ def load_stored_gguf(
     groups = _block_groups(plan)
     if not groups:
         return None
-    model = build_model(config, dtype, device)
+    # Built on the meta device: the block layers go in before anything is allocated, so no
+    # dense matrix is ever made for a layer the file stores as blocks.
+    model = build_meta_model(config, dtype)
     kept: set[str] = set()
     for module_name, (parts, count) in groups.items():
         types = {_qtype(info) for _, info, _, _ in parts}
@@ -75,8 +82,10 @@ def load_stored_gguf(
             kept.update(hf_name for _, _, hf_name, _ in parts)
     if config.tie_word_embeddings and isinstance(model.model.embed_tokens, BlockEmbedding):
         model.lm_head = BlockLinear(model.model.embed_tokens.block_weight)
+    model = materialise(model, config, device)  # the dense rest: norms, other matrices, rotary
     with torch.no_grad():
         model.load_weights(_rest(gguf, plan, kept))
+    release_freed_memory()  # the raw bytes read per tensor, freed after packing
     return model, config
 
 

@@ -151,6 +151,9 @@ def test_latency_runs_tgserve_and_transformers_and_reports_bounds(tiny_model, ca
     weight_bytes = 4 * (2 * per_layer + h * vocab + h)
     assert tg["decode_bound_tok_s"] == pytest.approx(machine["bandwidth_gb_s"] * 1e9 / weight_bytes)
     assert tg["decode_ratio_vs_first"] == 1.0
+    # Memory at load, for every backend (tgserve splits it into what it holds).
+    assert "RSS before load" in hf["note"]
+    assert "RSS before load" in tg["note"] and "= weights " in tg["note"]
     assert hf["decode_ratio_vs_first"] == pytest.approx(hf["decode_tok_s"] / tg["decode_tok_s"])
 
 

@@ -1,0 +1,67 @@
+"""The benchmarks' memory figures (bench/load_memory.py, bench/backends/tgserve.py `held_bytes`):
+the report text on hand-worked numbers, and tgserve's held bytes against the checkpoint file and
+the KV cache's own shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from bench.backends import BackendOptions, load_backend
+from bench.load_memory import LoadMemory, render
+from bench.model_source import resolve_model
+from models.cpu_kernels import extension as cpu_kernels_extension
+from tests.checkpoints import save_checkpoint
+
+MIB = 2**20
+
+
+def test_render_splits_the_growth_and_compares_weights_with_the_file():
+    memory = LoadMemory(rss_before=100 * MIB, rss_after=400 * MIB, file_tensor_bytes=250 * MIB)
+    text = render(memory, {"weights": 250 * MIB, "KV cache": 40 * MIB}, rss_now=410 * MIB)
+    assert text == (
+        "weights 250 MiB = 1.00x the file's tensors (250 MiB); RSS before load 100 MiB, after "
+        "load 400 MiB (+300 = weights 250 + KV cache 40 + other 10), after the runs 410 MiB"
+    )
+    # Nothing known but RSS (a peer), or nothing at all.
+    assert render(LoadMemory(0, 30 * MIB, None), {}, None) == (
+        "RSS before load 0 MiB, after load 30 MiB (+30)"
+    )
+    assert render(LoadMemory(None, None, None), {}, None) == "RSS not readable here"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return save_checkpoint("llama", tmp_path_factory.mktemp("mem") / "tiny-llama", seed=0)
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_tgserve_holds_the_checkpoints_weights_and_its_kv_cache(tiny_llama, cpu_kernels):
+    with safe_open(str(tiny_llama / "model.safetensors"), framework="pt") as f:
+        file_bytes = sum(f.get_tensor(name).nbytes for name in f.keys())  # noqa: SIM118
+    source = resolve_model(tiny_llama)
+    c = source.config
+    options = BackendOptions("float32", 4, 64, 4, False, 64, 4, cpu_kernels=cpu_kernels)
+    backend = load_backend("tgserve", source, options)
+    try:
+        held = backend.held
+        engine = backend.engine
+        rotary = 4 * c.head_dim // 2  # the float32 inverse frequencies, a buffer
+        assert held["weights"] == file_bytes + rotary  # float32 file loaded in float32
+        slots = engine.runner.kv_caches[0][0].shape[0] * engine.config.block_size
+        assert held["KV cache"] == 2 * c.num_layers * slots * c.num_kv_heads * c.head_dim * 4
+        step = engine.runner.forward_path.description.startswith("forward steps by tgserve's C++")
+        if step:  # every dense linear packed once more: what the kernels' packing makes
+            ext = cpu_kernels_extension()
+            linears = [m for m in engine.runner.model.modules() if isinstance(m, torch.nn.Linear)]
+            assert held["packed copies"] == sum(ext.pack_linear(m.weight).nbytes for m in linears)
+        else:
+            assert "packed copies" not in held
+        assert step == cpu_kernels
+        memory = backend.load_memory
+        assert memory.rss_after >= memory.rss_before > 0 and memory.file_tensor_bytes is None
+    finally:
+        backend.close()
