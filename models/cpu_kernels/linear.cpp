@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace tgserve {
 namespace {
@@ -45,6 +46,8 @@ constexpr int kMaxNR = 4;       // panels per pass
 constexpr int64_t kPanelBytesInL2 = 256 * 1024;
 // Bytes of x's rows a block keeps in L2 while every group of panels goes over them.
 constexpr int64_t kRowBlockBytes = 256 * 1024;
+// How far ahead the int8 pass prefetches each panel (best of 256..2048 at M = 1 here).
+constexpr int64_t kPrefetchBytes = 512;
 
 // k per packed step: 2 for bfloat16 (a pair per lane), 1 otherwise.
 template <typename T>
@@ -75,11 +78,19 @@ inline void store_row(const float* v, const float* scale, const float* bias_f, i
 
 // One k-step of a panel: 16 columns x a pair of k, as vdpbf16ps's operand.
 inline __m512bh load_pairs(const c10::BFloat16* w) { return (__m512bh)_mm512_loadu_si512(w); }
-inline __m512bh load_pairs(const int8_t* w) {  // 32 int8, widened exactly to bf16
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
-  const __m512 hi =
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16))));
-  return _mm512_cvtne2ps_pbh(hi, lo);
+// 32 int8, widened exactly to bf16: |q| <= 128 has at most 8 significant bits, so its float32
+// has 16 zero low bits and its high half is its bf16; one vpermt2w gathers the 32 high halves
+// (the same bits as vcvtne2ps2bf16, which costs more on the vector pipes here).
+inline __m512bh load_pairs(const int8_t* w) {
+  const __m512i lo = _mm512_castps_si512(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w))));
+  const __m512i hi = _mm512_castps_si512(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16)))));
+  // word i of the result = word 2i + 1 of (lo, hi) (indices 32.. pick from hi)
+  const __m512i high_halves = _mm512_set_epi16(
+      63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23, 21, 19,
+      17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return (__m512bh)_mm512_permutex2var_epi16(lo, high_halves, hi);
 }
 
 // One k-step of MR rows against NR panels: acc[m][j] += x pair (m) . W pairs (panel j).
@@ -103,6 +114,15 @@ template <int MR, int NR, typename WT>
   const int64_t full = K / 2;
   const int64_t stride = steps * 32;
   for (int64_t s = 0; s < full; ++s) {
+    if constexpr (std::is_same_v<WT, int8_t>) {
+      // int8 panels: a line (two steps) of each panel kPrefetchBytes ahead. The widening
+      // leaves fewer misses in flight than the bf16 pass; without this the pass streams
+      // below memory speed at M = 1.
+      if ((s & 1) == 0)
+        for (int j = 0; j < NR; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(Wp + j * stride + s * 32) + kPrefetchBytes,
+                       _MM_HINT_T0);
+    }
     __m512bh w[NR];
     for (int j = 0; j < NR; ++j) w[j] = load_pairs(Wp + j * stride + s * 32);
     int32_t pairs[MR];
@@ -256,6 +276,18 @@ inline void run_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr,
   }
 }
 
+// n int8 weights of packed panels -> the same n as bf16, exactly (n: a multiple of 32).
+template <typename WT>
+void widen_panels(const WT* src, int64_t n, c10::BFloat16* dst) {
+  if constexpr (std::is_same_v<WT, int8_t>) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    for (int64_t e = 0; e < n; e += 32) _mm512_storeu_si512(dst + e, (__m512i)load_pairs(src + e));
+#else
+    for (int64_t e = 0; e < n; ++e) dst[e] = c10::BFloat16(static_cast<float>(src[e]));
+#endif
+  }
+}
+
 }  // namespace
 
 int64_t packed_linear_steps(int64_t K, bool pairs) { return pairs ? (K + 1) / 2 : K; }
@@ -299,6 +331,11 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
     float bias_f[kMaxNR * kPanel];
     int64_t bias_group = -1;
     int64_t u = 0;  // index of the walk's next unit
+    // int8 weights under more than one pass of rows (prefill): each group's panels are widened
+    // to bf16 once per visit into this thread's scratch (same layout, exact, so the passes'
+    // bits are those of the int8 pass) instead of once per pass.
+    std::vector<c10::BFloat16> wide;
+    if (std::is_same_v<WT, int8_t> && M > kMaxMR) wide.resize(nr_max * panel_elems);
     for (int64_t r0 = 0; r0 < M && u < end; r0 += block_rows) {
       const int64_t passes = (std::min(M - r0, block_rows) + kMaxMR - 1) / kMaxMR;
       if (u + groups * passes <= begin) {
@@ -319,12 +356,20 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
             bias_f[j] = bias && j < nn ? static_cast<float>(bias[n0 + j]) : 0.0f;
         }
         const float* scale = scales ? scales + n0 : nullptr;
-        for (int64_t q = 0; q < passes; ++q, ++u) {
-          if (u < begin || u >= end) continue;
-          const int64_t m0 = r0 + q * kMaxMR;
-          const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-          run_pass<T, OutT, WT>(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr,
-                                y + m0 * N + n0, N, nn, scale, bias_f);
+        auto run_passes = [&](const auto* group) {
+          for (int64_t q = 0; q < passes; ++q, ++u) {
+            if (u < begin || u >= end) continue;
+            const int64_t m0 = r0 + q * kMaxMR;
+            const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+            run_pass<T, OutT>(x + m0 * K, K, group, steps, mr, nr, y + m0 * N + n0, N, nn,
+                              scale, bias_f);
+          }
+        };
+        if (!wide.empty()) {  // int8, several passes: widen the group's panels once
+          widen_panels(Wp + p0 * panel_elems, nr * panel_elems, wide.data());
+          run_passes(wide.data());
+        } else {
+          run_passes(Wp + p0 * panel_elems);
         }
       }
     }
