@@ -14,12 +14,13 @@
 // A lane's sum is one float32 value from its first step to its last (no K blocking, no
 // partial sums combined). Batch invariance (issue #14) rests on this.
 //
-// int8 weights (weight-only, one scale per output row): the same layout and order, the int8
-// pairs widened to bf16 in registers (exact: |q| <= 127), y = round(fma(acc, scale[n],
-// bias[n])) (one fused multiply-add, one rounding).
+// int8 weights (weight-only, one scale per output row): the same layout and order over the
+// int8 values as bf16 (exact: |q| <= 128), widened in registers when one pass of rows goes
+// over a group of panels, else once per visit into a per-thread bf16 scratch (the same bits
+// either way); y = round(fma(acc, scale[n], bias[n])) (one fused multiply-add, one rounding).
 //
 // Speed: a pass runs MR = 6 rows of x against NR <= 4 panels (24 accumulators in registers, no
-// horizontal sums) and writes its tile straight from the registers. The work is a walk over
+// horizontal sums; one row over int8 panels: NR <= 8) and writes its tile straight from the registers. The work is a walk over
 // row blocks (x's rows that fit in L2, kRowBlockBytes) x groups of NR panels x passes of MR
 // rows: a row block stays in L2 while every group goes over it, and a group's panels stay in
 // L2 while the block's rows go over them. Each thread takes an equal contiguous share of the
@@ -41,7 +42,8 @@ namespace {
 
 constexpr int64_t kPanel = 16;  // output columns per panel
 constexpr int kMaxMR = 6;       // rows of x per pass
-constexpr int kMaxNR = 4;       // panels per pass
+constexpr int kMaxNR = 8;       // panels per pass: 8 only for one row over int8 panels,
+constexpr int kMaxNRRows = 4;   // else at most 4 (6 x 4 accumulators fill the registers)
 // A pass's panels of W should stay in L2 while the rows of x go over them.
 constexpr int64_t kPanelBytesInL2 = 256 * 1024;
 // Bytes of x's rows a block keeps in L2 while every group of panels goes over them.
@@ -215,7 +217,12 @@ inline void any_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr,
     case 1: pass_rows<T, 1>(x, K, Wp, steps, mr, t); break;
     case 2: pass_rows<T, 2>(x, K, Wp, steps, mr, t); break;
     case 3: pass_rows<T, 3>(x, K, Wp, steps, mr, t); break;
-    default: pass_rows<T, 4>(x, K, Wp, steps, mr, t); break;
+    case 4: pass_rows<T, 4>(x, K, Wp, steps, mr, t); break;
+    // more than 4 panels: one row only (M = 1 over int8 panels, see packed_linear)
+    case 5: pass<T, 1, 5>(x, K, Wp, steps, t); break;
+    case 6: pass<T, 1, 6>(x, K, Wp, steps, t); break;
+    case 7: pass<T, 1, 7>(x, K, Wp, steps, t); break;
+    default: pass<T, 1, 8>(x, K, Wp, steps, t); break;
   }
 }
 
@@ -312,9 +319,12 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
   constexpr int64_t sk = step_k<T>();
   const int64_t steps = packed_linear_steps(K, sk == 2), panels = (N + kPanel - 1) / kPanel;
   const int64_t panel_elems = steps * kPanel * sk;
-  // Panels per pass: as many as stay in L2 together (never more than kMaxNR).
+  // Panels per pass: as many as stay in L2 together, at most kMaxNRRows; a single row over
+  // int8 panels (batch-1 decode) takes up to kMaxNR: twice the streams and independent
+  // accumulators per thread, which is what keeps that pass near memory speed.
   const int64_t fit = kPanelBytesInL2 / std::max<int64_t>(1, panel_elems * sizeof(WT));
-  const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxNR));
+  const int nr_cap = std::is_same_v<WT, int8_t> && M == 1 ? kMaxNR : kMaxNRRows;
+  const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, nr_cap));
   const int64_t groups = (panels + nr_max - 1) / nr_max;
   // The work is row blocks x groups x row passes, walked in that order: a block of x's rows
   // (kRowBlockBytes) stays in L2 while every group of panels goes over it, and a group's
