@@ -20,12 +20,13 @@
 // either way); y = round(fma(acc, scale[n], bias[n])) (one fused multiply-add, one rounding).
 //
 // Speed: a pass runs MR = 6 rows of x against NR <= 4 panels (24 accumulators in registers, no
-// horizontal sums; one row over int8 panels: NR <= 8) and writes its tile straight from the registers. The work is a walk over
-// row blocks (x's rows that fit in L2, kRowBlockBytes) x groups of NR panels x passes of MR
-// rows: a row block stays in L2 while every group goes over it, and a group's panels stay in
-// L2 while the block's rows go over them. Each thread takes an equal contiguous share of the
-// walk. At M = 1 the kernel streams W at memory speed (one pass per group, the groups split
-// between threads); at large M it runs near the vdpbf16ps peak (one per cycle per core here).
+// horizontal sums; one row over int8 panels: NR <= 8) and writes its tile straight from the
+// registers. The work is a walk over row blocks (x's rows that fit in L2, kRowBlockBytes) x
+// groups of NR panels x passes of MR rows: a row block stays in L2 while every group goes over
+// it, and a group's panels stay in L2 while the block's rows go over them. Each thread takes an
+// equal contiguous share of the walk. At M = 1 the kernel streams W at memory speed (one pass
+// per group, the groups split between threads); at large M it runs near the vdpbf16ps peak
+// (one per cycle per core here).
 
 #include "kernels.h"
 
