@@ -14,17 +14,19 @@
 // A lane's sum is one float32 value from its first step to its last (no K blocking, no
 // partial sums combined). Batch invariance (issue #14) rests on this.
 //
-// int8 weights (weight-only, one scale per output row): the same layout and order, the int8
-// pairs widened to bf16 in registers (exact: |q| <= 127), y = round(fma(acc, scale[n],
-// bias[n])) (one fused multiply-add, one rounding).
+// int8 weights (weight-only, one scale per output row): the same layout and order over the
+// int8 values as bf16 (exact: |q| <= 128), widened in registers when one pass of rows goes
+// over a group of panels, else once per visit into a per-thread bf16 scratch (the same bits
+// either way); y = round(fma(acc, scale[n], bias[n])) (one fused multiply-add, one rounding).
 //
 // Speed: a pass runs MR = 6 rows of x against NR <= 4 panels (24 accumulators in registers, no
-// horizontal sums) and writes its tile straight from the registers. The work is a walk over
-// row blocks (x's rows that fit in L2, kRowBlockBytes) x groups of NR panels x passes of MR
-// rows: a row block stays in L2 while every group goes over it, and a group's panels stay in
-// L2 while the block's rows go over them. Each thread takes an equal contiguous share of the
-// walk. At M = 1 the kernel streams W at memory speed (one pass per group, the groups split
-// between threads); at large M it runs near the vdpbf16ps peak (one per cycle per core here).
+// horizontal sums; one row over int8 panels: NR <= 8) and writes its tile straight from the
+// registers. The work is a walk over row blocks (x's rows that fit in L2, kRowBlockBytes) x
+// groups of NR panels x passes of MR rows: a row block stays in L2 while every group goes over
+// it, and a group's panels stay in L2 while the block's rows go over them. Each thread takes an
+// equal contiguous share of the walk. At M = 1 the kernel streams W at memory speed (one pass
+// per group, the groups split between threads); at large M it runs near the vdpbf16ps peak
+// (one per cycle per core here).
 
 #include "kernels.h"
 
@@ -34,17 +36,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace tgserve {
 namespace {
 
 constexpr int64_t kPanel = 16;  // output columns per panel
 constexpr int kMaxMR = 6;       // rows of x per pass
-constexpr int kMaxNR = 4;       // panels per pass
+constexpr int kMaxNR = 8;       // panels per pass: 8 only for one row over int8 panels,
+constexpr int kMaxNRRows = 4;   // else at most 4 (6 x 4 accumulators fill the registers)
 // A pass's panels of W should stay in L2 while the rows of x go over them.
 constexpr int64_t kPanelBytesInL2 = 256 * 1024;
 // Bytes of x's rows a block keeps in L2 while every group of panels goes over them.
 constexpr int64_t kRowBlockBytes = 256 * 1024;
+// How far ahead the int8 pass prefetches each panel (best of 256..2048 at M = 1 here).
+constexpr int64_t kPrefetchBytes = 512;
 
 // k per packed step: 2 for bfloat16 (a pair per lane), 1 otherwise.
 template <typename T>
@@ -75,11 +81,19 @@ inline void store_row(const float* v, const float* scale, const float* bias_f, i
 
 // One k-step of a panel: 16 columns x a pair of k, as vdpbf16ps's operand.
 inline __m512bh load_pairs(const c10::BFloat16* w) { return (__m512bh)_mm512_loadu_si512(w); }
-inline __m512bh load_pairs(const int8_t* w) {  // 32 int8, widened exactly to bf16
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)));
-  const __m512 hi =
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16))));
-  return _mm512_cvtne2ps_pbh(hi, lo);
+// 32 int8, widened exactly to bf16: |q| <= 128 has at most 8 significant bits, so its float32
+// has 16 zero low bits and its high half is its bf16; one vpermt2w gathers the 32 high halves
+// (the same bits as vcvtne2ps2bf16, which costs more on the vector pipes here).
+inline __m512bh load_pairs(const int8_t* w) {
+  const __m512i lo = _mm512_castps_si512(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w))));
+  const __m512i hi = _mm512_castps_si512(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16)))));
+  // word i of the result = word 2i + 1 of (lo, hi) (indices 32.. pick from hi)
+  const __m512i high_halves = _mm512_set_epi16(
+      63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23, 21, 19,
+      17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return (__m512bh)_mm512_permutex2var_epi16(lo, high_halves, hi);
 }
 
 // One k-step of MR rows against NR panels: acc[m][j] += x pair (m) . W pairs (panel j).
@@ -103,6 +117,15 @@ template <int MR, int NR, typename WT>
   const int64_t full = K / 2;
   const int64_t stride = steps * 32;
   for (int64_t s = 0; s < full; ++s) {
+    if constexpr (std::is_same_v<WT, int8_t>) {
+      // int8 panels: a line (two steps) of each panel kPrefetchBytes ahead. The widening
+      // leaves fewer misses in flight than the bf16 pass; without this the pass streams
+      // below memory speed at M = 1.
+      if ((s & 1) == 0)
+        for (int j = 0; j < NR; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(Wp + j * stride + s * 32) + kPrefetchBytes,
+                       _MM_HINT_T0);
+    }
     __m512bh w[NR];
     for (int j = 0; j < NR; ++j) w[j] = load_pairs(Wp + j * stride + s * 32);
     int32_t pairs[MR];
@@ -195,7 +218,12 @@ inline void any_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr,
     case 1: pass_rows<T, 1>(x, K, Wp, steps, mr, t); break;
     case 2: pass_rows<T, 2>(x, K, Wp, steps, mr, t); break;
     case 3: pass_rows<T, 3>(x, K, Wp, steps, mr, t); break;
-    default: pass_rows<T, 4>(x, K, Wp, steps, mr, t); break;
+    case 4: pass_rows<T, 4>(x, K, Wp, steps, mr, t); break;
+    // more than 4 panels: one row only (M = 1 over int8 panels, see packed_linear)
+    case 5: pass<T, 1, 5>(x, K, Wp, steps, t); break;
+    case 6: pass<T, 1, 6>(x, K, Wp, steps, t); break;
+    case 7: pass<T, 1, 7>(x, K, Wp, steps, t); break;
+    default: pass<T, 1, 8>(x, K, Wp, steps, t); break;
   }
 }
 
@@ -256,6 +284,18 @@ inline void run_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr,
   }
 }
 
+// n int8 weights of packed panels -> the same n as bf16, exactly (n: a multiple of 32).
+template <typename WT>
+void widen_panels(const WT* src, int64_t n, c10::BFloat16* dst) {
+  if constexpr (std::is_same_v<WT, int8_t>) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    for (int64_t e = 0; e < n; e += 32) _mm512_storeu_si512(dst + e, (__m512i)load_pairs(src + e));
+#else
+    for (int64_t e = 0; e < n; ++e) dst[e] = c10::BFloat16(static_cast<float>(src[e]));
+#endif
+  }
+}
+
 }  // namespace
 
 int64_t packed_linear_steps(int64_t K, bool pairs) { return pairs ? (K + 1) / 2 : K; }
@@ -280,9 +320,12 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
   constexpr int64_t sk = step_k<T>();
   const int64_t steps = packed_linear_steps(K, sk == 2), panels = (N + kPanel - 1) / kPanel;
   const int64_t panel_elems = steps * kPanel * sk;
-  // Panels per pass: as many as stay in L2 together (never more than kMaxNR).
+  // Panels per pass: as many as stay in L2 together, at most kMaxNRRows; a single row over
+  // int8 panels (batch-1 decode) takes up to kMaxNR: twice the streams and independent
+  // accumulators per thread, which is what keeps that pass near memory speed.
   const int64_t fit = kPanelBytesInL2 / std::max<int64_t>(1, panel_elems * sizeof(WT));
-  const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxNR));
+  const int nr_cap = std::is_same_v<WT, int8_t> && M == 1 ? kMaxNR : kMaxNRRows;
+  const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, nr_cap));
   const int64_t groups = (panels + nr_max - 1) / nr_max;
   // The work is row blocks x groups x row passes, walked in that order: a block of x's rows
   // (kRowBlockBytes) stays in L2 while every group of panels goes over it, and a group's
@@ -299,6 +342,11 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
     float bias_f[kMaxNR * kPanel];
     int64_t bias_group = -1;
     int64_t u = 0;  // index of the walk's next unit
+    // int8 weights under more than one pass of rows (prefill): each group's panels are widened
+    // to bf16 once per visit into this thread's scratch (same layout, exact, so the passes'
+    // bits are those of the int8 pass) instead of once per pass.
+    std::vector<c10::BFloat16> wide;
+    if (std::is_same_v<WT, int8_t> && M > kMaxMR) wide.resize(nr_max * panel_elems);
     for (int64_t r0 = 0; r0 < M && u < end; r0 += block_rows) {
       const int64_t passes = (std::min(M - r0, block_rows) + kMaxMR - 1) / kMaxMR;
       if (u + groups * passes <= begin) {
@@ -319,12 +367,20 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
             bias_f[j] = bias && j < nn ? static_cast<float>(bias[n0 + j]) : 0.0f;
         }
         const float* scale = scales ? scales + n0 : nullptr;
-        for (int64_t q = 0; q < passes; ++q, ++u) {
-          if (u < begin || u >= end) continue;
-          const int64_t m0 = r0 + q * kMaxMR;
-          const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-          run_pass<T, OutT, WT>(x + m0 * K, K, Wp + p0 * panel_elems, steps, mr, nr,
-                                y + m0 * N + n0, N, nn, scale, bias_f);
+        auto run_passes = [&](const auto* group) {
+          for (int64_t q = 0; q < passes; ++q, ++u) {
+            if (u < begin || u >= end) continue;
+            const int64_t m0 = r0 + q * kMaxMR;
+            const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+            run_pass<T, OutT>(x + m0 * K, K, group, steps, mr, nr, y + m0 * N + n0, N, nn,
+                              scale, bias_f);
+          }
+        };
+        if (!wide.empty()) {  // int8, several passes: widen the group's panels once
+          widen_panels(Wp + p0 * panel_elems, nr * panel_elems, wide.data());
+          run_passes(wide.data());
+        } else {
+          run_passes(Wp + p0 * panel_elems);
         }
       }
     }
