@@ -16,7 +16,10 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.gpt2 import GPT2LMHeadModel
+from models.linear_backend import pin_mkl_code_path
 from models.llama import LlamaForCausalLM
+
+pin_mkl_code_path()  # before any GEMM: MKL reads it once (models/linear_backend.py)
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,

@@ -17,6 +17,14 @@ model shapes in both dtypes): if a torch upgrade breaks it, that test fails. Run
 one fixed tile of rows per call would not depend on it, but costs 1.4-1.8x on prefill linears
 (the weights are repacked per call), so the padded single call is the design.
 
+MKL picks its float32 GEMM kernels by CPU vendor and model. On AMD (Zen 4) the padded call
+holds as is; on Intel Xeons (seen on an Ice Lake host without AVX512-BF16) MKL's default path
+sums a row in another K order once M reaches 16, so M = 9..16 (padded to 16) differ from a row
+alone (padded to 8). MKL's strict reproducibility mode for the CPU's own branch
+(`MKL_CBWR=AVX512,STRICT`) removes that at the same speed (prefill shapes of the default
+model, 2 threads: within the run-to-run noise), so `pin_mkl_code_path` sets it on Intel CPUs
+before the first GEMM, unless the user set MKL_CBWR.
+
 Contract: `use_invariant_linears(model)` makes every plain `nn.Linear` of a model run
 `invariant_linear` (switched on once, by `models.forward_path` for models on a CPU).
 """
@@ -24,6 +32,8 @@ Contract: `use_invariant_linears(model)` makes every plain `nn.Linear` of a mode
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +41,26 @@ from torch import nn
 
 # The PyTorch path's linears run on a multiple of this many rows (zero rows pad the rest).
 ROW_QUANTUM = 8
+
+
+def pin_mkl_code_path(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """On an Intel CPU, sets MKL_CBWR to the CPU's widest branch in strict mode (see the module
+    docstring) unless already set; returns the value set, or None. MKL reads the variable at
+    its first call, so this runs when `models` is imported, before any GEMM."""
+    if "MKL_CBWR" in os.environ or not cpuinfo.exists():
+        return None
+    text = cpuinfo.read_text(errors="replace")
+    if "GenuineIntel" not in text:
+        return None
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
+        [],
+    )
+    branch = "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    if branch is None:
+        return None
+    os.environ["MKL_CBWR"] = f"{branch},STRICT"
+    return os.environ["MKL_CBWR"]
 
 
 def invariant_linear(

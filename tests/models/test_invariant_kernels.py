@@ -7,6 +7,7 @@ fails here."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -170,3 +171,31 @@ def test_query_tiles_fill_whole_four_row_blocks() -> None:
     for group in range(1, 17):
         rows = tile_rows(group)
         assert (rows * group) % 4 == 0 and all((r * group) % 4 for r in range(1, rows))
+
+
+@pytest.mark.parametrize(
+    ("vendor", "flags", "preset", "want"),
+    [
+        ("GenuineIntel", "fpu avx2 avx512f avx512bw", None, "AVX512,STRICT"),
+        ("GenuineIntel", "fpu avx avx2 fma", None, "AVX2,STRICT"),
+        ("GenuineIntel", "fpu sse4_2", None, None),
+        ("AuthenticAMD", "fpu avx2 avx512f avx512_bf16", None, None),
+        ("GenuineIntel", "fpu avx2 avx512f", "COMPATIBLE", "COMPATIBLE"),
+    ],
+)
+def test_mkl_is_pinned_to_its_strict_branch_on_intel_only(
+    vendor, flags, preset, want, tmp_path, monkeypatch
+) -> None:
+    # MKL's default float32 path on Intel sums rows 9..16 in another order than a row alone
+    # (see models/linear_backend.py); the user's own MKL_CBWR always wins.
+    from models.linear_backend import pin_mkl_code_path
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+    if preset is None:
+        monkeypatch.delenv("MKL_CBWR", raising=False)
+    else:
+        monkeypatch.setenv("MKL_CBWR", preset)
+    set_now = pin_mkl_code_path(cpuinfo)
+    assert set_now == (want if preset is None else None)
+    assert os.environ.get("MKL_CBWR") == want
