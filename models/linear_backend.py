@@ -33,29 +33,25 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.cpu_features import cpu_flags, cpu_vendor
+
 # The PyTorch path's linears run on a multiple of this many rows (zero rows pad the rest).
 ROW_QUANTUM = 8
 
 
-def pin_mkl_code_path(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+def pin_mkl_code_path(cpuinfo: str | None = None) -> str | None:
     """On an Intel CPU, sets MKL_CBWR to the CPU's widest branch in strict mode (see the module
     docstring) unless already set; returns the value set, or None. MKL reads the variable at
-    its first call, so this runs when `models` is imported, before any GEMM."""
-    if "MKL_CBWR" in os.environ or not cpuinfo.exists():
+    its first call, so this runs when `models` is imported, before any GEMM. `cpuinfo`: the
+    text of /proc/cpuinfo (read when None)."""
+    if "MKL_CBWR" in os.environ or cpu_vendor(cpuinfo) != "GenuineIntel":
         return None
-    text = cpuinfo.read_text(errors="replace")
-    if "GenuineIntel" not in text:
-        return None
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
-        [],
-    )
+    flags = cpu_flags(cpuinfo)
     branch = "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
     if branch is None:
         return None

@@ -184,14 +184,13 @@ def test_query_tiles_fill_whole_four_row_blocks() -> None:
     ],
 )
 def test_mkl_is_pinned_to_its_strict_branch_on_intel_only(
-    vendor, flags, preset, want, tmp_path, monkeypatch
+    vendor, flags, preset, want, monkeypatch
 ) -> None:
     # MKL's default float32 path on Intel sums rows 9..16 in another order than a row alone
     # (see models/linear_backend.py); the user's own MKL_CBWR always wins.
     from models.linear_backend import pin_mkl_code_path
 
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+    cpuinfo = f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n"
     if preset is None:
         monkeypatch.delenv("MKL_CBWR", raising=False)
     else:
