@@ -40,6 +40,7 @@
 #include <omp.h>
 
 #include "kernels.h"
+#include "block_fma.h"
 
 namespace tgserve {
 namespace {
@@ -448,6 +449,26 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
     }
 }
 
+// The portable pass's order: AVX-512 float32 code where the CPU has AVX-512 (block_fma.h, the
+// same bits), else the scalar loops above.
+template <typename T>
+void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int mr,
+                int nr, float* out) {
+#if defined(TGSERVE_BLOCK_FMA)
+  const Format f = format_of(type);
+  const auto run = [&](auto pass) {
+    pass(x, K, Wp, panel_bytes, f.file_block, f.scales, mr, nr, kMaxNR, out);
+  };
+  switch (type) {
+    case kQ4_0: return run(block_fma::pass<0, T>);
+    case kQ4_1: return run(block_fma::pass<1, T>);
+    default: return run(block_fma::pass<2, T>);
+  }
+#else
+  portable_pass<T>(type, x, K, Wp, panel_bytes, mr, nr, out);
+#endif
+}
+
 }  // namespace
 
 int64_t block_bytes(int type) { return format_of(type).file_block; }
@@ -526,7 +547,7 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
       if constexpr (kHasSimd<T>)
         simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       else
-        portable_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
+        order_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       for (int m = 0; m < mr; ++m)
         for (int64_t c = 0; c < nn; c += kPanel) {
           const float* v = out + (m * kMaxNR + c / kPanel) * kPanel;

@@ -98,6 +98,36 @@ def test_block_linear_equals_the_dense_kernel_over_the_dequantised_weights_bitwi
             assert same_bits(got, want), (b is None, float_out, float((got - want).abs().max()))
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m", [1, 3])
+def test_blocks_with_infinite_or_nan_scales_give_the_dense_kernels_outputs(qtype, m) -> None:
+    """A file may hold d = inf or NaN. NaN outputs where the dense kernel has them (a NaN's own
+    bits differ between torch's and c10's bf16 rounding, so NaN-ness is compared), the other
+    outputs bitwise. The NaN with every payload bit set becomes -0.0 under the integer
+    rounding for finite weights: the kernels must hand such blocks to the NaN-aware one."""
+    n, k = 40, 96
+    raw = hand_made_blocks(qtype, n, k, seed=5).reshape(n, k // 32, BLOCK_BYTES[qtype])
+    raw[3, 1, :2] = np.array([np.inf], np.float16).view(np.uint8)
+    raw[17, 2, :2] = np.array([0x7FFF], np.uint16).view(np.uint8)  # NaN, full payload
+    raw[33, 0, :2] = np.array([-np.inf], np.float16).view(np.uint8)
+    raw = raw.reshape(n, -1)
+    gen = torch.Generator().manual_seed(m)
+    ext = cpu_kernels.extension()
+    with np.errstate(invalid="ignore", over="ignore"):
+        weights = torch.from_numpy(dequantize(raw, qtype))
+    for dtype in DTYPES:
+        dense = ext.pack_linear(weights.to(dtype).contiguous())
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        layer = BlockLinear(packed(raw, qtype, k), None)
+        for float_out in (True, False):
+            got = layer.apply(x, float_out=float_out)
+            want = ext.linear(x, dense, None, n, float_out)
+            assert got[:, 17].isnan().all()
+            assert torch.equal(got.isnan(), want.isnan()), (dtype, float_out)
+            finite = ~want.isnan()
+            assert same_bits(got[finite], want[finite]), (dtype, float_out)
+
+
 # Row counts: 1..8 take the few-rows pass (blocks dequantised in registers), more the dequantised
 # scratch; 9, 11, 13, 14, 64 and 130 leave every 6-row tile remainder, 130 rows over n = 40 (one
 # group, 3 panels) are split in row chunks across threads.
