@@ -26,7 +26,8 @@
 // it, and a group's panels stay in L2 while the block's rows go over them. Each thread takes an
 // equal contiguous share of the walk. At M = 1 the kernel streams W at memory speed (one pass
 // per group, the groups split between threads); at large M it runs near the vdpbf16ps peak
-// (one per cycle per core here).
+// (one per cycle per core here). AVX-512 CPUs without AVX512-BF16 run the same passes with
+// two float32 fmas per k-pair (the portable order: k, then k + 1), not the scalar loops.
 
 #include "kernels.h"
 
@@ -77,7 +78,7 @@ inline void store_row(const float* v, const float* scale, const float* bias_f, i
     for (int64_t j = 0; j < nn; ++j) y[j] = static_cast<OutT>(v[j] + bias_f[j]);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 
 // One k-step of a panel: 16 columns x a pair of k, as vdpbf16ps's operand.
 inline __m512bh load_pairs(const c10::BFloat16* w) { return (__m512bh)_mm512_loadu_si512(w); }
@@ -97,13 +98,31 @@ inline __m512bh load_pairs(const int8_t* w) {
 }
 
 // One k-step of MR rows against NR panels: acc[m][j] += x pair (m) . W pairs (panel j).
+// Without AVX512-BF16 the step is the portable pass's order in float32 code: two fmas, the
+// pair's first k then its second (a bf16 is the high half of its float32).
 template <int MR, int NR>
 [[gnu::always_inline]] inline void step_bf16(const int32_t* pairs, const __m512bh* w,
                                              __m512 acc[kMaxMR][kMaxNR]) {
+#if defined(__AVX512BF16__)
   for (int m = 0; m < MR; ++m) {
     const __m512bh xb = (__m512bh)_mm512_set1_epi32(pairs[m]);
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, w[j]);
   }
+#else
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 w0[NR], w1[NR];
+  for (int j = 0; j < NR; ++j) {
+    w0[j] = _mm512_castsi512_ps(_mm512_slli_epi32((__m512i)w[j], 16));
+    w1[j] = _mm512_castsi512_ps(_mm512_and_si512((__m512i)w[j], high));
+  }
+  for (int m = 0; m < MR; ++m) {
+    const __m512 x0 = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(pairs[m]) << 16)));
+    const __m512 x1 = _mm512_castsi512_ps(
+        _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(pairs[m]) & 0xFFFF0000u)));
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(x0, w0[j], acc[m][j]);
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(x1, w1[j], acc[m][j]);
+  }
+#endif
 }
 
 // One pass: rows x[0 .. MR) against panels Wp[0 .. NR) (each `steps` * 16 * step_k long).
@@ -288,7 +307,7 @@ inline void run_pass(const T* x, int64_t K, const WT* Wp, int64_t steps, int mr,
 template <typename WT>
 void widen_panels(const WT* src, int64_t n, c10::BFloat16* dst) {
   if constexpr (std::is_same_v<WT, int8_t>) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
     for (int64_t e = 0; e < n; e += 32) _mm512_storeu_si512(dst + e, (__m512i)load_pairs(src + e));
 #else
     for (int64_t e = 0; e < n; ++e) dst[e] = c10::BFloat16(static_cast<float>(src[e]));
