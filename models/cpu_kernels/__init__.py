@@ -52,6 +52,7 @@ _HEADERS = (
     "attention_simd.h",
     "attention_layout.h",
     "block_fma.h",
+    "kquant_fma.h",
 )
 
 

@@ -21,6 +21,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -60,7 +61,7 @@ inline void dequant_block(const uint8_t* blk, int64_t scales_bytes, float* w) {
     if constexpr (TYPE == 1)
       v = _mm512_add_round_ps(v, mn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if constexpr (kRoundBf16) v = round_to_bf16(v);
-    _mm512_store_ps(w + e * kLanes, v);
+    _mm512_storeu_ps(w + e * kLanes, v);
   };
   if constexpr (TYPE == 2) {  // Q8_0: element 2s + i = the signed byte i of lane l in chunk s
     for (int s = 0; s < 16; ++s) {
@@ -182,17 +183,74 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
   (void)max_nr;
 }
 
-// acc[j] (panel j's 16 lanes) = fma(x[e], w[j][e], acc[j]) for e = 0 .. 31, in order.
-template <int NR>
-inline void block_fmas(const float* xf, const float* w, float* acc_mem) {
-  __m512 acc[NR];
-  for (int j = 0; j < NR; ++j) acc[j] = _mm512_load_ps(acc_mem + j * kLanes);
+// For MR rows m (x at xf + 32 m) and NR panels j: acc[m][j] (16 lanes, stored at acc_mem +
+// (m * row_stride + j) * 16) = fma(x[m][e], w[j][e], acc[m][j]) for e = 0 .. 31, in order.
+template <int MR, int NR>
+inline void block_fmas(const float* xf, const float* w, float* acc_mem, int row_stride) {
+  __m512 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_load_ps(acc_mem + (m * row_stride + j) * kLanes);
   for (int e = 0; e < kBlockK; ++e) {
-    const __m512 xv = _mm512_set1_ps(xf[e]);
-    for (int j = 0; j < NR; ++j)
-      acc[j] = _mm512_fmadd_ps(xv, _mm512_load_ps(w + (j * kBlockK + e) * kLanes), acc[j]);
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + (j * kBlockK + e) * kLanes);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_set1_ps(xf[m * kBlockK + e]);
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+    }
   }
-  for (int j = 0; j < NR; ++j) _mm512_store_ps(acc_mem + j * kLanes, acc[j]);
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) _mm512_store_ps(acc_mem + (m * row_stride + j) * kLanes, acc[m][j]);
+}
+
+// block_fmas for mr (1 .. 2) rows and nr (1 .. 4) panels.
+inline void block_fmas_any(int mr, int nr, const float* xf, const float* w, float* acc,
+                           int row_stride) {
+  const auto one = [&](auto rows) {
+    constexpr int R = decltype(rows)::value;
+    switch (nr) {
+      case 1: return block_fmas<R, 1>(xf, w, acc, row_stride);
+      case 2: return block_fmas<R, 2>(xf, w, acc, row_stride);
+      case 3: return block_fmas<R, 3>(xf, w, acc, row_stride);
+      default: return block_fmas<R, 4>(xf, w, acc, row_stride);
+    }
+  };
+  if (mr == 1)
+    one(std::integral_constant<int, 1>{});
+  else
+    one(std::integral_constant<int, 2>{});
+}
+
+// Many rows (prefill): a group of nr panels dequantised once, every block's w [nr][32][16]
+// one after the other (`scratch`, nb * nr * 512 floats), then `rows_over_scratch` runs any
+// number of 8-row passes over it: the same fmas in the same order as `pass`.
+template <int TYPE, typename T>
+void dequant_group(const uint8_t* Wp, int64_t K, int64_t panel_bytes, int64_t file_block,
+                   int64_t scales_bytes, int nr, float* scratch) {
+  constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+  const int64_t bb = file_block * kLanes, nb = K / kBlockK;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < nr; ++j)
+      dequant_block<TYPE, kBf16>(Wp + j * panel_bytes + b * bb, scales_bytes,
+                                 scratch + (b * nr + j) * kBlockK * kLanes);
+}
+
+// out [mr][max_nr][16] = rows x[0 .. mr) over the scratch's nr panels (see dequant_group).
+template <typename T>
+void rows_over_scratch(const T* x, int64_t K, const float* scratch, int mr, int nr, int max_nr,
+                       float* out) {
+  const int64_t nb = K / kBlockK;
+  alignas(64) float xf[2 * kBlockK];
+  for (int m = 0; m < mr; ++m) std::memset(out + m * max_nr * kLanes, 0, nr * kLanes * 4);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* w = scratch + b * nr * kBlockK * kLanes;
+    for (int m = 0; m < mr; m += 2) {  // two rows at a time: 2 x nr independent fma chains
+      const int rows = std::min(2, mr - m);
+      for (int r = 0; r < rows; ++r)
+        for (int e = 0; e < kBlockK; ++e)
+          xf[r * kBlockK + e] = static_cast<float>(x[(m + r) * K + b * kBlockK + e]);
+      block_fmas_any(rows, nr, xf, w, out + m * max_nr * kLanes, max_nr);
+    }
+  }
 }
 
 // The portable pass's contract: out [max_mr][max_nr][16] float32 sums of rows x[0 .. mr)
@@ -211,21 +269,18 @@ void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t
   }
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;
   alignas(64) float w[4 * kBlockK * kLanes];  // nr <= 4 panels of one block
-  alignas(64) float xf[kBlockK];
+  alignas(64) float xf[2 * kBlockK];
   for (int m = 0; m < mr; ++m) std::memset(out + m * max_nr * kLanes, 0, nr * kLanes * 4);
   for (int64_t b = 0; b < nb; ++b) {
     for (int j = 0; j < nr; ++j)
       dequant_block<TYPE, kBf16>(Wp + j * panel_bytes + b * bb, scales_bytes,
                                  w + j * kBlockK * kLanes);
-    for (int m = 0; m < mr; ++m) {
-      for (int e = 0; e < kBlockK; ++e) xf[e] = static_cast<float>(x[m * K + b * kBlockK + e]);
-      float* acc = out + m * max_nr * kLanes;
-      switch (nr) {
-        case 1: block_fmas<1>(xf, w, acc); break;
-        case 2: block_fmas<2>(xf, w, acc); break;
-        case 3: block_fmas<3>(xf, w, acc); break;
-        default: block_fmas<4>(xf, w, acc); break;
-      }
+    for (int m = 0; m < mr; m += 2) {  // two rows at a time: 2 x nr independent fma chains
+      const int rows = std::min(2, mr - m);
+      for (int r = 0; r < rows; ++r)
+        for (int e = 0; e < kBlockK; ++e)
+          xf[r * kBlockK + e] = static_cast<float>(x[(m + r) * K + b * kBlockK + e]);
+      block_fmas_any(rows, nr, xf, w, out + m * max_nr * kLanes, max_nr);
     }
   }
 }

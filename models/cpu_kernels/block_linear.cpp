@@ -534,7 +534,14 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
   }
 #endif
   // Few rows (decode), or float32: fewer rows -> more panels per pass.
+#if defined(TGSERVE_BLOCK_FMA)
+  // Many rows without the bf16 SIMD path: each group's panels dequantised once per call (4
+  // panels: 4 independent fma chains per row).
+  const bool group_scratch = !kHasSimd<T> && M > kMaxMR;
+  const int nr_max = M <= 2 || group_scratch ? kMaxNR : 2;
+#else
   const int nr_max = M <= 2 ? kMaxNR : 2;
+#endif
   const int64_t groups = (panels + nr_max - 1) / nr_max;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
@@ -542,8 +549,27 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
     const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
     alignas(64) float out[kMaxMR * kMaxNR * kPanel];
+#if defined(TGSERVE_BLOCK_FMA)
+    thread_local std::vector<float> scratch;
+    if (group_scratch) {
+      scratch.resize(K * kPanel * nr);
+      const auto fill = [&](auto dequant) {
+        dequant(Wp + p0 * panel_bytes, K, panel_bytes, f.file_block, f.scales, nr, scratch.data());
+      };
+      switch (type) {
+        case kQ4_0: fill(block_fma::dequant_group<0, T>); break;
+        case kQ4_1: fill(block_fma::dequant_group<1, T>); break;
+        default: fill(block_fma::dequant_group<2, T>); break;
+      }
+    }
+#endif
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+#if defined(TGSERVE_BLOCK_FMA)
+      if (group_scratch)
+        block_fma::rows_over_scratch<T>(x + m0 * K, K, scratch.data(), mr, nr, kMaxNR, out);
+      else
+#endif
       if constexpr (kHasSimd<T>)
         simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       else

@@ -29,8 +29,9 @@
 // Q4_K / Q5_K: acc = fma(-fl(dmin m_j), xsum_j, acc); xsum_j = sub-block j's x summed left to
 // right. y = round(acc + bias[n]). The register tile, M, the thread and the other rows change
 // which lanes run together, never a lane's sequence: batch invariance (issue #14) holds.
-// float32 activations and CPUs without AVX512-BF16 run the portable pass: the same order per
-// lane in plain loops (x * q in float32, not rounded to bf16).
+// float32 activations and CPUs without AVX512-BF16 run the portable order: dot = fma(x, q, dot)
+// per element in float32 (x not rounded to bf16), as AVX-512 float32 code (kquant_fma.h) or
+// plain loops.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "kquant_fma.h"
 
 namespace tgserve {
 namespace {
@@ -480,9 +482,9 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
           const int64_t e0 = b * f.width + j * f.sub;
           for (int l = 0; l < kPanel; ++l) {
             float dot = 0.0f, s, mt;
-            for (int e = 0; e < f.sub; ++e)
-              dot += static_cast<float>(x[m * K + e0 + e]) *
-                     static_cast<float>(packed_q(blk, f, l, j * f.sub + e) - f.offset);
+            for (int e = 0; e < f.sub; ++e)  // an explicit fma: kquant_fma.h runs the same
+              dot = std::fma(static_cast<float>(x[m * K + e0 + e]),
+                             static_cast<float>(packed_q(blk, f, l, j * f.sub + e) - f.offset), dot);
             lane_scales(blk, type, l, j, &s, &mt);
             acc[l] = std::fma(s, dot, acc[l]);
             if (f.has_min) acc[l] = std::fma(mt, xsum[m * ns + e0 / kSum], acc[l]);
@@ -491,6 +493,26 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
       }
       std::copy(acc, acc + kPanel, out + (m * kMaxNR + n) * kPanel);
     }
+}
+
+// The portable pass's order: AVX-512 float32 code where the CPU has AVX-512 (kquant_fma.h),
+// else the scalar loops above.
+template <typename T>
+void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
+                const float* xsum, int mr, int nr, float* out) {
+#if defined(TGSERVE_KQUANT_FMA)
+  namespace kf = kquant_fma;
+  const int64_t fb = kformat(type).file_block;
+  switch (type) {
+    case kQ5_0: return kf::pass<kf::kD, 32, 32, 32, 1, 16, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
+    case kQ5_1: return kf::pass<kf::kDMin, 32, 32, 64, 1, 0, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
+    case kQ4_K: return kf::pass<kf::kSixBit, 256, 32, 256, 0, 0, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
+    case kQ5_K: return kf::pass<kf::kSixBit, 256, 32, 256, 1, 0, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
+    default: return kf::pass<kf::kInt8Scale, 256, 16, 288, 2, 32, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
+  }
+#else
+  portable_pass<T>(type, x, K, Wp, panel_bytes, xsum, mr, nr, out);
+#endif
 }
 
 }  // namespace
@@ -604,7 +626,7 @@ void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int t
       if constexpr (kHasSimd<T>)
         simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
       else
-        portable_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
+        order_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
       for (int m = 0; m < mr; ++m)
         for (int64_t c = 0; c < nn; ++c) {
           const float bv = bias ? static_cast<float>(bias[n0 + c]) : 0.0f;
