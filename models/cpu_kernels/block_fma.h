@@ -220,6 +220,20 @@ inline void block_fmas_any(int mr, int nr, const float* xf, const float* w, floa
     one(std::integral_constant<int, 2>{});
 }
 
+// Rows x[0 .. mr) over block b's dequantised w [nr][32][16]: out's sums go on.
+template <typename T>
+inline void rows_over_block(const T* x, int64_t K, int64_t b, const float* w, int mr, int nr,
+                            int max_nr, float* out) {
+  alignas(64) float xf[2 * kBlockK];
+  for (int m = 0; m < mr; m += 2) {  // two rows at a time: 2 x nr independent fma chains
+    const int rows = std::min(2, mr - m);
+    for (int r = 0; r < rows; ++r)
+      for (int e = 0; e < kBlockK; ++e)
+        xf[r * kBlockK + e] = static_cast<float>(x[(m + r) * K + b * kBlockK + e]);
+    block_fmas_any(rows, nr, xf, w, out + m * max_nr * kLanes, max_nr);
+  }
+}
+
 // Many rows (prefill): a group of nr panels dequantised once, every block's w [nr][32][16]
 // one after the other (`scratch`, nb * nr * 512 floats), then `rows_over_scratch` runs any
 // number of 8-row passes over it: the same fmas in the same order as `pass`.
@@ -239,17 +253,10 @@ template <typename T>
 void rows_over_scratch(const T* x, int64_t K, const float* scratch, int mr, int nr, int max_nr,
                        float* out) {
   const int64_t nb = K / kBlockK;
-  alignas(64) float xf[2 * kBlockK];
   for (int m = 0; m < mr; ++m) std::memset(out + m * max_nr * kLanes, 0, nr * kLanes * 4);
   for (int64_t b = 0; b < nb; ++b) {
     const float* w = scratch + b * nr * kBlockK * kLanes;
-    for (int m = 0; m < mr; m += 2) {  // two rows at a time: 2 x nr independent fma chains
-      const int rows = std::min(2, mr - m);
-      for (int r = 0; r < rows; ++r)
-        for (int e = 0; e < kBlockK; ++e)
-          xf[r * kBlockK + e] = static_cast<float>(x[(m + r) * K + b * kBlockK + e]);
-      block_fmas_any(rows, nr, xf, w, out + m * max_nr * kLanes, max_nr);
-    }
+    rows_over_block(x, K, b, w, mr, nr, max_nr, out);
   }
 }
 
@@ -269,19 +276,12 @@ void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t
   }
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;
   alignas(64) float w[4 * kBlockK * kLanes];  // nr <= 4 panels of one block
-  alignas(64) float xf[2 * kBlockK];
   for (int m = 0; m < mr; ++m) std::memset(out + m * max_nr * kLanes, 0, nr * kLanes * 4);
   for (int64_t b = 0; b < nb; ++b) {
     for (int j = 0; j < nr; ++j)
       dequant_block<TYPE, kBf16>(Wp + j * panel_bytes + b * bb, scales_bytes,
                                  w + j * kBlockK * kLanes);
-    for (int m = 0; m < mr; m += 2) {  // two rows at a time: 2 x nr independent fma chains
-      const int rows = std::min(2, mr - m);
-      for (int r = 0; r < rows; ++r)
-        for (int e = 0; e < kBlockK; ++e)
-          xf[r * kBlockK + e] = static_cast<float>(x[(m + r) * K + b * kBlockK + e]);
-      block_fmas_any(rows, nr, xf, w, out + m * max_nr * kLanes, max_nr);
-    }
+    rows_over_block(x, K, b, w, mr, nr, max_nr, out);
   }
 }
 
