@@ -51,6 +51,7 @@ _HEADERS = (
     "vec_simd.h",
     "attention_simd.h",
     "attention_layout.h",
+    "simd16.h",
     "block_fma.h",
     "kquant_fma.h",
 )

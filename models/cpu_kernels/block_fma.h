@@ -1,12 +1,12 @@
-// block_linear.cpp's portable order as AVX-512 float32 code, for CPUs without AVX512-BF16 (and
-// for float32 activations on every AVX-512 CPU). Included by block_linear.cpp only.
+// block_linear.cpp's portable order as SIMD float32 code (simd16.h: AVX-512, or AVX2 + FMA), for
+// CPUs without AVX512-BF16 and for float32 activations. Included by block_linear.cpp only.
 //
 // The portable pass (block_linear.cpp) dequantises each packed block of a panel element by
 // element with scalar code and then runs acc = fma(x[k], w[k], acc) per k for each of the 16
 // lanes. Here one block of a panel is dequantised 16 lanes at a time into w [32 k][16 lanes]
 // float32 (the same two roundings: fl(d * q), Q4_1 fl(fl(d * q) + m); for bfloat16
 // activations then rounded to bf16 to nearest even, NaN -> 0x7FC0, as c10 rounds), and every
-// row runs the same fmas, k in order, one zmm of 16 lanes per panel. Each lane sees the same
+// row runs the same fmas, k in order, 16 lanes per panel. Each lane sees the same
 // operations in the same order as the portable pass, so the bits are the same (tested against
 // it in tests/models/test_block_linear.py) and batch invariance holds as before.
 //
@@ -15,136 +15,111 @@
 // holds the int8 values; Q4: chunk s / 2, low nibbles for even s, high nibbles for odd s.
 #pragma once
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include "simd16.h"
+
+#if defined(TGSERVE_SIMD16)
 #define TGSERVE_BLOCK_FMA 1
 
-#include <immintrin.h>
-
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 namespace tgserve::block_fma {
 
+using simd16::VF;
+using simd16::VI;
+namespace v = simd16;
+
 constexpr int kLanes = 16;
 constexpr int kBlockK = 32;
 
-// Rounds 16 float32 to bfloat16 and back (c10's nearest even; NaN -> 0x7FC0).
-inline __m512 round_to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                            _mm512_set1_epi32(0x7FC00000));
-  return _mm512_castsi512_ps(r);
+// 16 float32 rounded to bfloat16 and back (c10's nearest even); kFinite: no NaN lanes (the
+// caller checked the block's scales), else NaN -> 0x7FC0 as c10 does.
+template <bool kFinite>
+inline VF round_to_bf16(VF x) {
+  const VI u = v::as_int(x);
+  const VI lsb = v::and_(v::srli(u, 16), v::set1i(1));
+  VI r = v::addi(u, v::addi(lsb, v::set1i(0x7FFF)));
+  r = v::and_(r, v::set1i(static_cast<int32_t>(0xFFFF0000u)));
+  if constexpr (!kFinite) r = v::where_nan(x, r, 0x7FC00000);
+  return v::as_float(r);
 }
 
-// A 32-byte chunk as 16 lanes: lane l = byte 2l | byte 2l + 1 << 8.
-inline __m512i chunk_words(const uint8_t* p) {
-  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// One element's 16 lanes (quants qi) -> fl(d * q) (+ m), rounded to bf16 if asked.
+template <int TYPE, bool kRoundBf16, bool kFinite>
+[[gnu::always_inline]] inline VF weight(VI qi, VF d, VF mn) {
+  VF w = v::mul(v::to_float(qi), d);
+  if constexpr (TYPE == 1) w = v::add(w, mn);
+  if constexpr (kRoundBf16) w = round_to_bf16<kFinite>(w);
+  return w;
 }
+
+// The quants of element e of a Q4 chunk's lanes (v: lane l = byte 2l | byte 2l + 1 << 8):
+// element 4t + u sits at bit shift {0, 8, 4, 12}[u] (step 2t / 2t + 1, pair element 0 / 1).
+constexpr int kQ4Shift[4] = {0, 8, 4, 12};
+
+template <int TYPE>
+[[gnu::always_inline]] inline VI q4_at(VI words, int u) {
+  VI q = v::and_(v::srli(words, kQ4Shift[u]), v::set1i(0xF));
+  if constexpr (TYPE == 0) q = v::subi(q, v::set1i(8));
+  return q;
+}
+
+// Q8_0 chunk s: element 2s + i = the signed byte i of each lane's word.
+inline VI q8_at(VI words, int i) { return v::srai(v::slli(words, i == 0 ? 24 : 16), 24); }
 
 // One packed block (`blk`, quants at blk + scales_bytes) -> w [32][16] float32 (see above).
 // TYPE: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0 (block_linear.cpp maps its type ids to these).
 template <int TYPE, bool kRoundBf16>
 inline void dequant_block(const uint8_t* blk, int64_t scales_bytes, float* w) {
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-  const __m512 mn = TYPE == 1 ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                                    reinterpret_cast<const __m256i*>(blk + 32)))
-                              : _mm512_setzero_ps();
+  const VF d = v::load_halves(blk);
+  const VF mn = TYPE == 1 ? v::load_halves(blk + 32) : v::zerof();
   const uint8_t* q = blk + scales_bytes;
-  auto put = [&](int e, __m512i qi) {
-    __m512 v = _mm512_mul_round_ps(_mm512_cvtepi32_ps(qi), d,
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    if constexpr (TYPE == 1)
-      v = _mm512_add_round_ps(v, mn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    if constexpr (kRoundBf16) v = round_to_bf16(v);
-    _mm512_storeu_ps(w + e * kLanes, v);
+  const auto put = [&](int e, VI qi) {
+    v::storef(w + e * kLanes, weight<TYPE, kRoundBf16, false>(qi, d, mn));
   };
-  if constexpr (TYPE == 2) {  // Q8_0: element 2s + i = the signed byte i of lane l in chunk s
+  if constexpr (TYPE == 2) {
     for (int s = 0; s < 16; ++s) {
-      const __m512i v = chunk_words(q + 32 * s);
-      put(2 * s, _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
-      put(2 * s + 1, _mm512_srai_epi32(_mm512_slli_epi32(v, 16), 24));
+      const VI words = v::load_u16(q + 32 * s);
+      put(2 * s, q8_at(words, 0));
+      put(2 * s + 1, q8_at(words, 1));
     }
-  } else {  // Q4: chunk t holds elements 4t .. 4t + 3 (see the layout above)
-    const __m512i nib = _mm512_set1_epi32(0xF);
-    const __m512i centre = _mm512_set1_epi32(TYPE == 0 ? 8 : 0);
+  } else {
     for (int t = 0; t < 8; ++t) {
-      const __m512i v = chunk_words(q + 32 * t);
-      auto at = [&](int shift) {
-        return _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, shift), nib), centre);
-      };
-      put(4 * t, at(0));       // step 2t, element 0: byte 2l, low nibble
-      put(4 * t + 1, at(8));   // step 2t, element 1: byte 2l + 1, low nibble
-      put(4 * t + 2, at(4));   // step 2t + 1, element 0: byte 2l, high nibble
-      put(4 * t + 3, at(12));  // step 2t + 1, element 1: byte 2l + 1, high nibble
+      const VI words = v::load_u16(q + 32 * t);
+      for (int u = 0; u < 4; ++u) put(4 * t + u, q4_at<TYPE>(words, u));
     }
   }
-}
-
-// One element's 16 lanes (quants qi) -> fl(d * q) (+ m), rounded to bf16 if asked (finite
-// inputs: the caller took the NaN-aware path for blocks whose d or m is not finite).
-template <int TYPE, bool kRoundBf16, bool kFinite>
-[[gnu::always_inline]] inline __m512 weight(__m512i qi, __m512 d, __m512 mn) {
-  __m512 v = _mm512_mul_round_ps(_mm512_cvtepi32_ps(qi), d,
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  if constexpr (TYPE == 1)
-    v = _mm512_add_round_ps(v, mn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  if constexpr (kRoundBf16) {
-    if constexpr (kFinite) {  // round_to_bf16 without the NaN lanes
-      const __m512i u = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-      v = _mm512_castsi512_ps(
-          _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-    } else {
-      v = round_to_bf16(v);
-    }
-  }
-  return v;
 }
 
 // One row (decode) over NR panels, dequantising in registers: no w buffer. For each block,
 // each element e in order, each panel: acc = fma(x[e], w, acc), as `pass` does.
 template <int TYPE, bool kRoundBf16, bool kFinite, int NR>
 [[gnu::always_inline]] inline void row_block(const float* xf, const uint8_t* const* blk,
-                                             int64_t scales_bytes, __m512* acc) {
-  __m512 d[NR], mn[NR];
+                                             int64_t scales_bytes, VF* acc) {
+  VF d[NR], mn[NR];
   for (int j = 0; j < NR; ++j) {
-    d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[j])));
-    mn[j] = TYPE == 1 ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                            reinterpret_cast<const __m256i*>(blk[j] + 32)))
-                      : _mm512_setzero_ps();
+    d[j] = v::load_halves(blk[j]);
+    mn[j] = TYPE == 1 ? v::load_halves(blk[j] + 32) : v::zerof();
   }
-  auto fmas = [&](int e, const __m512i* qi) {
-    const __m512 xv = _mm512_set1_ps(xf[e]);
+  const auto fmas = [&](int e, const VI* qi) {
+    const VF xv = v::set1f(xf[e]);
     for (int j = 0; j < NR; ++j)
-      acc[j] = _mm512_fmadd_ps(xv, weight<TYPE, kRoundBf16, kFinite>(qi[j], d[j], mn[j]), acc[j]);
+      acc[j] = v::fmadd(xv, weight<TYPE, kRoundBf16, kFinite>(qi[j], d[j], mn[j]), acc[j]);
   };
-  if constexpr (TYPE == 2) {
-    for (int s = 0; s < 16; ++s) {
-      __m512i v[NR], q[NR];
-      for (int j = 0; j < NR; ++j) v[j] = chunk_words(blk[j] + scales_bytes + 32 * s);
-      for (int j = 0; j < NR; ++j) q[j] = _mm512_srai_epi32(_mm512_slli_epi32(v[j], 24), 24);
-      fmas(2 * s, q);
-      for (int j = 0; j < NR; ++j) q[j] = _mm512_srai_epi32(_mm512_slli_epi32(v[j], 16), 24);
-      fmas(2 * s + 1, q);
-    }
-  } else {
-    const __m512i nib = _mm512_set1_epi32(0xF);
-    const __m512i centre = _mm512_set1_epi32(TYPE == 0 ? 8 : 0);
-    for (int t = 0; t < 8; ++t) {
-      __m512i v[NR], q[NR];
-      for (int j = 0; j < NR; ++j) v[j] = chunk_words(blk[j] + scales_bytes + 32 * t);
-      for (const int shift : {0, 8, 4, 12}) {  // elements 4t .. 4t + 3 (see dequant_block)
-        for (int j = 0; j < NR; ++j) {
-          q[j] = _mm512_and_si512(_mm512_srli_epi32(v[j], shift), nib);
-          if constexpr (TYPE == 0) q[j] = _mm512_sub_epi32(q[j], centre);
-        }
-        fmas(4 * t + (shift == 0 ? 0 : shift == 8 ? 1 : shift == 4 ? 2 : 3), q);
+  for (int c = 0; c < (TYPE == 2 ? 16 : 8); ++c) {  // 32-byte chunks of quants
+    VI words[NR], q[NR];
+    for (int j = 0; j < NR; ++j) words[j] = v::load_u16(blk[j] + scales_bytes + 32 * c);
+    if constexpr (TYPE == 2) {
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < NR; ++j) q[j] = q8_at(words[j], i);
+        fmas(2 * c + i, q);
+      }
+    } else {
+      for (int u = 0; u < 4; ++u) {
+        for (int j = 0; j < NR; ++j) q[j] = q4_at<TYPE>(words[j], u);
+        fmas(4 * c + u, q);
       }
     }
   }
@@ -163,8 +138,8 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;
   alignas(64) float xf[kBlockK];
-  __m512 acc[NR];
-  for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
+  VF acc[NR];
+  for (int j = 0; j < NR; ++j) acc[j] = v::zerof();
   for (int64_t b = 0; b < nb; ++b) {
     for (int e = 0; e < kBlockK; ++e) xf[e] = static_cast<float>(x[b * kBlockK + e]);
     const uint8_t* blk[NR];
@@ -179,7 +154,7 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
     else
       row_block<TYPE, kBf16, false, NR>(xf, blk, scales_bytes, acc);
   }
-  for (int j = 0; j < NR; ++j) _mm512_store_ps(out + j * kLanes, acc[j]);
+  for (int j = 0; j < NR; ++j) v::storef(out + j * kLanes, acc[j]);
   (void)max_nr;
 }
 
@@ -187,19 +162,19 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
 // (m * row_stride + j) * 16) = fma(x[m][e], w[j][e], acc[m][j]) for e = 0 .. 31, in order.
 template <int MR, int NR>
 inline void block_fmas(const float* xf, const float* w, float* acc_mem, int row_stride) {
-  __m512 acc[MR][NR];
+  VF acc[MR][NR];
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_load_ps(acc_mem + (m * row_stride + j) * kLanes);
+    for (int j = 0; j < NR; ++j) acc[m][j] = v::loadf(acc_mem + (m * row_stride + j) * kLanes);
   for (int e = 0; e < kBlockK; ++e) {
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + (j * kBlockK + e) * kLanes);
+    VF wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = v::loadf(w + (j * kBlockK + e) * kLanes);
     for (int m = 0; m < MR; ++m) {
-      const __m512 xv = _mm512_set1_ps(xf[m * kBlockK + e]);
-      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+      const VF xv = v::set1f(xf[m * kBlockK + e]);
+      for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, wv[j], acc[m][j]);
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) _mm512_store_ps(acc_mem + (m * row_stride + j) * kLanes, acc[m][j]);
+    for (int j = 0; j < NR; ++j) v::storef(acc_mem + (m * row_stride + j) * kLanes, acc[m][j]);
 }
 
 // block_fmas for mr (1 .. 2) rows and nr (1 .. 4) panels.
