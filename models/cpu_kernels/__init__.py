@@ -67,20 +67,28 @@ def _build_tag() -> str:
     return digest.hexdigest()[:10]
 
 
+def build(march: str = "native") -> ModuleType:
+    """Compiles (or loads the cached) kernels for `-march=<march>`. Serving uses "native"; the
+    tests also build older instruction sets ("haswell": AVX2, "x86-64-v2": no AVX) to hold the
+    SIMD passes to the portable loops' bits on a single host."""
+    from torch.utils.cpp_extension import load
+
+    prefix = "tgserve_cpu_kernels" if march == "native" else f"tgserve_cpu_kernels_{march}"
+    return load(
+        name=f"{prefix.replace('-', '_')}_{_build_tag()}",
+        sources=[str(_DIR / name) for name in _SOURCES],
+        extra_include_paths=[str(_DIR)],
+        extra_cflags=["-O3", f"-march={march}", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     """The built extension, or None (logged once) when it cannot be built here."""
     try:
-        from torch.utils.cpp_extension import load
-
-        return load(
-            name=f"tgserve_cpu_kernels_{_build_tag()}",
-            sources=[str(_DIR / name) for name in _SOURCES],
-            extra_include_paths=[str(_DIR)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        return build("native")
     except Exception as exc:  # no compiler, missing headers, ninja, ...
         log.warning("tgserve's C++ CPU kernels are unavailable, using PyTorch paths: %s", exc)
         return None

@@ -176,7 +176,7 @@ class LlamaDecoder {
 void bind_decoder(pybind11::module& m) {
   namespace py = pybind11;
   // Keyword-only constructors: Python names every weight, no tensor is matched by position.
-  py::class_<LinearWeights>(m, "LinearWeights")
+  py::class_<LinearWeights>(m, "LinearWeights", py::module_local())
       .def(py::init([](torch::Tensor weight, torch::Tensor packed,
                        std::optional<torch::Tensor> bias, std::optional<torch::Tensor> scales,
                        int64_t block_type, int64_t out_features) {
@@ -200,7 +200,7 @@ void bind_decoder(pybind11::module& m) {
       .def_readonly("packed", &LinearWeights::packed)
       .def_readonly("bias", &LinearWeights::bias)
       .def_readonly("scales", &LinearWeights::scales);
-  py::class_<LayerWeights>(m, "LayerWeights")
+  py::class_<LayerWeights>(m, "LayerWeights", py::module_local())
       .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
                        torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down,
                        std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm) {
@@ -213,7 +213,7 @@ void bind_decoder(pybind11::module& m) {
            py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("o_proj"),
            py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
            py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
-  py::class_<LlamaDecoder>(m, "LlamaDecoder")
+  py::class_<LlamaDecoder>(m, "LlamaDecoder", py::module_local())
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t,
                     py::object>(),
