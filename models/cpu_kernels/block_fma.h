@@ -47,10 +47,11 @@ inline VF round_to_bf16(VF x) {
 }
 
 // One element's 16 lanes (quants qi) -> fl(d * q) (+ m), rounded to bf16 if asked.
+// Q4_1's fl(fl(d * q) + m) is one fma: d (fp16, 11 bits) times q (4 bits) is exact in float32,
+// so only the add rounds, as the fma's single rounding does (NaN and inf alike).
 template <int TYPE, bool kRoundBf16, bool kFinite>
 [[gnu::always_inline]] inline VF weight(VI qi, VF d, VF mn) {
-  VF w = v::mul(v::to_float(qi), d);
-  if constexpr (TYPE == 1) w = v::add(w, mn);
+  VF w = TYPE == 1 ? v::fmadd(v::to_float(qi), d, mn) : v::mul(v::to_float(qi), d);
   if constexpr (kRoundBf16) w = round_to_bf16<kFinite>(w);
   return w;
 }
@@ -116,6 +117,22 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int NR>
         for (int j = 0; j < NR; ++j) q[j] = q8_at(words[j], i);
         fmas(2 * c + i, q);
       }
+    } else if constexpr (kFinite && !kRoundBf16 && TGSERVE_SIMD16 == 512) {
+      // Finite float32 Q4: w = fma(q * 2^s, d * 2^-s, m) with q * 2^s the nibble left in place
+      // (v & 0xF << s) and m = 0 (Q4_0: -8d, so w = d (q - 8)). d * q is exact and the scaling
+      // by powers of two too, so the fma's one rounding gives gguf's fl(fl(d q) + m) bit for
+      // bit, one shift fewer per weight. AVX-512 only: with two ymm per vector the 4 scaled d
+      // per panel spill (a -march=haswell build measured 2.57 ms against 2.42 without it).
+      for (int u = 0; u < 4; ++u) {
+        const VI mask = v::set1i(0xF << kQ4Shift[u]);
+        const VF scale = v::set1f(1.0f / static_cast<float>(1 << kQ4Shift[u]));
+        const VF xv = v::set1f(xf[4 * c + u]);
+        for (int j = 0; j < NR; ++j) {
+          const VF base = TYPE == 1 ? mn[j] : v::mul(d[j], v::set1f(-8.0f));
+          const VF w = v::fmadd(v::to_float(v::and_(words[j], mask)), v::mul(d[j], scale), base);
+          acc[j] = v::fmadd(xv, w, acc[j]);
+        }
+      }
     } else {
       for (int u = 0; u < 4; ++u) {
         for (int j = 0; j < NR; ++j) q[j] = q4_at<TYPE>(words[j], u);
@@ -146,8 +163,8 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
     bool finite = true;
     for (int j = 0; j < NR; ++j) {
       blk[j] = Wp + j * panel_bytes + b * bb;
-      if constexpr (kBf16) finite = finite && finite_halves(blk[j]) &&
-                                    (TYPE != 1 || finite_halves(blk[j] + 32));
+      if constexpr (kBf16 || TYPE != 2) finite = finite && finite_halves(blk[j]) &&
+                                                 (TYPE != 1 || finite_halves(blk[j] + 32));
     }
     if (finite)
       row_block<TYPE, kBf16, true, NR>(xf, blk, scales_bytes, acc);
