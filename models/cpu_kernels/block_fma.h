@@ -31,7 +31,7 @@ using simd16::VF;
 using simd16::VI;
 namespace v = simd16;
 
-constexpr int kLanes = 16;
+using simd16::kLanes;
 constexpr int kBlockK = 32;
 
 // 16 float32 rounded to bfloat16 and back (c10's nearest even); kFinite: no NaN lanes (the
@@ -94,6 +94,12 @@ inline void dequant_block(const uint8_t* blk, int64_t scales_bytes, float* w) {
   }
 }
 
+// Whether finite float32 Q4 blocks fold the nibble's shift into d (see row_block): AVX-512
+// only; with two ymm per vector the 4 scaled d per panel spill (a -march=haswell build
+// measured 2.57 ms against 2.42 without it).
+template <int TYPE>
+constexpr bool kFoldQ4 = TYPE != 2 && TGSERVE_SIMD16 == 512;
+
 // One row (decode) over NR panels, dequantising in registers: no w buffer. For each block,
 // each element e in order, each panel: acc = fma(x[e], w, acc), as `pass` does.
 template <int TYPE, bool kRoundBf16, bool kFinite, int NR>
@@ -117,12 +123,11 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int NR>
         for (int j = 0; j < NR; ++j) q[j] = q8_at(words[j], i);
         fmas(2 * c + i, q);
       }
-    } else if constexpr (kFinite && !kRoundBf16 && TGSERVE_SIMD16 == 512) {
+    } else if constexpr (kFinite && !kRoundBf16 && kFoldQ4<TYPE>) {
       // Finite float32 Q4: w = fma(q * 2^s, d * 2^-s, m) with q * 2^s the nibble left in place
       // (v & 0xF << s) and m = 0 (Q4_0: -8d, so w = d (q - 8)). d * q is exact and the scaling
       // by powers of two too, so the fma's one rounding gives gguf's fl(fl(d q) + m) bit for
-      // bit, one shift fewer per weight. AVX-512 only: with two ymm per vector the 4 scaled d
-      // per panel spill (a -march=haswell build measured 2.57 ms against 2.42 without it).
+      // bit, one shift fewer per weight.
       for (int u = 0; u < 4; ++u) {
         const VI mask = v::set1i(0xF << kQ4Shift[u]);
         const VF scale = v::set1f(1.0f / static_cast<float>(1 << kQ4Shift[u]));
@@ -151,7 +156,7 @@ inline bool finite_halves(const uint8_t* p) {
 
 template <int TYPE, typename T, int NR>
 void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
-             int64_t scales_bytes, int max_nr, float* out) {
+             int64_t scales_bytes, float* out) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;
   alignas(64) float xf[kBlockK];
@@ -163,8 +168,8 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
     bool finite = true;
     for (int j = 0; j < NR; ++j) {
       blk[j] = Wp + j * panel_bytes + b * bb;
-      if constexpr (kBf16 || TYPE != 2) finite = finite && finite_halves(blk[j]) &&
-                                                 (TYPE != 1 || finite_halves(blk[j] + 32));
+      if constexpr (kBf16 || kFoldQ4<TYPE>) finite = finite && finite_halves(blk[j]) &&
+                                                  (TYPE != 1 || finite_halves(blk[j] + 32));
     }
     if (finite)
       row_block<TYPE, kBf16, true, NR>(xf, blk, scales_bytes, acc);
@@ -172,7 +177,6 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
       row_block<TYPE, kBf16, false, NR>(xf, blk, scales_bytes, acc);
   }
   for (int j = 0; j < NR; ++j) v::storef(out + j * kLanes, acc[j]);
-  (void)max_nr;
 }
 
 // For MR rows m (x at xf + 32 m) and NR panels j: acc[m][j] (16 lanes, stored at acc_mem +
@@ -260,10 +264,10 @@ void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   if (mr == 1) {  // decode: dequantise in registers
     switch (nr) {
-      case 1: return one_row<TYPE, T, 1>(x, K, Wp, panel_bytes, file_block, scales_bytes, max_nr, out);
-      case 2: return one_row<TYPE, T, 2>(x, K, Wp, panel_bytes, file_block, scales_bytes, max_nr, out);
-      case 3: return one_row<TYPE, T, 3>(x, K, Wp, panel_bytes, file_block, scales_bytes, max_nr, out);
-      default: return one_row<TYPE, T, 4>(x, K, Wp, panel_bytes, file_block, scales_bytes, max_nr, out);
+      case 1: return one_row<TYPE, T, 1>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
+      case 2: return one_row<TYPE, T, 2>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
+      case 3: return one_row<TYPE, T, 3>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
+      default: return one_row<TYPE, T, 4>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
     }
   }
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;

@@ -449,8 +449,8 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
     }
 }
 
-// The portable pass's order: AVX-512 float32 code where the CPU has AVX-512 (block_fma.h, the
-// same bits), else the scalar loops above.
+// The portable pass's order: SIMD float32 code where the CPU has AVX-512 or AVX2 + FMA
+// (block_fma.h, the same bits), else the scalar loops above.
 template <typename T>
 void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int mr,
                 int nr, float* out) {

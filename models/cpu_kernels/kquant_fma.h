@@ -29,7 +29,7 @@ using simd16::VF;
 using simd16::VI;
 namespace v = simd16;
 
-constexpr int kLanes = 16;
+using simd16::kLanes;
 
 // Which scales a type has: Q5_0 (s = d), Q5_1 (s = d, + m), Q4_K / Q5_K (6-bit sc and m of
 // 32-wide sub-blocks), Q6_K (int8 sc of 16-wide sub-blocks).

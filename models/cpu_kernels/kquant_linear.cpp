@@ -30,8 +30,8 @@
 // right. y = round(acc + bias[n]). The register tile, M, the thread and the other rows change
 // which lanes run together, never a lane's sequence: batch invariance (issue #14) holds.
 // float32 activations and CPUs without AVX512-BF16 run the portable order: dot = fma(x, q, dot)
-// per element in float32 (x not rounded to bf16), as AVX-512 float32 code (kquant_fma.h) or
-// plain loops.
+// per element in float32 (x not rounded to bf16), as SIMD code (kquant_fma.h: AVX-512 or
+// AVX2 + FMA) or plain loops.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -495,20 +495,34 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
     }
 }
 
-// The portable pass's order: AVX-512 float32 code where the CPU has AVX-512 (kquant_fma.h),
-// else the scalar loops above.
+#if defined(TGSERVE_KQUANT_FMA)
+// kquant_fma::pass for one type, its shape taken from kformat.
+template <int TYPE, typename T>
+void fma_pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, const float* xsum,
+              int mr, int nr, float* out) {
+  namespace kf = kquant_fma;
+  constexpr KFormat f = kformat(TYPE);
+  constexpr int kind = TYPE == kQ5_0 ? kf::kD
+                       : TYPE == kQ5_1 ? kf::kDMin
+                       : TYPE == kQ6_K ? kf::kInt8Scale
+                                       : kf::kSixBit;
+  kf::pass<kind, f.width, f.sub, f.scales, f.hbits, f.offset, T>(
+      x, K, Wp, panel_bytes, f.file_block, xsum, mr, nr, kMaxNR, out);
+}
+#endif
+
+// The portable pass's order: SIMD float32 code where the CPU has AVX-512 or AVX2 + FMA
+// (kquant_fma.h, the same bits), else the scalar loops above.
 template <typename T>
 void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
                 const float* xsum, int mr, int nr, float* out) {
 #if defined(TGSERVE_KQUANT_FMA)
-  namespace kf = kquant_fma;
-  const int64_t fb = kformat(type).file_block;
   switch (type) {
-    case kQ5_0: return kf::pass<kf::kD, 32, 32, 32, 1, 16, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
-    case kQ5_1: return kf::pass<kf::kDMin, 32, 32, 64, 1, 0, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
-    case kQ4_K: return kf::pass<kf::kSixBit, 256, 32, 256, 0, 0, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
-    case kQ5_K: return kf::pass<kf::kSixBit, 256, 32, 256, 1, 0, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
-    default: return kf::pass<kf::kInt8Scale, 256, 16, 288, 2, 32, T>(x, K, Wp, panel_bytes, fb, xsum, mr, nr, kMaxNR, out);
+    case kQ5_0: return fma_pass<kQ5_0, T>(x, K, Wp, panel_bytes, xsum, mr, nr, out);
+    case kQ5_1: return fma_pass<kQ5_1, T>(x, K, Wp, panel_bytes, xsum, mr, nr, out);
+    case kQ4_K: return fma_pass<kQ4_K, T>(x, K, Wp, panel_bytes, xsum, mr, nr, out);
+    case kQ5_K: return fma_pass<kQ5_K, T>(x, K, Wp, panel_bytes, xsum, mr, nr, out);
+    default: return fma_pass<kQ6_K, T>(x, K, Wp, panel_bytes, xsum, mr, nr, out);
   }
 #else
   portable_pass<T>(type, x, K, Wp, panel_bytes, xsum, mr, nr, out);

@@ -17,6 +17,8 @@
 #if defined(TGSERVE_SIMD16)
 namespace tgserve::simd16 {
 
+constexpr int kLanes = 16;  // the lanes of VF / VI: a panel's 16 output columns
+
 #if TGSERVE_SIMD16 == 512
 struct VF {
   __m512 v;
