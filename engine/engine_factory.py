@@ -100,7 +100,7 @@ def build_engine(
         config.block_size,
         built.num_blocks * config.block_size,
         built.max_model_len,
-        runner.forward_path.description,
+        runner.description,
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
 

@@ -11,18 +11,21 @@ a failed step is then a `FatalEngineError` (the ranks are out of step). The KV c
 forward runs (C++ step, PyTorch layers with C++ attention, plain PyTorch) is chosen once, in
 models/forward_path.py, and the runner only calls the path it returns.
 
-Decode-only steps (every chunk one new token, nothing asking for prompt logprobs) replay a CUDA
-graph of their batch-size bucket when `graphs` settings are given and the path can be captured
-(engine/cuda_graphs/); the KV cache then has one extra block past the block manager's,
-the scratch block padding rows write into. Mixed steps run eagerly. Host lists reach the
-device through engine/host_transfer.to_device (no wait for the device); nothing here reads
-device data back.
+Every step's attention metadata comes from the path's attention backend
+(`forward_path.attention.build`, models/attention_backend.py), built before the forward in one
+host-to-device copy. Decode-only steps (every chunk one new token, nothing asking for prompt
+logprobs) replay a CUDA graph of their batch-size bucket when `graphs` settings are given and
+the path's `graph_support` is DECODE_ONLY (engine/cuda_graphs/: on CUDA captured graphs; on
+other devices, e.g. CPU tests, the same function re-run over the same persistent buffers); the
+KV cache then has one extra block past the block manager's, the scratch block padding rows
+write into. Mixed steps run eagerly. Other host lists reach the device through
+engine/host_transfer.to_device (no wait for the device); nothing here reads device data back.
+`description`: the path's, plus ", CUDA graphs" when decode steps replay captured graphs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,13 +35,16 @@ import torch
 
 from engine.api import FatalEngineError
 from engine.cuda_graphs.buckets import DecodeRows
-from engine.cuda_graphs.decode_graphs import DecodeGraphs, GraphSettings, graphs_supported
-from engine.cuda_graphs.static_inputs import StaticDecodeInputs
+from engine.cuda_graphs.decode_graphs import (
+    DecodeGraphs,
+    GraphSettings,
+    recorder_for,
+)
 from engine.host_transfer import to_device
 from engine.parallel.rank import ParallelRank
 from engine.parallel.step_inputs import StepInputs
 from models import allocate_kv_cache
-from models.attention import AttentionMetadata
+from models.attention_backend import GraphSupport
 from models.config import ModelConfig
 from models.forward_path import select_forward_path
 
@@ -65,8 +71,8 @@ class ModelRunner:
         parallel: ParallelRank | None = None,
         graphs: GraphSettings | None = None,
     ) -> None:
-        """`graphs`: decode steps through engine/cuda_graphs (captured where the device and the
-        forward path allow; elsewhere, e.g. in CPU tests, run eagerly over the same static
+        """`graphs`: decode steps through engine/cuda_graphs where the forward path allows it
+        (captured on CUDA; elsewhere, e.g. in CPU tests, re-run over the same persistent
         buffers and padding). None: every step eager."""
         self.model = model
         self.config = config
@@ -94,20 +100,24 @@ class ModelRunner:
         self.cpu_kernels = self.forward_path.attention_kernel
         self.decode_graphs = self._decode_graphs(graphs, num_blocks)
 
+    @property
+    def description(self) -> str:
+        """The forward path's, and whether decode steps replay CUDA graphs (start-up log)."""
+        captured = self.decode_graphs is not None and self.device.type == "cuda"
+        return self.forward_path.description + (", CUDA graphs" if captured else "")
+
     def _decode_graphs(self, graphs: GraphSettings | None, scratch: int) -> DecodeGraphs | None:
         if graphs is None:
             return None
-        captures = graphs_supported(self.forward_path, self.device)
-        if self.device.type == "cuda" and not captures:
+        if self.forward_path.graph_support is not GraphSupport.DECODE_ONLY:
             log.info("decode steps eager: %s is not capturable", self.forward_path.description)
             return None
         width = -(-graphs.max_model_len // self.block_size) + 1  # + a block allocated ahead
-        inputs = StaticDecodeInputs(graphs.max_num_seqs, width, self.device)
+        buffers = self.forward_path.attention.decode_buffers(graphs.max_num_seqs, width, scratch)
         decode = DecodeGraphs(
-            self.forward_path, inputs, graphs, self.block_size, self.config.sliding_window, scratch
+            self.forward_path, buffers, graphs.max_num_seqs, recorder_for(self.device)
         )
-        if captures:
-            decode.capture()
+        decode.capture()
         return decode
 
     @torch.inference_mode()
@@ -120,7 +130,7 @@ class ModelRunner:
         if self.decode_graphs is not None and not full_logits_for and _decode_only(chunks):
             if block_copies:
                 self._copy_blocks(block_copies)
-            logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks, self.block_size))
+            logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks))
             if logits is not None:
                 return StepLogits(sampling=self._sampleable(logits), all_rows={})
             block_copies = ()  # done above
@@ -141,9 +151,8 @@ class ModelRunner:
         """One forward over a step's inputs (every rank of a tensor-parallel group runs it)."""
         if step.block_copies:
             self._copy_blocks(step.block_copies)
-        # The tables are padded by list concatenation in AttentionMetadata.build; the other
-        # tuples go to torch as they are.
-        meta = self._metadata([list(t) for t in step.tables], step.seq_lens, step.query_lens)
+        # Built before the forward, in one host-to-device copy (models/attention_backend.py).
+        meta = self.forward_path.attention.build(step.tables, step.seq_lens, step.query_lens)
         hidden = self.forward_path.hidden(  # [T, hidden]
             to_device(step.ids, torch.int64, self.device),
             to_device(step.positions, torch.int64, self.device),
@@ -177,28 +186,6 @@ class ModelRunner:
             self.parallel.channel.send_stop()
         self.parallel.workers.stop(timeout=10.0)
         self.parallel.group.close()
-
-    def _metadata(
-        self, tables: list[list[int]], seq_lens: Sequence[int], query_lens: Sequence[int]
-    ) -> AttentionMetadata:
-        """Built on the host, then moved without waiting for the device."""
-        meta = AttentionMetadata.build(
-            tables,
-            seq_lens,
-            query_lens,
-            self.block_size,
-            "cpu",
-            self.config.sliding_window,
-            self.forward_path.attention_kernel,
-        )
-        if self.device.type == "cpu":
-            return meta
-        return dataclasses.replace(
-            meta,
-            slot_mapping=to_device(meta.slot_mapping, torch.int64, self.device),
-            block_tables=to_device(meta.block_tables, torch.int64, self.device),
-            seq_lens=to_device(meta.seq_lens, torch.int64, self.device),
-        )
 
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]

@@ -6,13 +6,17 @@ tokens: the cached prefix plus the new tokens. K/V live per layer in a cache of 
 `[num_blocks, block_size, num_kv_heads, head_dim]` (KV heads only, never repeated for GQA);
 token t of a sequence sits in block `block_table[t // block_size]` at offset
 `t % block_size`. The attention itself is models/block_attention.py, the C++ kernel
-(models/cpu_kernels) or, on a GPU, the Triton kernels (models/triton_attention).
+(models/cpu_kernels) or, on a GPU, the Triton kernels (models/triton_attention): one
+`AttentionKernel` value in the metadata says which. A forward path's attention backend
+(models/attention_backend.py) builds the metadata, its kernel's plan included, before the
+forward; the lazy plan builders here serve callers that build metadata by hand (tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 
@@ -24,6 +28,15 @@ KVCache = tuple[
 ]  # (k, v), each [num_blocks, block_size, kv_heads, head_dim]
 
 
+class AttentionKernel(Enum):
+    """Which kernel a step's K/V writes and attention go through."""
+
+    BLOCKS = "blocks"  # PyTorch key-block attention (models/block_attention.py)
+    CPP = "cpp"  # tgserve's C++ paged attention (models/cpu_kernels/paged_attention)
+    TRITON = "triton"  # Triton K/V write and attention (models/triton_attention; CUDA, or
+    # CPU tensors under TRITON_INTERPRET=1 in tests)
+
+
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot of each new token
@@ -33,13 +46,15 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
     block_size: int = 16
     sliding_window: int | None = None
-    use_cpu_kernel: bool = False  # every row through models/cpu_kernels/paged_attention (the
-    # forward path, models/forward_path.py, says so: ForwardPath.attention_kernel)
-    use_triton: bool = False  # K/V writes and attention through models/triton_attention (set
-    # by the forward path that serves CUDA; on CPU only under TRITON_INTERPRET=1, in tests)
+    kernel: AttentionKernel = AttentionKernel.BLOCKS  # set by the forward path's backend
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _blocks: BlockPlan | None = field(default=None, init=False, repr=False)
     _tiles: TilePlan | None = field(default=None, init=False, repr=False)
+
+    @property
+    def use_triton(self) -> bool:
+        """K/V writes through models/triton_attention (read by models/layers.py)."""
+        return self.kernel is AttentionKernel.TRITON
 
     @property
     def num_seqs(self) -> int:
@@ -58,15 +73,11 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         sliding_window: int | None = None,
-        use_cpu_kernel: bool = False,
+        kernel: AttentionKernel = AttentionKernel.BLOCKS,
     ) -> AttentionMetadata:
-        """Builds the tensors from host lists (what the model runner does each step)."""
-        slots: list[int] = []
-        for table, seq_len, q_len in zip(block_tables, seq_lens, query_lens, strict=True):
-            for pos in range(seq_len - q_len, seq_len):
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
-        width = max((len(t) for t in block_tables), default=1) or 1
-        padded = [t + [0] * (width - len(t)) for t in block_tables]
+        """Builds the tensors from host lists (tests; the engine's steps go through the forward
+        path's backend, models/attention_backend.py, which copies them in one transfer)."""
+        slots, padded = host_layout(block_tables, seq_lens, query_lens, block_size)
         return cls(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             block_tables=torch.tensor(padded, dtype=torch.int64, device=device),
@@ -75,7 +86,7 @@ class AttentionMetadata:
             seq_lens_list=list(seq_lens),
             block_size=block_size,
             sliding_window=sliding_window,
-            use_cpu_kernel=use_cpu_kernel,
+            kernel=kernel,
         )
 
     def row_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +111,23 @@ class AttentionMetadata:
                 )
         return self._rows
 
+    def with_plans(self, group: int) -> AttentionMetadata:
+        """Itself, its kernel's plan for `group` query heads per KV head built now (before
+        the forward: the layers then only read it)."""
+        if self.kernel is AttentionKernel.TRITON:
+            self.tile_plan(group)
+        elif self.kernel is AttentionKernel.CPP:
+            self.row_plan()
+        else:
+            self.block_plan(group)
+        return self
+
+    def use_tile_plan(self, plan: TilePlan) -> AttentionMetadata:
+        """Itself with `plan` as its Triton tile plan (one built on the device, e.g. a decode
+        batch's fixed plan, models/decode_buffers.py)."""
+        self._tiles = plan
+        return self
+
     def block_plan(self, group: int) -> BlockPlan:
         """The key-block layout of models/block_attention for `group` query heads per KV
         head, built by the first layer only."""
@@ -113,6 +141,23 @@ class AttentionMetadata:
         if self._tiles is None or self._tiles.group != group:
             self._tiles = TilePlan.build(self, group)
         return self._tiles
+
+
+def host_layout(
+    block_tables: Sequence[Sequence[int]],
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int],
+    block_size: int,
+) -> tuple[list[int], list[list[int]]]:
+    """A step's host lists as the metadata lays them out: the flat slot of each new token
+    [T], and the block tables padded with 0 to the widest [S][max_blocks] (at least 1)."""
+    slots: list[int] = []
+    for table, seq_len, q_len in zip(block_tables, seq_lens, query_lens, strict=True):
+        for pos in range(seq_len - q_len, seq_len):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    width = max((len(t) for t in block_tables), default=1) or 1
+    padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+    return slots, padded
 
 
 def write_kv(
@@ -149,17 +194,17 @@ def paged_attention(
     already written to `cache`.
 
     Every row, prefill or decode, goes through one batch-invariant kernel: the C++ paged
-    attention when the forward path asks for it (`meta.use_cpu_kernel`), the Triton one
-    (`meta.use_triton`, models/triton_attention/paged_attention.py), else the PyTorch
-    key-block attention (models/block_attention.py); each documents the order it fixes.
+    attention (`meta.kernel` CPP), the Triton one (TRITON,
+    models/triton_attention/paged_attention.py), else the PyTorch key-block attention
+    (BLOCKS, models/block_attention.py); each documents the order it fixes.
     """
     k_cache, v_cache = cache
     group = q.shape[1] // k_cache.shape[2]
-    if meta.use_triton:  # every row reads K/V in place through its block table
+    if meta.kernel is AttentionKernel.TRITON:  # K/V read in place through the block tables
         from models.triton_attention.paged_attention import triton_paged_attention
 
         return triton_paged_attention(q, k_cache, v_cache, meta.tile_plan(group), scale)
-    if meta.use_cpu_kernel:  # every row reads K/V in place through its block table
+    if meta.kernel is AttentionKernel.CPP:  # every row reads K/V in place through its block table
         from models.cpu_kernels.paged_attention import paged_decode_attention
 
         tables, lens = meta.row_plan()

@@ -6,15 +6,18 @@ Contract: `select_forward_path(model, kv_caches, device, cpu_kernels=...)` retur
   of a step's new tokens (decodes and prefill chunks, flat as the runner lays them out), their
   K/V written into `kv_caches` at `meta.slot_mapping`;
 - `logits(hidden [R, hidden]) -> [R, vocab]` float32;
-- `attention_kernel`: True when the step's `AttentionMetadata` must send its rows through the
-  C++ paged attention (the runner builds the metadata with it);
+- `attention`: its `AttentionBackend` (models/attention_backend.py): the runner builds every
+  step's `AttentionMetadata` with it, before the forward;
+- `graph_support`: a `GraphSupport`: what engine/cuda_graphs may capture (DECODE_ONLY: decode
+  steps over `attention.decode_buffers(...)`, replayed per batch bucket; NONE: every step eager);
+- `attention_kernel`: True when the C++ paged attention serves the path;
 - `description`: one line for the engine's start-up log.
 
 The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; each name maps
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
 not one it serves (the next is tried; past the list the model's own forward runs). CUDA runs
-the model's layers with the Triton attention (`TritonPath`); other GPU backends (CUDA
-graphs) register here: a builder in `BUILDERS` and its name in the device's list. Tensor
+the model's layers with the Triton attention (`TritonPath`, DECODE_ONLY: its decode forward
+holds no host list, no host sync and no data-dependent branch); other GPU backends register here: a builder in `BUILDERS` and its name in the device's list. Tensor
 parallel needs no backend of its own: a model sharded by models/parallel runs through the same
 paths (its layers hold the collectives). Nothing else in the engine chooses a forward path.
 """
@@ -22,20 +25,23 @@ paths (its layers hold the collectives). Nothing else in the engine chooses a fo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
 from models import cpu_kernels, triton_attention
-from models.attention import AttentionMetadata, KVCache
+from models.attention import AttentionKernel, AttentionMetadata, KVCache
+from models.attention_backend import AttentionBackend, GraphSupport
 from models.linear_backend import use_invariant_linears
 
 
 class ForwardPath(Protocol):
     description: str
     attention_kernel: bool
+    attention: AttentionBackend
+    graph_support: GraphSupport
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -59,10 +65,14 @@ class PyTorchPath:
     Batch-invariant on CPU (issue #14): each op's order is written in models/layers.py,
     models/block_attention.py and models/linear_backend.py."""
 
+    graph_support = GraphSupport.NONE  # the key-block plan is built from host lengths
+
     def __init__(self, model: nn.Module, kv_caches: list[KVCache], attention_kernel: bool) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.attention_kernel = attention_kernel
+        kernel = AttentionKernel.CPP if attention_kernel else AttentionKernel.BLOCKS
+        self.attention = AttentionBackend.for_model(model, kv_caches, kernel)
         self.description = (
             "PyTorch layers with tgserve's C++ paged attention"
             if attention_kernel
@@ -80,16 +90,23 @@ class PyTorchPath:
 
 class TritonPath(PyTorchPath):
     """The model's own layers with every K/V write and attention of a step through the
-    Triton kernels (models/triton_attention): K/V read in place, one launch per layer."""
+    Triton kernels (models/triton_attention): K/V read in place, one launch per layer.
+    Decode steps can be captured: every length and block id is read from device tensors,
+    and a decode batch's tile plan is fixed by its size (models/decode_buffers.py)."""
+
+    graph_support = GraphSupport.DECODE_ONLY
 
     def __init__(self, model: nn.Module, kv_caches: list[KVCache]) -> None:
         super().__init__(model, kv_caches, attention_kernel=False)
+        self.attention = AttentionBackend.for_model(model, kv_caches, AttentionKernel.TRITON)
         self.description = "PyTorch layers with tgserve's Triton paged attention"
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, replace(meta, use_triton=True), self.kv_caches)
+        if meta.kernel is not AttentionKernel.TRITON:  # a host attribute: no sync
+            raise ValueError("the Triton path runs metadata its own backend built")
+        return self.model(input_ids, positions, meta, self.kv_caches)
 
 
 class CppStepPath:
@@ -97,10 +114,12 @@ class CppStepPath:
 
     description = "forward steps by tgserve's C++ CPU kernels"
     attention_kernel = True
+    graph_support = GraphSupport.NONE
 
-    def __init__(self, decoder) -> None:
+    def __init__(self, decoder, attention: AttentionBackend) -> None:
         self.hidden = decoder.hidden
         self.logits = decoder.logits
+        self.attention = attention
 
 
 def cpu_kernels_ready(device: torch.device) -> bool:
@@ -115,7 +134,11 @@ def _cpp_step(req: PathRequest) -> ForwardPath | None:
     from models.cpu_kernels.fused_decoder import FusedDecoder
 
     decoder = FusedDecoder.build(req.model, req.kv_caches)
-    return None if decoder is None else CppStepPath(decoder)
+    if decoder is None:
+        return None
+    return CppStepPath(
+        decoder, AttentionBackend.for_model(req.model, req.kv_caches, AttentionKernel.CPP)
+    )
 
 
 def _pytorch_cpu(req: PathRequest) -> ForwardPath:

@@ -1,34 +1,39 @@
 """Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
 
-Contract: `DecodeGraphs(path, inputs, settings, block_size, sliding_window, scratch_block)`
-wraps a forward path (models/forward_path.py) for decode-only steps.
-- `capture()` (CUDA only): for every bucket, largest first so the smaller ones reuse its
-  memory pool, runs the step twice eagerly on a side stream (warm-up: allocator, kernel
-  selection) and captures `logits(hidden(ids, positions, meta))` over the first b rows of the
-  static inputs into one `torch.cuda.CUDAGraph`. The buffers then hold padding rows only, so
-  capture writes K/V into the scratch block alone.
-- `run(rows) -> [num_rows, vocab] float32 | None`: pads the step to its bucket, fills the
-  static inputs and replays that bucket's graph (or, when nothing was captured, runs the same
-  function eagerly over the same buffers: the CPU path of the tests). None when no bucket
-  holds the step, or a block table is wider than the buffers (the caller runs it eagerly). The returned tensor is a view of the graph's
-  output buffer: valid until the next `run`, which is all a step needs.
-Padding (engine/cuda_graphs/buckets.py) writes only into the scratch block, which the runner
-allocates past the block manager's blocks; each row's result depends on its own inputs only, so
-real rows come out as in the eager step (tests/engine/cuda_graphs/ checks both on CPU).
+Contract: `DecodeGraphs(path, buffers, max_num_seqs, new_graph)` wraps a forward path
+(models/forward_path.py) whose `graph_support` is DECODE_ONLY, over the persistent buffers of
+its attention backend (`path.attention.decode_buffers(...)`, models/decode_buffers.py).
+- `capture()`: for every bucket (engine/cuda_graphs/buckets.py), largest first so the
+  smaller ones reuse its memory pool, fills the buffers with padding rows
+  (`buffers.build_for_capture(b)`: capture writes K/V into the scratch block alone) and
+  records `logits(hidden(ids, positions, meta))` over the bucket's views: the whole decode
+  forward and the LM head. Sampling stays outside the graph (engine/sampling: per-row
+  parameters, generators and grammars decide its work on the host) and reads the graph's
+  logits; the step's one device-to-host copy is the sampler's `fetch`.
+- `run(rows) -> [num_rows, vocab] float32 | None`: writes the step into the buffers
+  (`buffers.build_for_replay`: padding to the bucket, one host-to-device copy) and replays
+  that bucket's graph. None when no bucket holds the step or a block table is wider than the
+  buffers (the caller runs it eagerly). The tensor is a view of the graph's output buffer:
+  valid until the next `run`, which is all a step needs.
+- `new_graph(pool)` makes one recorder: `CudaGraph` on CUDA; `EagerReplay` elsewhere (CPU
+  tests): "replay" re-runs the recorded function over the same buffers, which is what a
+  graph does when everything it reads lives in them, so a function that kept a host value
+  from capture time goes stale there as it would in a real graph.
 Mixed steps (any prefill chunk) and steps asking for prompt logprobs never come here.
-The path must declare `graph_capturable = True`: its forward reads per-row lengths and block
-tables from the metadata's tensors only (no host list, no host sync, no data-dependent shape).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from engine.cuda_graphs.buckets import DecodeRows, bucket_for, graph_buckets, pad_decode_rows
-from engine.cuda_graphs.static_inputs import StaticDecodeInputs
+from engine.cuda_graphs.buckets import DecodeRows, bucket_for, graph_buckets
+from models.attention_backend import GraphSupport
+from models.decode_buffers import DecodeBuffers, DecodeStep
 
 log = logging.getLogger("tgserve.engine")
 
@@ -42,80 +47,117 @@ class GraphSettings:
 
 
 def graphs_supported(path: object, device: torch.device) -> bool:
-    """Graphs need a CUDA device and a forward path that declares itself capturable."""
-    return device.type == "cuda" and bool(getattr(path, "graph_capturable", False))
+    """CUDA graphs need a CUDA device and a path whose decode steps can be captured."""
+    return device.type == "cuda" and path.graph_support is GraphSupport.DECODE_ONLY
+
+
+class GraphRecorder(Protocol):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor: ...
+
+    def replay(self) -> None: ...
+
+    def pool(self) -> object: ...
+
+
+class CudaGraph:
+    """One `torch.cuda.CUDAGraph`: two warm-up runs on a side stream (allocator, kernel
+    selection, Triton compilation), then the capture, in `pool` when given (shared)."""
+
+    def __init__(self, device: torch.device, pool: object = None) -> None:
+        self.device = device
+        self._pool = pool
+        self._graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        main.wait_stream(side)
+        with torch.cuda.graph(self._graph, pool=self._pool):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    def pool(self) -> object:
+        return self._graph.pool()
+
+
+class EagerReplay:
+    """Off CUDA: `replay` re-runs the recorded function and writes into the output it gave."""
+
+    def __init__(self, pool: object = None) -> None:
+        self._fn: Callable[[], torch.Tensor] | None = None
+        self._out: torch.Tensor | None = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self._fn, self._out = fn, fn()
+        return self._out
+
+    def replay(self) -> None:
+        self._out.copy_(self._fn())
+
+    def pool(self) -> object:
+        return None
+
+
+def recorder_for(device: torch.device) -> Callable[[object], GraphRecorder]:
+    if device.type == "cuda":
+        return lambda pool: CudaGraph(device, pool)
+    return EagerReplay
 
 
 class DecodeGraphs:
     def __init__(
         self,
         path,
-        inputs: StaticDecodeInputs,
-        settings: GraphSettings,
-        block_size: int,
-        sliding_window: int | None,
-        scratch_block: int,
+        buffers: DecodeBuffers,
+        max_num_seqs: int,
+        new_graph: Callable[[object], GraphRecorder],
     ) -> None:
+        if path.graph_support is not GraphSupport.DECODE_ONLY:
+            raise ValueError(f"{path.description} cannot be captured")
         self.path = path
-        self.inputs = inputs
-        self.settings = settings
-        self.block_size = block_size
-        self.sliding_window = sliding_window
-        self.scratch_block = scratch_block
-        self.buckets = graph_buckets(settings.max_num_seqs)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.buffers = buffers
+        self.buckets = graph_buckets(max_num_seqs)
+        self._new_graph = new_graph
+        self._graphs: dict[int, GraphRecorder] = {}
         self._outputs: dict[int, torch.Tensor] = {}  # bucket -> [b, vocab] graph output
 
     @property
     def captured(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
-    def _step(self, bucket: int, seq_lens_list: list[int]) -> torch.Tensor:
-        """The function a graph records: the forward over the first `bucket` static rows."""
-        meta = self.inputs.metadata(
-            bucket,
-            self.block_size,
-            self.sliding_window,
-            self.path.attention_kernel,
-            seq_lens_list,
-        )
-        inputs = self.inputs
-        hidden = self.path.hidden(inputs.input_ids[:bucket], inputs.positions[:bucket], meta)
+    def _forward(self, step: DecodeStep) -> torch.Tensor:
+        """What a graph records: the decode forward and LM head over a bucket's views."""
+        hidden = self.path.hidden(step.input_ids, step.positions, step.meta)
         return self.path.logits(hidden)  # [bucket, vocab] float32
-
-    def _padding_only(self, bucket: int) -> None:
-        empty = DecodeRows([], [], [], [], [])
-        self.inputs.fill(pad_decode_rows(empty, bucket, self.scratch_block, self.block_size))
 
     @torch.inference_mode()
     def capture(self) -> None:
-        worst = [self.settings.max_model_len] * max(self.buckets)
         pool = None
-        side = torch.cuda.Stream(self.inputs.device)
         for bucket in sorted(self.buckets, reverse=True):
-            self._padding_only(bucket)
-            side.wait_stream(torch.cuda.current_stream(self.inputs.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._step(bucket, worst[:bucket])
-            torch.cuda.current_stream(self.inputs.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[bucket] = self._step(bucket, worst[:bucket])
+            step = self.buffers.build_for_capture(bucket)
+            graph = self._new_graph(pool)
+            self._outputs[bucket] = graph.capture(lambda step=step: self._forward(step))
             pool = graph.pool()
             self._graphs[bucket] = graph
-        torch.cuda.synchronize(self.inputs.device)
-        log.info("captured decode CUDA graphs for batch sizes %s", self.captured)
+        if self.buffers.device.type == "cuda":
+            torch.cuda.synchronize(self.buffers.device)
+            log.info("captured decode CUDA graphs for batch sizes %s", self.captured)
 
     def run(self, rows: DecodeRows) -> torch.Tensor | None:
         bucket = bucket_for(rows.num_rows, self.buckets)
-        width = self.inputs.max_blocks_per_seq
-        if bucket is None or any(len(table) > width for table in rows.block_tables):
+        if bucket is None or bucket not in self._graphs:
             return None
-        padded = pad_decode_rows(rows, bucket, self.scratch_block, self.block_size)
-        self.inputs.fill(padded)
-        graph = self._graphs.get(bucket)
-        if graph is None:  # nothing captured (CPU): the same step, eagerly
-            return self._step(bucket, padded.seq_lens)[: rows.num_rows]
-        graph.replay()
+        step = self.buffers.build_for_replay(
+            rows.token_ids, rows.positions, rows.block_tables, bucket
+        )
+        if step is None:
+            return None
+        self._graphs[bucket].replay()
         return self._outputs[bucket][: rows.num_rows]

@@ -3,7 +3,12 @@
 Contract: `TilePlan.build(meta, group)` turns one step's `AttentionMetadata` (host lists) into
 the device tensors the kernel (models/triton_attention/paged_attention.py) reads: which
 sequence and which of its new tokens each tile starts at, plus the sequences' new-token
-offsets. It is built by the first layer of a step and reused by every other one.
+offsets. `tile_layout(query_lens, group)` is that layout as host lists (the attention backend,
+models/attention_backend.py, packs it into the step's one host-to-device copy, before the
+forward). `TilePlan.for_decode(...)` is the plan of a decode-only batch of b rows: one tile per
+row (row i: sequence i, its token 0), the same for every step of b rows, so it lives in
+persistent tensors a CUDA graph can hold (models/decode_buffers.py). Every layer of a step
+shares one plan.
 
 A tile is `tokens_per_tile(group)` consecutive new tokens of ONE sequence, times the query
 heads of one KV head (padded to a power of two): `TILE_ROWS` rows in all, whatever the step
@@ -12,6 +17,7 @@ holds. A sequence with n new tokens gets ceil(n / tokens_per_tile) tiles, in bat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +42,9 @@ class TilePlan:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64 (the metadata's, not copied)
     seq_lens: torch.Tensor  # [num_seqs] int64
     query_start: torch.Tensor  # [num_seqs + 1] int64: first flat row of each sequence
-    tile_seq: torch.Tensor  # [num_tiles] int32: the sequence of each tile
-    tile_first: torch.Tensor  # [num_tiles] int32: its first row among the sequence's new tokens
+    tile_seq: torch.Tensor  # [num_tiles] int32 or int64: the sequence of each tile
+    tile_first: torch.Tensor  # [num_tiles] int32 or int64: its first row among the sequence's
+    # new tokens
 
     @property
     def num_tiles(self) -> int:
@@ -46,14 +53,8 @@ class TilePlan:
     @classmethod
     def build(cls, meta, group: int) -> TilePlan:
         """meta: an `AttentionMetadata` (models/attention.py), read through its host lists."""
-        per_tile = tokens_per_tile(group)
+        starts, tile_seq, tile_first = tile_layout(meta.query_lens, group)
         device = meta.block_tables.device
-        starts, tile_seq, tile_first = [0], [], []
-        for i, q_len in enumerate(meta.query_lens):
-            starts.append(starts[-1] + q_len)
-            for first in range(0, q_len, per_tile):
-                tile_seq.append(i)
-                tile_first.append(first)
         return cls(
             group=group,
             block_size=meta.block_size,
@@ -64,3 +65,40 @@ class TilePlan:
             tile_seq=torch.tensor(tile_seq, dtype=torch.int32, device=device),
             tile_first=torch.tensor(tile_first, dtype=torch.int32, device=device),
         )
+
+    @classmethod
+    def for_decode(
+        cls,
+        group: int,
+        block_size: int,
+        sliding_window: int | None,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        row_ids: torch.Tensor,
+        zeros: torch.Tensor,
+    ) -> TilePlan:
+        """A decode-only batch of b = seq_lens.numel() rows. row_ids: [>= b + 1] int64
+        0, 1, 2, ...; zeros: [>= b] int64 (persistent tensors; only views are taken)."""
+        rows = seq_lens.shape[0]
+        return cls(
+            group=group,
+            block_size=block_size,
+            sliding_window=sliding_window,
+            block_tables=block_tables,
+            seq_lens=seq_lens,
+            query_start=row_ids[: rows + 1],
+            tile_seq=row_ids[:rows],
+            tile_first=zeros[:rows],
+        )
+
+
+def tile_layout(query_lens: Sequence[int], group: int) -> tuple[list[int], list[int], list[int]]:
+    """Host lists of a step's plan: (query_start [S + 1], tile_seq [U], tile_first [U])."""
+    per_tile = tokens_per_tile(group)
+    starts, tile_seq, tile_first = [0], [], []
+    for i, q_len in enumerate(query_lens):
+        starts.append(starts[-1] + q_len)
+        for first in range(0, q_len, per_tile):
+            tile_seq.append(i)
+            tile_first.append(first)
+    return starts, tile_seq, tile_first

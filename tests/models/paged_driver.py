@@ -31,7 +31,8 @@ class PagedDriver:
 
     def step(self, new_tokens: dict[int, list[int]], fused=None) -> dict[int, torch.Tensor]:
         """Feeds new tokens for some sequences in ONE forward; returns logits [n, V] per seq.
-        With `fused` (a FusedDecoder over self.kv), the step runs through it."""
+        With `fused` (a FusedDecoder or a forward path over self.kv), the step runs through it
+        (a path's metadata built by its attention backend)."""
         ids, positions, tables, seq_lens, query_lens = [], [], [], [], []
         for seq, toks in new_tokens.items():
             start = self.lens[seq]
@@ -44,14 +45,18 @@ class PagedDriver:
             tables.append(self.tables[seq])
             seq_lens.append(end)
             query_lens.append(len(toks))
-        meta = AttentionMetadata.build(
-            tables,
-            seq_lens,
-            query_lens,
-            self.block_size,
-            self.device,
-            sliding_window=self.model.config.sliding_window,
-        )
+        backend = getattr(fused, "attention", None)  # a forward path builds its own metadata
+        if backend is not None:
+            meta = backend.build(tables, seq_lens, query_lens)
+        else:
+            meta = AttentionMetadata.build(
+                tables,
+                seq_lens,
+                query_lens,
+                self.block_size,
+                self.device,
+                sliding_window=self.model.config.sliding_window,
+            )
         ids_t = torch.tensor(ids, device=self.device)
         positions_t = torch.tensor(positions, device=self.device)
         with torch.inference_mode():

@@ -10,7 +10,13 @@ import random
 import pytest
 import torch
 
-from models.attention import AttentionMetadata, paged_attention, reference_attention, write_kv
+from models.attention import (
+    AttentionKernel,
+    AttentionMetadata,
+    paged_attention,
+    reference_attention,
+    write_kv,
+)
 
 HEAD_DIM = 16
 
@@ -21,7 +27,7 @@ def run_case(
     block_size: int,
     cases: list[tuple[int, int]],
     window,
-    use_cpu_kernel: bool = False,
+    kernel: AttentionKernel = AttentionKernel.BLOCKS,
     device: torch.device | str = "cpu",
 ):
     """cases: (cached prefix length, new tokens) per sequence. Inputs are drawn on the CPU and
@@ -54,7 +60,7 @@ def run_case(
         full_v.append(v)
         qs.append(torch.randn(new, num_heads, HEAD_DIM))
     meta = AttentionMetadata.build(
-        tables, seq_lens, query_lens, block_size, device, window, use_cpu_kernel=use_cpu_kernel
+        tables, seq_lens, query_lens, block_size, device, window, kernel=kernel
     )
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)]).to(device)
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)]).to(device)
@@ -84,7 +90,7 @@ def test_paged_equals_reference_mixed_batch(
         block_size=4,
         cases=cases,
         window=window,
-        use_cpu_kernel=kernel,
+        kernel=AttentionKernel.CPP if kernel else AttentionKernel.BLOCKS,
         device="cpu" if kernel else device,  # the C++ kernel is CPU-only by nature
     )
 
@@ -94,7 +100,8 @@ def test_paged_equals_reference_mixed_batch(
 def test_paged_equals_reference_across_block_sizes(block_size: int, kernel: bool, device) -> None:
     cases = [(0, 20), (19, 1), (5, 12)]
     dev = "cpu" if kernel else device
-    run_case(6, 2, block_size, cases=cases, window=None, use_cpu_kernel=kernel, device=dev)
+    chosen = AttentionKernel.CPP if kernel else AttentionKernel.BLOCKS
+    run_case(6, 2, block_size, cases=cases, window=None, kernel=chosen, device=dev)
 
 
 def test_row_plan_gives_each_token_its_sequence_table_and_context() -> None:
