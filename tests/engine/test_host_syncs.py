@@ -26,6 +26,8 @@ from engine.sampling import sampling_batch
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.sampling_params import SamplingParams
+from models.attention import AttentionKernel
+from models.attention_backend import AttentionBackend, GraphSupport
 
 aten = torch.ops.aten
 _DATA_DEPENDENT = {
@@ -62,7 +64,10 @@ class _SyncRecorder(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def recording(monkeypatch) -> Iterator[_SyncRecorder]:
+def recording(monkeypatch, host_copies: bool = False) -> Iterator[_SyncRecorder]:
+    """`host_copies`: also record every tensor made from host data (`torch.tensor`,
+    `as_tensor`, `from_numpy`) and every move to a device (`.to(device)`, `.cuda()`,
+    `.pin_memory()`): none may happen inside a captured forward."""
     rec = _SyncRecorder()
 
     def host_read(name):
@@ -76,6 +81,27 @@ def recording(monkeypatch) -> Iterator[_SyncRecorder]:
 
     for name in ("tolist", "cpu", "numpy"):
         host_read(name)
+    if host_copies:
+        for name in ("tensor", "as_tensor", "from_numpy"):
+            made = getattr(torch, name)
+
+            def from_host(*args, _made=made, _name=name, **kwargs):
+                rec.note(f"torch.{_name}")
+                return _made(*args, **kwargs)
+
+            monkeypatch.setattr(torch, name, from_host)
+        for name in ("cuda", "pin_memory"):
+            host_read(name)
+        to = torch.Tensor.to
+
+        def moving(self, *args, **kwargs):
+            if "device" in kwargs or any(
+                isinstance(a, str | torch.device | torch.Tensor) for a in args
+            ):
+                rec.note("Tensor.to(device)")
+            return to(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", moving)
 
     def allowing(fn, count: bool):
         def wrapper(*args, **kwargs):
@@ -164,12 +190,16 @@ def test_device_side_sampling_draws_the_same_tokens_as_the_cpu_way() -> None:
 
 class _StubPath:
     """A forward path with no host reads of its own, so the runner's code alone is observed
-    (the CPU attention plans its blocks on the host; the device path is models' concern)."""
+    (the CPU attention plans its blocks on the host; the capturable forward's own reads are
+    counted below). Its backend's metadata needs no host planning (Triton's layout)."""
 
     description = "stub"
     attention_kernel = False
+    graph_support = GraphSupport.DECODE_ONLY
 
-    def __init__(self, vocab: int, hidden: int) -> None:
+    def __init__(self, vocab: int, hidden: int, block_size: int) -> None:
+        cpu = torch.device("cpu")
+        self.attention = AttentionBackend(AttentionKernel.TRITON, 1, block_size, None, cpu)
         gen = torch.Generator().manual_seed(0)
         self.embed = torch.randn(vocab, hidden, generator=gen)
         self.head = torch.randn(hidden, vocab, generator=gen)
@@ -183,36 +213,130 @@ class _StubPath:
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_the_model_runner_reads_nothing_back(monkeypatch, graphs: bool) -> None:
-    from engine.cuda_graphs import static_inputs
+    from engine import model_runner
     from engine.cuda_graphs.decode_graphs import GraphSettings
-    from tests.engine.cuda_graphs.test_decode_graphs import NUM_BLOCKS, _runner
+    from tests.engine.cuda_graphs.test_decode_graphs import BLOCK_SIZE, NUM_BLOCKS, _runner
     from tests.engine.test_model_runner import _Chunk, _Seq
 
+    if graphs:  # the capturable path's runner, its persistent buffers (then the stub path)
+        monkeypatch.setattr(model_runner, "select_forward_path", _triton_path)
     runner = _runner("llama", GraphSettings(8, 48) if graphs else None)
-    stub = _StubPath(runner.config.vocab_size, 8)
+    assert (runner.decode_graphs is not None) == graphs
+    stub = _StubPath(runner.config.vocab_size, 8, BLOCK_SIZE)
     runner.forward_path = stub
     if runner.decode_graphs is not None:
         runner.decode_graphs.path = stub
     seqs = [_Seq(list(range(3, 9 + i)), [2 * i, 2 * i + 1]) for i in range(3)]
     allowed = []
     with recording(monkeypatch) as rec:
-        from engine import model_runner
+        real = model_runner.to_device
 
-        for module in (model_runner, static_inputs):
-            real = module.to_device
+        def counted(*args, **kwargs):
+            rec.allowed += 1
+            allowed.append(1)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                rec.allowed -= 1
 
-            def counted(*args, _real=real, **kwargs):
-                rec.allowed += 1
-                allowed.append(1)
-                try:
-                    return _real(*args, **kwargs)
-                finally:
-                    rec.allowed -= 1
-
-            monkeypatch.setattr(module, "to_device", counted)
+        monkeypatch.setattr(model_runner, "to_device", counted)
         mixed = [_Chunk(seqs[0], 0, 4, False), _Chunk(seqs[1], 0, len(seqs[1].token_ids), True)]
         runner.execute(mixed, block_copies=[(NUM_BLOCKS - 1, NUM_BLOCKS - 2)])
         out = runner.execute([_Chunk(s, len(s.token_ids) - 1, 1, True) for s in seqs])
     assert rec.syncs == []
     assert allowed  # host lists did reach the "device"
     assert out.sampling.shape[0] == 3
+
+
+def _triton_path(model, kv_caches, device, *, cpu_kernels):
+    from models.forward_path import TritonPath
+
+    return TritonPath(model, kv_caches)
+
+
+def _allow_kernel_launches(monkeypatch, rec: _SyncRecorder) -> dict[str, int]:
+    """Lets the Triton kernels' launches run unrecorded (on CPU the interpreter copies their
+    tensors to and fro; on a GPU a launch is a launch) and counts them."""
+    from models.triton_attention import kv_write, paged_attention
+
+    launches: dict[str, int] = {}
+
+    class Launch:
+        def __init__(self, name: str, kernel) -> None:
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                launches[self.name] = launches.get(self.name, 0) + 1
+                rec.allowed += 1
+                try:
+                    return self.kernel[grid](*args, **kwargs)
+                finally:
+                    rec.allowed -= 1
+
+            return run
+
+    for module, attr in (
+        (paged_attention, "_paged_attention_kernel"),
+        (kv_write, "_write_kv_kernel"),
+    ):
+        monkeypatch.setattr(module, attr, Launch(attr, getattr(module, attr)))
+    return launches
+
+
+def test_the_capturable_decode_forward_reads_nothing_and_copies_nothing_in(monkeypatch) -> None:
+    """The Triton path's decode forward + LM head over its persistent buffers (what a CUDA
+    graph records): no read of tensor data, no data-dependent op, no tensor from host data,
+    no move to a device, whatever the kernels' launchers do around the launches."""
+    from tests.models.triton_attention.decode_case import decode_case
+
+    case = decode_case()
+    step = case.buffers.build_for_replay(case.token_ids, case.positions, case.tables, 4)
+    num_layers = len(case.driver.kv)
+    with recording(monkeypatch, host_copies=True) as rec:
+        launches = _allow_kernel_launches(monkeypatch, rec)
+        with torch.inference_mode():
+            logits = case.path.logits(case.path.hidden(step.input_ids, step.positions, step.meta))
+    assert rec.syncs == []
+    assert launches == {"_paged_attention_kernel": num_layers, "_write_kv_kernel": num_layers}
+    assert logits.shape[0] == 4
+
+
+def test_the_recorder_sees_host_copies(monkeypatch) -> None:
+    x = torch.arange(6.0)
+    for copy in (
+        lambda: torch.tensor([1, 2]),
+        lambda: torch.as_tensor([1, 2]),
+        lambda: x.to("cpu"),
+        lambda: x.to(device=torch.device("cpu")),
+        lambda: x.pin_memory() if torch.cuda.is_available() else x.cpu(),
+    ):
+        with recording(monkeypatch, host_copies=True) as rec:
+            copy()
+        assert rec.syncs, copy
+        monkeypatch.undo()
+    with recording(monkeypatch, host_copies=True) as rec:
+        x.to(torch.float64).mul_(2)
+    assert rec.syncs == []
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_replay_builder_makes_one_copy_per_step() -> None:
+    from tests.models.triton_attention.decode_case import decode_case
+
+    case = decode_case()
+    case.buffers.build_for_capture(4)  # the step's views exist from the capture on
+    with _OpCounter() as counter:
+        case.buffers.build_for_replay(case.token_ids, case.positions, case.tables, 4)
+    copies = [op for op in counter.ops if "copy" in op]
+    assert copies == ["copy_"]  # the packed host rows, in one transfer
+    assert set(counter.ops) <= {"copy_", "slice", "lift_fresh"}  # lift: from_numpy
