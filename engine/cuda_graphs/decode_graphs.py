@@ -34,6 +34,7 @@ import torch
 from engine.cuda_graphs.buckets import DecodeRows, bucket_for, graph_buckets
 from models.attention_backend import GraphSupport
 from models.decode_buffers import DecodeBuffers, DecodeStep
+from models.forward_path import ForwardPath
 
 log = logging.getLogger("tgserve.engine")
 
@@ -46,7 +47,7 @@ class GraphSettings:
     max_model_len: int
 
 
-def graphs_supported(path: object, device: torch.device) -> bool:
+def graphs_supported(path: ForwardPath, device: torch.device) -> bool:
     """CUDA graphs need a CUDA device and a path whose decode steps can be captured."""
     return device.type == "cuda" and path.graph_support is GraphSupport.DECODE_ONLY
 
@@ -114,7 +115,7 @@ def recorder_for(device: torch.device) -> Callable[[object], GraphRecorder]:
 class DecodeGraphs:
     def __init__(
         self,
-        path,
+        path: ForwardPath,
         buffers: DecodeBuffers,
         max_num_seqs: int,
         new_graph: Callable[[object], GraphRecorder],
