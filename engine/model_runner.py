@@ -7,9 +7,10 @@ num_new_tokens) and `.sample`.
 Returns `[num_sampling_chunks, vocab]` float32 logits in chunk order, plus, when asked,
 the logits of every new row (for prompt logprobs). Under tensor parallel, rank 0's `execute`
 broadcasts the step's inputs (engine/parallel/) and every rank's `run` does the same forward;
-a failed step is then a `FatalEngineError` (the ranks are out of step). The KV cache is owned here; how the
-forward runs (C++ step, PyTorch layers with C++ attention, plain PyTorch) is chosen once, in
-models/forward_path.py, and the runner only calls the path it returns.
+a failed step is then a `FatalEngineError` (the ranks are out of step). The KV cache is owned
+here; how the forward runs (C++ step, PyTorch layers with C++ or Triton attention, plain
+PyTorch) is chosen once, in models/forward_path.py, and the runner only calls the path it
+returns.
 
 Every step's attention metadata comes from the path's attention backend
 (`forward_path.attention.build`, models/attention_backend.py), built before the forward in one

@@ -17,9 +17,10 @@ The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; ea
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
 not one it serves (the next is tried; past the list the model's own forward runs). CUDA runs
 the model's layers with the Triton attention (`TritonPath`, DECODE_ONLY: its decode forward
-holds no host list, no host sync and no data-dependent branch); other GPU backends register here: a builder in `BUILDERS` and its name in the device's list. Tensor
-parallel needs no backend of its own: a model sharded by models/parallel runs through the same
-paths (its layers hold the collectives). Nothing else in the engine chooses a forward path.
+holds no host list, no host sync and no data-dependent branch); other GPU backends register
+here: a builder in `BUILDERS` and its name in the device's list. Tensor parallel needs no
+backend of its own: a model sharded by models/parallel runs through the same paths (its
+layers hold the collectives). Nothing else in the engine chooses a forward path.
 """
 
 from __future__ import annotations
