@@ -14,6 +14,7 @@ shows it catches each kind of sync.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -211,6 +212,13 @@ class _StubPath:
         return hidden @ self.head
 
 
+def _needs_interpreted_triton() -> None:
+    """The capturable path's kernels run on CPU tensors in Triton's interpreter only, which
+    tests/conftest.py switches on for CPU runs (not under TGSERVE_TEST_DEVICE=cuda)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton kernels on CPU tensors need TRITON_INTERPRET=1 (CPU test runs)")
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_the_model_runner_reads_nothing_back(monkeypatch, graphs: bool) -> None:
     from engine import model_runner
@@ -219,6 +227,7 @@ def test_the_model_runner_reads_nothing_back(monkeypatch, graphs: bool) -> None:
     from tests.engine.test_model_runner import _Chunk, _Seq
 
     if graphs:  # the capturable path's runner, its persistent buffers (then the stub path)
+        _needs_interpreted_triton()
         monkeypatch.setattr(model_runner, "select_forward_path", _triton_path)
     runner = _runner("llama", GraphSettings(8, 48) if graphs else None)
     assert (runner.decode_graphs is not None) == graphs
@@ -290,6 +299,7 @@ def test_the_capturable_decode_forward_reads_nothing_and_copies_nothing_in(monke
     no move to a device, whatever the kernels' launchers do around the launches."""
     from tests.models.triton_attention.decode_case import decode_case
 
+    _needs_interpreted_triton()
     case = decode_case()
     step = case.buffers.build_for_replay(case.token_ids, case.positions, case.tables, 4)
     num_layers = len(case.driver.kv)
@@ -333,6 +343,7 @@ class _OpCounter(TorchDispatchMode):
 def test_the_replay_builder_makes_one_copy_per_step() -> None:
     from tests.models.triton_attention.decode_case import decode_case
 
+    _needs_interpreted_triton()
     case = decode_case()
     case.buffers.build_for_capture(4)  # the step's views exist from the capture on
     with _OpCounter() as counter:
