@@ -24,3 +24,11 @@ def triton_kernels() -> torch.device:
                 "before the first import of triton (tests/conftest.py does it)"
             )
     return device
+
+
+@pytest.fixture
+def cpu_triton(triton_kernels) -> None:
+    """For tests whose model and caches stay on CPU (tests/models/paged_driver.py): they run
+    the kernels in the interpreter, so they skip on a GPU run (the engine tests capture there)."""
+    if triton_kernels.type != "cpu":
+        pytest.skip("model and caches on CPU: Triton runs them interpreted (CPU test runs only)")

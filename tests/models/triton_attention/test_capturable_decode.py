@@ -22,17 +22,11 @@ from tests.models.triton_attention.decode_case import PROMPT_LENS, decode_case
 BUCKET = 4  # three rows padded to the bucket of four
 
 
-@pytest.fixture
-def cpu_only(triton_kernels) -> None:
-    if triton_kernels.type != "cpu":
-        pytest.skip("PagedDriver keeps its caches on CPU; on CUDA the engine tests capture")
-
-
 def _forward(path, step) -> torch.Tensor:
     return path.logits(path.hidden(step.input_ids, step.positions, step.meta))
 
 
-def test_capture_then_replay_gives_the_eager_step(cpu_only) -> None:
+def test_capture_then_replay_gives_the_eager_step(cpu_triton) -> None:
     case = decode_case()
     n = len(PROMPT_LENS)
     before = [t.clone() for cache in case.driver.kv for t in cache]
@@ -52,7 +46,7 @@ def test_capture_then_replay_gives_the_eager_step(cpu_only) -> None:
     assert torch.equal(got, want)
 
 
-def test_the_padding_rows_name_only_the_scratch_block(cpu_only) -> None:
+def test_the_padding_rows_name_only_the_scratch_block(cpu_triton) -> None:
     case = decode_case()
     step = case.buffers.build_for_replay(case.token_ids, case.positions, case.tables, BUCKET)
     n, bs = len(PROMPT_LENS), case.driver.block_size
@@ -75,7 +69,7 @@ def _with_reference_kernels(monkeypatch) -> None:
     monkeypatch.setattr(kv_write, "triton_write_kv", reference_write_kv)
 
 
-def test_the_reference_kernels_compute_what_the_triton_kernels_do(cpu_only, monkeypatch) -> None:
+def test_the_reference_kernels_compute_what_the_triton_kernels_do(cpu_triton, monkeypatch) -> None:
     case = decode_case()
     with torch.inference_mode():
         want = case.eager_logits()  # Triton, interpreted
@@ -85,7 +79,7 @@ def test_the_reference_kernels_compute_what_the_triton_kernels_do(cpu_only, monk
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
-def test_the_decode_forward_compiles_as_one_graph(cpu_only, monkeypatch) -> None:
+def test_the_decode_forward_compiles_as_one_graph(cpu_triton, monkeypatch) -> None:
     case = decode_case()
     _with_reference_kernels(monkeypatch)
     path = case.path
