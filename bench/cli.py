@@ -212,7 +212,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help="HF folder or .gguf file (default: SmolLM2-135M-Instruct), or random:llama3-8b / "
-        "random:llama3-1b: that shape with random weights built in memory (tgserve only)",
+        "random:llama3-1b / random:tiny-llama: that shape with random weights built in memory "
+        "(tgserve and transformers: the same seeded weights)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
     p.add_argument(
@@ -220,6 +221,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="append",
         choices=list(BACKENDS),
         help="repeatable; the first is the reference",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="tgserve and transformers run here, and the limits are measured here: auto (CUDA "
+        "when present, as the server), cpu, cuda or cuda:N",
     )
     p.add_argument("--max-num-seqs", type=int, default=64, help="tgserve / vLLM running batch")
     p.add_argument(

@@ -49,6 +49,14 @@ def emit(
 
 def format_limits(limits: MachineLimits) -> str:
     rates = ", ".join(f"M={r.m}: {r.gflops:.3g}" for r in limits.matmul)
+    if limits.device != "cpu":
+        return (
+            f"Device {limits.device_name or limits.device}: memory bandwidth "
+            f"{limits.bandwidth_gb_s:.0f} GB/s (median copy {limits.bandwidth_copy_gb_s:.0f} "
+            f"counting read + write, sum {limits.bandwidth_read_gb_s:.0f} reading); "
+            f"{limits.dtype} matmul GFLOP/s: peak (square product) "
+            f"{limits.peak_matmul_gflops or 0:.4g}, on the model's shapes {rates}"
+        )
     return (
         f"Machine ({limits.threads} threads): memory bandwidth {limits.bandwidth_gb_s:.1f} GB/s "
         f"({_probe(limits)}torch copy {limits.bandwidth_copy_gb_s:.1f}, "
