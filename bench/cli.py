@@ -1,5 +1,5 @@
-"""`tgserve bench latency|throughput|grammar|serve|soak|burst|short-behind-long`: the arguments, and
-the entry `tgserve` calls.
+"""`tgserve bench latency|throughput|grammar|serve|soak|burst|short-behind-long|gpu-check`: the
+arguments, and the entry `tgserve` calls (gpu-check: bench/gpu_check/).
 
 Contract: `add_arguments(parser)` declares the four subcommands (soak: bench/soak.py, exits 1
 when it finds a leak or a 5xx); `run(args) -> int` runs one
@@ -105,6 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2048,
         help="the server's, for the compute bound",
     )
+    serve.add_argument(
+        "--device",
+        default="auto",
+        help="where the server runs, for the compute bound with --model (auto: CUDA when present)",
+    )
     _workload_args(serve, default_requests=64)
     _output_args(serve)
     write = sub.add_parser(
@@ -121,6 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GGUF whose tokenizer to copy (default model's)",
     )
     write.add_argument("--seed", type=int, default=0)
+    from bench.gpu_check.main import add_arguments as gpu_check_arguments
+
+    gpu_check_arguments(
+        sub.add_parser(
+            "gpu-check",
+            help="on a GPU machine: install carried wheels, benchmarks against the measured "
+            "bounds, CUDA suite, profile; one report (gpu/check.sh; --tiny: a CPU dry run)",
+        )
+    )
     _soak_args(sub.add_parser("soak", help="a long run at a fixed rate: fails on leaks or 5xx"))
     _burst_args(sub.add_parser("burst", help="N simultaneous requests: 429 arithmetic and latency"))
     _probe_args(
@@ -276,6 +290,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--skip-limits", action="store_true", help="do not measure bandwidth and matmul rates"
+    )
+    p.add_argument(
+        "--quick-limits",
+        action="store_true",
+        help="measure the limits on small buffers with the GPU method (dry runs: rough figures)",
     )
     p.add_argument(
         "--json-schema",

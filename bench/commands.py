@@ -46,6 +46,10 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     if args.bench_command == "soak":
         return _run_soak(args)
+    if args.bench_command == "gpu-check":
+        from bench.gpu_check.main import run
+
+        return run(args)
     if args.bench_command in ("burst", "short-behind-long"):
         return _run_probe(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
@@ -117,8 +121,10 @@ def _run_offline(
         baseline_tree=args.baseline_tree,
         target_itl_ms=args.target_itl_ms,
         json_schema=json_schema,
+        device=args.device,
     )
     limits = None
+    device = _limits_device(args.device)
     if grammar:
         result = run_grammar_bench(
             source, options, json_schema, args.runs, args.input_len, args.seed
@@ -126,16 +132,27 @@ def _run_offline(
         return [result], None
     if args.bench_command == "latency":
         if not args.skip_limits:
-            limits = measure_machine_limits(source.config, args.dtype, (1, args.input_len))
+            limits = measure_machine_limits(
+                source.config, args.dtype, (1, args.input_len), device, args.quick_limits
+            )
         return run_latency_bench(names, source, options, spec, limits, show_progress), limits
     if not args.skip_limits:
-        limits = measure_machine_limits(
-            source.config, args.dtype, (1, decode_batch(options), batched_tokens)
-        )
+        ms = (1, decode_batch(options), batched_tokens)
+        limits = measure_machine_limits(source.config, args.dtype, ms, device, args.quick_limits)
     tokenizer = _tokenizer(source.path) if spec.dist == "text" else None
     return run_throughput_bench(
         names, source, options, spec, limits, show_progress, tokenizer, args.runs
     ), limits
+
+
+def _limits_device(device: str) -> str:
+    """Where the limits are measured: the device the backends run on (`--device`, resolved as
+    the engine resolves it: auto is CUDA when present)."""
+    import torch
+
+    from engine.config import resolve_device
+
+    return resolve_device(device, torch.cuda.is_available())
 
 
 def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:
@@ -197,7 +214,10 @@ def _run_serve(
     if source is not None:
         decode_m = min(concurrency or len(requests), len(requests))
         limits = measure_machine_limits(
-            source.config, args.dtype, (decode_m, args.max_num_batched_tokens)
+            source.config,
+            args.dtype,
+            (decode_m, args.max_num_batched_tokens),
+            device=_limits_device(args.device),
         )
         good = [r for r in records if r.ok]
         bound = min_compute_seconds(

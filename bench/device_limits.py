@@ -36,6 +36,8 @@ BANDWIDTH_BYTES = 2 * 1024**3  # 2 GiB: ~40x an H100's or H200's 50-60 MB L2
 PEAK_N = 8192  # 8192^3 bf16: ~1.4 ms on an H100, fills every multiprocessor
 REPEATS = 10
 WEIGHT_BYTES = 512 * 1024**2  # model-shape weights per pass: many times the L2
+# Small buffers for dry runs (`--quick-limits`): the same code in well under a second.
+QUICK = {"bandwidth_bytes": 16 * 1024**2, "peak_n": 256, "weight_bytes": 4 * 1024**2, "repeats": 3}
 
 
 class Clock(Protocol):

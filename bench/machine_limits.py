@@ -15,6 +15,7 @@ Contract:
   On a CUDA device (`device="cuda"`) the GPU is measured instead (bench/device_limits.py: HBM
   copy and read bandwidth, the peak matrix rate of a large square product, the model-shape
   rates; CUDA events, medians), and `device`, `device_name`, `peak_matmul_gflops` say so.
+  `quick` runs that method on small buffers on any device (dry runs: rough, fast figures).
 - Bounds (used to report each result as a fraction of what the hardware allows):
   `decode_bytes_per_token`: batch-1 decode streams every weight once per token, and the K and V
   of every token in its context, so at most bandwidth / (weight bytes + context x KV bytes)
@@ -96,9 +97,10 @@ def measure_machine_limits(
     config: ModelConfig,
     dtype: str,
     ms: tuple[int, ...],
+    device: str = "cpu",
+    quick: bool = False,
     bandwidth_bytes: int = DEFAULT_BANDWIDTH_BYTES,
     min_time: float = 0.2,
-    device: str = "cpu",
 ) -> MachineLimits:
     import torch
 
@@ -106,10 +108,10 @@ def measure_machine_limits(
         raise ValueError(
             f"dtype must be one of {', '.join(TORCH_DTYPES)} to measure limits, got {dtype!r}"
         )
-    if device.startswith("cuda"):
-        from bench.device_limits import measure_device_limits
+    if device.startswith("cuda") or quick:
+        from bench.device_limits import QUICK, measure_device_limits
 
-        return measure_device_limits(config, dtype, ms, device)
+        return measure_device_limits(config, dtype, ms, device, **(QUICK if quick else {}))
     torch_dtype = getattr(torch, dtype)
     copy_gb_s, read_gb_s = _bandwidth(bandwidth_bytes)
     patterns = probe_read_gb_s()
