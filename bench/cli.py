@@ -229,7 +229,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "random:llama3-1b / random:tiny-llama: that shape with random weights built in memory "
         "(tgserve and transformers: the same seeded weights)",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPE_CHOICES],
+        help="auto (default, as the server): bfloat16 where the device computes it natively, "
+        "else float32 on a CPU, float16 on CUDA; tables name the host's ISA and what auto chose",
+    )
     p.add_argument(
         "--backend",
         action="append",

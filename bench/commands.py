@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from bench.backends import BackendOptions
 from bench.grammar_latency import run_grammar_bench
+from bench.host_label import bench_device, labelled, resolved_dtype
 from bench.latency import LatencyResult, LatencySpec, run_latency_bench
 from bench.machine_limits import MachineLimits, measure_machine_limits, min_compute_seconds
 from bench.model_source import resolve_model
@@ -91,6 +92,8 @@ def _run_offline(
         raise ValueError("--backend tgserve-json and --json-schema FILE go together")
     json_schema = args.json_schema.read_text() if args.json_schema is not None else None
     source = resolve_model(args.model)
+    device = bench_device(args.device)
+    dtype = resolved_dtype(args.dtype, device)
     if grammar:
         spec = None
         num_requests, max_len, batched_tokens = 1, args.input_len + 1, args.max_num_batched_tokens
@@ -106,7 +109,7 @@ def _run_offline(
             args.max_num_batched_tokens,
         )
     options = BackendOptions(
-        dtype=args.dtype,
+        dtype=dtype,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=batched_tokens,
         hf_batch_size=getattr(args, "hf_batch_size", 1),
@@ -124,7 +127,6 @@ def _run_offline(
         device=args.device,
     )
     limits = None
-    device = _limits_device(args.device)
     if grammar:
         result = run_grammar_bench(
             source, options, json_schema, args.runs, args.input_len, args.seed
@@ -133,26 +135,18 @@ def _run_offline(
     if args.bench_command == "latency":
         if not args.skip_limits:
             limits = measure_machine_limits(
-                source.config, args.dtype, (1, args.input_len), device, args.quick_limits
+                source.config, dtype, (1, args.input_len), device, args.quick_limits
             )
-        return run_latency_bench(names, source, options, spec, limits, show_progress), limits
+        results = run_latency_bench(names, source, options, spec, limits, show_progress)
+        return labelled(results, device, args.dtype), limits
     if not args.skip_limits:
         ms = (1, decode_batch(options), batched_tokens)
-        limits = measure_machine_limits(source.config, args.dtype, ms, device, args.quick_limits)
+        limits = measure_machine_limits(source.config, dtype, ms, device, args.quick_limits)
     tokenizer = _tokenizer(source.path) if spec.dist == "text" else None
-    return run_throughput_bench(
+    results = run_throughput_bench(
         names, source, options, spec, limits, show_progress, tokenizer, args.runs
-    ), limits
-
-
-def _limits_device(device: str) -> str:
-    """Where the limits are measured: the device the backends run on (`--device`, resolved as
-    the engine resolves it: auto is CUDA when present)."""
-    import torch
-
-    from engine.config import resolve_device
-
-    return resolve_device(device, torch.cuda.is_available())
+    )
+    return labelled(results, device, args.dtype), limits
 
 
 def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:
@@ -217,7 +211,7 @@ def _run_serve(
             source.config,
             args.dtype,
             (decode_m, args.max_num_batched_tokens),
-            device=_limits_device(args.device),
+            device=bench_device(args.device),
         )
         good = [r for r in records if r.ok]
         bound = min_compute_seconds(

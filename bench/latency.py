@@ -68,6 +68,8 @@ class LatencyResult:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     note: str
+    host: str = ""  # the CPU's ISA or the GPU's name (bench/host_label.py)
+    dtype_auto: bool = False  # `dtype` is what --dtype auto resolved to
 
 
 def run_latency_bench(
