@@ -62,7 +62,7 @@ def render(
         "Machine limits": _machine(figures["machine"]),
         "Benchmarks": _benchmarks(figures),
         "Targets": _targets(rows),
-        "Test suite": _suite(figures["suite"], results),
+        "Test suite": _suite(figures["suite"]),
         "Profile": _profile(figures["profile"]),
     }
     return head + "".join(f"\n## {name}\n\n{bodies[name]}\n" for name in SECTIONS)
@@ -182,7 +182,7 @@ def _targets(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _suite(suite: dict[str, Any] | None, results: Sequence[StageResult]) -> str:
+def _suite(suite: dict[str, Any] | None) -> str:
     if suite is None:
         return _missing("the suite stage did not run")
     text = suite["summary"] or "no pytest summary line (the stage was cut off or crashed)"
