@@ -7,6 +7,6 @@ Modules: plan.py (the stages: commands and time caps, for a GPU or a `--tiny` CP
 runner.py (each stage a subprocess under the budget: a failure or a timeout is recorded and the
 next stage runs), findings.py (figures read back from the stages' output, against the targets),
 report.py (markdown and JSON), main.py (arguments, the run). Stage programs: environment.py,
-install.py, profile_steps.py, serve_stage.py (+ random_server.py). The orchestration itself is
+install.py, profile_steps.py, serve_stage.py (+ random_server.py), suite_stage.py. The orchestration itself is
 standard library only: it must start before anything is installed.
 """

@@ -20,6 +20,11 @@ from bench.gpu_check.runner import StageResult
 
 TODAY_WIDE_TOK_S = 3334.0  # 256 x 512/256 at --max-num-seqs 256 on an H200 before issue 24
 SUITE_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed)\b")
+# `pytest -v` per-test lines, with xdist ("[gw3] [ 12%] PASSED tests/x.py::t") or without
+# ("tests/x.py::t PASSED [ 12%]")
+OUTCOMES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
+XDIST_LINE = re.compile(rf"\b({OUTCOMES}) (tests/\S+)")
+PLAIN_LINE = re.compile(rf"^(tests/\S+) ({OUTCOMES})\b")
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -63,6 +68,8 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
 
 
 def suite_summary(result: StageResult | None) -> dict[str, Any] | None:
+    """pytest's final counts; when it was cut off before printing them, the counts of its
+    verbose per-test lines so far (`summary` then says so)."""
     if result is None or result.status == "skipped":
         return None
     counts: dict[str, int] = {}
@@ -71,6 +78,22 @@ def suite_summary(result: StageResult | None) -> dict[str, Any] | None:
     for number, word in SUITE_COUNTS.findall(summary):
         counts["errors" if word.startswith("error") else word] = int(number)
     failing = [ln.split(" - ")[0] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    if not summary:
+        for line in lines:
+            found = XDIST_LINE.search(line)
+            plain = PLAIN_LINE.search(line)
+            outcome, test = (
+                found.groups() if found else (plain.groups()[::-1] if plain else (None, None))
+            )
+            if outcome is None:
+                continue
+            key = {"error": "errors", "xfail": "xfailed", "xpass": "xpassed"}.get(
+                outcome.lower(), outcome.lower()
+            )
+            counts[key] = counts.get(key, 0) + 1
+            if outcome in ("FAILED", "ERROR"):
+                failing.append(f"{outcome} {test}")
+        summary = f"cut off before pytest's summary; per-test lines so far: {counts}"
     return {"counts": counts, "summary": summary.strip("= "), "failing": failing}
 
 

@@ -125,7 +125,9 @@ def build_plan(settings: Settings) -> list[Stage]:
         Stage(
             "suite",
             "Test suite on the device",
-            (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE")
+            (py, "-m", "bench.gpu_check.suite_stage")
+            + (() if settings.tiny else ("--prebuild",))
+            + ("-v", "-p", "no:cacheprovider", "-rfE")
             + (("-n", str(settings.workers)) if settings.workers else ())
             + settings.suite,
             240,

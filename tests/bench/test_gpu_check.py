@@ -101,6 +101,15 @@ ERROR tests/engine/test_structured_outputs.py - ImportError
 """
 
 
+CUT_OFF_OUT = """\
+C++ CPU kernels built: True (41 s)
+[gw0] [  1%] PASSED tests/engine/test_api.py::test_a
+[gw1] [  2%] FAILED tests/engine/decoding/test_beam_search.py::test_beam[llama]
+tests/models/test_attention.py::test_b SKIPPED (needs cuda)                 [  3%]
+tests/models/test_attention.py::test_c PASSED                                [  4%]
+"""
+
+
 def _result(name: str, stdout: str) -> StageResult:
     return StageResult(name, name, "cmd", "failed", 1, 1.0, 10.0, stdout, "")
 
@@ -112,6 +121,10 @@ def test_the_suite_summary_and_the_targets_read_what_was_printed():
         "FAILED tests/engine/decoding/test_beam_search.py::test_beam[llama]",
         "ERROR tests/engine/test_structured_outputs.py",
     ]
+    cut = suite_summary(_result("suite", CUT_OFF_OUT))  # killed before pytest's summary
+    assert cut["counts"] == {"passed": 2, "failed": 1, "skipped": 1}
+    assert cut["failing"] == ["FAILED tests/engine/decoding/test_beam_search.py::test_beam[llama]"]
+    assert cut["summary"].startswith("cut off before pytest's summary")
     figures = {
         "latency": {"decode_fraction_of_bound": 0.81, "prefill_fraction_of_bound": 0.33},
         "offline": {"tgserve": {"output_tok_s": 1761.0}, "transformers": {"output_tok_s": 657.0}},
