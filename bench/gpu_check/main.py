@@ -3,8 +3,9 @@
 Contract (standard library only, so it starts on an image that lacks the serving packages):
 `add_arguments(parser)` declares the flags; `run(args) -> int` builds the plan (plan.py), runs
 it inside `--budget` seconds (runner.py), writes `report.md`, `report.json` and `logs.txt` (every
-stage's whole output) into `--out` (default: $OUT, else ./gpu-check-out), prints the markdown,
-and returns 0 whether or not stages failed (the report says which); 2 for bad arguments.
+stage's whole output) into `--out` (default: $OUT, else ./gpu-check-out), prints the markdown
+and then a short summary (stage statuses, targets), and returns 0 whether or not stages failed
+(the report says which); 2 for bad arguments.
 `--device` defaults to cuda; `--tiny` runs every stage on `random:tiny-llama` on the CPU (the
 CI dry run). `--wheels DIR` installs the wheels there first (default: .whl when it holds any).
 `--stages a,b` runs only those (a rerun of what a cut-off run missed).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from bench.gpu_check.findings import collect, targets
 from bench.gpu_check.plan import GPU_SUITE, TINY_SUITE, Settings, build_plan
-from bench.gpu_check.report import write_report
+from bench.gpu_check.report import render_summary, write_report
 from bench.gpu_check.runner import run_stages, with_site
 
 DEFAULT_BUDGET_S = 465.0  # 8 minutes less a margin for the start and the report
@@ -88,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
         "budget_s": budget,
         "elapsed_s": time.monotonic() - t0,
     }
-    md, _ = write_report(out, meta, results, figures, targets(figures))
+    rows = targets(figures)
+    md, _ = write_report(out, meta, results, figures, rows)
     print(md.read_text())
+    print(render_summary(results, rows))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The GPU check's report: one markdown file for people, one JSON file for tools.
 
 Contract (standard library only): `write_report(out_dir, meta, results, figures, rows)` writes
-`report.md` and `report.json` into `out_dir` and returns their paths. The markdown always has
+`report.md` and `report.json` into `out_dir` and returns their paths; `render_summary` is the
+stages' statuses and the targets in a few lines, printed last. The markdown always has
 every section of `SECTIONS`, in order; a section whose stage did not run says why instead of
 figures, so a reader sees at once what was measured and what was not. The JSON holds `meta`,
 every stage (command, status, seconds, limit, the output's tail), the figures and the targets.
@@ -66,6 +67,12 @@ def render(
         "Profile": _profile(figures["profile"]),
     }
     return head + "".join(f"\n## {name}\n\n{bodies[name]}\n" for name in SECTIONS)
+
+
+def render_summary(results: Sequence[StageResult], rows: list[dict[str, Any]]) -> str:
+    """A few lines to print last (a remote run's output is often read from its tail)."""
+    stages = ", ".join(f"{r.name} {r.status} {r.seconds:.0f}s" for r in results)
+    return f"Summary: {stages}\n\n{_targets(rows)}\n"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
