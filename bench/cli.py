@@ -1,8 +1,9 @@
-"""`tgserve bench latency|throughput|grammar|serve|soak|burst|short-behind-long`: the arguments, and
-the entry `tgserve` calls.
+"""`tgserve bench latency|throughput|grammar|serve|soak|burst|short-behind-long|gpu-check`: the
+arguments, and the entry `tgserve` calls (gpu-check: bench/gpu_check/).
 
-Contract: `add_arguments(parser)` declares the four subcommands (soak: bench/soak.py, exits 1
-when it finds a leak or a 5xx); `run(args) -> int` runs one
+Contract: `add_arguments(parser)` declares the subcommands (soak's and write-gguf's flags live in
+cli_tools.py, gpu-check's in gpu_check/main.py; soak exits 1 when it finds a leak or a 5xx);
+`run(args) -> int` runs one
 (commands.py) and prints its results (a table, or `--json`: one JSON object per line, the machine
 limits first) to stdout, with a progress bar on stderr when it is a terminal. `--backend` may be
 repeated (tgserve, transformers, vllm, llamacpp, tgserve-baseline): every backend runs the same
@@ -23,6 +24,7 @@ import math
 from pathlib import Path
 
 from bench.backends import BACKENDS
+from bench.cli_tools import add_soak_arguments, add_write_gguf_arguments
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 
@@ -105,23 +107,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2048,
         help="the server's, for the compute bound",
     )
+    serve.add_argument(
+        "--device",
+        default="auto",
+        help="where the server runs, for the compute bound with --model (auto: CUDA when present)",
+    )
     _workload_args(serve, default_requests=64)
     _output_args(serve)
-    write = sub.add_parser(
-        "write-gguf",
-        help="a GGUF with random weights in a real model's shape (bench/random_gguf.py)",
+    add_write_gguf_arguments(
+        sub.add_parser(
+            "write-gguf",
+            help="a GGUF with random weights in a real model's shape (bench/random_gguf.py)",
+        )
     )
-    write.add_argument("--out", type=Path, required=True, help="the .gguf file to write")
-    write.add_argument("--type", default="Q4_1", help="GGML type of the matrices, e.g. Q4_1, Q8_0")
-    write.add_argument("--shape", default="llama-3.2-1b", help="model shape (llama-3.2-1b)")
-    write.add_argument(
-        "--vocab-from",
-        type=Path,
-        default=None,
-        help="GGUF whose tokenizer to copy (default model's)",
+    from bench.gpu_check.main import add_arguments as gpu_check_arguments
+
+    gpu_check_arguments(
+        sub.add_parser(
+            "gpu-check",
+            help="on a GPU machine: install carried wheels, benchmarks against the measured "
+            "bounds, CUDA suite, profile; one report (gpu/check.sh; --tiny: a CPU dry run)",
+        )
     )
-    write.add_argument("--seed", type=int, default=0)
-    _soak_args(sub.add_parser("soak", help="a long run at a fixed rate: fails on leaks or 5xx"))
+    add_soak_arguments(
+        sub.add_parser("soak", help="a long run at a fixed rate: fails on leaks or 5xx")
+    )
     _burst_args(sub.add_parser("burst", help="N simultaneous requests: 429 arithmetic and latency"))
     _probe_args(
         sub.add_parser(
@@ -159,32 +169,6 @@ def _probe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _soak_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of load")
-    p.add_argument("--request-rate", type=float, default=4.0, help="requests per second (fixed)")
-    p.add_argument(
-        "--disconnect-fraction", type=float, default=0.2, help="clients leaving mid-stream"
-    )
-    p.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (EOS ignored)")
-    p.add_argument("--vocab-size", type=int, default=1000, help="prompt ids are drawn below it")
-    p.add_argument("--max-in-flight", type=int, default=256, help="arrivals beyond are skipped")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    p.add_argument("--sample-interval", type=float, default=2.0, help="seconds between samples")
-    p.add_argument("--window", type=float, default=60.0, help="seconds per report window")
-    p.add_argument("--drain", type=float, default=60.0, help="seconds to wait for idle after")
-    p.add_argument(
-        "--pid", type=int, default=None, help="read RSS / FDs from /proc/PID, not /metrics"
-    )
-    p.add_argument("--max-rss-slope", type=float, default=8.0, help="MB/min, second half")
-    p.add_argument("--max-fd-growth", type=int, default=8, help="open FDs, idle to idle")
-    p.add_argument("--model", default=None, help="the request's model field (default: none)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-
-
 def _lengths(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     p.add_argument(
@@ -212,14 +196,27 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help="HF folder or .gguf file (default: SmolLM2-135M-Instruct), or random:llama3-8b / "
-        "random:llama3-1b: that shape with random weights built in memory (tgserve only)",
+        "random:llama3-1b / random:tiny-llama: that shape with random weights built in memory "
+        "(tgserve and transformers: the same seeded weights)",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPE_CHOICES],
+        help="auto (default, as the server): bfloat16 where the device computes it natively, "
+        "else float32 on a CPU, float16 on CUDA; tables name the host's ISA and what auto chose",
+    )
     p.add_argument(
         "--backend",
         action="append",
         choices=list(BACKENDS),
         help="repeatable; the first is the reference",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="tgserve and transformers run here, and the limits are measured here: auto (CUDA "
+        "when present, as the server), cpu, cuda or cuda:N",
     )
     p.add_argument("--max-num-seqs", type=int, default=64, help="tgserve / vLLM running batch")
     p.add_argument(
@@ -269,6 +266,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--skip-limits", action="store_true", help="do not measure bandwidth and matmul rates"
+    )
+    p.add_argument(
+        "--quick-limits",
+        action="store_true",
+        help="measure the limits on small buffers with the GPU method (dry runs: rough figures)",
     )
     p.add_argument(
         "--json-schema",

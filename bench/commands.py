@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from bench.backends import BackendOptions
 from bench.grammar_latency import run_grammar_bench
+from bench.host_label import bench_device, labelled, resolved_dtype
 from bench.latency import LatencyResult, LatencySpec, run_latency_bench
 from bench.machine_limits import MachineLimits, measure_machine_limits, min_compute_seconds
 from bench.model_source import resolve_model
@@ -46,6 +47,10 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     if args.bench_command == "soak":
         return _run_soak(args)
+    if args.bench_command == "gpu-check":
+        from bench.gpu_check.main import run
+
+        return run(args)
     if args.bench_command in ("burst", "short-behind-long"):
         return _run_probe(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
@@ -87,6 +92,8 @@ def _run_offline(
         raise ValueError("--backend tgserve-json and --json-schema FILE go together")
     json_schema = args.json_schema.read_text() if args.json_schema is not None else None
     source = resolve_model(args.model)
+    device = bench_device(args.device)
+    dtype = resolved_dtype(args.dtype, device)
     if grammar:
         spec = None
         num_requests, max_len, batched_tokens = 1, args.input_len + 1, args.max_num_batched_tokens
@@ -102,7 +109,7 @@ def _run_offline(
             args.max_num_batched_tokens,
         )
     options = BackendOptions(
-        dtype=args.dtype,
+        dtype=dtype,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=batched_tokens,
         hf_batch_size=getattr(args, "hf_batch_size", 1),
@@ -117,6 +124,7 @@ def _run_offline(
         baseline_tree=args.baseline_tree,
         target_itl_ms=args.target_itl_ms,
         json_schema=json_schema,
+        device=args.device,
     )
     limits = None
     if grammar:
@@ -126,16 +134,19 @@ def _run_offline(
         return [result], None
     if args.bench_command == "latency":
         if not args.skip_limits:
-            limits = measure_machine_limits(source.config, args.dtype, (1, args.input_len))
-        return run_latency_bench(names, source, options, spec, limits, show_progress), limits
+            limits = measure_machine_limits(
+                source.config, dtype, (1, args.input_len), device, args.quick_limits
+            )
+        results = run_latency_bench(names, source, options, spec, limits, show_progress)
+        return labelled(results, device, args.dtype), limits
     if not args.skip_limits:
-        limits = measure_machine_limits(
-            source.config, args.dtype, (1, decode_batch(options), batched_tokens)
-        )
+        ms = (1, decode_batch(options), batched_tokens)
+        limits = measure_machine_limits(source.config, dtype, ms, device, args.quick_limits)
     tokenizer = _tokenizer(source.path) if spec.dist == "text" else None
-    return run_throughput_bench(
+    results = run_throughput_bench(
         names, source, options, spec, limits, show_progress, tokenizer, args.runs
-    ), limits
+    )
+    return labelled(results, device, args.dtype), limits
 
 
 def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:
@@ -197,7 +208,10 @@ def _run_serve(
     if source is not None:
         decode_m = min(concurrency or len(requests), len(requests))
         limits = measure_machine_limits(
-            source.config, args.dtype, (decode_m, args.max_num_batched_tokens)
+            source.config,
+            args.dtype,
+            (decode_m, args.max_num_batched_tokens),
+            device=bench_device(args.device),
         )
         good = [r for r in records if r.ok]
         bound = min_compute_seconds(

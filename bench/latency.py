@@ -6,8 +6,9 @@ its own seeded prompt of `input_len` tokens, the same for every backend, decodin
 tokens), and reports the medians: prefill tok/s = prompt tokens / time to first token; decode
 tok/s = (generated - 1) / time from first to last token. With `limits`, decode is compared with
 the memory-bandwidth bound (every weight read once per token: in `--dtype`, or a GGUF's matrices
-as stored when tgserve keeps its blocks) and prefill with the matmul bound at
-M = input_len. Ratios are against the first backend named. Load averages are taken just before
+as stored when tgserve keeps its blocks; plus the K and V of the mean context of a decode step,
+input_len + output_len / 2 tokens) and prefill with the matmul bound at M = input_len (the
+model-shape rate, or on a GPU the peak square product's when faster). Ratios are against the first backend named. Load averages are taken just before
 and after each backend's timed runs: figures from a busy machine say so.
 """
 
@@ -18,7 +19,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from bench.backends import BackendOptions, LatencySample, load_backend, report_note
-from bench.machine_limits import MachineLimits, decode_bound_tok_s
+from bench.machine_limits import MachineLimits, decode_bytes_per_token
 from bench.model_shapes import flops_per_token
 from bench.model_source import ModelSource
 from bench.progress import ProgressBar
@@ -60,13 +61,15 @@ class LatencyResult:
     decode_tok_s_runs: tuple[float, ...]
     prefill_ratio_vs_first: float
     decode_ratio_vs_first: float
-    decode_bound_tok_s: float | None  # bandwidth / weight bytes per token
+    decode_bound_tok_s: float | None  # bandwidth / (weight + mean context's KV) bytes per token
     decode_fraction_of_bound: float | None
     prefill_bound_tok_s: float | None  # matmul FLOP/s at M = input_len / FLOPs per token
     prefill_fraction_of_bound: float | None
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     note: str
+    host: str = ""  # the CPU's ISA or the GPU's name (bench/host_label.py)
+    dtype_auto: bool = False  # `dtype` is what --dtype auto resolved to
 
 
 def run_latency_bench(
@@ -135,14 +138,15 @@ def _result(
     prefill_med, decode_med = statistics.median(prefill), statistics.median(decode)
     decode_bound = prefill_bound = None
     if limits is not None:
-        stored = _stored_matrix_bytes(source, options)
-        decode_bound = (
-            limits.bandwidth_gb_s * 1e9 / stored
-            if stored
-            else decode_bound_tok_s(limits, source.config, dtype_bytes(options.dtype))
-        )
+        stored = _stored_matrix_bytes(source, options) or 0
+        itemsize = dtype_bytes(options.dtype)
+        context = spec.input_len + spec.output_len / 2  # a decode step's mean context
+        per_token = decode_bytes_per_token(source.config, itemsize, context)
+        if stored:  # the matrices as stored replace the dense weights in the count
+            per_token += stored - decode_bytes_per_token(source.config, itemsize, 0)
+        decode_bound = limits.bandwidth_gb_s * 1e9 / per_token
         prefill_bound = (
-            limits.gflops_at(spec.input_len)
+            limits.best_gflops_at(spec.input_len)
             * 1e9
             / flops_per_token(source.config, with_lm_head=False)
         )

@@ -12,11 +12,19 @@ Contract:
   times every layer's weights and the LM head, through `F.linear` as the models call it, on
   enough distinct layer copies that the weights stream from memory rather than sit in cache.
   Best-of timings: a limit is what the machine reaches, not what it usually reaches.
+  On a CUDA device (`device="cuda"`) the GPU is measured instead (bench/device_limits.py: HBM
+  copy and read bandwidth, the peak matrix rate of a large square product, the model-shape
+  rates; CUDA events, medians), and `device`, `device_name`, `peak_matmul_gflops` say so.
+  `quick` runs that method on small buffers on any device (dry runs: rough, fast figures).
 - Bounds (used to report each result as a fraction of what the hardware allows):
-  `decode_bound_tok_s`: batch-1 decode streams every weight once per token, so at most
-  bandwidth / weight bytes per token; `min_compute_seconds`: the matmul FLOPs of a run's prompt
-  and output tokens at the measured rates (prompt tokens at the prefill M, output tokens at the
-  decode batch M). Torch is imported inside the functions, so importing this module is cheap.
+  `decode_bytes_per_token`: batch-1 decode streams every weight once per token, and the K and V
+  of every token in its context, so at most bandwidth / (weight bytes + context x KV bytes)
+  tokens per second; `best_gflops_at(m)`: the fastest the machine multiplies M rows (the model's shapes, or
+  the peak square product where one was measured), what a prefill of M tokens is held to;
+  `min_compute_seconds`: the matmul FLOPs of a run's prompt and output tokens at the measured
+  rates (prompt tokens at the best rate at the prefill M, output tokens at the model-shape rate
+  at the decode batch M, where streaming the weights counts). Torch is imported inside the
+  functions, so importing this module is cheap.
 """
 
 from __future__ import annotations
@@ -29,8 +37,7 @@ from typing import TYPE_CHECKING
 
 from bench.model_shapes import (
     flops_per_token,
-    layer_linears,
-    lm_head,
+    kv_bytes_per_token,
     weight_bytes_per_token,
 )
 
@@ -62,6 +69,9 @@ class MachineLimits:
     # The read probe: the best pattern's median GB/s, and each pattern's (None: no C++ kernels).
     bandwidth_probe_gb_s: float | None = None
     probe_patterns_gb_s: tuple[float, ...] = ()
+    device: str = "cpu"  # "cpu" | "cuda": what was measured
+    device_name: str | None = None  # e.g. "NVIDIA H100 80GB HBM3"
+    peak_matmul_gflops: float | None = None  # a large square product (measured on GPUs)
 
     @property
     def bandwidth_gb_s(self) -> float:
@@ -78,11 +88,17 @@ class MachineLimits:
             f"no matmul rate was measured at M={m}; measured: {[r.m for r in self.matmul]}"
         )
 
+    def best_gflops_at(self, m: int) -> float:
+        """The model-shape rate at M, or the peak square product's where that is faster."""
+        return max(self.gflops_at(m), self.peak_matmul_gflops or 0.0)
+
 
 def measure_machine_limits(
     config: ModelConfig,
     dtype: str,
     ms: tuple[int, ...],
+    device: str = "cpu",
+    quick: bool = False,
     bandwidth_bytes: int = DEFAULT_BANDWIDTH_BYTES,
     min_time: float = 0.2,
 ) -> MachineLimits:
@@ -92,6 +108,10 @@ def measure_machine_limits(
         raise ValueError(
             f"dtype must be one of {', '.join(TORCH_DTYPES)} to measure limits, got {dtype!r}"
         )
+    if device.startswith("cuda") or quick:
+        from bench.device_limits import QUICK, measure_device_limits
+
+        return measure_device_limits(config, dtype, ms, device, **(QUICK if quick else {}))
     torch_dtype = getattr(torch, dtype)
     copy_gb_s, read_gb_s = _bandwidth(bandwidth_bytes)
     patterns = probe_read_gb_s()
@@ -127,8 +147,11 @@ def probe_read_gb_s(num_bytes: int = PROBE_BYTES, passes: int = PROBE_PASSES) ->
     )
 
 
-def decode_bound_tok_s(limits: MachineLimits, config: ModelConfig, dtype_bytes: int) -> float:
-    return limits.bandwidth_gb_s * 1e9 / weight_bytes_per_token(config, dtype_bytes)
+def decode_bytes_per_token(config: ModelConfig, dtype_bytes: int, context_tokens: float) -> float:
+    """Bytes a batch-1 decode step streams: every weight, and the K and V of `context_tokens`
+    tokens (the KV cache is in the weights' dtype). Over the bandwidth: the decode bound."""
+    kv = context_tokens * kv_bytes_per_token(config, dtype_bytes)
+    return weight_bytes_per_token(config, dtype_bytes) + kv
 
 
 def min_compute_seconds(
@@ -142,7 +165,7 @@ def min_compute_seconds(
     prefill = (
         prompt_tokens
         * flops_per_token(config, with_lm_head=False)
-        / (limits.gflops_at(prefill_m) * 1e9)
+        / (limits.best_gflops_at(prefill_m) * 1e9)
     )
     decode = (
         output_tokens
@@ -175,32 +198,10 @@ def _bandwidth(num_bytes: int) -> tuple[float, float]:
 
 def _matmul_gflops(config: ModelConfig, dtype, m: int, min_time: float) -> float:
     import torch
-    import torch.nn.functional as F
 
-    layer = layer_linears(config)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    layer_bytes = sum(lin.params for lin in layer) * itemsize
-    copies = max(1, min(config.num_layers, math.ceil(CACHE_BUSTER_BYTES / layer_bytes)))
-    gen = torch.Generator().manual_seed(0)
-    weights = [
-        [torch.randn(lin.out_features, lin.in_features, generator=gen).to(dtype) for lin in layer]
-        for _ in range(copies)
-    ]
-    head = lm_head(config)
-    head_w = torch.randn(head.out_features, head.in_features, generator=gen).to(dtype)
-    xs = {
-        k: torch.randn(m, k, generator=gen).to(dtype)
-        for k in {lin.in_features for lin in layer} | {head.in_features}
-    }
+    from bench.device_limits import projection_pass
 
-    def one_pass() -> None:
-        with torch.inference_mode():
-            for layer_weights in weights:
-                for lin, w in zip(layer, layer_weights, strict=True):
-                    F.linear(xs[lin.in_features], w)
-            F.linear(xs[head.in_features], head_w)
-
-    flops = 2 * m * (copies * sum(lin.params for lin in layer) + head.params)
+    one_pass, flops = projection_pass(config, dtype, torch.device("cpu"), m, CACHE_BUSTER_BYTES)
     one_pass()  # warm-up: oneDNN picks and caches its kernels on the first call
     per_pass = _best_seconds(one_pass, 1)
     reps = max(1, int(min_time / 3 / max(per_pass, 1e-9)))

@@ -9,8 +9,9 @@ directly: the folder itself, or for a GGUF the converted copy tgserve's loader k
 tgserve does. `gguf_file` is set only for GGUF inputs (llama.cpp needs it). Torch is imported
 only for GGUF inputs (models.gguf reads their header), never by importing this module.
 `random:NAME` (bench/random_models.py) is a shape with random weights built in memory by the
-backend: `random_weights` holds its config.json dict and `hf_folder` is None (peers that load
-folders say they cannot run it).
+backend: `random_weights` holds its config.json dict and `hf_folder` is None (transformers builds
+the same seeded weights, bench/backends/hf_random.py; peers that load folders say they cannot
+run it).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ The shapes are those of the published checkpoints (Meta's Llama 3 8B and Llama 3
 hidden sizes, layers, GQA heads, vocabulary, RoPE), so weight bytes per token and FLOPs are
 what the real models cost; the weights (models/random_weights.py, seeded, in `--dtype`) are
 noise, so the output text is meaningless and only speed is measured. No download.
+`tiny-llama` is a Llama 3 structure (GQA, llama3 RoPE) small enough for CPU dry runs (the GPU
+check's `--tiny` mode, tests).
 """
 
 from __future__ import annotations
@@ -59,6 +61,24 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "bos_token_id": 128000,
         "eos_token_id": 128001,
+    },
+    # 2 layers of 64 wide, 4 query heads over 2 KV heads of 16: 0.2 M parameters.
+    "tiny-llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": _LLAMA3_ROPE,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     },
 }
 

@@ -49,6 +49,14 @@ def emit(
 
 def format_limits(limits: MachineLimits) -> str:
     rates = ", ".join(f"M={r.m}: {r.gflops:.3g}" for r in limits.matmul)
+    if limits.device != "cpu":
+        return (
+            f"Device {limits.device_name or limits.device}: memory bandwidth "
+            f"{limits.bandwidth_gb_s:.0f} GB/s (median copy {limits.bandwidth_copy_gb_s:.0f} "
+            f"counting read + write, sum {limits.bandwidth_read_gb_s:.0f} reading); "
+            f"{limits.dtype} matmul GFLOP/s: peak (square product) "
+            f"{limits.peak_matmul_gflops or 0:.4g}, on the model's shapes {rates}"
+        )
     return (
         f"Machine ({limits.threads} threads): memory bandwidth {limits.bandwidth_gb_s:.1f} GB/s "
         f"({_probe(limits)}torch copy {limits.bandwidth_copy_gb_s:.1f}, "
@@ -91,9 +99,20 @@ def _load(before: Sequence[float], after: Sequence[float]) -> str:
     return f"{before[0]:.2f} -> {after[0]:.2f}"
 
 
+def _dtype(r: LatencyResult | ThroughputResult) -> str:
+    return f"{r.dtype} (--dtype auto)" if r.dtype_auto else r.dtype
+
+
+def _host(r: LatencyResult | ThroughputResult) -> str:
+    return f"; on {r.host}" if r.host else ""
+
+
 def format_latency(results: Sequence[LatencyResult]) -> str:
     r0 = results[0]
-    title = f"Latency, batch 1: {r0.model} {r0.dtype}, {r0.input_len} in / {r0.output_len} out, median of {r0.runs} runs"
+    title = (
+        f"Latency, batch 1: {r0.model} {_dtype(r0)}, {r0.input_len} in / {r0.output_len} out, "
+        f"median of {r0.runs} runs{_host(r0)}"
+    )
     headers = [
         "backend",
         "prefill tok/s",
@@ -127,8 +146,8 @@ def format_latency(results: Sequence[LatencyResult]) -> str:
 def format_throughput(results: Sequence[ThroughputResult]) -> str:
     r0 = results[0]
     title = (
-        f"Throughput: {r0.model} {r0.dtype}, {r0.num_requests} requests ({r0.dist}), "
-        f"{r0.prompt_tokens} prompt + {r0.output_tokens} output tokens"
+        f"Throughput: {r0.model} {_dtype(r0)}, {r0.num_requests} requests ({r0.dist}), "
+        f"{r0.prompt_tokens} prompt + {r0.output_tokens} output tokens{_host(r0)}"
     )
     headers = [
         "backend",

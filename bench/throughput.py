@@ -44,6 +44,8 @@ class ThroughputResult:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     note: str
+    host: str = ""  # the CPU's ISA or the GPU's name (bench/host_label.py)
+    dtype_auto: bool = False  # `dtype` is what --dtype auto resolved to
 
 
 def decode_batch(options: BackendOptions) -> int:

@@ -99,13 +99,15 @@ class Engine:
 
     @classmethod
     def from_random_weights(
-        cls, name: str, hf_config: dict, config: EngineConfig | None = None
+        cls, name: str, hf_config: dict, config: EngineConfig | None = None, tokenizer=None
     ) -> Engine:
         """The shape `hf_config` (config.json dict) describes, seeded random weights
-        (`config.seed`), no tokenizer: for benchmarks (bench's `--model random:NAME`)."""
+        (`config.seed`), no tokenizer unless one is given: for benchmarks (bench's
+        `--model random:NAME`)."""
         from engine.engine_factory import build_engine
 
-        return build_engine(cls, name, config or EngineConfig(), False, random_weights=hf_config)
+        config = config or EngineConfig()
+        return build_engine(cls, name, config, False, random_weights=hf_config, tokenizer=tokenizer)
 
     # ----- intake ---------------------------------------------------------------------------
     def new_request(

@@ -51,7 +51,9 @@ def build_engine(
     config: EngineConfig,
     progress: bool,
     random_weights: dict[str, Any] | None = None,
+    tokenizer=None,
 ):
+    """`tokenizer`: with `random_weights` only, one to use (the random shape has no files)."""
     from models.default_model import default_model_path
     from models.tokenizer import load_tokenizer
 
@@ -66,7 +68,8 @@ def build_engine(
         workers, group = start_ranks(str(path), config)
     try:
         try:
-            tokenizer = None if random_weights is not None else load_tokenizer(path)
+            if random_weights is None:
+                tokenizer = load_tokenizer(path)
         except ValueError as exc:
             log.warning("no tokenizer: %s (token-id prompts still work)", exc)
             tokenizer = None

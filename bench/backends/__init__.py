@@ -60,6 +60,9 @@ class BackendOptions:
     baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
     target_itl_ms: float | None = None  # tgserve: step-time target; None: default, 0: off
     json_schema: str | None = None  # tgserve-json: the schema (JSON text) every request follows
+    device: str = (
+        "auto"  # tgserve and transformers: "auto" (CUDA when present) | "cpu" | "cuda[:N]"
+    )
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
         cpu_kernels=options.cpu_kernels,
         dequantize=options.dequantize,
         enforce_eager=options.enforce_eager,
+        device=options.device,
     )
 
 

@@ -1,7 +1,9 @@
 """transformers `generate` as a benchmark backend: the baseline a user gets without a server.
 
 Contract (see bench.backends): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
-bench dtype (for a GGUF, the converted copy in tgserve's cache: the same tensors). Greedy, with
+bench dtype (for a GGUF, the converted copy in tgserve's cache: the same tensors; for a `random:`
+shape, tgserve's own seeded random weights: hf_random.py), on the device tgserve runs on
+(`options.device`, resolved as the engine resolves it). Greedy, with
 `min_new_tokens = max_new_tokens` so EOS never ends a row early and every backend decodes the same
 counts. Latency: one request, batch 1; a streamer timestamps the first generated token (generate
 hands it the prompt first, then each new token). Throughput: static batches of `hf_batch_size`
@@ -28,15 +30,18 @@ from bench.workload import BenchRequest
 
 
 class _FirstTokenClock:
-    """A generate() streamer: put #1 is the prompt, put #2 the first new token."""
+    """A generate() streamer: put #1 is the prompt, put #2 the first new token (the device is
+    synchronized first: on a GPU the token is only queued when generate hands it over)."""
 
-    def __init__(self) -> None:
+    def __init__(self, synchronize: Callable[[], None]) -> None:
         self.puts = 0
         self.first_token_at: float | None = None
+        self.synchronize = synchronize
 
     def put(self, value) -> None:
         self.puts += 1
         if self.puts == 2:
+            self.synchronize()
             self.first_token_at = time.perf_counter()
 
     def end(self) -> None:
@@ -46,12 +51,13 @@ class _FirstTokenClock:
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, model, batch_size: int) -> None:
+    def __init__(self, model, batch_size: int, device: str = "cpu") -> None:
         import torch
 
         self.model = model
         self.batch_size = batch_size
         self.torch = torch
+        self.device = torch.device(device)
         config = model.config
         eos = (
             config.eos_token_id
@@ -62,6 +68,12 @@ class TransformersBackend:
         self.note = f"generate(), {config._attn_implementation} attention" + (
             f", static batches of {batch_size}" if batch_size > 1 else ""
         )
+        if self.device.type != "cpu":
+            self.note += f", {self.device}"
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
 
     def _generate(self, ids, mask, new_tokens: int, streamer=None):
         return self.model.generate(
@@ -76,11 +88,13 @@ class TransformersBackend:
 
     def run_latency(self, request: BenchRequest) -> LatencySample:
         torch = self.torch
-        ids = torch.tensor([request.prompt_token_ids])
-        clock = _FirstTokenClock()
+        ids = torch.tensor([request.prompt_token_ids], device=self.device)
+        clock = _FirstTokenClock(self._synchronize)
         with torch.inference_mode():
+            self._synchronize()
             start = time.perf_counter()
             out = self._generate(ids, torch.ones_like(ids), request.output_len, clock)
+            self._synchronize()
             end = time.perf_counter()
         generated = out.shape[1] - ids.shape[1]
         first = clock.first_token_at if clock.first_token_at is not None else end
@@ -103,13 +117,14 @@ class TransformersBackend:
                 mask[row, width - n :] = 1
             new_tokens = max(r.output_len for r in batch)
             with torch.inference_mode():
-                out = self._generate(ids, mask, new_tokens)
+                out = self._generate(ids.to(self.device), mask.to(self.device), new_tokens)
             if out.shape[1] - width != new_tokens:
                 raise RuntimeError(
                     f"transformers decoded {out.shape[1] - width} tokens, {new_tokens} were asked for"
                 )
             done += len(batch)
             on_finished(done)
+        self._synchronize()
         elapsed = time.perf_counter() - start
         prompt_tokens, output_tokens = count_tokens(requests)
         return ThroughputSample(len(requests), prompt_tokens, output_tokens, elapsed)
@@ -128,9 +143,17 @@ def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
             f"the transformers backend needs transformers ({exc}); install it with "
             "`pip install transformers accelerate` (a test extra of tgserve, never a runtime dependency)"
         ) from exc
-    if source.hf_folder is None:
+    from engine.config import EngineConfig, resolve_device
+
+    device = resolve_device(options.device, torch.cuda.is_available())
+    dtype = getattr(torch, options.dtype)
+    if source.random_weights is not None:
+        from bench.backends.hf_random import random_transformers_model
+
+        seed = EngineConfig().seed  # the seed tgserve's backend builds the same shape with
+        model = random_transformers_model(source.random_weights, dtype, device, seed)
+    elif source.hf_folder is None:
         raise BackendUnavailable(f"the transformers backend loads model folders, not {source.path}")
-    model = AutoModelForCausalLM.from_pretrained(
-        source.hf_folder, dtype=getattr(torch, options.dtype)
-    )
-    return TransformersBackend(model.eval(), options.hf_batch_size)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source.hf_folder, dtype=dtype).to(device)
+    return TransformersBackend(model.eval(), options.hf_batch_size, device)

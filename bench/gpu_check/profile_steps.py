@@ -1,0 +1,125 @@
+"""`python -m bench.gpu_check.profile_steps`: where a decode step's time goes, per batch size.
+
+Contract: loads tgserve's bench backend once (`--model`, `--dtype`, `--device`), and for each
+`--batches` B submits B greedy requests of a `PROMPT_LEN`-token prompt, steps until every prompt
+is prefilled (one token out per request), times `--steps` decode steps on the wall clock (device
+synchronized), then records `--steps` more under torch.profiler. Prints one JSON line
+`{"kind": "profile", "note", "batches": [...]}`; per batch: wall ms per step, device kernel ms per
+step (None on a CPU), the fraction of the wall time the device computes, profiler CPU ms per
+step, kernel launches per step, and the top kernels (or CPU ops on a CPU) by self time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+PROMPT_LEN = 64
+TOP = 10
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="profile_steps")
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--disable-cpu-kernels", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from bench.backends import BackendOptions, load_backend
+    from bench.model_source import resolve_model
+
+    args = _args(argv)
+    biggest = max(args.batches)
+    options = BackendOptions(
+        dtype=args.dtype,
+        max_num_seqs=biggest,
+        max_num_batched_tokens=max(2048, PROMPT_LEN),
+        hf_batch_size=1,
+        enable_prefix_caching=False,
+        max_model_len=PROMPT_LEN + 2 * args.steps + 8,
+        num_requests=biggest,
+        cpu_kernels=not args.disable_cpu_kernels,
+        device=args.device,
+    )
+    backend = load_backend("tgserve", resolve_model(args.model), options)
+    engine = backend.engine
+    cuda = torch.device(args.device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    batches = [_profile_batch(engine, b, args.steps, cuda, sync) for b in args.batches]
+    print(json.dumps({"kind": "profile", "note": backend.note, "batches": batches}))
+    return 0
+
+
+def _profile_batch(engine, batch: int, steps: int, cuda: bool, sync) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=2 * steps + 4, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        prompt = [(7 * i + j) % 500 + 10 for j in range(PROMPT_LEN)]
+        engine.add_request(f"profile-{batch}-{i}", prompt, params)
+    started: set[str] = set()
+    while len(started) < batch:  # prefill: until every request has its first token
+        for out in engine.step():
+            if out.outputs[0].token_ids:
+                started.add(out.request_id)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync()
+    wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+        sync()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {"batch": batch, "wall_ms_per_step": wall_ms, **_summary(prof, steps, cuda, wall_ms)}
+
+
+def _summary(prof, steps: int, cuda: bool, wall_ms: float) -> dict:
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    cpu_ops = [e for e in events if e.device_type == DeviceType.CPU]
+    cpu_ms = sum(e.self_cpu_time_total for e in cpu_ops) / 1e3 / steps
+    if cuda:
+        device_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
+        ranked = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)
+        top = [_row(e, e.self_device_time_total, steps) for e in ranked[:TOP]]
+        launches = sum(e.count for e in kernels) / steps
+    else:
+        device_ms, launches = None, None
+        ranked = sorted(cpu_ops, key=lambda e: e.self_cpu_time_total, reverse=True)
+        top = [_row(e, e.self_cpu_time_total, steps) for e in ranked[:TOP]]
+    return {
+        "device_kernel_ms_per_step": device_ms,
+        "device_busy_fraction": device_ms / wall_ms if device_ms is not None else None,
+        "profiled_cpu_ms_per_step": cpu_ms,
+        "kernel_launches_per_step": launches,
+        "top": top,
+    }
+
+
+def _row(event, self_us: float, steps: int) -> dict:
+    return {
+        "name": event.key[:90],
+        "ms_per_step": self_us / 1e3 / steps,
+        "calls_per_step": event.count / steps,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Where and in what a benchmark runs, resolved as the server resolves it, and named for its tables.
+
+Contract: `bench_device(flag)` and `resolved_dtype(flag, device)` resolve `--device` and
+`--dtype` (auto included) with the engine's own rules (engine/config.py), so `tgserve bench`
+measures what `tgserve serve` runs on the same host; `labelled(results, device, dtype_flag)`
+stamps each result with `host_label(device)` and whether its dtype was auto's choice.
+`isa_names(flags)` turns /proc/cpuinfo flags (models/cpu_features.py reads them) into the ISA
+names that decide tgserve's CPU speed, in this order: the widest vector unit
+("AVX-512", else "AVX2"), then "BF16" (AVX512-BF16 dot products), "VNNI" (int8 dot products,
+AVX-512 or AVX form) and "AMX" (tiles); `host_label(device)` is "CPU AVX-512+BF16+VNNI+AMX"
+(or "CPU (no AVX2)") on a CPU and the GPU's name on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+
+def isa_names(flags: Sequence[str]) -> list[str]:
+    have = set(flags)
+    names = []
+    if "avx512f" in have:
+        names.append("AVX-512")
+    elif "avx2" in have:
+        names.append("AVX2")
+    if "avx512_bf16" in have:
+        names.append("BF16")
+    if have & {"avx512_vnni", "avx_vnni"}:
+        names.append("VNNI")
+    if have & {"amx_bf16", "amx_tile", "amx_int8"}:
+        names.append("AMX")
+    return names
+
+
+def host_label(device: str) -> str:
+    import torch
+
+    from models.cpu_features import cpu_flags
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    names = isa_names(cpu_flags())
+    return "CPU " + "+".join(names) if names else "CPU (no AVX2)"
+
+
+def bench_device(device: str) -> str:
+    """The device the backends run on and the limits are measured on: `--device` resolved as
+    the engine resolves it (auto: CUDA when present)."""
+    import torch
+
+    from engine.config import resolve_device
+
+    return resolve_device(device, torch.cuda.is_available())
+
+
+def resolved_dtype(dtype: str, device: str) -> str:
+    """`--dtype auto` resolved as the engine resolves it (engine/config.py), so the bench
+    measures, and the bounds count, what `tgserve serve` runs here."""
+    import torch
+
+    from engine.config import resolve_dtype_name
+    from models.cpu_features import native_bf16
+
+    return resolve_dtype_name(dtype, device, native_bf16(torch.device(device)))
+
+
+def labelled(results: list, device: str, dtype_flag: str) -> list:
+    """Each result named with the host it ran on and whether its dtype was auto's choice."""
+    host = host_label(device)
+    return [replace(r, host=host, dtype_auto=dtype_flag == "auto") for r in results]
