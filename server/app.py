@@ -9,6 +9,7 @@ before auth, and every response the guard or a route gives them (401 / 429 / 503
 carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
 never allowed: clients send their key in the Authorization header, which is allowed.
 GET /openapi.json serves the API's OpenAPI document (server/openapi.py); no docs UI is served.
+Outermost, HttpMetricsMiddleware counts every response by route and status (server/http_metrics.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import Route
 
 from engine import EngineCore
 from server.errors import install_error_handlers
 from server.guard import Guard
+from server.http_metrics import HttpMetrics, HttpMetricsMiddleware
 from server.openapi import install_openapi
 from server.settings import Settings
 from server.state import ServerState, get_state
@@ -55,7 +58,8 @@ def create_app(
     )
     app.state.tgserve = state
     install_error_handlers(app, state.metrics.reject)
-    for module in (routes_openai, routes_tgi, routes_misc):
+    modules = (routes_openai, routes_tgi, routes_misc)
+    for module in modules:
         app.include_router(module.router)
     install_openapi(app, settings)
     app.add_middleware(Guard, state=state)
@@ -69,4 +73,8 @@ def create_app(
             allow_credentials=False,
             max_age=600,
         )
+    http_metrics = HttpMetrics(state.metrics.registry)  # outermost: every answer is counted
+    routes = [route for module in modules for route in module.router.routes]
+    routes += [route for route in app.router.routes if isinstance(route, Route)]  # /openapi.json
+    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics, routes=routes)
     return app
