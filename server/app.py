@@ -8,7 +8,8 @@ Starlette's CORSMiddleware wraps OUTSIDE the guard: preflights from those origin
 before auth, and every response the guard or a route gives them (401 / 429 / 503 included)
 carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
 never allowed: clients send their key in the Authorization header, which is allowed.
-GET /openapi.json serves the API's OpenAPI document (server/openapi.py); no docs UI is served.
+GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
+(server/docs_ui.py, assets from a package: no CDN).
 Outermost, HttpMetricsMiddleware counts every response by route and status (server/http_metrics.py).
 """
 
@@ -23,6 +24,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from engine import EngineCore
+from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
 from server.http_metrics import HttpMetrics, HttpMetricsMiddleware
@@ -62,6 +64,7 @@ def create_app(
     for module in modules:
         app.include_router(module.router)
     install_openapi(app, settings)
+    install_docs(app, app.openapi_url)
     app.add_middleware(Guard, state=state)
     if settings.allowed_origins:  # added last: it wraps the guard
         app.add_middleware(
