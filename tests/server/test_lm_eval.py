@@ -33,29 +33,28 @@ QUESTIONS = [
     {"question": "The quick brown fox", "choices": [" jumps", " sleeps", " runs"], "answer": 0},
     {"question": "Hello world! How are", "choices": [" you", " they"], "answer": 0},
 ]
-CHOICE_TASK = """
-task: tgserve_tiny_choice
+TASK = """
+task: {name}
 dataset_path: json
 dataset_kwargs: {{data_files: {{test: "{data}"}}}}
 test_split: test
+doc_to_text: "{{{{question}}}}"
+"""
+TASKS = {  # what each task adds to TASK
+    "tgserve_tiny_choice": """
 output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{answer}}"
 target_delimiter: ""
-metric_list: [{{metric: acc}}]
-"""
-GENERATION_TASK = """
-task: tgserve_tiny_generation
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: "{data}"}}}}
-test_split: test
+metric_list: [{metric: acc}]
+""",
+    "tgserve_tiny_generation": """
 output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{choices[0]}}}}"
-generation_kwargs: {{until: ["<|im_end|>"], max_gen_toks: 6, do_sample: false, temperature: 0}}
-metric_list: [{{metric: exact_match}}]
-"""
+doc_to_target: "{{choices[0]}}"
+generation_kwargs: {until: ["<|im_end|>"], max_gen_toks: 6, do_sample: false, temperature: 0}
+metric_list: [{metric: exact_match}]
+""",
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +70,7 @@ def run_lm_eval(tmp_path: Path, model: str, model_args: str, task: str, *extra: 
     data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     tasks = tmp_path / "tasks"
     tasks.mkdir(exist_ok=True)
-    template = CHOICE_TASK if task == "tgserve_tiny_choice" else GENERATION_TASK
-    (tasks / f"{task}.yaml").write_text(template.format(data=data))
+    (tasks / f"{task}.yaml").write_text(TASK.format(name=task, data=data) + TASKS[task])
     command = [
         sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args,
         "--tasks", task, "--include_path", str(tasks), "--output_path", str(tmp_path / "out"),
@@ -109,7 +107,7 @@ def test_local_completions_scores_choices_with_the_models_loglikelihoods(
     samples = run_lm_eval(tmp_path, "local-completions", args, "tgserve_tiny_choice")
     assert sorted(samples) == list(range(len(QUESTIONS)))
     for doc_id, question in enumerate(QUESTIONS):
-        scores = [resp[0][0] for resp in samples[doc_id]["resps"]]
+        scores = [float(resp[0][0]) for resp in samples[doc_id]["resps"]]  # logged as text
         expected = [
             hf_loglikelihood(tiny_model_folder, question["question"], choice)
             for choice in question["choices"]
