@@ -9,7 +9,7 @@ before auth, and every response the guard or a route gives them (401 / 429 / 503
 carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
 never allowed: clients send their key in the Authorization header, which is allowed.
 GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
-(server/docs_ui.py, assets from a package: no CDN).
+(server/docs_ui.py, assets from a package: no CDN); GET / is the playground (server/playground.py).
 Outermost, HttpMetricsMiddleware counts every response by route and status (server/http_metrics.py).
 """
 
@@ -29,6 +29,7 @@ from server.errors import install_error_handlers
 from server.guard import Guard
 from server.http_metrics import HttpMetrics, HttpMetricsMiddleware
 from server.openapi import install_openapi
+from server.playground import install_playground
 from server.settings import Settings
 from server.state import ServerState, get_state
 
@@ -65,6 +66,7 @@ def create_app(
         app.include_router(module.router)
     install_openapi(app, settings)
     install_docs(app, app.openapi_url)
+    install_playground(app)
     app.add_middleware(Guard, state=state)
     if settings.allowed_origins:  # added last: it wraps the guard
         app.add_middleware(
