@@ -9,7 +9,8 @@ tokenizer (transformers wraps the same library): `encode(..., add_special_tokens
 the post-processor says, `decode` applies the file's decoder (which may strip the first
 space). `token_bytes` gives a piece's raw bytes as a stream shows them: "▁" is a space, a
 byte-fallback piece `<0xNN>` is that byte, an added token is its text; so the bytes of a
-sequence's tokens, joined, are its text with the space SentencePiece puts before it. Invalid
+sequence's tokens, joined, are its text with the space SentencePiece puts before it;
+`encode_continuation` tokenizes text that continues other text (no such space). Invalid
 ids and non-text input raise ValueError. Immutable and thread-safe (the library's encode and
 decode are).
 """
@@ -28,6 +29,7 @@ __all__ = ["SentencePieceTokenizer"]
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SPACE = "\u2581"  # SentencePiece's "▁"
+_MARKER = "\x02"  # a control character: a byte piece of its own, merged with nothing
 
 
 class SentencePieceTokenizer(TokenizerBase):
@@ -54,6 +56,16 @@ class SentencePieceTokenizer(TokenizerBase):
         if not isinstance(text, str):
             raise ValueError(f"encode() takes a str, got {type(text).__name__}")
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """The ids of `text` where it continues other text: without the space SentencePiece puts
+        before a text (the grammar engine tokenizes forced text, e.g. a JSON object's "{", so).
+        A marker byte no piece merges with goes first; its own ids are cut off."""
+        marked = self.encode(_MARKER + text)
+        prefix = len(self.encode(_MARKER))
+        if marked[:prefix] != self.encode(_MARKER):  # the marker merged with the text
+            return self.encode(text)
+        return marked[prefix:]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         ids = list(ids)

@@ -12,32 +12,21 @@ with the space SentencePiece puts before it.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from hypothesis import assume, given, settings
-from tokenizers import Tokenizer as HfBackend
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from models.tokenizer import SentencePieceTokenizer, load_tokenizer
-from tests.models.tokenizer.corpus import MULTILINGUAL, TEXTS, stdlib_paragraphs, text_strategy
-
-SPECIALS = ["<unk>", "<s>", "</s>"]
-BYTE_PIECES = [f"<0x{b:02X}>" for b in range(256)]
-# A Llama-2 style template, written for this test: system prompt folded into the first turn.
-LLAMA2_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}"
-    "{% set system = '<<SYS>>\\n' + messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}"
-    "{% set turns = messages[1:] %}{% else %}{% set system = '' %}{% set turns = messages %}"
-    "{% endif %}{% for message in turns %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('roles must alternate user / assistant') }}{% endif %}"
-    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' }}"
-    "{% if loop.first %}{{ system }}{% endif %}{{ message['content'].strip() + ' [/INST]' }}"
-    "{% else %}{{ ' ' + message['content'].strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+from tests.models.tokenizer.corpus import TEXTS, text_strategy
+from tests.models.tokenizer.spm_files import (
+    LLAMA2_TEMPLATE,
+    SPECIALS,
+    llama2_json,
+    metaspace_json,
+    spm_folder,
+    unigram_json,
 )
+
 CHATS = [
     [{"role": "user", "content": "Bonjour, ça va ?"}],
     [
@@ -49,78 +38,14 @@ CHATS = [
 ]
 
 
-def _corpus() -> list[str]:
-    return stdlib_paragraphs()[:80] + ["Bonjour le monde, ça va très bien. Привет мир."] * 5
-
-
-def _llama2_json() -> str:
-    backend = HfBackend(models.BPE(unk_token="<unk>", fuse_unk=True))
-    backend.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=500, special_tokens=SPECIALS, limit_alphabet=80, show_progress=False
-    )
-    backend.train_from_iterator(_corpus(), trainer)
-    data = json.loads(backend.to_str())
-    # Llama 2's layout: specials, then the byte pieces, then the learnt pieces
-    learnt = sorted((i, piece) for piece, i in data["model"]["vocab"].items() if i >= 3)
-    pieces = SPECIALS + BYTE_PIECES + [piece for _, piece in learnt]
-    data["model"]["vocab"] = {piece: i for i, piece in enumerate(pieces)}
-    data["model"]["byte_fallback"] = True
-    data["added_tokens"] = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
-        for i, t in enumerate(SPECIALS)
-    ]  # fmt: skip
-    backend = HfBackend.from_str(json.dumps(data))
-    backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-         decoders.Strip(" ", 1, 0)]
-    )  # fmt: skip
-    backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
-    )
-    return backend.to_str()
-
-
-def _metaspace_json() -> str:
-    backend = HfBackend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False)
-    backend.train_from_iterator(_corpus() + MULTILINGUAL, trainer)
-    return backend.to_str()
-
-
-def _unigram_json() -> str:
-    backend = HfBackend(models.Unigram())
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(
-        vocab_size=300, special_tokens=SPECIALS, unk_token="<unk>", show_progress=False
-    )
-    backend.train_from_iterator(_corpus() + MULTILINGUAL, trainer)
-    return backend.to_str()
-
-
-def _folder(root: Path, tokenizer_json: str) -> Path:
-    root.mkdir()
-    (root / "tokenizer.json").write_text(tokenizer_json)
-    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-    config["chat_template"] = LLAMA2_TEMPLATE
-    (root / "tokenizer_config.json").write_text(json.dumps(config))
-    return root
-
-
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> dict[str, tuple[SentencePieceTokenizer, PreTrainedTokenizerFast]]:
     """Per style: (ours from the folder, transformers' from the same tokenizer.json)."""
     root = tmp_path_factory.mktemp("spm")
-    built = {"llama2": _llama2_json(), "metaspace": _metaspace_json(), "unigram": _unigram_json()}
+    built = {"llama2": llama2_json(), "metaspace": metaspace_json(), "unigram": unigram_json()}
     out = {}
     for style, text in built.items():
-        folder = _folder(root / style, text)
+        folder = spm_folder(root / style, text)
         hf = PreTrainedTokenizerFast(
             tokenizer_file=str(folder / "tokenizer.json"),
             bos_token="<s>",
@@ -169,6 +94,16 @@ def test_llama2_pieces_spell_the_text_byte_for_byte(pairs, text):
     ids = ours.encode(text)
     spelled = b"".join(ours.token_bytes(i) for i in ids)
     assert spelled == ((" " + text) if text else "").encode("utf-8")
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=text_strategy())
+def test_text_continuing_an_answer_gets_no_leading_space(pairs, text):
+    # what the grammar engine tokenizes forced text with (a JSON object's "{" mid-answer)
+    assume(not any(special in text for special in SPECIALS))
+    ours, _ = pairs["llama2"]
+    ids = ours.encode_continuation(text)
+    assert b"".join(ours.token_bytes(i) for i in ids) == text.encode("utf-8")
 
 
 def test_llama2_byte_fallback_covers_characters_the_pieces_lack(pairs):
