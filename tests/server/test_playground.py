@@ -5,7 +5,8 @@ Oracles: the fake engine's greedy formula (`expected_greedy_text`) for the answe
 the text seen while the answer streams is a growing prefix of it (streamed, not shown at once);
 the figures the page computes are the ones its request implies (tokens = max_tokens, finish
 "length"); the server gauges read from /metrics. The page's own files are checked for relative
-URLs (a path prefix) and nothing fetched from elsewhere. `TGSERVE_PLAYGROUND_SCREENSHOT=path`
+URLs and nothing fetched from elsewhere, and the browser test runs both straight and through a
+reverse proxy that serves the server under a path prefix. `TGSERVE_PLAYGROUND_SCREENSHOT=path`
 saves the page as the README shows it.
 """
 
@@ -14,10 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 import time
 
 import httpx
 import pytest
+import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -25,7 +28,7 @@ from selenium.webdriver.common.keys import Keys
 
 from tests.debian_tools import debian_tool
 from tests.server.fake_engine import FakeEngine, FakeTokenizer, expected_greedy_text
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, free_port
 
 KEY = "secret"
 PROMPT = "Tell me a story"
@@ -42,6 +45,56 @@ def server():
     engine = lambda: FakeEngine(step_delay=0.05)  # noqa: E731 - 40 tokens stream over ~2 s
     with LiveServer(engine, api_key=(KEY,)) as live:
         yield live
+
+
+PREFIX = "/tgserve"
+
+
+def prefix_proxy(upstream: str):
+    """An ASGI reverse proxy that serves `upstream` under PREFIX (streams pass through)."""
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if not scope["path"].startswith(PREFIX + "/"):
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            return await send({"type": "http.response.body", "body": b""})
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        url = upstream + scope["path"][len(PREFIX) :]
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"host", b"content-length")]
+        async with httpx.AsyncClient(timeout=60) as client:
+            request = client.build_request(scope["method"], url, headers=headers, content=body)
+            response = await client.send(request, stream=True)
+            skip = {"content-length", "transfer-encoding", "connection"}
+            kept = [(k.encode(), v.encode()) for k, v in response.headers.items() if k not in skip]
+            await send(
+                {"type": "http.response.start", "status": response.status_code, "headers": kept}
+            )
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def proxied(server):
+    """The server's URL under PREFIX, through `prefix_proxy`."""
+    port = free_port()
+    config = uvicorn.Config(
+        prefix_proxy(server.url), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    proxy = uvicorn.Server(config)
+    thread = threading.Thread(target=proxy.run, daemon=True)
+    thread.start()
+    wait_for(lambda: proxy.started, what="the proxy")
+    yield f"http://127.0.0.1:{port}{PREFIX}"
+    proxy.should_exit = True
+    thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +134,11 @@ def test_the_page_and_its_files_load_without_a_key_from_relative_urls(server):
     assert httpx.get(server.url + "/static/playground/nothing.js").status_code == 404
 
 
-def test_a_prompt_streams_its_answer_and_the_figures_follow(server, browser, tmp_path):
-    browser.get(server.url + "/")
+@pytest.mark.parametrize("behind_a_prefix", [False, True])
+def test_a_prompt_streams_its_answer_and_the_figures_follow(
+    server, proxied, browser, tmp_path, behind_a_prefix
+):
+    browser.get((proxied if behind_a_prefix else server.url) + "/")
     model = browser.find_element(By.ID, "model")
     wait_for(lambda: "API key" in model.text, what="the page to ask for the key")
     key = browser.find_element(By.ID, "api-key")
@@ -121,5 +177,5 @@ def test_a_prompt_streams_its_answer_and_the_figures_follow(server, browser, tmp
     screenshot = tmp_path / "playground.png"
     assert browser.save_screenshot(str(screenshot))
     target = os.environ.get("TGSERVE_PLAYGROUND_SCREENSHOT")
-    if target:
+    if target and not behind_a_prefix:
         shutil.copyfile(screenshot, target)
