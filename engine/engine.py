@@ -184,6 +184,7 @@ class Engine:
         """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
         start = time.perf_counter()
         sched = self.scheduler.schedule()
+        scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
         self._num_steps += 1
         outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
         if sched.preempted:  # by recompute: they resume from the waiting queue
@@ -192,7 +193,7 @@ class Engine:
             return outputs
         try:
             logits, grammar = self._execute(sched)
-            moved = self._sample_and_update(sched, logits, grammar)
+            moved = self._sample_and_update(sched, logits, grammar, scheduled_at)
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._fail(sched, exc)
@@ -226,12 +227,16 @@ class Engine:
         return self.grammars.start_masks(jobs)
 
     def _sample_and_update(
-        self, sched: SchedulerOutput, logits: StepLogits, grammar: TokenMask | None
+        self,
+        sched: SchedulerOutput,
+        logits: StepLogits,
+        grammar: TokenMask | None,
+        scheduled_at: float,
     ) -> list[RequestState]:
         """Prompt logprobs; one token per sampled sequence (parallel groups fork on their first
         token); one beam-search step per beam group. Row i of `logits.sampling` (and of the
-        grammar masks) belongs to the i-th chunk with `sample=True`."""
-        now = time.time()
+        grammar masks) belongs to the i-th chunk with `sample=True`. `scheduled_at`: when this
+        step was scheduled (before its forward), a request's first-scheduled time."""
         moved: dict[str, RequestState] = {}
         for i, rows in logits.all_rows.items():
             state = self._states[sched.chunks[i].request.request_id]
@@ -249,7 +254,7 @@ class Engine:
             self._beam_step(self._states[rid], group, logits.sampling, grammar)
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self._states[chunk.request.request_id]
-            if state.mark_scheduled(now):  # counted once, at first scheduling (as vLLM)
+            if state.mark_scheduled(scheduled_at):  # counted once, at first scheduling (as vLLM)
                 self._prompt_tokens_total += len(state.request.prompt_token_ids)
             if chunk.sample:
                 moved[chunk.request.request_id] = state

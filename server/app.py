@@ -8,7 +8,9 @@ Starlette's CORSMiddleware wraps OUTSIDE the guard: preflights from those origin
 before auth, and every response the guard or a route gives them (401 / 429 / 503 included)
 carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
 never allowed: clients send their key in the Authorization header, which is allowed.
-GET /openapi.json serves the API's OpenAPI document (server/openapi.py); no docs UI is served.
+GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
+(server/docs_ui.py, assets from a package: no CDN); GET / is the playground (server/playground.py).
+Outermost, HttpMetricsMiddleware counts every response by route and status (server/http_metrics.py).
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import Route
 
 from engine import EngineCore
+from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
+from server.http_metrics import HttpMetrics, HttpMetricsMiddleware
 from server.openapi import install_openapi
+from server.playground import install_playground
 from server.settings import Settings
 from server.state import ServerState, get_state
 
@@ -55,9 +61,12 @@ def create_app(
     )
     app.state.tgserve = state
     install_error_handlers(app, state.metrics.reject)
-    for module in (routes_openai, routes_tgi, routes_misc):
+    modules = (routes_openai, routes_tgi, routes_misc)
+    for module in modules:
         app.include_router(module.router)
     install_openapi(app, settings)
+    install_docs(app, app.openapi_url)
+    install_playground(app)
     app.add_middleware(Guard, state=state)
     if settings.allowed_origins:  # added last: it wraps the guard
         app.add_middleware(
@@ -69,4 +78,8 @@ def create_app(
             allow_credentials=False,
             max_age=600,
         )
+    http_metrics = HttpMetrics(state.metrics.registry)  # outermost: every answer is counted
+    routes = [route for module in modules for route in module.router.routes]
+    routes += [route for route in app.router.routes if isinstance(route, Route)]  # /openapi.json
+    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics, routes=routes)
     return app

@@ -9,7 +9,9 @@ Retry-After while the engine has no room (server/admission.py `early_refusal`: t
 rule's own answer, checked before the body is read; requests let through are decided again
 when they are admitted). `settings.public_routes` skip auth; only the operational routes
 (/health, /ready, /metrics) also skip readiness, so a route made public still answers 503 +
-Retry-After while the model loads.
+Retry-After while the model loads. Static files (GET / HEAD of the playground page at / and of
+anything under `STATIC_PREFIX`: the playground's and the docs pages' files) hold no API data:
+they skip auth and readiness, so the page loads and asks for the key.
 Every refusal is counted in the metrics by reason.
 """
 
@@ -25,6 +27,7 @@ from server.settings import Settings
 from server.state import ServerState
 
 OPERATIONAL_ROUTES = frozenset({"/health", "/ready", "/metrics"})  # answered while loading
+STATIC_PREFIX = "/static/"  # files of the package (server/playground.py, server/docs_ui.py)
 # The routes that start generation: refused here (429) while the engine is full, before their
 # body is read or parsed, so a burst's refusals cost the event loop almost nothing.
 GENERATION_ROUTES = frozenset(
@@ -58,6 +61,8 @@ class Guard:
             return ApiError(
                 413, f"the request body is larger than {limit} bytes", code="request_too_large"
             )
+        if scope["method"] in ("GET", "HEAD") and (path == "/" or path.startswith(STATIC_PREFIX)):
+            return None
         public = path in state.settings.public_routes
         if not public and self.keys and not self._authorized(headers.get("authorization", "")):
             return ApiError(

@@ -3,15 +3,20 @@
 Contract: `ServerMetrics(stats_source)` owns its own registry (no global state, so several apps
 can live in one process). Engine-level values (running / waiting, KV blocks, token, preemption
 and prefix-cache counters) are read from `stats_source()` — the AsyncEngine's latest
-EngineStats snapshot — at scrape time. Per-request values come from `RequestTimer`s: time to
-first token, inter-token latency, end-to-end latency and queue time histograms, finished
-requests by finish reason and aborts. Rejections are counted by reason via `reject(reason)`.
+EngineStats snapshot — at scrape time. Per-request values come from `RequestTimer`s and carry
+a `model_name` label (the first served name, set by `bind_model` once the model is loaded):
+time to first token, inter-token latency, end-to-end latency and queue time (arrival to first
+scheduling) histograms, prompt and generation length histograms, finished requests by finish
+reason and aborts. Rejections are counted by reason via `reject(reason)` (they may come before
+any model is loaded). HTTP requests by route and status: server/http_metrics.py, on this
+registry. The output passes `promtool check metrics` except for the router gauges' names.
 The scheduler's view (issue #12) comes from the same snapshot: a histogram of engine step wall
 times, one of prefill tokens per step, and the prefill chunk the step-time target allows now.
 The standard `process_*` metrics (resident memory, open FDs, CPU seconds; Linux only) come from
 prometheus_client's ProcessCollector: `tgserve bench soak` watches them for leaks.
 The router gauges (last block) repeat the queue length and KV-cache use under the names LLM
-routers and the Kubernetes Gateway API Inference Extension scrape from vLLM-style servers.
+routers and the Kubernetes Gateway API Inference Extension scrape from vLLM-style servers
+(their `:` is the one thing promtool's lint objects to; routers need the names as they are).
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from engine import RequestOutput
+from engine import FINISH_REASONS, RequestOutput
 
-_LATENCY_BUCKETS = (
+LATENCY_BUCKETS = (
     0.005,
     0.01,
     0.025,
@@ -55,12 +60,14 @@ _LATENCY_BUCKETS = (
     120.0,
 )
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+# 1-2-5 steps up to 128Ki tokens: prompt and output lengths of any model's context
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(5) for m in (1, 2, 5)) + (131072,)
 # (EngineStats field, metric name, help); gauges first, then cumulative counters
 _GAUGES = (
     ("num_running", "tgserve_num_requests_running", "Requests in the running batch."),
     ("num_waiting", "tgserve_num_requests_waiting", "Requests waiting to be scheduled."),
     ("kv_blocks_used", "tgserve_kv_cache_blocks_used", "KV cache blocks in use."),
-    ("kv_blocks_total", "tgserve_kv_cache_blocks_total", "KV cache blocks in the pool."),
+    ("kv_blocks_total", "tgserve_kv_cache_blocks", "KV cache blocks in the pool."),
 )
 _COUNTERS = (
     ("prompt_tokens_total", "tgserve_prompt_tokens", "Prompt tokens processed."),
@@ -94,16 +101,18 @@ class _EngineStatsCollector(Collector):
 class ServerMetrics:
     def __init__(self, stats_source: Callable[[], Any]) -> None:
         self.registry = CollectorRegistry()
-        reg = self.registry
+        self.model_name = ""  # the served name, once loaded (`bind_model`)
+        reg, model = self.registry, ["model_name"]
         self.finished = Counter(
             "tgserve_request_success",
             "Requests finished, by finish reason.",
-            ["finish_reason"],
+            [*model, "finish_reason"],
             registry=reg,
         )
         self.aborts = Counter(
             "tgserve_request_aborts",
             "Requests aborted (client gone, deadline, shutdown).",
+            model,
             registry=reg,
         )
         self.rejected = Counter(
@@ -112,34 +121,36 @@ class ServerMetrics:
             ["reason"],
             registry=reg,
         )
-        self.ttft = Histogram(
-            "tgserve_time_to_first_token_seconds",
-            "Time to first token.",
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
-        )
+        self.ttft = _latency("tgserve_time_to_first_token_seconds", "Time to first token.", reg)
         self.itl = Histogram(
             "tgserve_inter_token_latency_seconds",
             "Time between generated tokens.",
+            model,
             buckets=_ITL_BUCKETS,
             registry=reg,
         )
-        self.e2e = Histogram(
-            "tgserve_e2e_request_latency_seconds",
-            "Arrival to last token.",
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
+        self.e2e = _latency("tgserve_e2e_request_latency_seconds", "Arrival to last token.", reg)
+        self.queue_time = _latency(
+            "tgserve_request_queue_time_seconds", "Arrival to first scheduling.", reg
         )
-        self.queue_time = Histogram(
-            "tgserve_request_queue_time_seconds",
-            "Arrival to first scheduling.",
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
+        self.prompt_tokens = _lengths("tgserve_request_prompt_tokens", "Prompt length.", reg)
+        self.generation_tokens = _lengths(
+            "tgserve_request_generation_tokens",
+            "Tokens generated per request (its returned sequences together).",
+            reg,
         )
         reg.register(_EngineStatsCollector(stats_source))
         reg.register(_SchedulerCollector(stats_source))
         reg.register(_RouterGaugesCollector(stats_source))
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, process_open_fds, ...
+
+    def bind_model(self, name: str) -> None:
+        """The `model_name` label of the request-level metrics from now on; its counters
+        start at 0 (a series that appears only with its first event hides the first rate)."""
+        self.model_name = name
+        self.aborts.labels(name)
+        for reason in FINISH_REASONS:
+            self.finished.labels(name, reason)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason=reason).inc()
@@ -151,53 +162,77 @@ class ServerMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+def _latency(name: str, doc: str, registry: CollectorRegistry) -> Histogram:
+    return Histogram(name, doc, ["model_name"], buckets=LATENCY_BUCKETS, registry=registry)
+
+
+def _lengths(name: str, doc: str, registry: CollectorRegistry) -> Histogram:
+    return Histogram(name, doc, ["model_name"], buckets=_TOKEN_BUCKETS, registry=registry)
+
+
 class RequestTimer:
     """Observes one request's outputs as they are delivered; `close()` records how it ended."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
-        self._m = metrics
         self._start = time.monotonic()
+        model = metrics.model_name
+        self._finished = lambda reason: metrics.finished.labels(model, reason).inc()
+        self._aborts = metrics.aborts.labels(model)
+        self._ttft, self._itl = metrics.ttft.labels(model), metrics.itl.labels(model)
+        self._e2e, self._queue_time = metrics.e2e.labels(model), metrics.queue_time.labels(model)
+        self._prompt_tokens = metrics.prompt_tokens.labels(model)
+        self._generation_tokens = metrics.generation_tokens.labels(model)
         self._last_token_time: float | None = None
         self._tokens = 0
+        self._generated: dict[int, int] = {}  # sequence index -> tokens generated
         self._finish_reason: str | None = None
+        self._prompt_seen = False
         self._queue_seen = False
         self._closed = False
 
     def observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            self._prompt_tokens.observe(len(output.prompt_token_ids))
+        for o in output.outputs:  # an index may restart from 0 (best_of, beams): keep the most
+            self._generated[o.index] = max(self._generated.get(o.index, 0), o.num_tokens)
         # per-sequence progress: n > 1 samples advance together, one token each per step
         tokens = max((o.num_tokens for o in output.outputs), default=0)
         new = tokens - self._tokens
         if new > 0:
             if self._last_token_time is None:
-                self._m.ttft.observe(now - self._start)
+                self._ttft.observe(now - self._start)
                 first = output.metrics.first_token_time if output.metrics else None
                 if new > 1 and first is not None:  # later tokens merged into the first output
                     gap = max(0.0, time.time() - first) / (new - 1)
                     for _ in range(new - 1):
-                        self._m.itl.observe(gap)
+                        self._itl.observe(gap)
             else:
                 gap = (now - self._last_token_time) / new  # merged deltas: spread the gap
                 for _ in range(new):
-                    self._m.itl.observe(gap)
+                    self._itl.observe(gap)
             self._tokens, self._last_token_time = tokens, now
         times = output.metrics
         if not self._queue_seen and times is not None and times.first_scheduled_time is not None:
             self._queue_seen = True
-            self._m.queue_time.observe(max(0.0, times.first_scheduled_time - times.arrival_time))
+            self._queue_time.observe(max(0.0, times.first_scheduled_time - times.arrival_time))
         if output.finished:
             self._finish_reason = output.outputs[0].finish_reason if output.outputs else "abort"
 
     def close(self) -> None:
-        """Records the end: the finish reason seen, or an abort when the stream stopped early."""
+        """Records the end: the finish reason seen, or an abort when the stream stopped early;
+        the generation length of a request that produced any output."""
         if self._closed:
             return
         self._closed = True
         reason = self._finish_reason or "abort"
-        self._m.finished.labels(finish_reason=reason).inc()
+        self._finished(reason)
         if reason == "abort":
-            self._m.aborts.inc()
-        self._m.e2e.observe(time.monotonic() - self._start)
+            self._aborts.inc()
+        self._e2e.observe(time.monotonic() - self._start)
+        if self._prompt_seen:
+            self._generation_tokens.observe(sum(self._generated.values()))
 
 
 # ----- the scheduler's view (issue #12): step times, prefill per step, current chunk size -----

@@ -5,7 +5,9 @@ Contract: these pydantic models only describe the JSON (a wrong type is a 400 na
 TGI: 422); request_params.py maps them onto `SamplingParams.structured_output`, and the engine
 compiles the grammar (a schema it cannot compile is a 400 naming the field there too).
 - `response_format` (chat): `{"type": "text"}` (no constraint), `{"type": "json_object"}`,
-  `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`;
+  `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`, and
+  TGI's form `{"type": "json_object" | "json", "value": schema}` (what huggingface_hub's
+  InferenceClient sends for a json_schema), read as that json_schema;
 - `guided_json` (a schema, as an object or JSON text), `guided_regex`, `guided_choice` (a list
   of strings), `guided_grammar` (a Lark grammar, llguidance's dialect) on both OpenAI routes;
 - TGI `grammar`: `{"type": "json", "value": schema}` or `{"type": "regex", "value": regex}`.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _PERSON_SCHEMA = {
     "type": "object",
@@ -48,6 +50,18 @@ class ResponseFormat(BaseModel):
     )
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    value: dict[str, Any] | bool | None = Field(
+        default=None, description='TGI\'s form: {"type": "json_object", "value": schema}'
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tgi_schema(cls, data: Any) -> Any:
+        """TGI's `{"type": "json_object" | "json", "value": schema}` is that json_schema."""
+        tgi = isinstance(data, dict) and data.get("type") in ("json_object", "json")
+        if tgi and data.get("value") is not None:
+            return {"type": "json_schema", "json_schema": {"schema": data["value"]}}
+        return data
 
 
 class GuidedFields(BaseModel):

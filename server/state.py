@@ -7,6 +7,8 @@ Contract:
 - `open()` is how routes start generation (see server/admission.py).
 - `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
+  `model_name()` takes a served name, none, or a placeholder TGI-style clients send for "the
+  model this server serves" (`PLACEHOLDER_MODEL_NAMES`), which it answers with the served name.
 - `drain(timeout)`: not ready any more; in-flight work gets `timeout` seconds, then is aborted.
 - When the engine loop dies (AsyncEngine's `on_dead`), the state turns not ready, logs why and
   calls `on_fatal` on the event loop: `tgserve serve` then exits non-zero to be restarted.
@@ -32,6 +34,9 @@ from server.schemas_openai import TokenTexts
 from server.settings import Settings
 
 logger = logging.getLogger("tgserve.server")
+# What clients of single-model servers send when they name no model: huggingface_hub's
+# InferenceClient(URL).chat_completion sends "dummy", TGI's documented OpenAI examples "tgi".
+PLACEHOLDER_MODEL_NAMES = frozenset({"dummy", "tgi"})
 
 
 class ServerState:
@@ -88,6 +93,7 @@ class ServerState:
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.model_names = self.model_names or (info.model_name,)
+        self.metrics.bind_model(self.model_names[0])
         loop = asyncio.get_running_loop()
         self.engine = AsyncEngine(
             engine,
@@ -148,8 +154,10 @@ class ServerState:
 
     def model_name(self, requested: str | None) -> str:
         self.require_ready()  # before the name check: the names are known once loaded
-        if requested is None or requested in self.model_names:
-            return requested or self.model_names[0]
+        if requested in self.model_names:
+            return requested
+        if requested is None or requested in PLACEHOLDER_MODEL_NAMES:
+            return self.model_names[0]
         raise ApiError(
             404,
             f"the model '{requested}' does not exist; see /v1/models",

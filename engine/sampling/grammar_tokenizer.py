@@ -31,7 +31,10 @@ class _VocabularyView:
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tokenizer.encode(text)
+        # forced text continues the answer: a SentencePiece tokenizer must not put its leading
+        # space before it (models/tokenizer/sentencepiece.py); byte-level BPE has no such space
+        encode = getattr(self._tokenizer, "encode_continuation", self._tokenizer.encode)
+        return encode(text)
 
 
 def grammar_tokenizer(

@@ -5,8 +5,10 @@ byte-level BPE vocabulary, its merge order, the added tokens and the pre-tokeniz
 Contract: `read_tokenizer_json(data, source)`, `read_tiktoken_model(path, pattern)` and
 `read_gguf_vocab(metadata, source)` return a frozen `BpeVocab`. Each raises `ValueError` naming
 the file for what tiktoken cannot express exactly: above all SentencePiece vocabularies (Llama 2,
-Mistral v0.1), whose tokens are not byte-level BPE and so cannot become tiktoken ranks (token-id
-prompts still work for those models), but also unknown pre-tokenizers. A GGUF file's key/value
+Mistral v0.1), whose tokens are not byte-level BPE and so cannot become tiktoken ranks, but also
+unknown pre-tokenizers. `sentencepiece_reason(data)` tells a SentencePiece `tokenizer.json`
+apart, which the loader gives to models/tokenizer/sentencepiece.py instead (a SentencePiece
+protobuf `tokenizer.model` or a GGUF "llama" vocabulary stays refused: token-id prompts work). A GGUF file's key/value
 header is read by models/gguf/header.py.
 """
 
@@ -30,18 +32,31 @@ _GGUF_CONTROL = 3
 _GGUF_USER_DEFINED = 4
 
 
+def sentencepiece_reason(data: dict[str, Any]) -> str | None:
+    """Why a parsed `tokenizer.json` holds SentencePiece pieces rather than byte-level BPE (so
+    models/tokenizer/sentencepiece.py loads it), or None."""
+    model = data.get("model") or {}
+    if model.get("type") == "Unigram":
+        return "the model is Unigram"
+    if model.get("byte_fallback") or {"Metaspace", "ByteFallback"} & _component_types(
+        data.get("decoder")
+    ):
+        return "the BPE model uses byte fallback / Metaspace pieces"
+    if "Metaspace" in _component_types(data.get("pre_tokenizer")):
+        return "the pre-tokenizer is Metaspace"
+    if {"Prepend", "Replace"} & _component_types(data.get("normalizer")):
+        return "the normalizer rewrites spaces as SentencePiece '▁'"
+    return None
+
+
 def read_tokenizer_json(data: dict[str, Any], source: str) -> BpeVocab:
     """A parsed HF `tokenizer.json` holding byte-level BPE (GPT-2, Llama-3, Qwen2, SmolLM2)."""
     model = data.get("model") or {}
     kind = model.get("type")
     pre = data.get("pre_tokenizer")
-    decoder_types = _component_types(data.get("decoder"))
-    if kind == "Unigram":
-        raise sentencepiece_error(source, "the model is Unigram")
-    if model.get("byte_fallback") or {"Metaspace", "ByteFallback"} & decoder_types:
-        raise sentencepiece_error(source, "the BPE model uses byte fallback / Metaspace pieces")
-    if "Metaspace" in _component_types(pre):
-        raise sentencepiece_error(source, "the pre-tokenizer is Metaspace")
+    why = sentencepiece_reason(data)
+    if why is not None:
+        raise sentencepiece_error(source, why)
     if kind != "BPE":
         raise ValueError(f"{source}: a {kind!r} model is not byte-level BPE (all tgserve reads)")
     if "ByteLevel" not in _component_types(pre):
@@ -77,8 +92,6 @@ def _normalizer_is_nfc(normalizer: dict[str, Any] | None, source: str) -> bool:
         return False
     if kinds == {"NFC"}:
         return True
-    if {"Prepend", "Replace"} & kinds:
-        raise sentencepiece_error(source, "the normalizer rewrites spaces as SentencePiece '▁'")
     raise ValueError(f"{source}: normalizer {sorted(kinds)} is not supported (only NFC is)")
 
 

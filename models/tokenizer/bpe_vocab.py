@@ -54,8 +54,9 @@ def byte_decoder() -> dict[str, int]:
 def sentencepiece_error(source: str, why: str) -> ValueError:
     return ValueError(
         f"{source}: {why}. This is a SentencePiece vocabulary (as in Llama 2 or Mistral v0.1), not "
-        "byte-level BPE, so it cannot be expressed as tiktoken ranks and tgserve has no text "
-        "tokenizer for it. The model still works with token-id prompts."
+        "byte-level BPE, so it cannot be expressed as tiktoken ranks; tgserve reads such "
+        "vocabularies from a tokenizer.json only (the model folder's, through the tokenizers "
+        "library). The model still works with token-id prompts."
     )
 
 

@@ -7,27 +7,35 @@ ids equal the model's own tokenizer. `encode(..., add_special_tokens=True)` adds
 tokenizer's post-processor (or GGUF add_bos/add_eos, or a tiktoken folder's add_bos_token) says;
 eos ids are the tokenizer's eos token, then generation_config.json's, then config.json's. The chat
 template comes from chat_template.jinja, tokenizer_config.json or the GGUF metadata. Anything
-that cannot load raises ValueError naming the file; SentencePiece vocabularies are refused (see
-models/tokenizer/bpe_sources.py).
+that cannot load raises ValueError naming the file. A SentencePiece `tokenizer.json` (Llama 2,
+Mistral v0.1, TinyLlama, Gemma) loads as a `SentencePieceTokenizer` on the `tokenizers` library
+(models/tokenizer/sentencepiece.py), same interface; a SentencePiece protobuf `tokenizer.model`
+or a GGUF "llama" vocabulary is refused (see models/tokenizer/bpe_sources.py).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from models.gguf.header import read_gguf_metadata
-from models.tokenizer.bpe_sources import read_gguf_vocab, read_tiktoken_model, read_tokenizer_json
+from models.tokenizer.bpe_sources import (
+    read_gguf_vocab,
+    read_tiktoken_model,
+    read_tokenizer_json,
+    sentencepiece_reason,
+)
 from models.tokenizer.bpe_vocab import AddedToken, BpeVocab
 from models.tokenizer.patterns import LLAMA3_PATTERN
+from models.tokenizer.sentencepiece import SentencePieceTokenizer
 from models.tokenizer.tokenizer import SpecialTokens, Tokenizer
 
 __all__ = ["load_tokenizer"]
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | Path) -> Tokenizer | SentencePieceTokenizer:
     """The tokenizer of a HF model folder or a GGUF file; ValueError for what cannot load."""
     path = Path(path)
     if path.is_dir():
@@ -61,13 +69,16 @@ def _from_gguf(path: Path) -> Tokenizer:
     return Tokenizer(vocab, specials, meta.get("tokenizer.chat_template"))
 
 
-def _from_folder(folder: Path) -> Tokenizer:
+def _from_folder(folder: Path) -> Tokenizer | SentencePieceTokenizer:
     config = _read_json(folder / "tokenizer_config.json")
+    roles = _folder_roles(folder, config)
     has_json = (folder / "tokenizer.json").is_file()
     if has_json:
         data = _read_json(folder / "tokenizer.json")
-        vocab = read_tokenizer_json(data, str(folder / "tokenizer.json"))
         prefix, suffix = _post_processor_ids(data.get("post_processor"))
+        if sentencepiece_reason(data) is not None:  # tiktoken cannot express it
+            return _sentencepiece(folder, data, config, roles, (prefix, suffix))
+        vocab = read_tokenizer_json(data, str(folder / "tokenizer.json"))
     elif (folder / "tokenizer.model").is_file():
         vocab = read_tiktoken_model(folder / "tokenizer.model", LLAMA3_PATTERN)
         added = tuple(
@@ -80,13 +91,6 @@ def _from_folder(folder: Path) -> Tokenizer:
         raise ValueError(f"{folder}: no tokenizer.json or tokenizer.model to build a tokenizer")
 
     by_text = {t.content: t.token_id for t in vocab.added}
-    legacy = _read_json(folder / "special_tokens_map.json")  # older folders keep the roles here
-    roles: dict[str, str] = {}
-    for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
-        value = config.get(role, legacy.get(role))
-        text = value.get("content") if isinstance(value, dict) else value
-        if isinstance(text, str):
-            roles[role] = text
 
     def id_of(text: str | None) -> int | None:
         return None if text is None else by_text.get(text, vocab.tokens.get(text.encode("utf-8")))
@@ -94,17 +98,59 @@ def _from_folder(folder: Path) -> Tokenizer:
     if not has_json:  # a tiktoken file has no post-processor: the config decides
         bos_id = id_of(roles.get("bos_token"))
         prefix = (bos_id,) if config.get("add_bos_token") and bos_id is not None else ()
+    specials = _folder_specials(folder, roles, id_of, prefix, suffix)
+    return Tokenizer(vocab, specials, _folder_chat_template(folder, config))
+
+
+def _sentencepiece(
+    folder: Path,
+    data: dict[str, Any],
+    config: dict[str, Any],
+    roles: dict[str, str],
+    affixes: tuple[tuple[int, ...], tuple[int, ...]],
+) -> SentencePieceTokenizer:
+    ids = {entry["content"]: int(entry["id"]) for entry in data.get("added_tokens") or ()}
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):  # BPE: {piece: id}
+        ids = {**vocab, **ids}
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...] in id order
+        ids = {entry[0]: i for i, entry in enumerate(vocab)} | ids
+    specials = _folder_specials(folder, roles, ids.get, *affixes)
+    text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    source = str(folder / "tokenizer.json")
+    return SentencePieceTokenizer(text, specials, _folder_chat_template(folder, config), source)
+
+
+def _folder_roles(folder: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The text of the bos / eos / unk / pad tokens the folder's configs name."""
+    legacy = _read_json(folder / "special_tokens_map.json")  # older folders keep the roles here
+    roles: dict[str, str] = {}
+    for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = config.get(role, legacy.get(role))
+        text = value.get("content") if isinstance(value, dict) else value
+        if isinstance(text, str):
+            roles[role] = text
+    return roles
+
+
+def _folder_specials(
+    folder: Path,
+    roles: dict[str, str],
+    id_of: Callable[[str], int | None],
+    prefix: tuple[int, ...],
+    suffix: tuple[int, ...],
+) -> SpecialTokens:
+    """bos and eos ids: the tokenizer's roles, then generation_config.json's, then config.json's."""
     generation = _read_json(folder / "generation_config.json")
     model_config = _read_json(folder / "config.json")
-    bos = id_of(roles.get("bos_token"))
+    bos = id_of(roles["bos_token"]) if "bos_token" in roles else None
     if bos is None:
         bos = generation.get("bos_token_id", model_config.get("bos_token_id"))
-    eos = [id_of(roles.get("eos_token"))]
+    eos = [id_of(roles["eos_token"]) if "eos_token" in roles else None]
     for source in (generation, model_config):
         value = source.get("eos_token_id")
         eos += value if isinstance(value, list) else [value]
-    specials = SpecialTokens(bos, _unique(eos), prefix, suffix, tuple(roles.items()))
-    return Tokenizer(vocab, specials, _folder_chat_template(folder, config))
+    return SpecialTokens(bos, _unique(eos), prefix, suffix, tuple(roles.items()))
 
 
 def _folder_chat_template(folder: Path, config: dict[str, Any]) -> str | None:

@@ -29,7 +29,7 @@ import tiktoken
 from models.tokenizer.bpe_vocab import AddedToken, BpeVocab
 from models.tokenizer.chat_template import ChatTemplate
 
-__all__ = ["SpecialTokens", "Tokenizer"]
+__all__ = ["SpecialTokens", "Tokenizer", "TokenizerBase"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,35 @@ class SpecialTokens:
     names: tuple[tuple[str, str], ...] = ()  # ("bos_token", "<|im_start|>"), ... for templates
 
 
-class Tokenizer:
+class TokenizerBase:
+    """What every tokenizer shares: special token ids and roles, and the chat template."""
+
+    def __init__(
+        self, specials: SpecialTokens, special_ids: frozenset[int], chat_template: str | None
+    ) -> None:
+        self.bos_token_id: int | None = specials.bos_token_id
+        self.eos_token_ids: tuple[int, ...] = specials.eos_token_ids
+        self.special_token_ids: frozenset[int] = special_ids
+        names = dict(specials.names)
+        self._chat_template = ChatTemplate(chat_template, names) if chat_template else None
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_token_ids
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's chat template (its `source`, `uses(variable)`), None when it has none."""
+        return self._chat_template
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        if self._chat_template is None:
+            raise ValueError("this model has no chat template; send a plain prompt instead")
+        return self._chat_template.render(messages, add_generation_prompt, **kwargs)
+
+
+class Tokenizer(TokenizerBase):
     """Thread-safe and immutable after construction; see the module docstring for the contract."""
 
     def __init__(self, vocab: BpeVocab, specials: SpecialTokens, chat_template: str | None) -> None:
@@ -67,12 +95,8 @@ class Tokenizer:
         self._bytes = {i: b for b, i in vocab.tokens.items()}
         self._bytes.update({t.token_id: t.content.encode("utf-8") for t in vocab.added})
         self.vocab_size: int = max(self._bytes) + 1
-        self.bos_token_id: int | None = specials.bos_token_id
-        self.eos_token_ids: tuple[int, ...] = specials.eos_token_ids
         special = frozenset(t.token_id for t in vocab.added if t.special)
-        self.special_token_ids: frozenset[int] = special
-        names = dict(specials.names)
-        self._chat_template = ChatTemplate(chat_template, names) if chat_template else None
+        super().__init__(specials, special, chat_template)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
@@ -110,21 +134,6 @@ class Tokenizer:
             return self._bytes[token_id]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{token_id!r} is not a token id of this vocabulary") from exc
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self.special_token_ids
-
-    @property
-    def chat_template(self) -> ChatTemplate | None:
-        """The model's chat template (its `source`, `uses(variable)`), None when it has none."""
-        return self._chat_template
-
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
-    ) -> str:
-        if self._chat_template is None:
-            raise ValueError("this model has no chat template; send a plain prompt instead")
-        return self._chat_template.render(messages, add_generation_prompt, **kwargs)
 
 
 def _mergeable_ranks(vocab: BpeVocab) -> tuple[dict[bytes, int], list[int] | None]:

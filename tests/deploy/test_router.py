@@ -88,7 +88,8 @@ def _counts(replicas: list[LiveServer]) -> list[tuple[float, float]]:
     for replica in replicas:
         text = httpx.get(replica.url + "/metrics").text
         try:  # the labelled sample appears with the first finished request
-            served = metric(text, "tgserve_request_success_total", {"finish_reason": "length"})
+            labels = {"model_name": replica.state.model_names[0], "finish_reason": "length"}
+            served = metric(text, "tgserve_request_success_total", labels)
         except KeyError:
             served = 0.0
         counts.append((served, metric(text, "tgserve_prefix_cache_hits_total")))

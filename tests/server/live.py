@@ -3,7 +3,8 @@
 `LiveServer(engine_factory, **settings)` is a context manager: it builds the app with
 `create_app`, runs uvicorn in a thread, waits until /ready answers 200 and stops it on exit.
 `free_port()` finds a port; `metric(text, name, labels)` reads one sample from /metrics text
-through prometheus_client's parser.
+through prometheus_client's parser; `inference_client(url, monkeypatch)` is huggingface_hub's
+client for a live server.
 """
 
 from __future__ import annotations
@@ -82,3 +83,13 @@ def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
             if sample.name == name and sample.labels == (labels or {}):
                 return sample.value
     raise KeyError(f"no sample {name} {labels or ''} in /metrics")
+
+
+def inference_client(url: str, monkeypatch: Any, timeout: float = 20) -> Any:
+    """huggingface_hub's InferenceClient on `url`; it refuses to connect at all in offline mode,
+    even to a local URL, so the test lifts that mode (through pytest's `monkeypatch`)."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    return huggingface_hub.InferenceClient(model=url, timeout=timeout)

@@ -15,6 +15,7 @@ from tests.server.live import LiveServer, metric
 
 STEP = 0.02
 LONG = {"prompt": "long", "max_tokens": 100, "temperature": 0}  # 100 steps = 2 s if not aborted
+MODEL = {"model_name": "fake-model"}  # FakeEngine's name: the request metrics' label
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def wait_busy(server) -> None:
 
 
 def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
-    aborts_before = metric(scrape(server), "tgserve_request_aborts_total")
+    aborts_before = metric(scrape(server), "tgserve_request_aborts_total", MODEL)
     generated_before = metric(scrape(server), "tgserve_generation_tokens_total")
     with httpx.stream(
         "POST", server.url + "/v1/completions", json={**LONG, "stream": True}
@@ -62,7 +63,7 @@ def test_closing_a_stream_aborts_the_request_and_frees_its_blocks(server):
     wait_idle(server, within=1.0)
     text = scrape(server)
     assert metric(text, "tgserve_generation_tokens_total") - generated_before < 60
-    assert metric(text, "tgserve_request_aborts_total") == aborts_before + 1
+    assert metric(text, "tgserve_request_aborts_total", MODEL) == aborts_before + 1
 
 
 def test_a_client_leaving_a_non_streaming_request_aborts_it(server):

@@ -67,7 +67,7 @@ def test_twelve_long_requests_in_a_pool_for_three_all_finish_as_if_alone(
 ):
     with _serve(tiny_model_folder, kv_blocks=90) as server:
         text = httpx.get(server.url + "/metrics").text
-        assert metric(text, "tgserve_kv_cache_blocks_total") == 90
+        assert metric(text, "tgserve_kv_cache_blocks") == 90
         preempted_before = metric(text, "tgserve_num_preemptions_total")
         responses = asyncio.run(_all_at_once(server.url, _prompts()))
         text = httpx.get(server.url + "/metrics").text

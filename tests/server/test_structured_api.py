@@ -18,7 +18,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, inference_client
 
 SCHEMA = {
     "type": "object",
@@ -70,6 +70,21 @@ def test_response_format_json_schema_and_json_object(server):
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{")
     r = _chat(server, response_format={"type": "text"}, max_tokens=5)
     assert r.status_code == 200
+
+
+def test_inference_client_json_schema_is_the_same_constraint_as_the_openai_form(
+    server, monkeypatch
+):
+    # InferenceClient rewrites a json_schema response_format into TGI's {"type": "json_object",
+    # "value": schema}: the seeded answer must be the one the OpenAI form gets
+    client = inference_client(server.url, monkeypatch, timeout=120)
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}}
+    answer = client.chat_completion(
+        MESSAGES, response_format=fmt, max_tokens=120, temperature=1.0, seed=3
+    )
+    text = answer.choices[0].message.content
+    assert text == _chat(server, response_format=fmt).json()["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(text), SCHEMA)
 
 
 @pytest.mark.parametrize("route", [_chat, _completion])

@@ -1,6 +1,9 @@
-"""The TGI routes through huggingface_hub's InferenceClient (it posts to `/`) and raw HTTP.
+"""The TGI routes through huggingface_hub's InferenceClient (it posts to `/`) and raw HTTP,
+and the same client's chat API (`chat_completion` and its alias `chat.completions.create`),
+which posts to /v1/chat/completions with the placeholder model name "dummy".
 
-Oracle: the fake engine's greedy formula on BOS + the input's UTF-8 bytes.
+Oracle: the fake engine's greedy formula on BOS + the input's UTF-8 bytes (TGI routes) or on
+the fake tokenizer's chat template (chat); streamed text must add up to the whole one.
 """
 
 from __future__ import annotations
@@ -8,12 +11,11 @@ from __future__ import annotations
 import json
 
 import httpx
-import huggingface_hub
 import pytest
-from huggingface_hub import InferenceClient
+from huggingface_hub.errors import HfHubHTTPError
 
-from tests.server.fake_engine import BOS, EOS, FakeEngine, expected_greedy_text
-from tests.server.live import LiveServer
+from tests.server.fake_engine import BOS, EOS, FakeEngine, FakeTokenizer, expected_greedy_text
+from tests.server.live import LiveServer, inference_client
 
 
 def ids_of(text: str) -> list[int]:
@@ -28,10 +30,7 @@ def server():
 
 @pytest.fixture
 def client(server, monkeypatch):
-    # the client refuses to connect at all in offline mode, even to a local URL
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    return InferenceClient(model=server.url, timeout=20)
+    return inference_client(server.url, monkeypatch)
 
 
 def test_inference_client_text_generation_returns_the_generated_text_only(client):
@@ -115,3 +114,44 @@ def test_info_describes_the_model_and_limits(server):
     assert info["model_id"] == "fake-model" and info["max_total_tokens"] == 128
     assert info["max_input_tokens"] < info["max_total_tokens"]
     assert info["vocab_size"] == server.state.tokenizer.vocab_size  # the ids a prompt may hold
+
+
+CHAT = [{"role": "user", "content": "Tell me"}]
+
+
+def chat_ids(messages: list[dict]) -> list[int]:
+    return list(FakeTokenizer().apply_chat_template(messages).encode())
+
+
+def test_chat_completion_answers_as_the_served_model(client):
+    answer = client.chat_completion(CHAT, max_tokens=11, temperature=0)
+    assert answer.choices[0].message.content == expected_greedy_text(chat_ids(CHAT), 11)
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.model == "fake-model"
+    assert answer.usage.prompt_tokens == len(chat_ids(CHAT))
+    assert answer.usage.completion_tokens == 11
+
+
+def test_streamed_chat_completion_adds_up_to_the_whole_answer(client):
+    whole = client.chat_completion(CHAT, max_tokens=9, temperature=0)
+    chunks = list(client.chat_completion(CHAT, max_tokens=9, temperature=0, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_the_openai_style_alias_gives_the_same_answers(client):
+    messages = [{"role": "system", "content": "Be brief"}, *CHAT]
+    expected = expected_greedy_text(chat_ids(messages), 7)
+    answer = client.chat.completions.create(messages=messages, max_tokens=7, temperature=0)
+    assert answer.choices[0].message.content == expected
+    stream = client.chat.completions.create(
+        messages=messages, max_tokens=7, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+
+
+def test_a_model_name_the_server_does_not_serve_is_still_a_404(client):
+    with pytest.raises(HfHubHTTPError) as refused:
+        client.chat_completion(CHAT, model="another-model", max_tokens=3)
+    assert refused.value.response.status_code == 404

@@ -1,0 +1,59 @@
+"""/docs (Swagger UI) and /redoc (ReDoc) on the OpenAPI document, from assets a package ships.
+
+Contract: `install_docs(app)` adds GET /docs and GET /redoc, pages that follow the key and
+readiness rule of /openapi.json (the guard's: a key is needed unless the route is listed in
+`--public-routes`, and 503 while the model loads), and GET /static/docs/{name}: the Swagger UI
+and ReDoc bundles the `fastapi-offline` package ships (its MIT licence; Swagger UI is
+Apache-2.0, ReDoc MIT). Those files are library code with no API data, answered without a key
+and while loading (the guard's static-file rule). Every URL in the pages is relative, so they
+work behind a path prefix, and none leaves the server: no CDN, no web fonts. The routes stay out
+of the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastapi_offline
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from starlette.responses import FileResponse, HTMLResponse
+
+from server.errors import ApiError
+
+ASSETS = Path(fastapi_offline.__file__).parent / "static"
+ASSET_NAMES = frozenset({"swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js"})
+ASSET_NAMES |= {"favicon.png"}
+_ASSET_URL = "static/docs/{name}"  # relative to /docs and /redoc
+
+
+def install_docs(app: FastAPI, openapi_url: str) -> None:
+    """Adds /docs, /redoc and their assets; `openapi_url` is the document's route."""
+    spec = openapi_url.lstrip("/")  # relative: the pages sit beside it
+    favicon = _ASSET_URL.format(name="favicon.png")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=spec,
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=_ASSET_URL.format(name="swagger-ui-bundle.js"),
+            swagger_css_url=_ASSET_URL.format(name="swagger-ui.css"),
+            swagger_favicon_url=favicon,
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url=spec,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=_ASSET_URL.format(name="redoc.standalone.js"),
+            redoc_favicon_url=favicon,
+            with_google_fonts=False,
+        )
+
+    @app.get("/static/docs/{name}", include_in_schema=False)
+    async def docs_asset(name: str) -> FileResponse:
+        if name not in ASSET_NAMES:  # a fixed list: no path from the URL reaches the disk
+            raise ApiError(404, f"no file {name!r} here", code="not_found")
+        return FileResponse(ASSETS / name)
