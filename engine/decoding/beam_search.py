@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding.stop_checker import StopCriteria, check_stop
+from engine.host_transfer import to_device
 from engine.requests.outputs import TokenLogprob
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.logits_processors import (
@@ -141,7 +142,8 @@ class BeamSearch:
     def _choose(
         self, beams: list[TokenSequence], raw: torch.Tensor, search: torch.Tensor, generator
     ) -> list[Candidate]:
-        base = torch.tensor([self._scores.get(s.seq_id, 0.0) for s in beams], dtype=torch.float64)
+        scores = [self._scores.get(s.seq_id, 0.0) for s in beams]
+        base = to_device(scores, torch.float64, search.device)  # [B], beside the logits
         picked = self._candidates(search, base.unsqueeze(1), generator)
         num_out = beams[0].num_output_tokens + 1  # the lockstep group's new length
         top_n = self.params.logprobs
