@@ -37,9 +37,7 @@ from engine.decoding.stop_checker import StopCriteria, check_stop
 from engine.host_transfer import to_device
 from engine.requests.outputs import TokenLogprob
 from engine.requests.request import Request, TokenSequence
-from engine.sampling.logits_processors import (
-    filtered_probs,
-)
+from engine.sampling.logits_processors import filtered_probs, softmax_rows
 from engine.sampling.sampler import process_logits
 from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling.sampling_params import SamplingParams
@@ -89,7 +87,7 @@ def beam_logprobs(
     """(raw, search) log-probs [B, V] of a group's beams: raw = log_softmax(logits); search =
     the log of the distribution after bias / masks / penalties / the grammar's mask and, when
     sampling, temperature and the top-k / top-p / min-p filters (the sampler's pipeline)."""
-    raw = logits.log_softmax(dim=-1)
+    raw = softmax_rows(logits, log=True)
     batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids, grammar)
     processed = process_logits(logits, batch)  # the sampler's bias / masks / penalties
     f = batch.filters
