@@ -58,3 +58,27 @@ def _counted(module, calls: dict[str, int]):
         return kernel(*args, **kwargs)
 
     return wrapper
+
+
+def test_forced_kernels_and_invariant_matmul_keep_a_sequence_off_the_batch(
+    triton_kernels, monkeypatch
+) -> None:
+    """The --batch-invariant mode's pieces on CPU: every linear through the Triton invariant
+    GEMM and the fused kernels forced; each sequence's logits in a batch of three equal,
+    bitwise, its logits run alone (prefill, then decode steps)."""
+    if triton_kernels.type != "cpu":
+        pytest.skip("forcing is for CPU runs")
+    from models.linear_backend import use_invariant_linears
+    from models.triton_kernels.invariant_matmul import invariant_linear
+
+    model = ours_from(make_hf_model("llama3"))
+    assert use_invariant_linears(model, invariant_linear) > 0
+    monkeypatch.setattr(kernels_switch, "enabled", lambda x: True)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (2, 7, 5)]
+    with torch.no_grad():
+        batched = _run(model, prompts, decode_steps=2)  # per step: one entry per sequence
+        for i, prompt in enumerate(prompts):
+            alone = _run(model, [prompt], decode_steps=2)
+            for step, logits in enumerate(alone):
+                assert torch.equal(batched[step * len(prompts) + i], logits), (i, step)
