@@ -27,4 +27,4 @@ def is_available() -> bool:
 def enabled(x: torch.Tensor) -> bool:
     """Whether ops on `x` run as Triton kernels (tests force it to reach the interpreter).
     Not while torch.compile traces (`--compile`): Inductor fuses the reference itself."""
-    return x.is_cuda and is_available() and not torch.compiler.is_compiling()
+    return x.is_cuda and not torch.compiler.is_compiling() and is_available()
