@@ -1,6 +1,8 @@
 """Fused Triton kernels of the GPU path: RMSNorm (+ residual add), rotary, SiLU x mul, and the
-sampler's row softmax. One kernel per module, each wrapping the readable PyTorch reference it
-is tested against (tests/models/triton_kernels, under TRITON_INTERPRET=1 on CPU in CI).
+sampler's row softmax; and the fixed-tile GEMM of a batch-invariant mode (invariant_matmul.py,
+switched on by no option yet: `models.linear_backend.use_invariant_linears(model, kernel)`).
+One kernel per module, each wrapping the readable PyTorch reference it is tested against
+(tests/models/triton_kernels, under TRITON_INTERPRET=1 on CPU in CI; compiled for sm_90 there).
 
 `enabled(x)` is the one place that decides whether a tensor's op takes the Triton kernel: only
 CUDA tensors, and only where triton can be imported. Everything else (the CPU path: PyTorch
