@@ -28,8 +28,12 @@ def to_device(
     values: Sequence[Any] | Any, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """`values`: a list, a numpy array or a host tensor."""
+    if device.type == "cpu":
+        return torch.as_tensor(values, dtype=dtype)
     if device.type != "cuda":
-        return torch.as_tensor(values, dtype=dtype, device=device)
+        # Built on the host, then moved by `.to`: an op the dispatcher sees, so the
+        # device-placement tests (tests/engine/device_placement.py) can follow its values.
+        return torch.as_tensor(values, dtype=dtype).to(device)
     host = torch.as_tensor(values, dtype=dtype)
     # The caching host allocator keeps the staging memory alive until the copy has run.
     return host.pin_memory().to(device, non_blocking=True)

@@ -9,6 +9,10 @@ fixed by the model's shapes: norms reduce each row over `hidden` (torch's row re
 never split a row while there are several rows), rotary tables and activations use
 position-independent elementwise code (models/pointwise.py), and the linears' order is
 fixed by the forward path (models/linear_backend.invariant_linear).
+
+On CUDA (where Triton is available) the norms (with the residual add before them), the
+rotary of q and k and the SiLU x up run as the fused kernels of models/triton_kernels, each
+tested against the PyTorch code here; elsewhere that code runs, unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import pointwise
+from models import pointwise, triton_kernels
 from models.attention import AttentionMetadata, KVCache, paged_attention, write_kv
 
 
@@ -30,10 +34,31 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused(x, self.weight):
+            from models.triton_kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)[0]
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): a pre-norm block's residual add and the next
+        norm, one kernel on the GPU."""
+        if _fused(x, self.weight):
+            from models.triton_kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
+        residual = x + residual
+        return self(residual), residual
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x`'s op takes the fused Triton kernel (models/triton_kernels decides)."""
+    return triton_kernels.enabled(x) and weight.dtype == x.dtype
 
 
 def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
@@ -89,6 +114,15 @@ class RotaryEmbedding(nn.Module):
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [T, 1, head_dim]
 
 
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D] and k [T, KVH, D] rotated by position: one Triton launch on the GPU."""
+    if triton_kernels.enabled(q):
+        from models.triton_kernels.rotary import rotary
+
+        return rotary(q, k, *rope)
+    return apply_rotary(q, rope), apply_rotary(k, rope)
+
+
 def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """x: [T, heads, head_dim] rotated by position."""
     cos, sin = rope
@@ -112,7 +146,12 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        if triton_kernels.enabled(gate_up):
+            from models.triton_kernels.silu_mul import silu_mul
+
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(pointwise.silu(gate) * up)
 
 
@@ -175,7 +214,7 @@ class PagedSelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
-            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+            q, k = rotate_qk(q, k, rope)
         return q, k, v
 
     def attend(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -75,19 +76,28 @@ def invariant_linear(
     return y.reshape(*shape[:-1], y.shape[-1])
 
 
-def row_routed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)` for x [M, K] through the PyTorch path's kernel (`invariant_linear`)."""
-    return invariant_linear(x, layer.weight, layer.bias)
+LinearKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def use_invariant_linears(model: nn.Module) -> int:
+def row_routed_linear(
+    layer: nn.Linear, x: torch.Tensor, kernel: LinearKernel = invariant_linear
+) -> torch.Tensor:
+    """`layer(x)` for x [M, K] through a batch-invariant kernel (default: the PyTorch path's
+    `invariant_linear`)."""
+    return kernel(x, layer.weight, layer.bias)
+
+
+def use_invariant_linears(model: nn.Module, kernel: LinearKernel = invariant_linear) -> int:
     """Points every plain nn.Linear's forward (a tensor-parallel row shard's `local_forward`,
-    models/parallel/layers.py) at `row_routed_linear`; returns how many. Instance attributes
-    shadow the method, so the class keeps the plain forward."""
+    models/parallel/layers.py) at `row_routed_linear` with `kernel` (on CUDA, the
+    --batch-invariant mode's models/triton_kernels/invariant_matmul.invariant_linear);
+    returns how many. Instance attributes shadow the method, so the class keeps the plain
+    forward."""
     count = 0
     for layer in model.modules():
         name = "forward" if type(layer) is nn.Linear else "local_forward"
         if isinstance(layer, nn.Linear) and hasattr(layer, name):
-            setattr(layer, name, functools.partial(row_routed_linear, layer))
+            routed = functools.partial(row_routed_linear, layer, kernel=kernel)
+            setattr(layer, name, routed)
             count += 1
     return count

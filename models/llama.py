@@ -52,8 +52,8 @@ class LlamaDecoderLayer(DecoderBlock):
         return self.self_attn.project(self.input_layernorm(x), rope)
 
     def dense_out(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn_out)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        normed, x = self.post_attention_layernorm.add_and_norm(self.self_attn.o_proj(attn_out), x)
+        return x + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

@@ -34,11 +34,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding.stop_checker import StopCriteria, check_stop
+from engine.host_transfer import to_device
 from engine.requests.outputs import TokenLogprob
 from engine.requests.request import Request, TokenSequence
-from engine.sampling.logits_processors import (
-    filtered_probs,
-)
+from engine.sampling.logits_processors import filtered_probs, softmax_rows
 from engine.sampling.sampler import process_logits
 from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling.sampling_params import SamplingParams
@@ -88,7 +87,7 @@ def beam_logprobs(
     """(raw, search) log-probs [B, V] of a group's beams: raw = log_softmax(logits); search =
     the log of the distribution after bias / masks / penalties / the grammar's mask and, when
     sampling, temperature and the top-k / top-p / min-p filters (the sampler's pipeline)."""
-    raw = logits.log_softmax(dim=-1)
+    raw = softmax_rows(logits, log=True)
     batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids, grammar)
     processed = process_logits(logits, batch)  # the sampler's bias / masks / penalties
     f = batch.filters
@@ -141,7 +140,8 @@ class BeamSearch:
     def _choose(
         self, beams: list[TokenSequence], raw: torch.Tensor, search: torch.Tensor, generator
     ) -> list[Candidate]:
-        base = torch.tensor([self._scores.get(s.seq_id, 0.0) for s in beams], dtype=torch.float64)
+        scores = [self._scores.get(s.seq_id, 0.0) for s in beams]
+        base = to_device(scores, torch.float64, search.device)  # [B], beside the logits
         picked = self._candidates(search, base.unsqueeze(1), generator)
         num_out = beams[0].num_output_tokens + 1  # the lockstep group's new length
         top_n = self.params.logprobs

@@ -19,6 +19,7 @@ from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.decoding.grammar_matchers import SequenceMatchers
 from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
 from engine.decoding.stop_checker import StopCriteria
+from engine.host_transfer import fetch, to_device
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.grammar_compiler import CompiledGrammar
@@ -95,13 +96,15 @@ class RequestState:
         if rows <= 0:
             return
         logprobs = torch.log_softmax(logits[:rows].float(), dim=-1)
-        targets = torch.tensor(prompt[chunk.start + 1 : last + 1], device=logprobs.device)
+        targets = to_device(prompt[chunk.start + 1 : last + 1], torch.int64, logprobs.device)
         top_n = self.request.params.prompt_logprobs or 0
         chosen, top_ids, top_vals = gather_logprobs(logprobs, targets, max(top_n, 1))
+        # One device-to-host wait for the whole chunk, not three per row.
+        chosen_l, ids_l, vals_l = fetch(chosen, top_ids[:, :top_n], top_vals[:, :top_n])
         for r in range(rows):
-            top = tuple(zip(top_ids[r, :top_n].tolist(), top_vals[r, :top_n].tolist(), strict=True))
+            top = tuple(zip(ids_l[r], vals_l[r], strict=True))
             pos = chunk.start + r + 1
-            self._prompt_logprobs[pos] = TokenLogprob(prompt[pos], float(chosen[r]), top)
+            self._prompt_logprobs[pos] = TokenLogprob(prompt[pos], chosen_l[r], top)
 
     # ----- timings --------------------------------------------------------------------------
     def mark_scheduled(self, now: float) -> bool:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models import triton_kernels
+
 NEG_INF = float("-inf")
 
 
@@ -215,8 +217,24 @@ def filtered_probs(
     """
     if plan is None:
         plan = FilterPlan.of_tensors(top_k, top_p, min_p, logits.shape[1])
+    if not (plan.k_max or plan.any_p or plan.any_min_p):  # temperature alone: one row op
+        return softmax_rows(logits, temperature)
     scaled = logits / temperature.unsqueeze(1)  # a new tensor: the caller's stays intact
     scaled = mask_top_k_top_p(scaled, top_k, top_p, plan=plan)
     if plan.any_min_p:
         scaled = mask_min_p(scaled, min_p)
     return scaled.softmax(dim=-1)
+
+
+def softmax_rows(
+    logits: torch.Tensor, temperature: torch.Tensor | None = None, log: bool = False
+) -> torch.Tensor:
+    """softmax (log_softmax with `log`) of each row of `logits` [R, V] divided by its
+    `temperature` [R] (None: 1), as a new tensor. On CUDA one fused Triton launch per call
+    (models/triton_kernels/row_softmax.py, row-invariant); elsewhere torch's ops."""
+    if triton_kernels.enabled(logits):
+        from models.triton_kernels.row_softmax import row_softmax
+
+        return row_softmax(logits, temperature, log)
+    scaled = logits if temperature is None else logits / temperature.unsqueeze(1)
+    return scaled.log_softmax(dim=-1) if log else scaled.softmax(dim=-1)

@@ -44,6 +44,7 @@ from engine.sampling.logits_processors import (
     apply_repetition_penalty,
     filtered_probs,
     mask_tokens,
+    softmax_rows,
 )
 from engine.sampling.sampling_batch import SamplingBatch, SamplingFilters, SamplingRow
 from engine.sampling.token_mask import TokenMask
@@ -156,7 +157,7 @@ class Sampler:
             (token_list,) = fetch(tokens)
             return SamplerOutput(tuple(token_list), (None,) * len(rows))
         chosen, top_ids, top_values = gather_logprobs(
-            logits.log_softmax(dim=-1), tokens, batch.max_logprobs
+            softmax_rows(logits, log=True), tokens, batch.max_logprobs
         )
         token_list, *values = fetch(tokens, chosen, top_ids, top_values)  # one wait
         return SamplerOutput(tuple(token_list), _logprobs(rows, token_list, *values))

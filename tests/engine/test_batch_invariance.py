@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from engine.requests.outputs import OutputAccumulator
 from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB
+from tests.devices import skip_cpu_kernels_off_cpu, xfail_batch_invariance_on_cuda
 from tests.engine.engine_fixtures import assert_no_leaks, tiny_engine
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -99,7 +100,11 @@ def folder(tmp_path_factory):
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(case=scenario)
-def test_every_request_equals_its_solo_run(folder, dtype: str, kernels: bool, case: dict) -> None:
+def test_every_request_equals_its_solo_run(
+    request, folder, dtype: str, kernels: bool, case: dict
+) -> None:
+    skip_cpu_kernels_off_cpu(kernels)
+    xfail_batch_invariance_on_cuda(request)
     reqs = case["requests"]
     prompts = [(case["prefix"] if r["shared"] else []) + r["prompt"] for r in reqs]
     params = [_params(r) for r in reqs]

@@ -9,6 +9,7 @@ import torch
 
 from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import make_hf_model
+from tests.devices import skip_cpu_kernels_off_cpu
 from tests.engine.engine_fixtures import (
     assert_no_leaks,
     random_prompts,
@@ -19,10 +20,18 @@ from tests.engine.engine_fixtures import (
 
 @pytest.mark.parametrize(
     "arch,kernel",
-    [("llama", False), ("qwen2", False), ("mistral", False), ("gpt2", False), ("llama", True), ("mistral", True)],
+    [
+        ("llama", False),
+        ("qwen2", False),
+        ("mistral", False),
+        ("gpt2", False),
+        ("llama", True),
+        ("mistral", True),
+    ],
 )
 def test_greedy_equals_transformers_generate(arch: str, kernel: bool, tmp_path) -> None:
     """Through the C++ decode step and attention kernel (kernel=True) and PyTorch ops only."""
+    skip_cpu_kernels_off_cpu(kernel)
     engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32, cpu_kernels=kernel)
     assert engine.runner.cpu_kernels == kernel
     hf = make_hf_model(arch)
@@ -32,7 +41,11 @@ def test_greedy_equals_transformers_generate(arch: str, kernel: bool, tmp_path) 
     for prompt, out in zip(prompts, outs, strict=True):
         with torch.no_grad():
             ref = hf.generate(
-                torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0
+                torch.tensor([prompt]),
+                max_new_tokens=24,
+                min_new_tokens=24,
+                do_sample=False,
+                pad_token_id=0,
             )[0, len(prompt) :].tolist()
         assert list(out.outputs[0].token_ids) == ref
         assert out.outputs[0].finish_reason == "length"
@@ -98,7 +111,10 @@ def test_prefix_cache_skips_shared_prefix_and_keeps_output(tmp_path) -> None:
     assert second.metrics.num_cached_prompt_tokens == hits
     cold = cold_engine.generate([prefix + [9, 10, 11]], params)[0]
     assert second.outputs[0].token_ids == cold.outputs[0].token_ids
-    assert first.outputs[0].token_ids == cold_engine.generate([prefix + [7, 8]], params)[0].outputs[0].token_ids
+    assert (
+        first.outputs[0].token_ids
+        == cold_engine.generate([prefix + [7, 8]], params)[0].outputs[0].token_ids
+    )
     assert_no_leaks(engine)
 
 
@@ -159,8 +175,12 @@ def test_prompt_logprobs_cover_every_prompt_token_even_after_a_prefix_cache_hit(
     engine = tiny_engine(tmp_path)
     hf = make_hf_model("llama")
     prompt = random_prompts(1, (30, 30), seed=7)[0]
-    engine.generate([prompt + [5]], SamplingParams(max_tokens=2, temperature=0.0))  # fills the cache
-    out = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2))[0]
+    engine.generate(
+        [prompt + [5]], SamplingParams(max_tokens=2, temperature=0.0)
+    )  # fills the cache
+    out = engine.generate(
+        [prompt], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2)
+    )[0]
     assert out.prompt_logprobs[0] is None and all(e is not None for e in out.prompt_logprobs[1:])
     with torch.no_grad():
         ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
