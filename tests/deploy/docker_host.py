@@ -8,6 +8,7 @@ its recipe and that bundle, so later runs on the same machine reuse it (~1-3 min
 `wheel_index()` serves pip's configured find-links folder (the local CPU torch wheel) over HTTP
 on loopback as a simple package index (one page per project), for a build run with
 `--network host`: the Dockerfile's TORCH_INDEX_URL in place of PyTorch's CPU index.
+`build_image()` builds the repository's Dockerfile on that base, as the tests build it.
 
 `ensure_tools()` installs Debian's docker.io, mmdebstrap and docker-compose with apt-get (as root)
 where they are missing; `ensure_docker()` then starts dockerd when `docker info` fails.
