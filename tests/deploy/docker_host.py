@@ -5,8 +5,10 @@ Instead `base_image()` builds a Debian bookworm root file system from Debian pac
 mmdebstrap (Python 3.11, venv, headers, g++), with the host's CA bundle in place of Debian's (a
 build reaches the package index only through it), and `docker import`s it under a tag keyed by
 its recipe and that bundle, so later runs on the same machine reuse it (~1-3 minutes saved).
-`wheel_server()` serves pip's configured find-links folder (the local CPU torch wheel) over HTTP
-on loopback, for a build run with `--network host`.
+`wheel_index()` serves pip's configured find-links folder (the local CPU torch wheel) over HTTP
+on loopback as a simple package index (one page per project), for a build run with
+`--network host`: the Dockerfile's TORCH_INDEX_URL in place of PyTorch's CPU index.
+`build_image()` builds the repository's Dockerfile on that base, as the tests build it.
 
 `ensure_tools()` installs Debian's docker.io, mmdebstrap and docker-compose with apt-get (as root)
 where they are missing; `ensure_docker()` then starts dockerd when `docker info` fails.
@@ -40,6 +42,10 @@ TOOLS = {
     "mmdebstrap": "mmdebstrap",
     "docker-compose": "docker-compose",  # v1, to validate deploy/docker-compose.yml
 }
+ROOT = Path(__file__).resolve().parents[2]
+# The index's URL is a build argument, part of Docker's cache key for every later step: a fixed
+# port keeps it, and so the cached layers, from one run to the next.
+WHEEL_PORT = 38617
 DOCKERD_LOG = Path(tempfile.gettempdir()) / "tgserve-test-dockerd.log"
 
 
@@ -97,6 +103,17 @@ def base_image() -> str:
     return tag
 
 
+def build_image(tag: str, *build_args: str) -> float:
+    """`docker build` of the repository's Dockerfile on the offline base, with `build_args`
+    (`--build-arg NAME=VALUE` pairs); returns the seconds it took."""
+    started = time.monotonic()
+    run(
+        "docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base_image()}",
+        *build_args, "-t", tag, str(ROOT), timeout=3600,
+    )  # fmt: skip
+    return time.monotonic() - started
+
+
 def find_links() -> Path | None:
     """pip's configured find-links folder, where the local CPU torch wheel lies (if any)."""
     listing = run(sys.executable, "-m", "pip", "config", "list").stdout
@@ -108,21 +125,30 @@ def find_links() -> Path | None:
 
 
 @contextmanager
-def wheel_server(folder: Path) -> Iterator[str]:
-    """An HTTP directory listing of `folder` on loopback (pip reads it as find-links)."""
+def wheel_index(folder: Path) -> Iterator[str]:
+    """A PEP 503 index of the wheels in `folder`, served on loopback: `<url><project>/` lists
+    that project's wheels (Python's directory listing; pip reads it as an index page)."""
+    with tempfile.TemporaryDirectory() as root:
+        for wheel in folder.glob("*.whl"):
+            project = Path(root) / wheel.name.split("-")[0].lower().replace("_", "-")
+            project.mkdir(exist_ok=True)
+            (project / wheel.name).symlink_to(wheel)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, directory=str(folder), **kwargs)
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, directory=root, **kwargs)
 
-        def log_message(self, *args) -> None:
-            pass
+            def log_message(self, *args) -> None:
+                pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+        try:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", WHEEL_PORT), Quiet)
+        except OSError:  # taken: any port (the layers from the torch install on are rebuilt)
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_port}/"
+        finally:
+            server.shutdown()
+            server.server_close()

@@ -4,7 +4,10 @@ Oracles: kubernetes-validate's strict schemas of the newest Kubernetes it ships 
 docker-compose's own `config` check; and the facts the manifests must agree with, read from
 their sources: the UID of the Dockerfile's USER, the gauges server/metrics.py exports, the
 routes /ready and /health, the drain time (a grace period longer than preStop + the shutdown
-timeout, so SIGKILL never cuts a drain short), one GPU per tensor-parallel rank.
+timeout, so SIGKILL never cuts a drain short), one GPU per tensor-parallel rank, and image
+references pinned: a digest or a version tag (never absent or `latest`), tgserve's own images
+tagged with pyproject.toml's version (`-cuda` for the GPU variant), an `imagePullPolicy` on
+every Kubernetes container.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import kubernetes_validate
@@ -24,6 +28,8 @@ from tests.deploy.docker_host import ensure_tools
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
 DOCS = [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text()) if doc]
+COMPOSE = ROOT / "deploy" / "docker-compose.yml"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def _of_kind(kind: str) -> list[dict]:
@@ -95,12 +101,50 @@ def test_services_autoscaler_and_budget_select_the_deployments():
 
 def test_the_compose_file_validates():
     ensure_tools()
-    compose = ROOT / "deploy" / "docker-compose.yml"
     assert shutil.which("docker-compose")
     check = subprocess.run(
-        ["docker-compose", "-f", str(compose), "config", "-q"], capture_output=True, text=True
+        ["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stderr
-    service = yaml.safe_load(compose.read_text())["services"]["tgserve"]
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["tgserve"]
     grace = float(service["stop_grace_period"].rstrip("s"))
     assert grace > float(service["environment"]["TGSERVE_SHUTDOWN_TIMEOUT"])
+
+
+def _containers(doc: dict) -> list[dict]:
+    """Every container and init container of a workload (its pod template's spec)."""
+    pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return pod.get("containers", []) + pod.get("initContainers", [])
+
+
+def _tag(reference: str) -> str | None:
+    """The tag of `name[:tag][@digest]` (a registry's port is not a tag); None without one."""
+    name = reference.split("@")[0].rsplit("/", 1)[-1]
+    return name.partition(":")[2] or None
+
+
+def _assert_pinned(reference: str) -> None:
+    if "@sha256:" in reference:
+        return
+    tag = _tag(reference)
+    assert tag and tag != "latest" and any(c.isdigit() for c in tag), f"{reference}: not pinned"
+    if reference.split(":")[0] == "tgserve":  # ours: the version this checkout builds
+        assert tag.split("-")[0] == VERSION, f"{reference}: not pyproject.toml's {VERSION}"
+
+
+def test_every_kubernetes_image_is_pinned_with_a_pull_policy():
+    containers = [(doc, c) for doc in DOCS for c in _containers(doc)]
+    assert containers
+    for doc, container in containers:
+        _assert_pinned(container["image"])
+        assert container.get("imagePullPolicy"), f"{doc['metadata']['name']}: no imagePullPolicy"
+        wants_gpu = "nvidia.com/gpu" in container.get("resources", {}).get("limits", {})
+        if container["image"].startswith("tgserve:"):  # the GPU pods run the CUDA variant
+            assert container["image"].endswith("-cuda") == wants_gpu, container["image"]
+
+
+def test_every_compose_image_is_pinned():
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name, service in services.items():
+        assert "image" in service, f"{name}: no image (a build alone is tagged by folder name)"
+        _assert_pinned(service["image"])
