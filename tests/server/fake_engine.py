@@ -238,7 +238,7 @@ class FakeEngine:
             if p.logprobs is not None:
                 top = tuple((token + k if k else token, -0.5 - k) for k in range(p.logprobs))
                 s.logprobs.append(TokenLogprob(token, -0.5, top))
-            s.text = self.tokenizer.decode_stable(s.tokens)  # partial characters held back
+            s.text = self.tokenizer.decode_stable(s.tokens)  # a cut character is dropped
             if token == EOS and not p.ignore_eos and pos + 1 >= p.min_tokens:
                 s.finish_reason, s.stop_reason = "stop", EOS
             for stop in p.stop:
@@ -248,8 +248,6 @@ class FakeEngine:
                     break
             if s.finish_reason is None and len(s.tokens) >= p.max_tokens:
                 s.finish_reason = "length"
-            if s.finish_reason and not isinstance(s.stop_reason, str):  # flush held-back bytes
-                s.text = self.tokenizer.decode(s.tokens)
         self._apply_fault(req)
 
     def _apply_fault(self, req: _Req) -> None:
