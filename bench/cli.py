@@ -164,6 +164,12 @@ def _probe_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--short-len", type=int, default=5, help="the short request's prompt tokens")
     p.add_argument("--delay", type=float, default=5.0, help="seconds between longs and short")
+    p.add_argument(
+        "--long-stream",
+        choices=("both", "true", "false"),
+        default="both",
+        help="the long requests' stream setting (both: a set of runs each)",
+    )
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--model", default=None, help="the request's model field (default: none)")
     p.add_argument("--seed", type=int, default=0)

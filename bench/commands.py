@@ -285,6 +285,7 @@ def _run_probe(args: argparse.Namespace) -> int:
             args.runs,
             args.seed,
             args.model,
+            {"both": (True, False), "true": (True,), "false": (False,)}[args.long_stream],
         )
         print(probe.render(pspec, *probe.run_probe(pspec)))
     print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)

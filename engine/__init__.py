@@ -11,6 +11,7 @@ from engine.api import EngineCore, EngineInfo, FatalEngineError
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
 from engine.config import EngineConfig
 from engine.faults import FaultSpec
+from engine.request_errors import InvalidRequest
 from engine.requests.outputs import (
     FINISH_REASONS,
     CompletionOutput,
@@ -39,6 +40,7 @@ __all__ = [
     "EngineUnavailable",
     "FatalEngineError",
     "FaultSpec",
+    "InvalidRequest",
     "OutputAccumulator",
     "Overloaded",
     "QueueFullError",

@@ -6,9 +6,9 @@
   tests' fake engine (a test checks both). Threading: `new_request` is pure validation and may
   run on any thread; every other method runs on the engine's own thread.
   - `new_request(request_id, prompt_token_ids, params)` validates the request once, where it
-    enters the engine (ValueError with a message a user can act on), fills in what the request
-    left to the engine (`max_tokens=None`: the room left in the context) and returns it,
-    changing nothing;
+    enters the engine (`InvalidRequest`: a ValueError naming the field at fault, with a message
+    a user can act on), fills in what the request left to the engine (`max_tokens=None`: the
+    room left in the context) and returns it, changing nothing;
   - `add(request)` queues it (`QueueFullError` when the queue is full, ValueError for a
     request id in use);
   - `abort_request(request_id)` takes effect at the next step;

@@ -4,7 +4,11 @@ Contract:
 - Drives any `engine.api.EngineCore`. The sync step loop runs in ONE background thread; the
   event loop never runs a model step and never touches the engine's mutable state (only
   `new_request`, which validates and builds a request, changing nothing).
-- Adds and aborts go through a thread-safe inbox, drained between steps, in arrival order.
+- Adds and aborts go through a thread-safe inbox, drained between steps, in arrival order. An
+  idle loop thread is woken for an add by a callback queued on the event loop, so it starts
+  stepping after the requests the event loop has already read (a burst's other requests,
+  whose 429s are then decided without an engine step competing for the GIL and the cores);
+  a busy loop thread finds the add at its next turn anyway.
 - Each request owns one output slot holding the unread `RequestOutput` deltas merged into one
   (`RequestOutput.merge`): a slow reader never grows a queue.
 - `generate()` validates and admits synchronously (raises `ValueError`, `Overloaded` or
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -57,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3
 ABORT_GRACE_SECONDS = 5.0  # how long shutdown waits for the aborted requests to report back
+GIL_SWITCH_INTERVAL_S = 0.001  # the most the event loop waits for the GIL (see `start`)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class AsyncEngine:
         self.last_progress_time = time.monotonic()
         self._cond = threading.Condition()
         self._inbox: deque[_Add | _Abort | _Kill] = deque()  # bounded: adds are counted in _pending
+        self._wake_scheduled = False  # a `_wake` of the loop thread is queued on the event loop
         self._pending = 0  # admitted and not yet finished; guarded by _cond
         self._accepting = True
         self._stopping = False
@@ -112,6 +119,10 @@ class AsyncEngine:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("AsyncEngine.start() was called twice")
+        # While the loop thread runs Python (scheduling, sampling), the event loop waits for
+        # the GIL until the interpreter's switch interval (5 ms by default) passes: each 429 or
+        # stream write would wait that long once per handoff. Never raised, only lowered.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="tgserve-engine", daemon=True)
         self._thread.start()
         watch = getattr(self.engine, "watch_failures", None)
@@ -131,15 +142,24 @@ class AsyncEngine:
         deadline: float | None = None,
     ) -> RequestStream:
         request = self.engine.new_request(request_id, prompt_token_ids, params)  # ValueError
-        slot = OutputSlot(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        slot = OutputSlot(loop)
         with self._cond:  # checked under the lock the loop closes under: no add is stranded
             refusal = self._refusal()
             if refusal is not None:
                 raise refusal
             self._pending += 1
             self._inbox.append(_Add(request, slot, deadline))
-            self._cond.notify()
+            wake = not self._wake_scheduled
+            self._wake_scheduled = True
+        if wake:  # after the requests the event loop already holds (module docstring)
+            loop.call_soon(self._wake)
         return RequestStream(request_id, slot, self.abort)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._wake_scheduled = False
+            self._cond.notify()
 
     def refusal(self) -> Overloaded | EngineUnavailable | None:
         """Why `generate()` would refuse a request now, or None; reserves nothing. A caller can

@@ -1,8 +1,8 @@
 """Engine: the synchronous heart. `step()` = schedule -> execute -> sample -> update.
 
 Contract:
-- It implements `engine.api.EngineCore`: `new_request` validates once (ValueError with a message
-  a user can act on) and `add` queues (`QueueFullError` when the queue is full);
+- It implements `engine.api.EngineCore`: `new_request` validates once (`InvalidRequest`, a
+  ValueError naming the request field, with a message a user can act on) and `add` queues (`QueueFullError` when the queue is full);
   `add_request(request_id, prompt_token_ids, params)` is both; `abort_request(id)` takes effect
   at the next step. `info` holds the facts a server reads (`engine.api.EngineInfo`).
 - `step()` returns one `RequestOutput` of deltas (outputs.py) per request that moved (new
@@ -33,6 +33,7 @@ from engine.decoding.stop_checker import finish_after_token
 from engine.faults import apply_faults
 from engine.host_transfer import to_device
 from engine.model_runner import ModelRunner, StepLogits
+from engine.request_errors import InvalidRequest
 from engine.requests.outputs import OutputAccumulator, RequestOutput
 from engine.requests.request import Request, TokenSequence
 from engine.requests.request_state import RequestState
@@ -124,11 +125,11 @@ class Engine:
             check_beam_params(params)
         if params.structured_output is not None:  # compiled (and cached) now: a bad one is a 400
             if self.grammars is None:
-                raise ValueError(f"structured_output: {NO_TOKENIZER}")
+                raise InvalidRequest("structured_output", f"structured_output: {NO_TOKENIZER}")
             try:
                 self.grammars.compile(params)
-            except ValueError as exc:  # named for the server, which renames it to the API field
-                raise ValueError(f"structured_output: {exc}") from None
+            except ValueError as exc:  # the server names the API field it came from
+                raise InvalidRequest("structured_output", f"structured_output: {exc}") from None
         if params.max_tokens is None:
             params = dataclasses.replace(
                 params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids))

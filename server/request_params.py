@@ -2,7 +2,8 @@
 
 Contract: `completion_params`, `chat_params` and `tgi_params` turn a parsed request body into a
 SamplingParams or raise `ApiError(400)` naming the field in the API's own vocabulary (e.g.
-`max_new_tokens` on TGI routes). Range checks live in SamplingParams; only rules that exist at
+`max_new_tokens` on TGI routes); `api_fields(req)` is that vocabulary for the engine's
+`InvalidRequest.field`, and `to_api_error` applies it to any refusal of the engine. Range checks live in SamplingParams; only rules that exist at
 the HTTP edge (TGI's stricter ranges, options we refuse, option combinations) are checked here.
 Defaults: an OpenAI request without `max_tokens` fills the context, as vLLM does: it passes
 `max_tokens=None`, which the engine turns into the room left after the prompt in the context
@@ -14,11 +15,10 @@ FaultSpec, engine/faults.py) is a 400 naming it unless `allow_faults` (--enable-
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import fields
+from collections.abc import Mapping
 from typing import Any
 
-from engine import FaultSpec, SamplingParams, StructuredOutput
+from engine import FaultSpec, InvalidRequest, SamplingParams, StructuredOutput
 from server.errors import ApiError
 from server.schemas_openai import (
     ChatCompletionRequest,
@@ -30,23 +30,27 @@ from server.schemas_structured import GuidedFields, ResponseFormat, TgiGrammar
 from server.schemas_tgi import TgiParameters
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
-_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
-_FIRST_WORD = re.compile(r"^([a-z_]+)\b")
 
 
-def to_api_error(exc: ValueError, renames: dict[str, str] | None = None) -> ApiError:
-    """A ValueError from SamplingParams or the engine, as a 400 naming the API field."""
-    message = str(exc)
-    match = _FIRST_WORD.match(message)
-    param = match.group(1) if match and match.group(1) in _FIELD_NAMES else None
-    if param and renames and param in renames:
-        message = renames[param] + message[len(param) :]
-        param = renames[param]
-    return ApiError(400, message, param=param)
+def to_api_error(exc: ValueError, api_fields: Mapping[str, str] | None = None) -> ApiError:
+    """A request the engine refused (SamplingParams or `new_request`), as a 400 whose `param`
+    is the API field: the engine's `InvalidRequest.field` through `api_fields` (engine field
+    name -> this route's; unlisted names are the same in the API). The message opens with the
+    API field (TGI's error body has no `param`): in place of the engine's name for it, or
+    before the engine's message."""
+    if not isinstance(exc, InvalidRequest):
+        return ApiError(400, str(exc))
+    param = (api_fields or {}).get(exc.field, exc.field)
+    message, name = exc.message, exc.field
+    if message.startswith(name) and message[len(name) : len(name) + 1] in (" ", ":"):
+        message = message[len(name) :]
+    else:
+        message = ": " + message
+    return ApiError(400, param + message, param=param)
 
 
 def _build(
-    renames: dict[str, str] | None = None, *, max_tokens: int | None, **values: Any
+    api_fields: Mapping[str, str] | None = None, *, max_tokens: int | None, **values: Any
 ) -> SamplingParams:
     """SamplingParams from the values given (None: the default), max_tokens as it is (None:
     the engine fills the context)."""
@@ -54,7 +58,7 @@ def _build(
         given = {k: v for k, v in values.items() if v is not None}
         return SamplingParams(max_tokens=max_tokens, **given)
     except ValueError as exc:
-        raise to_api_error(exc, renames) from None
+        raise to_api_error(exc, api_fields) from None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -136,17 +140,43 @@ def _guided(req: GuidedFields) -> list[tuple[str, StructuredOutput]]:
     return found
 
 
-def engine_error_renames(req: GuidedFields | TgiParameters) -> dict[str, str]:
-    """How the engine's errors about a request's structured output (a schema that does not
-    compile) name the API field it came from: {"structured_output": field}."""
+def _structured_field(req: GuidedFields | TgiParameters) -> str | None:
+    """The API field a request's structured output (the engine's `structured_output`) came
+    from, if any."""
     if isinstance(req, TgiParameters):
-        return {"structured_output": "grammar"} if req.grammar is not None else {}
+        return "grammar" if req.grammar is not None else None
     fmt = getattr(req, "response_format", None)
     names = ["response_format"] if fmt is not None and fmt.type != "text" else []
     names += [name for name, _ in _guided(req)]
     if getattr(req, "tool_choice", None) not in (None, "auto", "none"):
         names.append("tools")  # the grammar of an enforced tool_choice comes from the tools
-    return {"structured_output": names[0]} if names else {}
+    return names[0] if names else None
+
+
+def api_fields(req: CompletionRequest | ChatCompletionRequest | TgiParameters) -> dict[str, str]:
+    """How the engine's field names (`InvalidRequest.field`: "prompt" or a SamplingParams
+    field) read in this request's API, where they differ; the server's 400s name these."""
+    if isinstance(req, TgiParameters):
+        names = {
+            "prompt": "inputs",
+            "max_tokens": "max_new_tokens",
+            "logprobs": "top_n_tokens",
+            "prompt_logprobs": "decoder_input_details",
+        }
+    elif isinstance(req, ChatCompletionRequest):
+        names = {
+            "prompt": "messages",
+            "logprobs": "top_logprobs",
+            "max_tokens": (
+                "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+            ),
+        }
+    else:
+        names = {"prompt_logprobs": "logprobs"}  # prompt logprobs are asked by echo + logprobs
+    structured = _structured_field(req)
+    if structured is not None:
+        names["structured_output"] = structured
+    return names
 
 
 def _structured(req: GuidedFields, fmt: ResponseFormat | None = None) -> StructuredOutput | None:
@@ -208,6 +238,7 @@ def completion_params(req: CompletionRequest, allow_faults: bool = False) -> Sam
         raise ApiError(400, "suffix is not supported", param="suffix")
     echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     return _build(
+        api_fields(req),
         max_tokens=req.max_tokens,
         logprobs=req.logprobs,
         prompt_logprobs=echo_logprobs,
@@ -235,7 +266,7 @@ def chat_params(
         shared["skip_special_tokens"] = False
     if tool_grammar is not None:
         if shared["structured_output"] is not None:
-            field = engine_error_renames(req)["structured_output"]
+            field = _structured_field(req)
             raise ApiError(
                 400,
                 f"tool_choice {req.tool_choice!r} already constrains the output; it cannot be "
@@ -244,14 +275,11 @@ def chat_params(
             )
         shared["structured_output"] = StructuredOutput("grammar", tool_grammar)
     return _build(
-        {"logprobs": "top_logprobs", **engine_error_renames(req)},
+        api_fields(req),
         max_tokens=max_tokens,
         logprobs=logprobs,
         **shared,
     )
-
-
-_TGI_RENAMES = {"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"}
 
 
 def tgi_params(
@@ -277,7 +305,7 @@ def tgi_params(
     if p.best_of is not None and p.best_of > 1 and not sampling:
         raise ApiError(400, "best_of > 1 needs sampling: set do_sample to true", param="best_of")
     return _build(
-        _TGI_RENAMES,
+        api_fields(p),
         max_tokens=p.max_new_tokens if p.max_new_tokens is not None else TGI_DEFAULT_MAX_NEW_TOKENS,
         temperature=(p.temperature or 1.0) if sampling else 0.0,
         top_k=p.top_k if sampling else None,

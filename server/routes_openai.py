@@ -28,7 +28,7 @@ from server.chat_output import ChatOutputFormat, first_delta
 from server.errors import ApiError, read_body
 from server.openai_job import Job, Prompt, job_usage
 from server.reasoning import ReasoningParser, prompt_opens_reasoning
-from server.request_params import chat_params, completion_params, engine_error_renames
+from server.request_params import api_fields, chat_params, completion_params
 from server.schemas_openai import ChatCompletionRequest, ChatMessage, CompletionRequest
 from server.state import ServerState, get_state
 from server.streaming import (
@@ -166,7 +166,7 @@ async def completions(request: Request) -> Response:
         logprobs=req.logprobs is not None,
         include_usage=_includejob_usage(req),
         timeout=req.timeout,
-        renames=engine_error_renames(req),
+        renames=api_fields(req),
     )
     return await _respond(request, job, bool(req.stream))
 
@@ -204,7 +204,7 @@ async def chat_completions(request: Request) -> Response:
         logprobs=bool(req.logprobs),
         include_usage=_includejob_usage(req),
         timeout=req.timeout,
-        renames=engine_error_renames(req),
+        renames=api_fields(req),
         output_format=output_format,
     )
     return await _respond(request, job, bool(req.stream))

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from engine import MAX_N, MAX_STOP_STRINGS, CompletionOutput, RequestOutput
 from server import schemas_tgi as tgi
 from server.errors import ApiError, read_body
-from server.request_params import engine_error_renames, tgi_params
+from server.request_params import api_fields, tgi_params
 from server.state import ServerState, get_state
 from server.streaming import EventStreamResponse, final_output, run_until_disconnect, sse
 
@@ -39,7 +39,7 @@ async def _open(
     ids = await asyncio.to_thread(state.require_tokenizer().encode, req.inputs, True)
     if params.truncate is not None:
         ids = ids[-params.truncate :]
-    [stream] = await state.open([ids], [sampling], params.timeout, engine_error_renames(params))
+    [stream] = await state.open([ids], [sampling], params.timeout, api_fields(params))
     return stream, ids
 
 

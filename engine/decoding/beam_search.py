@@ -35,6 +35,7 @@ import torch
 
 from engine.decoding.stop_checker import StopCriteria, check_stop
 from engine.host_transfer import to_device
+from engine.request_errors import InvalidRequest
 from engine.requests.outputs import TokenLogprob
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.logits_processors import filtered_probs, softmax_rows
@@ -48,14 +49,17 @@ EARLY_STOPPING = (False, True, "never")
 
 
 def check_beam_params(params: SamplingParams) -> None:
-    """Raises ValueError for beam-search settings this engine cannot honour."""
+    """Raises InvalidRequest for beam-search settings this engine cannot honour."""
     if params.stop:
-        raise ValueError("stop strings are not supported with beam search; use stop_token_ids")
+        raise InvalidRequest(
+            "stop", "stop strings are not supported with beam search; use stop_token_ids"
+        )
     if params.early_stopping not in EARLY_STOPPING or not isinstance(
         params.early_stopping, bool | str
     ):
-        raise ValueError(
-            f'early_stopping must be true, false or "never", got {params.early_stopping!r}'
+        raise InvalidRequest(
+            "early_stopping",
+            f'early_stopping must be true, false or "never", got {params.early_stopping!r}',
         )
 
 

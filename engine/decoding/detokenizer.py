@@ -5,8 +5,11 @@ may be shown so far and only ever grows (nothing is retracted); `finish()` retur
 text, and `text` equals it afterwards. Guarantees:
 - Bytes are decoded with Python's incremental UTF-8 decoder (`errors="replace"`): a character
   is released only once all its bytes are in, and byte sequences that can never complete
-  become U+FFFD exactly as `bytes.decode(errors="replace")` of the whole output would;
-  `finish()` decodes an incomplete trailing character the same way.
+  become U+FFFD exactly as `bytes.decode(errors="replace")` of the whole output would.
+  `finish()` drops the bytes of an incomplete trailing character (max_tokens, a stop token or
+  an abort ended the output inside it): the text ends at the last complete character, as
+  vLLM's does, never in a U+FFFD the model did not write, and the streamed deltas still add up
+  to the final text (nothing is retracted: those bytes were never shown).
 - Stop strings are matched on the decoded text, across token boundaries. The first stop to
   complete ends the text: it is cut at the start of that occurrence (after it with
   `include_stop_str_in_output`), `stop_string` names it and later `add` calls are refused.
@@ -144,15 +147,13 @@ class IncrementalDetokenizer:
             self._consume(chunk)
 
     def finish(self) -> str:
-        """Ends the text: decodes a dangling partial character, releases held-back text."""
+        """Ends the text: drops the bytes of an incomplete trailing character (the decoder holds
+        only a prefix that could still become a valid character), releases held-back text."""
         if not self._done:
-            rest = self._decoder.decode(b"", final=True)
-            if rest:
-                self._consume(rest)
-            if not self._done:
-                self._pieces.append(self._held)
-                self._held = ""
-                self._done = True
+            self._decoder.reset()
+            self._pieces.append(self._held)
+            self._held = ""
+            self._done = True
         return self.text
 
     def _consume(self, chunk: str) -> None:

@@ -12,7 +12,8 @@ returns a `Finish` or None. Rules, in order of precedence:
 - k == max_tokens -> ("length", None). A natural stop on the last allowed token is "stop".
 A stop token's own text is not added to the output unless `include_stop_str_in_output`
 (EOS usually adds none anyway, being special). On a finish, `finish_after_token` also calls
-`detokenizer.finish()`, so `detokenizer.text` is then the final text. Aborts and errors are the
+`detokenizer.finish()`, so `detokenizer.text` is then the final text (the bytes of a character
+the finish cut are dropped, engine/decoding/detokenizer.py). Aborts and errors are the
 engine's business, not this module's.
 """
 
@@ -102,9 +103,5 @@ def finish_after_token(
         stop_string = detokenizer.stop_string
     finish = check_stop(criteria, token_id, num_output_tokens, stop_string)
     if finish is not None and detokenizer is not None:
-        detokenizer.finish()
-        # Rare: the final flush (a dangling partial character turned U+FFFD) completed a stop
-        # string; the text was cut there, so report it as the stop.
-        if finish.reason == "length" and detokenizer.stop_string is not None:
-            finish = Finish("stop", detokenizer.stop_string)
+        detokenizer.finish()  # adds no character: a finish cannot complete a stop string
     return finish

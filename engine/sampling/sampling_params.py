@@ -1,8 +1,8 @@
 """SamplingParams: how one request decodes, and when it stops.
 
-Contract: frozen; `validate(vocab_size)` (also run on construction for the vocabulary-free
-rules) raises `ValueError` with a message naming the field, so the server can turn it into a
-400 before any work starts. The HTTP schemas are the one place API fields map onto this class.
+Contract: frozen; construction checks the vocabulary-free rules and `validate_for_vocab(vocab_size)`
+the token ids it names; both raise `InvalidRequest` (engine/request_errors.py) carrying the field
+it is about, so the server can turn it into a 400 naming its API field before any work starts. The HTTP schemas are the one place API fields map onto this class.
 Greedy decoding (temperature 0) with n > 1 or best_of > 1 is refused, as vLLM does: every
 sequence would be the same. Beam search is the deterministic way to get several outputs.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.request_errors import InvalidRequest
 from engine.sampling.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class SamplingParams:
     def _check(self) -> None:
         def need(ok: bool, name: str, message: str) -> None:
             if not ok:
-                raise ValueError(f"{name} {message}")
+                raise InvalidRequest(name, f"{name} {message}")
 
         need(
             self.max_tokens is None or self.max_tokens >= 1,
@@ -168,8 +169,13 @@ class SamplingParams:
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Checks the token ids this request names against the model's vocabulary."""
-        for token_id in list(self.logit_bias) + list(self.stop_token_ids):
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"token id {token_id} is outside the vocabulary (size {vocab_size})"
-                )
+        for name, token_ids in (
+            ("logit_bias", self.logit_bias),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
+            for token_id in token_ids:
+                if not 0 <= token_id < vocab_size:
+                    raise InvalidRequest(
+                        name,
+                        f"{name}: token id {token_id} is outside the vocabulary (size {vocab_size})",
+                    )

@@ -11,7 +11,9 @@ the scheduler then places the running chunks and admits the waiting ones in that
   of the step-time window, never fewer than `ANCHOR_MIN_CHUNK`), held back from the budget
   (tokens and time) until its turn, so long prompts progress every step and nothing starves.
   Everybody else gets only what the window leaves: a step with decodes passes the target
-  only by the anchor's few tokens, and only when the decodes alone (nearly) fill it.
+  only by the anchor's few tokens, and only when the decodes alone (nearly) fill it. In a step
+  no stream holds to the target, the shortest prompt, when it completes within a few tokens,
+  has a floor too (`PrefillBudget.first_token_floor`): a short request is never left behind.
 - Seats: waiting requests are admitted within the free sequence slots (`max_num_seqs` minus
   the running ones'), the anchor first, then in prefill order up to the first that does not
   fit. Once a waiting request gets no tokens, no waiting request behind it does (except the
@@ -89,12 +91,14 @@ def allot_prefill(candidates: PrefillCandidates, budget: PrefillBudget) -> list[
         seqs = request.live_seqs
         matches, starts = _starts(c, request)
         remaining = [s.num_tokens - st for s, st in zip(seqs, starts, strict=True)]
-        n = budget.fit(starts[0], sum(remaining), reserve if request is anchor else 0)
+        want = sum(remaining)
+        floor = reserve if request is anchor else budget.first_token_floor(want)
+        n = budget.fit(starts[0], want, floor)
         sizes = chunk_sizes(remaining, n) if n > 0 else None
         if sizes is None:
             waiting_open = waiting_open and matches is None
             continue
-        budget.take(starts[0], sum(sizes), delivers=sizes == remaining and request.params.streamed)
+        budget.take(starts[0], sum(sizes), sizes == remaining, request.params.streamed)
         allots.append(Allot(request, sizes, matches, request is anchor))
     return allots
 

@@ -6,10 +6,24 @@ Contract: one `PrefillBudget` per `Scheduler.schedule()`, made after the decodes
   chunk of a prompt, of a request whose `SamplingParams.streamed` is set) is held to `target_s`,
   predicted by the `StepCostModel` from the rows and query x key pairs already placed. A step in
   which no stream receives a token (long prompts only, or only whole-output requests: stream
-  false, offline batches, which have no inter-token latency to protect) is bounded by the token
-  budget alone, so prefill then fills the largest budget.
+  false, offline batches, which have no inter-token latency to protect) takes the larger
+  `background_s` (`MAX_BACKGROUND_STEP_S`; the target, or `BACKGROUND_OVER_BASE` times the
+  step's cost before its prefill, when larger): its prompts fill
+  the token budget unless the step would last longer, so a request that arrives meanwhile waits
+  for at most a bounded step, and steps this long cost a CPU no throughput (the per-step
+  overhead is milliseconds).
+- First tokens: once a chunk that completes a prompt is placed (its request's first token, the
+  short prompts first, shortest-first), a chunk that would not complete its own prompt gets only
+  what the target window leaves: whatever its `stream` setting, nobody's first token waits for
+  the middle of a long prompt. Chunks that complete their prompts (an offline batch of equal
+  prompts) still fill the step.
+- `first_token_floor(want)`: in such a step, the first prompt to complete (the shortest), when
+  it needs at most `MIN_PREFILL_CHUNK` tokens, gets them whatever the bound (like the anchor's
+  floor: one per step, a few tokens), so a short request arriving behind long prompts is never
+  left waiting, even when the cost model says the bound is full.
 - `fit(start, want, floor)`: the chunk size for a prefill of `want` tokens from position `start`:
-  what the window leaves, at least `floor` tokens. `take(start, n, delivers)` places a chunk.
+  what the window leaves, at least `floor` tokens. `take(start, n, completes, streamed)` places
+  a chunk (`completes`: the prompt's last chunk, whose token is sampled).
 - `anchor_floor(start, need)`: the anchor's guaranteed chunk, the one prefill that may pass the
   window: `MIN_PREFILL_CHUNK` tokens, shrunk (costed with its attention pairs) to what
   `ANCHOR_WINDOW_SHARE` of the window's slack after the decodes takes, as if the step delivered
@@ -23,7 +37,8 @@ Without a target only the token budget applies. With one, before the cost model 
 step timed: rows x prior within the target), and before any step was timed a step that delivers
 a token takes at most `COLD_PREFILL_TOKENS` prefill tokens: an unfitted model cannot size a
 chunk, and a full-budget chunk in a decoding step is an inter-token gap of seconds on a CPU; the
-steps that deliver nothing still fill the budget, so the model learns from both sizes.
+steps that deliver nothing still fill the budget (no bound before a step was timed), so the
+model learns from both sizes.
 Pure Python (no torch, no clock).
 """
 
@@ -43,6 +58,13 @@ ANCHOR_WINDOW_SHARE = 0.25
 # Prefill tokens a step that delivers a token may take before the cost model is fitted: a few
 # short prompts (a burst of them is admitted together), a fraction of a second on a CPU.
 COLD_PREFILL_TOKENS = 256
+# The longest a step in which no stream receives a token may last (predicted): what a request
+# arriving meanwhile may have to wait before its own step starts.
+MAX_BACKGROUND_STEP_S = 1.0
+# ... or this many times what the step costs before its prefill (its fixed part and decodes), when
+# that is more: where a step cannot be that short anyway (a slow or busy machine), prefill still
+# takes a fair share of it instead of stalling at the floors.
+BACKGROUND_OVER_BASE = 2.0
 
 
 class PrefillBudget:
@@ -60,40 +82,69 @@ class PrefillBudget:
         self.cost = cost
         self.rows, self.pairs = rows, pairs  # placed so far (decodes included)
         self.windowed = delivers and self.target_s is not None
+        self.background_s: float | None = None
+        if self.target_s is not None:
+            base = cost.predict(rows, pairs) if cost is not None and cost.ready else 0.0
+            self.background_s = max(
+                MAX_BACKGROUND_STEP_S, self.target_s, BACKGROUND_OVER_BASE * base
+            )
+        self.first_token = False  # a chunk placed completes a prompt
         self.prefill_tokens = 0
 
     def fit(self, start: int, want: int, floor: int = 0) -> int:
         n = min(want, self.tokens_left)
-        if n > 0 and self.windowed:
-            n = self._in_window(start, n)
+        if n > 0 and self.target_s is not None:
+            if self.windowed:
+                n = self._in_window(start, n, self.target_s)
+            else:
+                n = self._in_window(start, n, self.background_s, background=True)
+                if n < want and self.first_token:  # the middle of a prompt: after first tokens
+                    n = self._in_window(start, n, self.target_s)
         return max(n, min(floor, want, self.tokens_left))
+
+    def first_token_floor(self, want: int) -> int:
+        """The tokens a prompt that `want`s at most `MIN_PREFILL_CHUNK` more to complete gets
+        whatever the bound, in a step no stream holds to the target, when it is the first to
+        complete in the step (the shortest, in prefill order): a newly arrived short request
+        is scheduled in the next step even when long prompts fill the bound."""
+        if self.windowed or self.first_token or want > MIN_PREFILL_CHUNK:
+            return 0
+        return min(want, self.tokens_left)
 
     def anchor_floor(self, start: int, need: int) -> int:
         """The tokens the anchor (`need` left from position `start`) gets this step whatever
         else is placed: sized as if the step delivered a token (see the module docstring)."""
         n = min(MIN_PREFILL_CHUNK, need, self.tokens_left)
         if n > 0 and self.target_s is not None:
-            n = self._in_window(start, n, ANCHOR_WINDOW_SHARE)
+            n = self._in_window(start, n, self.target_s, ANCHOR_WINDOW_SHARE)
         return max(n, min(ANCHOR_MIN_CHUNK, need, self.tokens_left))
 
-    def _in_window(self, start: int, n: int, share: float = 1.0) -> int:
-        """The most of `n` tokens from position `start` that `share` of the time window's
-        slack still takes."""
-        cost, target = self.cost, self.target_s
-        assert cost is not None and target is not None
+    def _in_window(
+        self, start: int, n: int, limit_s: float, share: float = 1.0, background: bool = False
+    ) -> int:
+        """The most of `n` tokens from position `start` that `share` of the slack left before
+        `limit_s` still takes (`background`: the loose bound, none before a step was timed)."""
+        cost = self.cost
+        assert cost is not None
         if cost.ready:
             base = cost.predict(self.rows, self.pairs)
-            return cost.max_chunk(self.rows, self.pairs, start, n, base + share * (target - base))
+            return cost.max_chunk(self.rows, self.pairs, start, n, base + share * (limit_s - base))
         if cost.rough_per_row is not None:  # a fresh server: the prior (module docstring)
-            slack = target / cost.rough_per_row - self.rows
+            slack = limit_s / cost.rough_per_row - self.rows
+        elif background:
+            return n
         else:
             slack = COLD_PREFILL_TOKENS - self.prefill_tokens
         return min(n, max(0, int(share * slack)))
 
-    def take(self, start: int, n: int, delivers: bool) -> None:
+    def take(self, start: int, n: int, completes: bool, streamed: bool) -> None:
+        """Places a chunk of `n` tokens from `start`; `completes`: the prompt's last (a token
+        is sampled), `streamed`: for a request that reads it as a stream."""
         self.hold(start, n)
-        if delivers and self.target_s is not None:
-            self.windowed = True
+        if completes:
+            self.first_token = True
+            if streamed and self.target_s is not None:
+                self.windowed = True
 
     def hold(self, start: int, n: int) -> None:
         """Keeps a chunk of `n` tokens from position `start` back (tokens, rows and pairs: a

@@ -8,8 +8,9 @@ Policy, every `schedule()`:
 3. Prefill: engine/scheduling/prefill_allotment.py shares the step's remaining budget
    (sized in tokens and time by engine/scheduling/prefill_budget.py) between running partial
    prefills and waiting requests, shortest remaining prefill first, the oldest (the anchor)
-   always progressing; this module then places the running chunks and admits the waiting
-   requests in that order, the anchor first; when one finds no blocks, nobody behind it is
+   always progressing, and a short prompt's first token never waiting for the middle of long
+   prompts, whatever their `stream` setting; this module then places the running chunks and
+   admits the waiting requests in that order, the anchor first; when one finds no blocks, nobody behind it is
    admitted in that step. A prompt longer than its share is chunked across steps. A sequence
    group (n > 1, beams) is scheduled as one unit and its sequences reach their sampling step
    together.

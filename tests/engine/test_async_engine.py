@@ -317,3 +317,59 @@ def test_shutdown_drains_short_work_and_aborts_what_outlives_the_timeout():
             engine.generate("after", [1], GREEDY)
 
     run(main())
+
+
+def test_a_burst_read_in_one_pass_is_decided_before_the_loop_thread_steps():
+    """Requests the event loop handles in one pass (a burst read together) are all admitted or
+    refused before the idle loop thread is woken: no engine step competes with the refusals
+    for the GIL or the cores. The thread then takes every admitted request in its first step."""
+    fake = FakeEngine(max_num_seqs=4, max_queued_requests=4)
+    adds_at_first_step: list[int] = []
+    original_step = fake.step
+
+    def recording_step():
+        if not adds_at_first_step:
+            adds_at_first_step.append(len(fake._waiting) + len(fake._running))
+        return original_step()
+
+    fake.step = recording_step
+
+    async def main():
+        engine = await started(fake, max_pending=8)
+        streams, refused = [], 0
+        for i in range(40):  # one pass of the event loop: no await in between
+            try:
+                streams.append(engine.generate(f"r{i}", [65 + i % 20], GREEDY))
+            except Overloaded:
+                refused += 1
+            assert not adds_at_first_step, "a step started while the burst was being decided"
+        time.sleep(0.2)  # the loop thread had time to step, had it been woken
+        assert not adds_at_first_step and refused == 32
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        assert adds_at_first_step == [8]  # all eight admitted ones in the first step
+        assert all(outs[-1].finished for outs in results)
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_starting_lowers_the_gil_switch_interval_and_never_raises_it():
+    """The event loop waits for the GIL at most GIL_SWITCH_INTERVAL_S while the loop thread
+    runs Python; a process that already switches faster keeps its own interval."""
+    import sys
+
+    from engine.async_engine import GIL_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    try:
+        for given, expected in ((0.005, GIL_SWITCH_INTERVAL_S), (0.0002, 0.0002)):
+            sys.setswitchinterval(given)
+
+            async def main():
+                engine = await started(FakeEngine())
+                await engine.shutdown(1.0)
+
+            run(main())
+            assert sys.getswitchinterval() == pytest.approx(expected, abs=2e-6)
+    finally:
+        sys.setswitchinterval(before)

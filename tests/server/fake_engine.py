@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from engine import (
     CompletionOutput,
     EngineInfo,
+    InvalidRequest,
     QueueFullError,
     RequestMetrics,
     RequestOutput,
@@ -114,21 +115,28 @@ class FakeEngine:
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> Request:
         if not prompt_token_ids:
-            raise ValueError("prompt must contain at least one token")
+            raise InvalidRequest("prompt", "prompt must contain at least one token")
         for t in prompt_token_ids:
             if not 0 <= t < self.tokenizer.vocab_size:
-                raise ValueError(f"prompt token id {t} is outside the vocabulary")
+                raise InvalidRequest("prompt", f"prompt token id {t} is outside the vocabulary")
         if params.max_tokens is None:
             params = dataclasses.replace(
                 params, max_tokens=self.info.default_max_tokens(len(prompt_token_ids))
             )
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
+            raise InvalidRequest(
+                "prompt" if len(prompt_token_ids) >= self.max_model_len else "max_tokens",
                 f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"exceeds the context length ({self.max_model_len}); shorten the prompt or lower max_tokens"
+                f"exceeds the context length ({self.max_model_len}); shorten the prompt or lower "
+                "max_tokens",
             )
+        if params.num_sequences > self.max_num_seqs:
+            wide = "best_of" if params.best_of is not None else "n"
+            raise InvalidRequest(wide, f"{wide} asks for more sequences than max_num_seqs")
         if params.use_beam_search and params.stop:
-            raise ValueError("stop strings are not supported with beam search; use stop_token_ids")
+            raise InvalidRequest(
+                "stop", "stop strings are not supported with beam search; use stop_token_ids"
+            )
         params.validate_for_vocab(self.tokenizer.vocab_size)
         return Request(request_id, tuple(prompt_token_ids), params, time.monotonic())
 
@@ -238,7 +246,7 @@ class FakeEngine:
             if p.logprobs is not None:
                 top = tuple((token + k if k else token, -0.5 - k) for k in range(p.logprobs))
                 s.logprobs.append(TokenLogprob(token, -0.5, top))
-            s.text = self.tokenizer.decode_stable(s.tokens)  # partial characters held back
+            s.text = self.tokenizer.decode_stable(s.tokens)  # a cut character is dropped
             if token == EOS and not p.ignore_eos and pos + 1 >= p.min_tokens:
                 s.finish_reason, s.stop_reason = "stop", EOS
             for stop in p.stop:
@@ -248,8 +256,6 @@ class FakeEngine:
                     break
             if s.finish_reason is None and len(s.tokens) >= p.max_tokens:
                 s.finish_reason = "length"
-            if s.finish_reason and not isinstance(s.stop_reason, str):  # flush held-back bytes
-                s.text = self.tokenizer.decode(s.tokens)
         self._apply_fault(req)
 
     def _apply_fault(self, req: _Req) -> None:

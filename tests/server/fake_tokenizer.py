@@ -26,8 +26,8 @@ class FakeTokenizer:
         ).decode("utf-8", errors="replace")
 
     def decode_stable(self, ids) -> str:
-        """The text of `ids` less the bytes of a character not complete yet (held back, as the
-        real detokenizer does); `decode` at the finish turns such bytes into U+FFFD."""
+        """The text of `ids` less the bytes of a character not complete yet: what the real
+        detokenizer shows while streaming, and the final text when the output ends there."""
         data = b"".join(b"" if i in SPECIAL_TEXT else self.token_bytes(i) for i in ids)
         return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
 
@@ -53,6 +53,7 @@ def greedy_token(prompt: list[int], position: int, index: int = 0) -> int:
 
 
 def expected_greedy_text(prompt: list[int], max_tokens: int, index: int = 0) -> str:
-    """The oracle: what a greedy request of max_tokens must return (no stop strings, no EOS)."""
+    """The oracle: what a greedy request of max_tokens must return (no stop strings, no EOS; the
+    bytes of a character the length finish cuts are dropped)."""
     ids = [greedy_token(prompt, p, index) for p in range(max_tokens)]
-    return FakeTokenizer().decode(ids)
+    return FakeTokenizer().decode_stable(ids)

@@ -15,7 +15,8 @@ from tests.server.live import LiveServer
 OK_COMPLETION = {"model": "fake-model", "prompt": "hi", "max_tokens": 2}
 OK_CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
-# (route, body: dict or raw bytes, status, param expected in the error or None, words in the message)
+# (route, body: dict or raw bytes, status, param expected in the error (None: none to name), words
+# in the message)
 OPENAI_CASES = [
     ("/v1/completions", b"{not json", 400, None, "JSON"),
     ("/v1/completions", b"[1, 2]", 400, None, "object"),
@@ -42,11 +43,17 @@ OPENAI_CASES = [
         "logit_bias",
         "token ids",
     ),
-    ("/v1/completions", {**OK_COMPLETION, "logit_bias": {"99999": 1}}, 400, None, "vocabulary"),
+    (
+        "/v1/completions",
+        {**OK_COMPLETION, "logit_bias": {"99999": 1}},
+        400,
+        "logit_bias",
+        "vocabulary",
+    ),
     ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt", "empty"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt", "empty"),
-    ("/v1/completions", {**OK_COMPLETION, "prompt": "x" * 200}, 400, None, "context length"),
-    ("/v1/completions", {**OK_COMPLETION, "prompt": [[5, 999999]]}, 400, None, "vocabulary"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": "x" * 200}, 400, "prompt", "context length"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": [[5, 999999]]}, 400, "prompt", "vocabulary"),
     ("/v1/completions", {**OK_COMPLETION, "model": "gpt-17"}, 404, "model", "does not exist"),
     ("/v1/completions", {**OK_COMPLETION, "suffix": "tail"}, 400, "suffix", "not supported"),
     ("/v1/completions", {**OK_COMPLETION, "timeout": -3}, 400, "timeout", "positive"),
@@ -78,10 +85,16 @@ OPENAI_CASES = [
         "/v1/chat/completions",
         {**OK_CHAT, "use_beam_search": True, "stop": ["x"]},
         400,
-        None,
+        "stop",
         "beam",
     ),
-    ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 10_000}, 400, None, "context length"),
+    (
+        "/v1/chat/completions",
+        {**OK_CHAT, "max_tokens": 10_000},
+        400,
+        "max_tokens",
+        "context length",
+    ),
     ("/tokenize", {}, 400, "prompt", "exactly one"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens", "vocabulary"),
 ]
@@ -126,8 +139,7 @@ def test_invalid_openai_input_is_a_4xx_in_openai_shape(server, route, body, stat
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert words.lower() in error["message"].lower()
-    if param is not None:
-        assert error["param"] == param
+    assert error["param"] == param
     assert_clean(response)
 
 

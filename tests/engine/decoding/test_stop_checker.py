@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.decoding.stop_checker import Finish, StopCriteria, check_stop, finish_after_token
@@ -110,10 +112,11 @@ def test_eos_ends_the_text_without_its_own_text():
     )
 
 
-def test_length_finish_releases_held_back_text_and_dangling_bytes():
-    # " wor" could start the stop "world": held back until the length finish releases it.
+def test_length_finish_releases_held_back_text_and_drops_dangling_bytes():
+    # " wor" could start the stop "world": held back until the length finish releases it; the
+    # first two bytes of "€" that end the output are dropped, not shown as U+FFFD.
     finish, k, text = run(SamplingParams(max_tokens=3, stop=("world",)), [10, 11, 15])
-    assert (finish, k, text) == (Finish("length", None), 3, "Hello wor\ufffd")
+    assert (finish, k, text) == (Finish("length", None), 3, "Hello wor")
 
 
 def test_min_tokens_delays_a_stop_string_to_its_next_occurrence():
@@ -124,3 +127,69 @@ def test_min_tokens_delays_a_stop_string_to_its_next_occurrence():
 def test_split_character_completes_before_a_stop_string_check():
     finish, k, text = run(SamplingParams(stop=("€",)), [10, 15, 16, 14])
     assert (finish, k, text) == (Finish("stop", "€"), 3, "Hello")
+
+
+class SingleByteTokenizer:
+    """Byte fallback at its finest: token i < 256 is the byte i; 256 is EOS."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"</s>" if token_id == 256 else bytes([token_id])
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id == 256
+
+
+def complete_characters(text: str, num_bytes: int) -> str:
+    """Oracle: the longest prefix of `text` whose UTF-8 encoding fits in `num_bytes`."""
+    out, used = [], 0
+    for ch in text:
+        used += len(ch.encode())
+        if used > num_bytes:
+            break
+        out.append(ch)
+    return "".join(out)
+
+
+# Valid text only (no lone surrogates), real U+FFFD characters included: those must stay.
+TEXTS = st.text(
+    alphabet=st.one_of(st.characters(codec="utf-8", exclude_categories=("Cs",)), st.just("\ufffd")),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(TEXTS, st.sampled_from(["length", "stop_token", "eos"]))
+def test_a_finish_cutting_a_character_drops_its_bytes_at_every_cut(text, ending):
+    """The output is the text's bytes as single-byte tokens, ended after k of them for every
+    k, by max_tokens or by a stop token / EOS as token k + 1; the final text is the longest
+    complete-character prefix and the streamed deltas add up to it."""
+    data = text.encode()
+    stop_id = 256 if ending == "eos" else 0x7F
+    if ending == "stop_token" and stop_id in data:
+        data = data.replace(bytes([stop_id]), b"")  # the stop token only where it ends the text
+        text = data.decode()
+    for k in range(len(data) + 1):
+        ids = list(data[:k])
+        if ending == "length":
+            params = SamplingParams(max_tokens=max(k, 1), ignore_eos=True)
+        else:
+            ids.append(stop_id)
+            stops = (stop_id,) if ending == "stop_token" else ()
+            params = SamplingParams(max_tokens=len(ids) + 1, stop_token_ids=stops)
+        if not ids:
+            continue
+        crit = StopCriteria.from_params(params, eos_token_ids=[256])
+        detok = IncrementalDetokenizer.from_params(SingleByteTokenizer(), params)
+        deltas, finish = [], None
+        for n, token_id in enumerate(ids, start=1):
+            sent = len(detok.text)
+            finish = finish_after_token(crit, detok, token_id, n)
+            deltas.append(detok.text[sent:])
+            if finish is not None:
+                break
+        assert finish is not None and n == len(ids)
+        assert finish.reason == ("length" if ending == "length" else "stop")
+        expected = complete_characters(text, k)
+        assert detok.text == "".join(deltas) == expected
+        assert detok.text.count("\ufffd") == expected.count("\ufffd")

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.scheduling.prefill_budget import (
     ANCHOR_MIN_CHUNK,
     ANCHOR_WINDOW_SHARE,
+    BACKGROUND_OVER_BASE,
     COLD_PREFILL_TOKENS,
+    MAX_BACKGROUND_STEP_S,
     MIN_PREFILL_CHUNK,
 )
 from engine.scheduling.step_cost import StepCostModel
@@ -209,7 +212,11 @@ def test_the_anchors_floor_is_costed_with_its_attention_pairs():
         max_model_len=8192,
     )
     long = d.add("long", prompt(rng, 8000), 1)
-    d.step()  # nobody decodes: 4096 tokens
+    for _ in range(100):  # nobody decodes: steps of up to MAX_BACKGROUND_STEP_S
+        if long.seqs[0].num_computed_tokens > 4096:
+            break
+        out = d.step()
+        assert cost.predict(out.num_batched_tokens, out.num_pairs) <= MAX_BACKGROUND_STEP_S
     d.add("stream", prompt(rng, 1), 20)  # admitted beside the long prompt: now it decodes
     d.step()
     out = d.step()
@@ -291,23 +298,33 @@ def test_after_one_timed_step_a_fresh_model_sizes_decoding_steps_with_its_prior(
         assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
 
 
-def test_a_short_request_behind_long_prefills_is_scheduled_in_the_next_step():
+@pytest.mark.parametrize("long_streamed", [True, False])
+@pytest.mark.parametrize("short_streamed", [True, False])
+def test_a_short_request_behind_long_prefills_is_scheduled_in_the_next_step(
+    long_streamed, short_streamed
+):
+    """Whatever the long prompts' and the short request's `stream` setting: the steps before it
+    stay within MAX_BACKGROUND_STEP_S (a full 2048-token step would take over 5 s here), the
+    short request gets its first token in the step after it arrives, and that step is held to
+    the target (the long prompts' chunks wait behind its first token)."""
     cost = FakeCost(fixed=0.010, per_row=0.001, per_pair=0.000001)
     rng = random.Random(2)
     d = Driver(
-        num_blocks=2048,
-        max_num_batched_tokens=512,
+        num_blocks=4096,
+        max_num_batched_tokens=2048,
         cost_model=cost,
         target_itl_ms=100,
         max_num_seqs=8,
-        max_model_len=4096,
+        max_model_len=8192,
     )
     clock = Clock(cost)
-    longs = [d.add(f"long{i}", prompt(rng, 2000), 4) for i in range(4)]
+    longs = [d.add(f"long{i}", prompt(rng, 4000), 4, streamed=long_streamed) for i in range(4)]
     for _ in range(3):
-        clock.step(d)
+        before = clock.now
+        out, now = clock.step(d)
+        assert 0.5 < now - before <= MAX_BACKGROUND_STEP_S + 1e-9  # bounded, yet well filled
     arrival = clock.now
-    short = d.add("short", prompt(rng, 5), 4)
+    short = d.add("short", prompt(rng, 5), 4, streamed=short_streamed)
     out, now = clock.step(d)
     [chunk] = [c for c in out.chunks if c.request is short]
     assert chunk.num_new_tokens == 5 and chunk.sample  # its first token comes from this step
@@ -316,6 +333,53 @@ def test_a_short_request_behind_long_prefills_is_scheduled_in_the_next_step():
     d.run()
     for r in [*longs, short]:
         assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
+
+
+def test_an_offline_batch_of_whole_prompts_still_fills_its_steps():
+    """The first-token rule holds back only chunks from the middle of a prompt: equal prompts
+    that each complete in the step (an offline batch) fill the budget as before."""
+    cost = FakeCost(fixed=0.010, per_row=0.0001)
+    rng = random.Random(3)
+    d = Driver(
+        num_blocks=4096,
+        max_num_batched_tokens=2048,
+        cost_model=cost,
+        target_itl_ms=100,
+        max_num_seqs=64,
+        max_model_len=1024,
+    )
+    for i in range(32):
+        d.add(f"r{i}", prompt(rng, 128), 2, streamed=False)
+    out = d.step()
+    assert out.num_batched_tokens == 2048 and all(c.sample for c in out.chunks)
+
+
+def test_a_short_request_gets_its_place_even_when_the_bound_has_no_room():
+    """Rows so dear (0.5 s each) that the 1 s bound takes a single row: the short request's
+    whole prompt still goes in the next step (its first-token floor), beside the anchor's."""
+    cost = FakeCost(fixed=0.010, per_row=0.5)
+    rng = random.Random(4)
+    d = Driver(num_blocks=2048, max_num_batched_tokens=2048, cost_model=cost, max_model_len=4096)
+    longs = [d.add(f"long{i}", prompt(rng, 2000), 2, streamed=False) for i in range(4)]
+    d.step()
+    short = d.add("short", prompt(rng, 5), 2, streamed=False)
+    out = d.step()
+    assert chunk_of(out, "short") == 5 and chunk_of(out, "long0") > 0
+    d.run()
+    for r in [*longs, short]:
+        assert list(r.seqs[0].output_token_ids) == solo(r.prompt_token_ids, r.params.max_tokens)
+
+
+def test_on_a_machine_whose_steps_cannot_be_short_prefill_still_fills_them():
+    """A fixed part of 3 s per step: a 1 s bound cannot be met, so a step no stream waits on
+    may take BACKGROUND_OVER_BASE times its cost before prefill, and the prompt fills it."""
+    cost = FakeCost(fixed=3.0, per_row=0.001)
+    d = Driver(num_blocks=2048, max_num_batched_tokens=2048, cost_model=cost, max_model_len=4096)
+    long = d.add("long", prompt(random.Random(5), 4000), 2, streamed=False)
+    out = d.step()
+    assert chunk_of(out, "long") == min(2048, int((BACKGROUND_OVER_BASE - 1) * 3.0 / 0.001))
+    d.run()
+    assert list(long.seqs[0].output_token_ids) == solo(long.prompt_token_ids, 2)
 
 
 def anchor_of(d: Driver):
