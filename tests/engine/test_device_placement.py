@@ -85,13 +85,13 @@ def _device_engine(engine: Engine, monkeypatch) -> list[int]:
     host_step = engine._sample_and_update
     counts: list[int] = []
 
-    def sample_on_device(sched, logits: StepLogits, grammar):
+    def sample_on_device(sched, logits: StepLogits, grammar, *rest):
         moved = StepLogits(
             on_other_device(logits.sampling),
             {i: on_other_device(rows) for i, rows in logits.all_rows.items()},
         )
         with DevicePlacementMode() as mode:
-            result = host_step(sched, moved, grammar)
+            result = host_step(sched, moved, grammar, *rest)
         counts.append(mode.ops_on_device)
         return result
 
