@@ -14,9 +14,10 @@
 
 The sources are compiled (-O3 -march=native -fopenmp, ~1-2 minutes cold on 2 cores) by a child
 process (models/cpu_kernels/build_child.py, driven by models/cpu_kernels/builder.py: progress
-logged per source, killed with its parent) into torch's extension dir, under a name keyed by a
-hash of the sources, of the torch build and Python ABI, and of the CPU's flags: a stale or
-foreign build is never loaded, and venvs with the same torch on the same CPU share one build.
+logged per source, killed with its parent) into torch's extension dir, from copies staged
+there, under a name keyed by a hash of the sources, of the torch build and Python ABI, and of
+the CPU's flags: a stale or foreign build is never loaded, and every checkout and venv with the
+same sources and torch on the same CPU shares one build.
 Every build and load holds an OS lock that dies with its process
 (models/cpu_kernels/build_lock.py), so a killed build never blocks the next one.
 `extension()` returns None (logged once) when the build fails; callers keep their PyTorch
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
@@ -77,18 +79,36 @@ def _build_tag() -> str:
 
 
 def build_spec(march: str = "native") -> BuildSpec:
+    """The build for `-march=<march>`. It compiles copies of the sources staged in its own
+    directory (`stage_sources`), so ninja sees the same commands from any checkout or venv and
+    the build is shared by all of them."""
     from torch.utils.cpp_extension import _get_build_directory
 
     prefix = "tgserve_cpu_kernels" if march == "native" else f"tgserve_cpu_kernels_{march}"
     name = f"{prefix.replace('-', '_')}_{_build_tag()}"
+    build_dir = Path(_get_build_directory(name, verbose=False))
     return BuildSpec(
         name=name,
-        build_dir=Path(_get_build_directory(name, verbose=False)),
-        sources=tuple(str(_DIR / source) for source in _SOURCES),
-        include_dirs=(str(_DIR),),
+        build_dir=build_dir,
+        sources=tuple(str(build_dir / "src" / source) for source in _SOURCES),
+        include_dirs=(str(build_dir / "src"),),
         cflags=("-O3", f"-march={march}", "-fopenmp"),
         ldflags=("-fopenmp",),
     )
+
+
+def stage_sources(spec: BuildSpec) -> None:
+    """Copies the sources and headers into `<build dir>/src` where missing. The build's name
+    hashes their content, so a staged file never needs rewriting (its mtime stays older than
+    the objects: ninja finds nothing to do); each copy lands whole (write, then rename)."""
+    staged = spec.build_dir / "src"
+    staged.mkdir(parents=True, exist_ok=True)
+    for name in _SOURCES + _HEADERS:
+        target = staged / name
+        if not target.exists():
+            partial = staged / f".{name}.{os.getpid()}"
+            partial.write_bytes((_DIR / name).read_bytes())
+            partial.replace(target)
 
 
 def is_built(march: str = "native") -> bool:
@@ -102,6 +122,7 @@ def build(march: str = "native", niceness: int = 0) -> ModuleType:
     ("haswell": AVX2, "x86-64-v2": no AVX) to hold the SIMD passes to the portable loops' bits
     on a single host."""
     spec = build_spec(march)
+    stage_sources(spec)
     if not spec.library.exists():
         compile_in_child(spec, niceness)
     return load_or_compile(spec)
