@@ -164,7 +164,8 @@ def build_runner(
         capacity = step_capacity(config.max_num_batched_tokens, config.max_num_seqs, blocks_per_seq)
         parallel = ParallelRank(group, layout, StepChannel(group, capacity), workers)
     # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
-    # runner picks its forward path (models/forward_path.py), not at the first step.
+    # runner picks its forward path (models/forward_path.py), not at the first step; or, with
+    # cpu_kernels_background and no build yet, in the background (engine/kernel_switch.py).
     runner = ModelRunner(
         model,
         model_config,
@@ -176,8 +177,19 @@ def build_runner(
         sampleable_vocab=sampleable_vocab,
         parallel=parallel,
         graphs=graph_settings(config, device, max_model_len) if group is None else None,
+        kernels_in_background=_build_kernels_later(config, device, group),
     )
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+
+
+def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:
+    """Serve on PyTorch ops while the C++ kernels build: asked for, on a CPU, without tensor
+    parallel (every rank must run the same path from the same step), and not built yet."""
+    if not (config.cpu_kernels and config.cpu_kernels_background) or device.type != "cpu":
+        return False
+    from models import cpu_kernels
+
+    return group is None and not cpu_kernels.is_built()
 
 
 def graph_settings(

@@ -35,6 +35,7 @@ from engine.cuda_graphs.buckets import DecodeRows
 from engine.cuda_graphs.decode_graphs import DecodeGraphs, GraphSettings, graphs_supported
 from engine.cuda_graphs.static_inputs import StaticDecodeInputs
 from engine.host_transfer import to_device
+from engine.kernel_switch import PendingKernelPath
 from engine.parallel.rank import ParallelRank
 from engine.parallel.step_inputs import StepInputs
 from models import allocate_kv_cache
@@ -64,10 +65,13 @@ class ModelRunner:
         sampleable_vocab: int | None = None,
         parallel: ParallelRank | None = None,
         graphs: GraphSettings | None = None,
+        kernels_in_background: bool = False,
     ) -> None:
         """`graphs`: decode steps through engine/cuda_graphs (captured where the device and the
         forward path allow; elsewhere, e.g. in CPU tests, run eagerly over the same static
-        buffers and padding). None: every step eager."""
+        buffers and padding). None: every step eager. `kernels_in_background` (CPU, no graphs):
+        start on PyTorch ops while the C++ kernels build (engine/kernel_switch.py); the engine
+        calls `switch_to_pending_path` between requests."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -87,12 +91,33 @@ class ModelRunner:
             config, num_blocks + extra, block_size, dtype, device, kv_heads
         )
         # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
+        later = cpu_kernels and kernels_in_background and graphs is None
         self.forward_path = select_forward_path(
-            model, self.kv_caches, device, cpu_kernels=cpu_kernels
+            model, self.kv_caches, device, cpu_kernels=cpu_kernels and not later
         )
+        self.pending_path: PendingKernelPath | None = None
+        if later:
+            self.pending_path = PendingKernelPath(
+                lambda: select_forward_path(model, self.kv_caches, device, cpu_kernels=True)
+            )
         # True when the C++ kernels serve this runner (read by the benchmark's labels).
         self.cpu_kernels = self.forward_path.attention_kernel
         self.decode_graphs = self._decode_graphs(graphs, num_blocks)
+
+    def switch_to_pending_path(self) -> bool:
+        """Adopts the C++ kernel path once it is ready (engine/kernel_switch.py); True when it
+        switched. The engine calls it only where no request has started."""
+        path = self.pending_path.take() if self.pending_path is not None else None
+        if path is None:
+            if self.pending_path is not None and self.pending_path.settled:
+                self.pending_path = None  # the build failed: PyTorch ops for good
+            return False
+        log.info(
+            "forward steps now: %s (were: %s)", path.description, self.forward_path.description
+        )
+        self.forward_path, self.pending_path = path, None
+        self.cpu_kernels = path.attention_kernel
+        return True
 
     def _decode_graphs(self, graphs: GraphSettings | None, scratch: int) -> DecodeGraphs | None:
         if graphs is None:

@@ -79,9 +79,11 @@ def _build_tag() -> str:
 
 
 def build_spec(march: str = "native") -> BuildSpec:
-    """The build for `-march=<march>`. It compiles copies of the sources staged in its own
-    directory (`stage_sources`), so ninja sees the same commands from any checkout or venv and
-    the build is shared by all of them."""
+    """The build for `-march=<march>`. Its name hashes everything the library depends on, so
+    once built any checkout or venv imports it as it is (builder.load_or_compile); it compiles
+    copies of the sources staged in its own directory (`stage_sources`), so the directory
+    holds what its library was built from, and a build cut short in one checkout resumes
+    from its objects in another."""
     from torch.utils.cpp_extension import _get_build_directory
 
     prefix = "tgserve_cpu_kernels" if march == "native" else f"tgserve_cpu_kernels_{march}"
@@ -100,7 +102,7 @@ def build_spec(march: str = "native") -> BuildSpec:
 def stage_sources(spec: BuildSpec) -> None:
     """Copies the sources and headers into `<build dir>/src` where missing. The build's name
     hashes their content, so a staged file never needs rewriting (its mtime stays older than
-    the objects: ninja finds nothing to do); each copy lands whole (write, then rename)."""
+    the objects); each copy lands whole (write, then rename)."""
     staged = spec.build_dir / "src"
     staged.mkdir(parents=True, exist_ok=True)
     for name in _SOURCES + _HEADERS:

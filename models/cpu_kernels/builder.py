@@ -8,8 +8,9 @@ killer), so no orphaned build keeps writing into the cache.
 
 Contract:
 - `BuildSpec`: what to build (extension name, build directory, sources, flags).
-- `load_or_compile(spec)`: torch's build (ninja: a no-op when the library is up to date) and
-  import, in this process, under the build lock (models/cpu_kernels/build_lock.py).
+- `load_or_compile(spec)`: under the build lock (models/cpu_kernels/build_lock.py), imports the
+  library when it is built (its name hashes everything it depends on), else builds it with
+  torch's `load` in this process.
 - `compile_in_child(spec, niceness)`: runs `load_or_compile` in a child
   (`python -c` calling `main` here); returns once the library is built, raises
   RuntimeError (with the child's last output lines) when the build failed or was stopped. It
@@ -25,6 +26,7 @@ import argparse
 import atexit
 import collections
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -72,9 +74,15 @@ class BuildSpec:
 
 
 def load_or_compile(spec: BuildSpec, verbose: bool = False) -> ModuleType:
-    from torch.utils.cpp_extension import load
-
     with held_build_lock(spec.build_dir, log.info):
+        if spec.library.exists():
+            try:
+                return _import_library(spec)
+            except ImportError as exc:  # e.g. cut short by a kill mid-link: built again below
+                log.warning("rebuilding %s, which does not load: %s", spec.library, exc)
+                spec.library.unlink(missing_ok=True)
+        from torch.utils.cpp_extension import load
+
         return load(
             name=spec.name,
             sources=list(spec.sources),
@@ -84,6 +92,17 @@ def load_or_compile(spec: BuildSpec, verbose: bool = False) -> ModuleType:
             build_directory=str(spec.build_dir),
             verbose=verbose,
         )
+
+
+def _import_library(spec: BuildSpec) -> ModuleType:
+    """Imports a built library as it is. Not torch's `load`, whose ninja run compares command
+    lines that name this venv's torch headers: another venv would rebuild the shared build."""
+    found = importlib.util.spec_from_file_location(spec.name, spec.library)
+    if found is None or found.loader is None:
+        raise ImportError(f"cannot import {spec.library}")
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
 
 
 _live: set[subprocess.Popen] = set()
