@@ -126,6 +126,10 @@ def build_runner(
     # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
     # parallel and int8 dequantise them first.
     dequantize = config.dequantize or config.quantization is not None or group is not None
+    # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
+    # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
+    kernels_later = _build_kernels_later(config, device, group)
+    blocks_later = kernels_later and random_weights is None and not dequantize and path.is_file()
     if random_weights is not None:
         from models.random_weights import random_model
 
@@ -133,7 +137,14 @@ def build_runner(
             random_weights, TORCH_DTYPE_BY_NAME[dtype_name], device, config.seed
         )
     else:
-        model, model_config = load_model(path, dtype_name, device, progress, dequantize=dequantize)
+        model, model_config = load_model(
+            path,
+            dtype_name,
+            device,
+            progress,
+            dequantize=dequantize or blocks_later,
+            use_cache=not blocks_later,  # a copy for the first minute or two: not written out
+        )
     parallel = None
     if group is not None:
         from models.parallel import plan_shards, shard_model
@@ -177,7 +188,12 @@ def build_runner(
         sampleable_vocab=sampleable_vocab,
         parallel=parallel,
         graphs=graph_settings(config, device, max_model_len) if group is None else None,
-        kernels_in_background=_build_kernels_later(config, device, group),
+        kernels_in_background=kernels_later,
+        kernel_model=(
+            (lambda: load_model(path, dtype_name, device, False, dequantize=False)[0])
+            if blocks_later
+            else None
+        ),
     )
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
 

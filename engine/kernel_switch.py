@@ -8,9 +8,11 @@ priority: requests served meanwhile come first) and then the forward path they g
 daemon thread.
 
 Contract: `PendingKernelPath(build_path)` starts that thread; `build_path()` is called once the
-kernels are loaded and returns the forward path to switch to (models/forward_path with the
-kernels asked for). `take()` returns it once it is ready (None before, and for good when the
-kernels could not be built: the PyTorch path then stays). The engine switches only at a step
+kernels are loaded and returns what to switch to: the model the kernels run (the same one, or
+for a GGUF file its blocks as stored, loaded then: the PyTorch path ran its dequantised copy)
+and its forward path (models/forward_path with the kernels asked for). `take()` returns that
+pair once it is ready (None before, and for good when the kernels could not be built: the
+PyTorch path then stays). The engine switches only at a step
 where no request has started (`Engine.step`): the PyTorch path and the kernel path agree to
 float rounding, not bit for bit, so a request runs on one path from its first token to its
 last, and the prefix cache is emptied at the switch (its K/V came from the other path).
@@ -23,8 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from torch import nn
+
 from models import cpu_kernels
 from models.forward_path import ForwardPath
+
+KernelPath = tuple[nn.Module, ForwardPath]  # the model the kernels run, and its forward path
 
 log = logging.getLogger("tgserve.engine")
 
@@ -32,10 +38,10 @@ BUILD_NICENESS = 10  # the compiler yields the CPU to the requests served meanwh
 
 
 class PendingKernelPath:
-    def __init__(self, build_path: Callable[[], ForwardPath]) -> None:
+    def __init__(self, build_path: Callable[[], KernelPath]) -> None:
         self._build_path = build_path
         self._started = time.monotonic()
-        self._path: ForwardPath | None = None
+        self._path: KernelPath | None = None
         self._done = threading.Event()
         self._taken = False
         log.info(
@@ -68,7 +74,7 @@ class PendingKernelPath:
         """True once `take()` can no longer return a path (taken, or the build failed)."""
         return self._taken or (self._done.is_set() and self._path is None)
 
-    def take(self) -> ForwardPath | None:
+    def take(self) -> KernelPath | None:
         if self._taken or not self._done.is_set() or self._path is None:
             return None
         self._taken = True

@@ -13,10 +13,14 @@ from __future__ import annotations
 import threading
 import time
 
-from engine import kernel_switch
+from gguf import GGMLQuantizationType as QT
+
+from engine import Engine, EngineConfig, kernel_switch
 from engine.sampling.sampling_params import SamplingParams
 from models import cpu_kernels
+from models.block_linear import BlockLinear
 from tests.engine.engine_fixtures import tiny_engine
+from tests.models.gguf.test_stored import tiny_quantised_gguf
 
 PROMPT = list(range(5, 19))  # 14 tokens: three full blocks of 4 go to the prefix cache
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2)
@@ -97,3 +101,27 @@ def test_a_failed_build_leaves_the_pytorch_path_serving(tmp_path, monkeypatch) -
         time.sleep(0.05)
     assert run(engine, "a", PROMPT) == on_pytorch
     assert engine.runner.pending_path is None and not engine.stats().cpu_kernels_active
+
+
+def test_a_gguf_served_dequantised_meanwhile_switches_to_its_blocks_as_stored(
+    tmp_path, monkeypatch
+) -> None:
+    """The blocks as stored need the kernels: until they load, a dequantised copy serves (not
+    written to the conversion cache); after the switch, the blocks, as a warm start has them."""
+    path = tiny_quantised_gguf(tmp_path, QT.Q4_1, tied=False)
+    config = dict(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4)
+    monkeypatch.setenv("TGSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    warm = Engine.from_model(str(path), EngineConfig(**config))
+    assert any(isinstance(m, BlockLinear) for m in warm.runner.model.modules())
+    on_kernels = solo(warm, PROMPT)
+
+    monkeypatch.setattr(cpu_kernels, "is_built", lambda march="native": False)
+    engine = Engine.from_model(str(path), EngineConfig(**config, cpu_kernels_background=True))
+    assert not any(isinstance(m, BlockLinear) for m in engine.runner.model.modules())
+    deadline = time.monotonic() + 60
+    while not engine.runner.pending_path.ready:
+        assert time.monotonic() < deadline, "the kernel path was not built"
+        time.sleep(0.05)
+    assert run(engine, "a", PROMPT) == on_kernels
+    assert any(isinstance(m, BlockLinear) for m in engine.runner.model.modules())
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
