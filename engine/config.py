@@ -54,6 +54,10 @@ class EngineConfig:
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
+    # On CPU, when the kernels are not built yet: serve on PyTorch ops at once while they build,
+    # switch between requests once they load (engine/kernel_switch.py). `tgserve serve` sets it;
+    # False waits for the build at start-up (offline runs, benchmarks, tests).
+    cpu_kernels_background: bool = False
     # GGUF files: False keeps Q4_0..Q8_0 / K-quant matrices as stored (models/gguf/stored.py); True
     # dequantises every tensor to `dtype` (always so with quantization="int8").
     dequantize: bool = False
@@ -125,6 +129,10 @@ class EngineConfig:
             )
         if not isinstance(self.cpu_kernels, bool):
             raise ValueError(f"cpu_kernels must be a bool, got {self.cpu_kernels!r}")
+        if not isinstance(self.cpu_kernels_background, bool):
+            raise ValueError(
+                f"cpu_kernels_background must be a bool, got {self.cpu_kernels_background!r}"
+            )
         if not isinstance(self.dequantize, bool):
             raise ValueError(f"dequantize must be a bool, got {self.dequantize!r}")
         if not isinstance(self.enforce_eager, bool):

@@ -184,6 +184,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
         start = time.perf_counter()
+        if self.runner.pending_path is not None and not self._any_request_started():
+            self._switch_forward_path()
         sched = self.scheduler.schedule()
         scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
         self._num_steps += 1
@@ -200,6 +202,21 @@ class Engine:
             return outputs + self._fail(sched, exc)
         self._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
         return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
+
+    def _any_request_started(self) -> bool:
+        """True when a live request has K/V in the cache or tokens out (preempted ones too)."""
+        return any(
+            seq.num_computed_tokens or seq.num_output_tokens
+            for state in self._states.values()
+            for seq in state.request.seqs
+        )
+
+    def _switch_forward_path(self) -> None:
+        """The C++ kernels built in the background (engine/kernel_switch.py) serve from this
+        step on, if ready. Only between requests: the paths agree to rounding, not bit for bit,
+        so cached prefixes (K/V of the old path) are dropped too."""
+        if self.runner.switch_to_pending_path():
+            self.scheduler.block_manager.forget_cached_blocks()
 
     def _execute(self, sched: SchedulerOutput) -> tuple[StepLogits, TokenMask | None]:
         """One forward over every scheduled chunk; afterwards their tokens are in the KV cache.
@@ -403,4 +420,6 @@ class Engine:
             step_seconds=self._timings.step_seconds(),
             prefill_tokens_per_step=self._timings.prefill_tokens(),
             prefill_chunk_tokens=s.prefill_capacity,
+            forward_path=self.runner.forward_path.description,
+            cpu_kernels_active=self.runner.cpu_kernels,
         )

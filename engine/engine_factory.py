@@ -129,6 +129,10 @@ def build_runner(
     # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
     # parallel and int8 dequantise them first.
     dequantize = config.dequantize or config.quantization is not None or group is not None
+    # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
+    # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
+    kernels_later = _build_kernels_later(config, device, group)
+    blocks_later = kernels_later and random_weights is None and not dequantize and path.is_file()
     if random_weights is not None:
         from models.random_weights import random_model
 
@@ -136,7 +140,14 @@ def build_runner(
             random_weights, TORCH_DTYPE_BY_NAME[dtype_name], device, config.seed
         )
     else:
-        model, model_config = load_model(path, dtype_name, device, progress, dequantize=dequantize)
+        model, model_config = load_model(
+            path,
+            dtype_name,
+            device,
+            progress,
+            dequantize=dequantize or blocks_later,
+            use_cache=not blocks_later,  # a copy for the first minute or two: not written out
+        )
     parallel = None
     if group is not None:
         from models.parallel import plan_shards, shard_model
@@ -167,7 +178,8 @@ def build_runner(
         capacity = step_capacity(config.max_num_batched_tokens, config.max_num_seqs, blocks_per_seq)
         parallel = ParallelRank(group, layout, StepChannel(group, capacity), workers)
     # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
-    # runner picks its forward path (models/forward_path.py), not at the first step.
+    # runner picks its forward path (models/forward_path.py), not at the first step; or, with
+    # cpu_kernels_background and no build yet, in the background (engine/kernel_switch.py).
     runner = ModelRunner(
         model,
         model_config,
@@ -179,8 +191,24 @@ def build_runner(
         sampleable_vocab=sampleable_vocab,
         parallel=parallel,
         graphs=graph_settings(config, device, max_model_len) if group is None else None,
+        kernels_in_background=kernels_later,
+        kernel_model=(
+            (lambda: load_model(path, dtype_name, device, False, dequantize=False)[0])
+            if blocks_later
+            else None
+        ),
     )
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+
+
+def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:
+    """Serve on PyTorch ops while the C++ kernels build: asked for, on a CPU, without tensor
+    parallel (every rank must run the same path from the same step), and not built yet."""
+    if not (config.cpu_kernels and config.cpu_kernels_background) or device.type != "cpu":
+        return False
+    from models import cpu_kernels
+
+    return group is None and not cpu_kernels.is_built()
 
 
 def graph_settings(

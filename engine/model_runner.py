@@ -42,12 +42,14 @@ from engine.cuda_graphs.decode_graphs import (
     recorder_for,
 )
 from engine.host_transfer import to_device
+from engine.kernel_switch import PendingKernelPath
 from engine.parallel.rank import ParallelRank
 from engine.parallel.step_inputs import StepInputs
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
 from models.config import ModelConfig
 from models.forward_path import select_forward_path
+from models.host_memory import release_freed_memory
 
 log = logging.getLogger("tgserve.engine")
 
@@ -71,10 +73,15 @@ class ModelRunner:
         sampleable_vocab: int | None = None,
         parallel: ParallelRank | None = None,
         graphs: GraphSettings | None = None,
+        kernels_in_background: bool = False,
+        kernel_model: Callable[[], torch.nn.Module] | None = None,
     ) -> None:
         """`graphs`: decode steps through engine/cuda_graphs where the forward path allows it
         (captured on CUDA; elsewhere, e.g. in CPU tests, re-run over the same persistent
-        buffers and padding). None: every step eager."""
+        buffers and padding). None: every step eager. `kernels_in_background` (CPU, no graphs):
+        start on PyTorch ops while the C++ kernels build (engine/kernel_switch.py); the engine
+        calls `switch_to_pending_path` between requests. `kernel_model()`, when given, loads the
+        model the kernels then run in place of `model` (a GGUF file's blocks as stored)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -94,9 +101,18 @@ class ModelRunner:
             config, num_blocks + extra, block_size, dtype, device, kv_heads
         )
         # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
+        later = cpu_kernels and kernels_in_background and graphs is None
         self.forward_path = select_forward_path(
-            model, self.kv_caches, device, cpu_kernels=cpu_kernels
+            model, self.kv_caches, device, cpu_kernels=cpu_kernels and not later
         )
+        self.pending_path: PendingKernelPath | None = None
+        if later:
+
+            def kernel_path() -> tuple[torch.nn.Module, Any]:
+                runs = kernel_model() if kernel_model is not None else model
+                return runs, select_forward_path(runs, self.kv_caches, device, cpu_kernels=True)
+
+            self.pending_path = PendingKernelPath(kernel_path)
         # True when the C++ kernels serve this runner (read by the benchmark's labels).
         self.cpu_kernels = self.forward_path.attention_kernel
         self.decode_graphs = self._decode_graphs(graphs, num_blocks)
@@ -106,6 +122,23 @@ class ModelRunner:
         """The forward path's, and whether decode steps replay CUDA graphs (start-up log)."""
         captured = self.decode_graphs is not None and self.device.type == "cuda"
         return self.forward_path.description + (", CUDA graphs" if captured else "")
+
+    def switch_to_pending_path(self) -> bool:
+        """Adopts the C++ kernel path once it is ready (engine/kernel_switch.py); True when it
+        switched. The engine calls it only where no request has started."""
+        ready = self.pending_path.take() if self.pending_path is not None else None
+        if ready is None:
+            if self.pending_path is not None and self.pending_path.settled:
+                self.pending_path = None  # the build failed: PyTorch ops for good
+            return False
+        model, path = ready
+        log.info(
+            "forward steps now: %s (were: %s)", path.description, self.forward_path.description
+        )
+        self.model, self.forward_path, self.pending_path = model, path, None
+        self.cpu_kernels = path.attention_kernel
+        release_freed_memory()  # a dequantised copy the kernels replaced
+        return True
 
     def _decode_graphs(self, graphs: GraphSettings | None, scratch: int) -> DecodeGraphs | None:
         if graphs is None:

@@ -92,6 +92,10 @@ class EngineStats:
     step_seconds: Histogram | None = None
     prefill_tokens_per_step: Histogram | None = None
     prefill_chunk_tokens: int = 0
+    # How the steps run now (models/forward_path descriptions), and whether tgserve's C++ CPU
+    # kernels serve them (False on PyTorch ops, e.g. while they build: engine/kernel_switch.py).
+    forward_path: str = ""
+    cpu_kernels_active: bool = False
 
     @property
     def kv_cache_usage(self) -> float:

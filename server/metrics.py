@@ -68,6 +68,12 @@ _GAUGES = (
     ("num_waiting", "tgserve_num_requests_waiting", "Requests waiting to be scheduled."),
     ("kv_blocks_used", "tgserve_kv_cache_blocks_used", "KV cache blocks in use."),
     ("kv_blocks_total", "tgserve_kv_cache_blocks", "KV cache blocks in the pool."),
+    (
+        "cpu_kernels_active",
+        "tgserve_cpu_kernels_active",
+        "1 while tgserve's C++ CPU kernels run the steps; 0 on PyTorch ops (while they build, "
+        "or turned off).",
+    ),
 )
 _COUNTERS = (
     ("prompt_tokens_total", "tgserve_prompt_tokens", "Prompt tokens processed."),

@@ -182,6 +182,7 @@ async def compat_generate(request: Request) -> Response:
 @router.get("/info")
 async def info(request: Request) -> dict[str, Any]:
     state = get_state(request)
+    stats = state.engine.stats() if state.engine is not None else None
     return {
         "model_id": state.model_names[0] if state.model_names else None,
         "model_sha": None,
@@ -194,4 +195,6 @@ async def info(request: Request) -> dict[str, Any]:
         "vocab_size": state.vocab_size,  # tgserve's: the prompt token ids it accepts, [0, this)
         "router": "tgserve",
         "version": "0.1.0",
+        # tgserve's: how the steps run now (C++ kernels, or PyTorch ops while they build)
+        "forward_path": stats.forward_path if stats is not None else None,
     }

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         "target_itl_ms": settings.target_itl_ms,
         "enable_prefix_caching": not settings.disable_prefix_caching,
         "cpu_kernels": not settings.disable_cpu_kernels,
+        "cpu_kernels_background": True,  # answer at once on PyTorch ops while they build
         "dequantize": settings.dequantize,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,

@@ -1,9 +1,10 @@
 """ServerState: what the routes share — the engine seam once loaded, readiness, draining, metrics.
 
 Contract:
-- `start()` loads the engine in a worker thread (`engine_factory()`; the process keeps answering
-  /health meanwhile), starts the AsyncEngine, runs one warm-up request and only then turns
-  ready. A failed load is logged and `on_fatal` is called.
+- `start()` loads the engine in a daemon thread (`engine_factory()`; the process keeps answering
+  /health meanwhile, and a signal during the load ends the process without waiting for it),
+  starts the AsyncEngine, runs one warm-up request and only then turns ready. A failed load is
+  logged and `on_fatal` is called.
 - `open()` is how routes start generation (see server/admission.py).
 - `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -73,7 +75,7 @@ class ServerState:
                 "engine on purpose; for tests only, never in production"
             )
         try:
-            engine = await asyncio.to_thread(self.engine_factory)
+            engine = await _in_daemon_thread(self.engine_factory)
             self._adopt(engine)
             t0 = time.monotonic()
             await self._warm_up()
@@ -191,6 +193,34 @@ class ServerState:
             self.settings.request_timeout,
             renames,
         )
+
+
+async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
+    """`work()` in a daemon thread. Not asyncio.to_thread: its executor's threads are joined
+    when the process exits, so a SIGTERM during start-up would wait for the load (or a C++
+    kernel build) to end; a daemon thread is left behind, and a kernel build's child process
+    is killed at exit (models/cpu_kernels/builder.py)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = work(), None
+        except BaseException as exc:  # handed to the awaiting task, as to_thread does
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="tgserve-load", daemon=True).start()
+    return await done
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], arg: str) -> None:

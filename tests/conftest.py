@@ -1,6 +1,6 @@
 """Fixtures shared by the test packages: the tiny model folder (server, deploy), the device
 the model / attention / engine / fidelity tests run on (`TGSERVE_TEST_DEVICE`, tests/devices.py),
-and Triton's interpreter for CPU runs.
+Triton's interpreter for CPU runs, and the hypothesis profile (`TGSERVE_HYPOTHESIS_PROFILE`).
 
 Triton decides when a module is imported whether its kernels (and triton.language's own
 helpers) are interpreted, so TRITON_INTERPRET=1 is set here, before anything imports triton,
@@ -16,8 +16,15 @@ if os.environ.get("TGSERVE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
+from tests.property_budget import PROFILE  # noqa: E402
 from tests.server.tiny_model import make_tiny_model  # noqa: E402
+
+# TGSERVE_HYPOTHESIS_PROFILE=ci (.ci/run): no deadlines or too-slow checks on a shared machine;
+# the slowest property tests also draw fewer examples there (tests/property_budget.py).
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(PROFILE)
 
 
 @pytest.fixture(scope="session")

@@ -233,6 +233,15 @@ class BlockManager:
             state.num_registered = idx + 1
 
     # ----- internals -----------------------------------------------------------------------
+    def forget_cached_blocks(self) -> int:
+        """Frees every parked prefix-cache block (no sequence holds them); returns how many.
+        For a change of forward path: K/V computed by the old one must not serve a prefix."""
+        count = 0
+        while self._cache.num_parked:
+            self._free.append(self._cache.evict_lru())
+            count += 1
+        return count
+
     def _take_block(self) -> int:
         if self._free:
             b = self._free.popleft()

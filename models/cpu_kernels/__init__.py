@@ -12,24 +12,32 @@
   Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
 
-The sources are built with `torch.utils.cpp_extension.load` (-O3 -march=native -fopenmp,
-~1 minute cold) into torch's extension dir, under a name keyed by a hash of the sources, of
-the torch build and of the CPU's flags, so a stale or foreign build is never loaded.
+The sources are compiled (-O3 -march=native -fopenmp, ~1-2 minutes cold on 2 cores) by a child
+process (models/cpu_kernels/build_child.py, driven by models/cpu_kernels/builder.py: progress
+logged per source, killed with its parent) into torch's extension dir, from copies staged
+there, under a name keyed by a hash of the sources, of the torch build and Python ABI, and of
+the CPU's flags: a stale or foreign build is never loaded, and every checkout and venv with the
+same sources and torch on the same CPU shares one build.
+Every build and load holds an OS lock that dies with its process
+(models/cpu_kernels/build_lock.py), so a killed build never blocks the next one.
 `extension()` returns None (logged once) when the build fails; callers keep their PyTorch
-paths.
+paths. `is_built()` says, without building, whether a load would find the build done.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
+import os
+import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from models.cpu_features import cpu_flags
+from models.cpu_kernels.builder import BuildSpec, compile_in_child, load_or_compile
 
 log = logging.getLogger(__name__)
 
@@ -58,43 +66,95 @@ _HEADERS = (
 
 
 def _build_tag() -> str:
-    """Hash of the sources, the torch build compiled against, and the CPU flags (the build
-    uses -march=native): another venv's torch or another CPU never loads this build."""
-    digest = hashlib.sha1(f"{torch.__version__} {torch.__file__}".encode())
+    """Hash of the sources, the torch build and Python ABI compiled against, and the CPU flags
+    (the build uses -march=native): another torch or another CPU never loads this build, and
+    every venv with this torch on this CPU shares it (nothing here depends on the venv's path)."""
+    abi = torch._C._GLIBCXX_USE_CXX11_ABI  # the C++ ABI torch's headers select
+    runtime = (torch.__version__, torch.version.git_version, abi, sys.implementation.cache_tag)
+    digest = hashlib.sha1(repr(runtime).encode())
     for name in _SOURCES + _HEADERS:
         digest.update((_DIR / name).read_bytes())
     digest.update(" ".join(cpu_flags()).encode())
     return digest.hexdigest()[:10]
 
 
-def build(march: str = "native") -> ModuleType:
-    """Compiles (or loads the cached) kernels for `-march=<march>`. Serving uses "native"; the
-    tests also build older instruction sets ("haswell": AVX2, "x86-64-v2": no AVX) to hold the
-    SIMD passes to the portable loops' bits on a single host."""
-    from torch.utils.cpp_extension import load
+def build_spec(march: str = "native") -> BuildSpec:
+    """The build for `-march=<march>`. Its name hashes everything the library depends on, so
+    once built any checkout or venv imports it as it is (builder.load_or_compile); it compiles
+    copies of the sources staged in its own directory (`stage_sources`), so the directory
+    holds what its library was built from, and a build cut short in one checkout resumes
+    from its objects in another."""
+    from torch.utils.cpp_extension import _get_build_directory
 
     prefix = "tgserve_cpu_kernels" if march == "native" else f"tgserve_cpu_kernels_{march}"
-    return load(
-        name=f"{prefix.replace('-', '_')}_{_build_tag()}",
-        sources=[str(_DIR / name) for name in _SOURCES],
-        extra_include_paths=[str(_DIR)],
-        extra_cflags=["-O3", f"-march={march}", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
+    name = f"{prefix.replace('-', '_')}_{_build_tag()}"
+    build_dir = Path(_get_build_directory(name, verbose=False))
+    return BuildSpec(
+        name=name,
+        build_dir=build_dir,
+        sources=tuple(str(build_dir / "src" / source) for source in _SOURCES),
+        include_dirs=(str(build_dir / "src"),),
+        cflags=("-O3", f"-march={march}", "-fopenmp"),
+        ldflags=("-fopenmp",),
     )
 
 
-@functools.cache
-def extension() -> ModuleType | None:
-    """The built extension, or None (logged once) when it cannot be built here."""
-    try:
-        return build("native")
-    except Exception as exc:  # no compiler, missing headers, ninja, ...
-        log.warning("tgserve's C++ CPU kernels are unavailable, using PyTorch paths: %s", exc)
-        return None
+def stage_sources(spec: BuildSpec) -> None:
+    """Copies the sources and headers into `<build dir>/src` where missing. The build's name
+    hashes their content, so a staged file never needs rewriting (its mtime stays older than
+    the objects); each copy lands whole (write, then rename)."""
+    staged = spec.build_dir / "src"
+    staged.mkdir(parents=True, exist_ok=True)
+    for name in _SOURCES + _HEADERS:
+        target = staged / name
+        if not target.exists():
+            partial = staged / f".{name}.{os.getpid()}"
+            partial.write_bytes((_DIR / name).read_bytes())
+            partial.replace(target)
 
 
-@functools.cache
+def is_built(march: str = "native") -> bool:
+    """True when the library of this build exists (a load then only imports it)."""
+    return build_spec(march).library.exists()
+
+
+def build(march: str = "native", niceness: int = 0) -> ModuleType:
+    """Compiles (in a child process at `niceness`, see builder.py) or loads the cached kernels
+    for `-march=<march>`. Serving uses "native"; the tests also build older instruction sets
+    ("haswell": AVX2, "x86-64-v2": no AVX) to hold the SIMD passes to the portable loops' bits
+    on a single host."""
+    spec = build_spec(march)
+    stage_sources(spec)
+    if not spec.library.exists():
+        compile_in_child(spec, niceness)
+    return load_or_compile(spec)
+
+
+_native_lock = threading.Lock()  # one build of the native kernels per process
+_native: list[ModuleType | None] = []  # [result] once the first extension() call returned
+
+
+def extension(niceness: int = 0) -> ModuleType | None:
+    """The built extension, or None (logged once) when it cannot be built here. The first call
+    builds (its compiler at `niceness`) or loads it; other threads calling meanwhile wait for
+    that result."""
+    with _native_lock:
+        if not _native:
+            try:
+                _native.append(build("native", niceness))
+            except Exception as exc:  # no compiler, missing headers, ninja, a killed build, ...
+                log.warning(
+                    "tgserve's C++ CPU kernels are unavailable, using PyTorch paths: %s", exc
+                )
+                _native.append(None)
+        return _native[0]
+
+
+def loaded_extension() -> ModuleType | None:
+    """The extension if an `extension()` call has already returned it; never builds or waits."""
+    return _native[0] if _native else None
+
+
 def is_available(device: torch.device | str = "cpu") -> bool:
     """True when the kernels can serve tensors on `device` (a CPU, and a built extension)."""
     if torch.device(device).type != "cpu":

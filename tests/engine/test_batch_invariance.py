@@ -18,6 +18,7 @@ from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB
 from tests.devices import skip_cpu_kernels_off_cpu, xfail_batch_invariance_on_cuda
 from tests.engine.engine_fixtures import assert_no_leaks, tiny_engine
+from tests.property_budget import examples
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 SOLO_BLOCK_SIZE = 16
@@ -97,7 +98,9 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("kernels", [False, True], ids=["pytorch", "cpp"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @settings(
-    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(8, ci=3),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(case=scenario)
 def test_every_request_equals_its_solo_run(

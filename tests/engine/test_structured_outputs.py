@@ -22,6 +22,7 @@ from engine.engine import Engine
 from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.structured_output import StructuredOutput
 from tests.engine.engine_fixtures import assert_no_leaks, run_staggered
+from tests.property_budget import examples
 from tests.server.tiny_model import make_tiny_model
 
 PROMPT = "Hello world, how are you"
@@ -97,7 +98,9 @@ def _constrained(so: StructuredOutput, **overrides) -> SamplingParams:
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(30, ci=10),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(schema=SCHEMAS, seed=st.integers(0, 2**32))
 def test_random_schemas_always_give_valid_json(engine, schema, seed):

@@ -48,6 +48,8 @@ class FakeStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_steps: int = 0
+    forward_path: str = "fake engine"
+    cpu_kernels_active: bool = False
 
 
 @dataclass
