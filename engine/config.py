@@ -65,6 +65,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # On CUDA: every step eager, no decode CUDA graphs (engine/cuda_graphs); CPU never captures.
     enforce_eager: bool = False
+    # On CUDA: every linear through one fixed-tile Triton GEMM, so a request's tokens do not
+    # depend on the batch (cuBLAS picks kernels by batch size); costs the tuned GEMMs. CPU paths
+    # are batch-invariant by default, so there it changes nothing.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -137,6 +141,8 @@ class EngineConfig:
             raise ValueError(f"dequantize must be a bool, got {self.dequantize!r}")
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be a bool, got {self.batch_invariant!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):

@@ -192,6 +192,7 @@ def build_runner(
         parallel=parallel,
         graphs=graph_settings(config, device, max_model_len) if group is None else None,
         kernels_in_background=kernels_later,
+        batch_invariant=config.batch_invariant,
         kernel_model=(
             (lambda: load_model(path, dtype_name, device, False, dequantize=False)[0])
             if blocks_later

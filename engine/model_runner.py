@@ -75,6 +75,7 @@ class ModelRunner:
         graphs: GraphSettings | None = None,
         kernels_in_background: bool = False,
         kernel_model: Callable[[], torch.nn.Module] | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         """`graphs`: decode steps through engine/cuda_graphs where the forward path allows it
         (captured on CUDA; elsewhere, e.g. in CPU tests, re-run over the same persistent
@@ -103,7 +104,11 @@ class ModelRunner:
         # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
         later = cpu_kernels and kernels_in_background and graphs is None
         self.forward_path = select_forward_path(
-            model, self.kv_caches, device, cpu_kernels=cpu_kernels and not later
+            model,
+            self.kv_caches,
+            device,
+            cpu_kernels=cpu_kernels and not later,
+            batch_invariant=batch_invariant,
         )
         self.pending_path: PendingKernelPath | None = None
         if later:

@@ -1,7 +1,7 @@
 """The one seam that picks how a step's forward runs, and the object the model runner calls.
 
-Contract: `select_forward_path(model, kv_caches, device, cpu_kernels=...)` returns a
-`ForwardPath`:
+Contract: `select_forward_path(model, kv_caches, device, cpu_kernels=..., batch_invariant=...)`
+returns a `ForwardPath`:
 - `hidden(input_ids [T], positions [T], meta) -> [T, hidden]`: the final-normed hidden states
   of a step's new tokens (decodes and prefill chunks, flat as the runner lays them out), their
   K/V written into `kv_caches` at `meta.slot_mapping`;
@@ -59,6 +59,9 @@ class PathRequest:
     kv_caches: list[KVCache]
     device: torch.device
     cpu_kernels: bool  # tgserve's C++ CPU kernels asked for (EngineConfig.cpu_kernels)
+    # EngineConfig.batch_invariant: on CUDA, every linear through the fixed-tile Triton GEMM
+    # (the CPU paths are batch-invariant whatever this says).
+    batch_invariant: bool = False
 
 
 class PyTorchPath:
@@ -155,7 +158,21 @@ def _triton_cuda(req: PathRequest) -> ForwardPath | None:
     """CUDA devices, where triton comes with torch (None when it is missing)."""
     if req.device.type != "cuda" or not triton_attention.is_available():
         return None
-    return TritonPath(req.model, req.kv_caches)
+    path = TritonPath(req.model, req.kv_caches)
+    if req.batch_invariant:
+        route_linears_through_invariant_gemm(req.model)
+        path.description += ", batch-invariant GEMMs"
+    return path
+
+
+def route_linears_through_invariant_gemm(model: nn.Module) -> int:
+    """The --batch-invariant mode on CUDA: every linear layer (LM head included) through
+    models/triton_kernels/invariant_matmul's one fixed tiling, so a row's bits do not depend on
+    how many rows cuBLAS would have seen; the Triton attention and the fused row kernels are
+    batch-invariant already (their docstrings say the order each fixes). Returns how many."""
+    from models.triton_kernels.invariant_matmul import invariant_linear
+
+    return use_invariant_linears(model, invariant_linear)
 
 
 Builder = Callable[[PathRequest], ForwardPath | None]
@@ -174,10 +191,15 @@ BACKENDS_BY_DEVICE: dict[str, tuple[str, ...]] = {
 
 
 def select_forward_path(
-    model: nn.Module, kv_caches: list[KVCache], device: torch.device, *, cpu_kernels: bool
+    model: nn.Module,
+    kv_caches: list[KVCache],
+    device: torch.device,
+    *,
+    cpu_kernels: bool,
+    batch_invariant: bool = False,
 ) -> ForwardPath:
     """The first backend listed for `device` that serves this model (see the module doc)."""
-    req = PathRequest(model, kv_caches, torch.device(device), cpu_kernels)
+    req = PathRequest(model, kv_caches, torch.device(device), cpu_kernels, batch_invariant)
     for name in BACKENDS_BY_DEVICE.get(req.device.type, ()):
         path = BUILDERS[name](req)
         if path is not None:

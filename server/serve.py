@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         "dequantize": settings.dequantize,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,
+        "batch_invariant": settings.batch_invariant,
     }
     values = {k: v for k, v in values.items() if v is not None}
     if settings.target_itl_ms == 0:  # off: steps sized by the token budget alone

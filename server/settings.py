@@ -155,6 +155,14 @@ OPTIONS: tuple[_Option, ...] = (
         flag_is_switch=True,
     ),
     _Option(
+        "batch_invariant",
+        _bool,
+        "on CUDA: every linear through one fixed-tile GEMM, so a greedy or seeded request's "
+        "tokens do not depend on what else runs (default off there: cuBLAS's tuned GEMMs are "
+        "faster); CPU steps are batch-invariant by default",
+        flag_is_switch=True,
+    ),
+    _Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
@@ -224,6 +232,7 @@ class Settings:
     dequantize: bool = False
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
+    batch_invariant: bool = False
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

@@ -58,6 +58,7 @@ def test_config_is_frozen():
         ("target_itl_ms", "100"),
         ("seed", -1),
         ("enforce_eager", 1),
+        ("batch_invariant", "yes"),
     ],
 )
 def test_invalid_fields_raise_value_error_naming_the_field(field, value):

@@ -64,6 +64,11 @@ def test_switches_from_flag_or_boolean_variable():
     assert Settings.resolve(parser().parse_args(["--enforce-eager"]), {}).enforce_eager
     assert Settings.resolve(parser().parse_args([]), {"TGSERVE_ENFORCE_EAGER": "1"}).enforce_eager
     assert not Settings.resolve(parser().parse_args([]), {}).enforce_eager
+    assert Settings.resolve(parser().parse_args(["--batch-invariant"]), {}).batch_invariant
+    assert Settings.resolve(
+        parser().parse_args([]), {"TGSERVE_BATCH_INVARIANT": "1"}
+    ).batch_invariant
+    assert not Settings.resolve(parser().parse_args([]), {}).batch_invariant
 
 
 @pytest.mark.parametrize(

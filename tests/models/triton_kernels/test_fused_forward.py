@@ -63,16 +63,17 @@ def _counted(module, calls: dict[str, int]):
 def test_forced_kernels_and_invariant_matmul_keep_a_sequence_off_the_batch(
     triton_kernels, monkeypatch
 ) -> None:
-    """The --batch-invariant mode's pieces on CPU: every linear through the Triton invariant
-    GEMM and the fused kernels forced; each sequence's logits in a batch of three equal,
-    bitwise, its logits run alone (prefill, then decode steps)."""
+    """The --batch-invariant mode on CPU: every linear routed through the Triton invariant GEMM
+    by the forward path's own switch (what `_triton_cuda` does with batch_invariant), the fused
+    kernels forced; each sequence's logits in a batch of three equal, bitwise, its logits run
+    alone (prefill, then decode steps)."""
     if triton_kernels.type != "cpu":
         pytest.skip("forcing is for CPU runs")
-    from models.linear_backend import use_invariant_linears
-    from models.triton_kernels.invariant_matmul import invariant_linear
+    from models.forward_path import route_linears_through_invariant_gemm
 
     model = ours_from(make_hf_model("llama3"))
-    assert use_invariant_linears(model, invariant_linear) > 0
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert route_linears_through_invariant_gemm(model) == linears > 0  # LM head included
     monkeypatch.setattr(kernels_switch, "enabled", lambda x: True)
     gen = torch.Generator().manual_seed(6)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (2, 7, 5)]
