@@ -32,13 +32,6 @@ CPU_KERNELS_ONLY = (
     "the C++ kernels are tgserve's CPU path; an engine on CUDA runs PyTorch and Triton "
     "kernels instead (the PyTorch case of this test covers it)"
 )
-# Issue 24 item 4: a `--batch-invariant` engine mode (fixed-split matmuls and attention) is
-# what would make these hold on CUDA; it is not built yet.
-CUBLAS_NOT_BATCH_INVARIANT = (
-    "on CUDA, cuBLAS picks its matmul kernels (and their split of the reduction) by the "
-    "number of rows, so a row's logits change in the last bits with the batch; needs the "
-    "--batch-invariant mode of issue 24, not built yet"
-)
 
 
 def skip_cpu_kernels_off_cpu(cpu_kernels: bool) -> None:
@@ -48,12 +41,3 @@ def skip_cpu_kernels_off_cpu(cpu_kernels: bool) -> None:
 
     if cpu_kernels and selected_device().type != "cpu":
         pytest.skip(CPU_KERNELS_ONLY)
-
-
-def xfail_batch_invariance_on_cuda(request) -> None:
-    """Marks a batch-invariance test (pytest `request`) as expected to fail on CUDA, and
-    only there: cuBLAS is the cause (see CUBLAS_NOT_BATCH_INVARIANT)."""
-    import pytest
-
-    if selected_device().type == "cuda":
-        request.applymarker(pytest.mark.xfail(reason=CUBLAS_NOT_BATCH_INVARIANT, strict=False))

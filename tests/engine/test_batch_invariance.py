@@ -1,7 +1,8 @@
 """Same request, same answer, bit for bit (issue #14): every request of a random set, run
 with random arrivals, step budgets, block sizes, a KV cache small enough to preempt, and
 prompts sharing prefixes (prefix-cache hits), returns the token ids and logprobs of its solo
-run, in float32 and bfloat16, through the C++ CPU kernels and through PyTorch ops only.
+run, in float32 and bfloat16, through the C++ CPU kernels and through PyTorch ops only (on
+CUDA: the Triton path with --batch-invariant).
 
 The solo runs come from an engine with another block size and no prefix cache, so the test
 also holds the K/V of a token independent of the cache layout and of the chunk it was
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from engine.requests.outputs import OutputAccumulator
 from engine.sampling.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB
-from tests.devices import skip_cpu_kernels_off_cpu, xfail_batch_invariance_on_cuda
+from tests.devices import skip_cpu_kernels_off_cpu
 from tests.engine.engine_fixtures import assert_no_leaks, tiny_engine
 from tests.property_budget import examples
 
@@ -85,6 +86,7 @@ def _solo(folder, dtype: str, kernels: bool, prompt: list[int], params: Sampling
                 enable_prefix_caching=False,
                 max_num_seqs=8,
                 max_num_batched_tokens=512,
+                batch_invariant=True,
             )
         _solo_answers[key] = _answer(engine.generate([prompt], params)[0])
     return _solo_answers[key]
@@ -103,11 +105,8 @@ def folder(tmp_path_factory):
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(case=scenario)
-def test_every_request_equals_its_solo_run(
-    request, folder, dtype: str, kernels: bool, case: dict
-) -> None:
+def test_every_request_equals_its_solo_run(folder, dtype: str, kernels: bool, case: dict) -> None:
     skip_cpu_kernels_off_cpu(kernels)
-    xfail_batch_invariance_on_cuda(request)
     reqs = case["requests"]
     prompts = [(case["prefix"] if r["shared"] else []) + r["prompt"] for r in reqs]
     params = [_params(r) for r in reqs]
@@ -121,6 +120,7 @@ def test_every_request_equals_its_solo_run(
         max_num_seqs=8,
         max_num_batched_tokens=case["budget"],
         kv_cache_memory_bytes=(need + 1 + case["spare_blocks"]) * block_bytes(dtype, bs),
+        batch_invariant=True,  # CUDA: the fixed-tile GEMMs; CPU steps are invariant anyway
     )
     assert engine.runner.cpu_kernels == kernels
     got, partial, step = {}, {}, 0
