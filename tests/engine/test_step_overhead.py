@@ -40,6 +40,7 @@ class CyclingRunner:
     config = SimpleNamespace(vocab_size=VOCAB)
     device = torch.device("cpu")
     sampleable_vocab = None
+    pending_path = None  # no C++ kernel build to switch to (engine/kernel_switch.py)
 
     def __init__(self) -> None:
         self.calls = 0
