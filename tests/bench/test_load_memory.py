@@ -1,6 +1,6 @@
-"""The benchmarks' memory figures (bench/load_memory.py, bench/backends/tgserve.py `held_bytes`):
-the report text on hand-worked numbers, and tgserve's held bytes against the checkpoint file and
-the KV cache's own shape."""
+"""The benchmarks' memory figures (bench/load_memory.py; the held bytes bench/backends/tgserve.py
+reads from `Engine.describe()`): the report text on hand-worked numbers, and tgserve's held bytes
+and KV bytes per token against the checkpoint file and the KV cache's own shape."""
 
 from __future__ import annotations
 
@@ -52,7 +52,12 @@ def test_tgserve_holds_the_checkpoints_weights_and_its_kv_cache(tiny_llama, cpu_
         rotary = 4 * c.head_dim // 2  # the float32 inverse frequencies, a buffer
         assert held["weights"] == file_bytes + rotary  # float32 file loaded in float32
         slots = engine.runner.kv_caches[0][0].shape[0] * engine.config.block_size
-        assert held["KV cache"] == 2 * c.num_layers * slots * c.num_kv_heads * c.head_dim * 4
+        per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # K and V, float32
+        assert held["KV cache"] == slots * per_token
+        described = engine.describe()
+        assert described.kv_bytes_per_token == per_token and described.kv_cache_itemsize == 4
+        assert described.cpu_kernels == cpu_kernels and not described.cuda_graphs  # a CPU
+        assert not described.gguf_blocks_as_stored  # a safetensors checkpoint
         step = engine.runner.forward_path.description.startswith("forward steps by tgserve's C++")
         if step:  # every dense linear packed once more: what the kernels' packing makes
             ext = cpu_kernels_extension()
