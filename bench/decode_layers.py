@@ -1,13 +1,14 @@
 """Where a batch-1 decode step of a GGUF served as stored spends its time, matrix by matrix.
 
 `python -m bench.decode_layers --model FILE.gguf [--passes 5] [--tokens 32]` loads the file as
-tgserve serves it (an Engine, blocks kept as stored, bf16 activations) and
+tgserve serves it (its loader, blocks kept as stored, bf16 activations) and
 1. times every block linear layer of the model at M = 1 in forward order (the LM head with its
    float32 output, as the step runs it), one kernel call each, `passes` times: the matrices
    together are far larger than the L3, so each call reads its weights from memory as a decode
    step does (cold). Per group (role, type, shape): the median over passes of the group's
    milliseconds per token, its bytes and its GB/s;
-2. times a real greedy decode of `tokens` tokens (after a 1-token run: the difference of the two
+2. frees that model, loads an Engine of the same file and times a real greedy decode of
+   `tokens` tokens (after a 1-token run: the difference of the two
    generates over `tokens`), so step - matrices = everything else (attention, norms, sampling,
    the engine);
 3. runs the machine's read probe (bench.machine_limits.probe_read_gb_s) for the bound.
@@ -18,6 +19,7 @@ figure of record.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import statistics
@@ -76,12 +78,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens for the step time")
     args = parser.parse_args()
     from engine import Engine, EngineConfig
+    from models.loader import load_model
 
     ext = cpu_kernels.extension()
     if ext is None:
         raise SystemExit("tgserve's C++ CPU kernels are unavailable here")
-    engine = Engine.from_model(args.model, EngineConfig(dtype="bfloat16"))
-    layers = linear_groups(engine.runner.model)
+    # The model as the engine loads it (same loader, dtype, blocks kept as stored), loaded here:
+    # the engine's own model is not bench's to reach. Timed, then freed before the engine loads.
+    model, _ = load_model(args.model, "bfloat16", "cpu")
+    layers = linear_groups(model)
     if not layers:
         raise SystemExit(f"{args.model}: no layer is kept as stored")
     gen = torch.Generator().manual_seed(0)
@@ -96,6 +101,9 @@ def main() -> None:
     for key, layer in layers:
         nbytes[key] += layer.block_weight.nbytes
         count[key] += 1
+    del model, layers
+    gc.collect()
+    engine = Engine.from_model(args.model, EngineConfig(dtype="bfloat16"))
     total_ms = statistics.median(sum(p.values()) for p in passes) * 1e3
     for key in nbytes:
         ms = statistics.median(p[key] for p in passes) * 1e3

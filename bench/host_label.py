@@ -49,7 +49,7 @@ def bench_device(device: str) -> str:
     the engine resolves it (auto: CUDA when present)."""
     import torch
 
-    from engine.config import resolve_device
+    from engine import resolve_device
 
     return resolve_device(device, torch.cuda.is_available())
 
@@ -59,7 +59,7 @@ def resolved_dtype(dtype: str, device: str) -> str:
     measures, and the bounds count, what `tgserve serve` runs here."""
     import torch
 
-    from engine.config import resolve_dtype_name
+    from engine import resolve_dtype_name
     from models.cpu_features import native_bf16
 
     return resolve_dtype_name(dtype, device, native_bf16(torch.device(device)))

@@ -1,14 +1,14 @@
 """KV cache figures of a tgserve run: bytes per token and allocation waste at peak usage.
 
 Contract: `KvPeakTracker(engine, request_ids)` is told `observe()` after every engine step; it
-keeps the step where the most KV blocks were in use and, at that step, asks the engine for the
-tracked requests' live sequences (`kv_slots`, through `Engine.get_request`): a sequence holding `len(block_table)`
-blocks for `num_computed_tokens` cached tokens wastes
+keeps the step where the most KV blocks were in use (`Engine.stats()`) and, at that step, asks
+the engine for the tracked requests' live sequences (`kv_slots`, through `Engine.get_request`):
+a sequence holding `len(block_table)` blocks for `num_computed_tokens` cached tokens wastes
 `len(block_table) * block_size - num_computed_tokens` slots. Paged allocation promises at most
 one partial block per sequence (waste <= block_size - 1); `figures()` reports the total, the
 worst sequence and whether the promise held. Bytes per token are measured on the cache tensors
-the runner allocated (their bytes / slots), next to what a cache repeating the KV heads for every
-query head would take, so the GQA saving is visible.
+as allocated (`Engine.describe()`: their bytes / token slots), next to what a cache repeating the
+KV heads for every query head would take, so the GQA saving is visible.
 """
 
 from __future__ import annotations
@@ -51,20 +51,15 @@ class KvPeakTracker:
     def figures(self) -> KvCacheFigures:
         engine = self._engine
         block_size = engine.config.block_size
-        caches = (
-            engine.runner.kv_caches
-        )  # per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim]
-        num_blocks = caches[0][0].shape[0]
-        cache_bytes = sum(t.numel() * t.element_size() for layer in caches for t in layer)
-        itemsize = caches[0][0].element_size()
+        described = engine.describe()  # the cache as allocated: its element size, bytes per token
         waste = [allocated - cached for allocated, cached in self._peak_seqs]
         return KvCacheFigures(
-            bytes_per_token=cache_bytes // (num_blocks * block_size),
+            bytes_per_token=described.kv_bytes_per_token,
             bytes_per_token_all_heads=kv_bytes_per_token(
-                engine.model_config, itemsize, all_heads=True
+                engine.model_config, described.kv_cache_itemsize, all_heads=True
             ),
             block_size=block_size,
-            num_blocks=num_blocks,
+            num_blocks=engine.info.kv_blocks_total,
             peak_blocks_used=max(self._peak_blocks, 0),
             peak_num_seqs=len(self._peak_seqs),
             peak_cached_tokens=sum(cached for _, cached in self._peak_seqs),

@@ -24,7 +24,7 @@ from bench.model_shapes import flops_per_token
 from bench.model_source import ModelSource
 from bench.progress import ProgressBar
 from bench.workload import WorkloadSpec, make_workload
-from engine.config import dtype_bytes
+from engine import dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,17 @@
 `Engine` (the synchronous step loop, built by `Engine.from_model`) implements `EngineCore`; it
 is imported on first use, so importing this package does not import torch (the HTTP floor
 stays light);
+`Engine.describe()` returns an `EngineDescription` (the forward path in use, CUDA graphs, held
+bytes) for reports; `resolve_device`, `resolve_dtype_name` and `dtype_bytes` are the config's
+own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size.
 `AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
 out as `RequestOutput` deltas (see engine/requests/outputs.py).
 """
 
 from engine.api import EngineCore, EngineInfo, FatalEngineError
 from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
-from engine.config import EngineConfig
+from engine.config import EngineConfig, dtype_bytes, resolve_device, resolve_dtype_name
+from engine.description import EngineDescription
 from engine.faults import FaultSpec
 from engine.request_errors import InvalidRequest
 from engine.requests.outputs import (
@@ -35,6 +39,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineCore",
+    "EngineDescription",
     "EngineInfo",
     "EngineStats",
     "EngineUnavailable",
@@ -50,6 +55,9 @@ __all__ = [
     "SamplingParams",
     "StructuredOutput",
     "TokenLogprob",
+    "dtype_bytes",
+    "resolve_device",
+    "resolve_dtype_name",
 ]
 
 

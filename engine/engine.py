@@ -30,6 +30,7 @@ from engine.config import EngineConfig
 from engine.decoding.beam_search import check_beam_params
 from engine.decoding.parallel_sampling import SampleTarget, sample_targets
 from engine.decoding.stop_checker import finish_after_token
+from engine.description import EngineDescription, describe_runner
 from engine.faults import apply_faults
 from engine.host_transfer import to_device
 from engine.model_runner import ModelRunner, StepLogits
@@ -402,6 +403,10 @@ class Engine:
     def close(self) -> None:
         """Stops the other tensor-parallel ranks (no-op without TP); on the engine's thread."""
         self.runner.close()
+
+    def describe(self) -> EngineDescription:
+        """What this engine runs and holds (forward path, graphs, held bytes; description.py)."""
+        return describe_runner(self.runner)
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()

@@ -123,6 +123,7 @@ class CppStepPath:
     def __init__(self, decoder, attention: AttentionBackend) -> None:
         self.hidden = decoder.hidden
         self.logits = decoder.logits
+        self.packed_bytes = decoder.packed_bytes  # its weight copies (Engine.describe reports)
         self.attention = attention
 
 

@@ -79,7 +79,7 @@ def invariant_linear(
 LinearKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def row_routed_linear(
+def invariant_layer_forward(
     layer: nn.Linear, x: torch.Tensor, kernel: LinearKernel = invariant_linear
 ) -> torch.Tensor:
     """`layer(x)` for x [M, K] through a batch-invariant kernel (default: the PyTorch path's
@@ -89,7 +89,7 @@ def row_routed_linear(
 
 def use_invariant_linears(model: nn.Module, kernel: LinearKernel = invariant_linear) -> int:
     """Points every plain nn.Linear's forward (a tensor-parallel row shard's `local_forward`,
-    models/parallel/layers.py) at `row_routed_linear` with `kernel` (on CUDA, the
+    models/parallel/layers.py) at `invariant_layer_forward` with `kernel` (on CUDA, the
     --batch-invariant mode's models/triton_kernels/invariant_matmul.invariant_linear);
     returns how many. Instance attributes shadow the method, so the class keeps the plain
     forward."""
@@ -97,7 +97,7 @@ def use_invariant_linears(model: nn.Module, kernel: LinearKernel = invariant_lin
     for layer in model.modules():
         name = "forward" if type(layer) is nn.Linear else "local_forward"
         if isinstance(layer, nn.Linear) and hasattr(layer, name):
-            routed = functools.partial(row_routed_linear, layer, kernel=kernel)
+            routed = functools.partial(invariant_layer_forward, layer, kernel=kernel)
             setattr(layer, name, routed)
             count += 1
     return count

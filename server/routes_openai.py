@@ -138,7 +138,7 @@ async def chat_prompt(
     return Prompt(await asyncio.to_thread(tokenizer.encode, text, False), text)
 
 
-def _includejob_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
 
@@ -164,7 +164,7 @@ async def completions(request: Request) -> Response:
         n=params[0].n,
         echo=bool(req.echo),
         logprobs=req.logprobs is not None,
-        include_usage=_includejob_usage(req),
+        include_usage=_include_usage(req),
         timeout=req.timeout,
         renames=api_fields(req),
     )
@@ -202,7 +202,7 @@ async def chat_completions(request: Request) -> Response:
         [params],
         n=params.n,
         logprobs=bool(req.logprobs),
-        include_usage=_includejob_usage(req),
+        include_usage=_include_usage(req),
         timeout=req.timeout,
         renames=api_fields(req),
         output_format=output_format,

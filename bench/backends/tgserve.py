@@ -27,16 +27,16 @@ class TgserveBackend:
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        described = engine.describe()  # the front door's account: path, graphs, held bytes
         self.note = (
             f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", compiled" if engine.config.compile else "")
-            + (", C++ CPU kernels" if engine.runner.cpu_kernels else "")
-            + (", CUDA graphs" if engine.runner.decode_graphs is not None else "")
+            + (", C++ CPU kernels" if described.cpu_kernels else "")
+            + (", CUDA graphs" if described.cuda_graphs else "")
+            + (", GGUF blocks as stored" if described.gguf_blocks_as_stored else "")
         )
-        self.held = held_bytes(engine)  # report_note splits the RSS growth at load with it
-        if _block_weights(engine.runner.model):
-            self.note += ", GGUF blocks as stored"
+        self.held = dict(described.held_bytes)  # report_note splits the RSS growth at load with it
         self._ids = count()
 
     def _params(self, output_len: int, streamed: bool = True):
@@ -138,44 +138,3 @@ def engine_config(source: ModelSource, options: BackendOptions):
         enforce_eager=options.enforce_eager,
         device=options.device,
     )
-
-
-def held_bytes(engine) -> dict[str, int]:
-    """What the loaded engine holds, by kind: the model's weights (parameters, buffers and GGUF
-    blocks as stored, each storage counted once, tied or not), the KV cache, and the C++ step's
-    packed copies of dense linear weights (models/cpu_kernels/fused_decoder.py packs each once
-    more, [N rounded up to 16, K] in the weight's dtype; GGUF blocks are not copied)."""
-    from torch import nn
-
-    from models.forward_path import CppStepPath
-    from models.quantization import Int8Linear
-
-    runner = engine.runner
-    seen: dict[int, int] = {}
-    for t in (*runner.model.parameters(), *runner.model.buffers()):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    for w in _block_weights(runner.model):
-        seen[w.packed.data_ptr()] = w.nbytes
-    held = {
-        "weights": sum(seen.values()),
-        "KV cache": sum(k.nbytes + v.nbytes for k, v in runner.kv_caches),
-    }
-    if isinstance(runner.forward_path, CppStepPath):
-        packed = sum(
-            -(-m.out_features // 16)
-            * 16
-            * m.in_features
-            * (1 if isinstance(m, Int8Linear) else m.weight.element_size())
-            for m in runner.model.modules()
-            if isinstance(m, nn.Linear | Int8Linear)
-        )
-        if packed:
-            held["packed copies"] = packed
-    return held
-
-
-def _block_weights(model) -> list:
-    """The GGUF block weights (models/block_linear.py) the model holds, shared ones repeated."""
-    from models.block_linear import BlockEmbedding, BlockLinear
-
-    return [m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]

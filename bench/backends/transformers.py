@@ -143,7 +143,7 @@ def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
             f"the transformers backend needs transformers ({exc}); install it with "
             "`pip install transformers accelerate` (a test extra of tgserve, never a runtime dependency)"
         ) from exc
-    from engine.config import EngineConfig, resolve_device
+    from engine import EngineConfig, resolve_device
 
     device = resolve_device(options.device, torch.cuda.is_available())
     dtype = getattr(torch, options.dtype)

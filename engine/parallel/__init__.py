@@ -4,7 +4,8 @@ inputs to the other ranks, which run the same forward on their shards (models/pa
 - `step_inputs.py`: a step's inputs and their packing into one int64 tensor;
 - `step_channel.py`: the one broadcast per step (and the stop message);
 - `rank.py`: a runner's place in the group;
-- `ranks.py`: building a rank's runner (any rank) from the one set of model files;
 - `workers.py`: rank 0 starts, watches and stops the other ranks' processes;
 - `worker_main.py`: a rank > 0's process (`python -m engine.parallel.worker_main`).
+
+Any rank's runner is built from the one set of model files by `engine_factory.build_runner`.
 """

@@ -14,7 +14,7 @@ runs (not the Llama family, a dtype other than float32 / bfloat16, weight-only i
 with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
 `hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states
 [T, hidden] that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
-`compute_logits`'s [R, vocab] float32. Rounding follows the eager path (tested in
+`compute_logits`'s [R, vocab] float32; `packed_bytes` is what its packed weight copies hold. Rounding follows the eager path (tested in
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
 depend on the other rows of the step (batch invariance: the linear and attention kernels fix
 their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
@@ -41,6 +41,8 @@ class FusedDecoder:
     def __init__(self, model: nn.Module, ext, kv_caches: list[KVCache]) -> None:
         c = model.config
         inner = model.model
+        # Bytes of the packed copies made here (GGUF blocks are run in place: no copy).
+        self.packed_bytes = 0
 
         def linear(layer: nn.Module):
             bias = None if layer.bias is None else layer.bias.detach()
@@ -51,9 +53,9 @@ class FusedDecoder:
                     out_features=w.out_features,
                 )  # fmt: skip
             weight, scales = _weight_and_scales(layer)
-            return ext.LinearWeights(
-                weight=weight, packed=ext.pack_linear(weight), bias=bias, scales=scales
-            )
+            packed = ext.pack_linear(weight)
+            self.packed_bytes += packed.nbytes
+            return ext.LinearWeights(weight=weight, packed=packed, bias=bias, scales=scales)
 
         layers = [
             ext.LayerWeights(
@@ -80,6 +82,7 @@ class FusedDecoder:
             lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
             self._vocab_size = lm_head.shape[0]
             self._lm_head_packed = ext.pack_linear(lm_head)
+            self.packed_bytes += self._lm_head_packed.nbytes
         self._decoder = ext.LlamaDecoder(
             layers=layers,
             final_norm=inner.norm.weight.detach(),

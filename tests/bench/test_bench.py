@@ -107,14 +107,16 @@ def test_kv_tracker_counts_waste_at_the_peak_from_block_tables():
         "b": [SimpleNamespace(block_table=[2], num_computed_tokens=16)],  # full block: no waste
     }
     usage = {"blocks": 3}
-    k = torch.zeros(8, 16, 2, 4)  # [num_blocks, block_size, kv_heads, head_dim] float32
+    fp32_per_token = 2 * 3 * 2 * 4 * 4  # K and V, 3 layers, 2 KV heads of 4, float32
     engine = SimpleNamespace(
         stats=lambda: SimpleNamespace(kv_blocks_used=usage["blocks"]),
         config=SimpleNamespace(block_size=16),
         get_request=lambda rid: (  # Engine.get_request: the live request, or None
             SimpleNamespace(is_finished=False, live_seqs=seqs[rid]) if rid in seqs else None
         ),
-        runner=SimpleNamespace(kv_caches=[(k, k.clone()) for _ in range(3)]),
+        # Engine.describe(): the cache as allocated (checked on a real engine in test_load_memory)
+        describe=lambda: SimpleNamespace(kv_bytes_per_token=fp32_per_token, kv_cache_itemsize=4),
+        info=SimpleNamespace(kv_blocks_total=8),
         model_config=SimpleNamespace(num_layers=3, num_heads=6, num_kv_heads=2, head_dim=4),
     )
     tracker = KvPeakTracker(engine, ["a", "b", "gone"])
@@ -126,8 +128,8 @@ def test_kv_tracker_counts_waste_at_the_peak_from_block_tables():
     assert figures.peak_blocks_used == 3 and figures.peak_num_seqs == 2
     assert figures.peak_cached_tokens == 36 and figures.peak_waste_slots == 12
     assert figures.max_waste_slots_per_seq == 12 and figures.waste_within_one_block
-    assert figures.bytes_per_token == 2 * 3 * 2 * 4 * 4  # K and V, 3 layers, 2 KV heads of 4, fp32
-    assert figures.bytes_per_token_all_heads == 2 * 3 * 6 * 4 * 4
+    assert figures.bytes_per_token == fp32_per_token and figures.num_blocks == 8
+    assert figures.bytes_per_token_all_heads == 2 * 3 * 6 * 4 * 4  # 6 query heads, no GQA
 
 
 # ----- offline benchmarks end to end ---------------------------------------------------------------

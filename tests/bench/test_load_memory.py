@@ -1,22 +1,28 @@
-"""The benchmarks' memory figures (bench/load_memory.py, bench/backends/tgserve.py `held_bytes`):
-the report text on hand-worked numbers, and tgserve's held bytes against the checkpoint file and
-the KV cache's own shape."""
+"""The benchmarks' memory figures (bench/load_memory.py; the held bytes bench/backends/tgserve.py
+reads from `Engine.describe()`): the report text on hand-worked numbers, and tgserve's held bytes
+and KV bytes per token against the checkpoint file and the KV cache's own shape."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import torch
 from safetensors import safe_open
 
+from bench import random_gguf
 from bench.backends import BackendOptions, load_backend
 from bench.load_memory import LoadMemory, render
 from bench.model_source import resolve_model
+from bench.random_gguf import write_random_gguf
 from models.cpu_kernels import extension as cpu_kernels_extension
+from models.gguf.file import open_gguf
+from tests.bench.test_random_gguf import TINY
 from tests.checkpoints import save_checkpoint
 
 MIB = 2**20
+F32_TYPE_ID = 0  # GGML's float32: the norms of a random GGUF
 
 
 def test_render_splits_the_growth_and_compares_weights_with_the_file():
@@ -52,7 +58,12 @@ def test_tgserve_holds_the_checkpoints_weights_and_its_kv_cache(tiny_llama, cpu_
         rotary = 4 * c.head_dim // 2  # the float32 inverse frequencies, a buffer
         assert held["weights"] == file_bytes + rotary  # float32 file loaded in float32
         slots = engine.runner.kv_caches[0][0].shape[0] * engine.config.block_size
-        assert held["KV cache"] == 2 * c.num_layers * slots * c.num_kv_heads * c.head_dim * 4
+        per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # K and V, float32
+        assert held["KV cache"] == slots * per_token
+        described = engine.describe()
+        assert described.kv_bytes_per_token == per_token and described.kv_cache_itemsize == 4
+        assert described.cpu_kernels == cpu_kernels and not described.cuda_graphs  # a CPU
+        assert not described.gguf_blocks_as_stored  # a safetensors checkpoint
         step = engine.runner.forward_path.description.startswith("forward steps by tgserve's C++")
         if step:  # every dense linear packed once more: what the kernels' packing makes
             ext = cpu_kernels_extension()
@@ -63,5 +74,27 @@ def test_tgserve_holds_the_checkpoints_weights_and_its_kv_cache(tiny_llama, cpu_
         assert step == cpu_kernels
         memory = backend.load_memory
         assert memory.rss_after >= memory.rss_before > 0 and memory.file_tensor_bytes is None
+    finally:
+        backend.close()
+
+
+def test_a_gguf_kept_as_stored_holds_its_blocks_once_and_no_packed_copy(tmp_path, monkeypatch):
+    """The file's header is the oracle: every quantised tensor's bytes once (the tied LM head
+    shares the embedding's blocks; fused q/k/v and gate/up keep their rows), the float32 norms
+    loaded in bfloat16, and the rotary inverse frequencies; the C++ step runs blocks in place."""
+    monkeypatch.setitem(random_gguf.SHAPES, "tiny", TINY)
+    path = write_random_gguf(tmp_path / "tiny.gguf", "Q4_1", shape="tiny")
+    infos = open_gguf(path).infos
+    blocks = sum(i.nbytes for i in infos if i.type_id != F32_TYPE_ID)
+    norms_bf16 = sum(i.nbytes // 2 for i in infos if i.type_id == F32_TYPE_ID)
+    source = resolve_model(path)
+    options = BackendOptions("bfloat16", 4, 64, 4, False, 64, 4, cpu_kernels=True)
+    backend = load_backend("tgserve", source, options)
+    try:
+        rotary = 4 * source.config.head_dim // 2
+        assert backend.held == {"weights": blocks + norms_bf16 + rotary, "KV cache": ANY}
+        described = backend.engine.describe()
+        assert described.gguf_blocks_as_stored and described.cpu_kernels
+        assert backend.note.endswith(", C++ CPU kernels, GGUF blocks as stored")
     finally:
         backend.close()

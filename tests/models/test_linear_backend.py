@@ -10,7 +10,7 @@ from torch import nn
 
 from models.linear_backend import (
     ROW_QUANTUM,
-    row_routed_linear,
+    invariant_layer_forward,
     use_invariant_linears,
 )
 
@@ -23,7 +23,7 @@ def test_routed_linears_equal_f_linear(dtype: torch.dtype, bias: bool, rows: int
     layer = nn.Linear(96, 200, bias=bias).to(dtype)
     x = torch.randn(rows, 96).to(dtype)
     with torch.inference_mode():
-        got, want = row_routed_linear(layer, x), F.linear(x, layer.weight, layer.bias)
+        got, want = invariant_layer_forward(layer, x), F.linear(x, layer.weight, layer.bias)
     assert got.shape == want.shape and got.dtype == want.dtype
     if rows % ROW_QUANTUM == 0:
         assert torch.equal(got, want)  # the very F.linear call, nothing padded
