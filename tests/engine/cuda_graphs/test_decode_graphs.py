@@ -22,9 +22,10 @@ from tests.engine.test_model_runner import _Chunk, _Seq
 NUM_BLOCKS, BLOCK_SIZE = 24, 4
 
 
-def _triton_path(model, kv_caches, device, *, cpu_kernels):
+def _triton_path(model, kv_caches, device, *, cpu_kernels, batch_invariant=False):
     """On CPU: the Triton path (interpreted), its linears batch-invariant as the CPU paths'
-    are, so a step padded to its bucket compares bit for bit with the unpadded one."""
+    are (whatever `batch_invariant` says), so a step padded to its bucket compares bit for bit
+    with the unpadded one."""
     use_invariant_linears(model)
     return TritonPath(model, kv_caches)
 
