@@ -74,7 +74,8 @@ def run_command(args: argparse.Namespace) -> int:
         results, limits = _run_offline(args, show_progress)
     emit(results, limits, args.json, sys.stdout)
     if plot_path is not None:
-        label = getattr(args, "label", None) or args.url.split("://", 1)[-1].rstrip("/")
+        serve = args.bench_command == "serve"
+        label = (args.label or args.url.split("://", 1)[-1].rstrip("/")) if serve else ""
         print(f"wrote {plot_results(results, plot_path, label)}", file=sys.stderr)
     print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     return 0

@@ -85,11 +85,13 @@ def sweep_figure(series: Mapping[str, Sequence[ServeResult]]) -> Any:
         ax.set_ylabel(f"{name} (ms)")
         ax.set_title(f"{name} p50 / p99 vs throughput")
         ax.grid(True, alpha=0.3)
+        ax.margins(x=0.1)  # room for the last point's label
         ax.legend(fontsize=8)
     first = next(iter(series.values()))[0]
+    done = max(first.completed, 1)
     fig.suptitle(
         f"bench serve sweep: {first.num_requests} requests per point, "
-        f"{first.prompt_tokens // max(first.completed, 1)} prompt tokens each"
+        f"{first.prompt_tokens // done} prompt + {first.output_tokens // done} output tokens each"
     )
     fig.tight_layout()
     return fig

@@ -233,3 +233,53 @@ def test_serve_refuses_a_bad_sweep_before_sending_anything(capsys):
     # nothing listens on port 9: a parsed sweep would fail on the connection instead
     assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--sweep", "batch=1,2"]) == 2
     assert "--sweep takes concurrency=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "fields"),
+    [
+        ("throughput", ("output_tok_s",)),
+        ("latency", ("prefill_tok_s", "decode_tok_s")),
+    ],
+)
+def test_offline_plot_draws_the_bars_of_what_the_command_printed(
+    tmp_path, capsys, monkeypatch, command, fields
+):
+    """`bench throughput|latency --plot` on a tiny random checkpoint: the figure written holds
+    one bar per backend with the values the command printed as JSON."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    import torch
+
+    from bench import plots
+    from server.cli import main
+    from tests.checkpoints import save_checkpoint
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 2-layer model; two threads only fight a shared machine
+    model = save_checkpoint("llama", tmp_path / "tiny-llama", seed=0)
+    figures = []
+    real_write_png = plots.write_png
+    monkeypatch.setattr(
+        plots, "write_png", lambda fig, path: (figures.append(fig), real_write_png(fig, path))[1]
+    )
+    shape = (
+        "--num-requests 3 --input-len 6 --output-len 4"
+        if command == "throughput"
+        else "--input-len 6 --output-len 4 --runs 1"
+    )
+    png = tmp_path / f"{command}.png"
+    argv = ["bench", command, "--model", str(model), "--dtype", "float32", *shape.split()]
+    argv += ["--backend", "tgserve", "--backend", "transformers", "--skip-limits", "--json"]
+    try:
+        assert main([*argv, "--plot", str(png)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [r["backend"] for r in printed] == ["tgserve", "transformers"]
+    (fig,) = figures
+    for ax, field in zip(fig.axes, fields, strict=True):
+        assert [p.get_height() for p in ax.patches] == [r[field] for r in printed]
+        assert not ax.lines  # --skip-limits: no bound to draw
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
