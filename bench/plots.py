@@ -133,7 +133,7 @@ def throughput_figure(results: Sequence[ThroughputResult]) -> Any:
     if not results:
         raise ValueError("a throughput plot needs at least one result")
     plt = require_matplotlib()
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(results) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(results) + 2.5), 4.8))
     _bars(
         ax,
         [r.backend for r in results],
@@ -143,8 +143,8 @@ def throughput_figure(results: Sequence[ThroughputResult]) -> Any:
     )
     first = results[0]
     ax.set_title(
-        f"bench throughput: {first.num_requests} requests ({first.dist}), "
-        f"{first.prompt_tokens} prompt + {first.output_tokens} output tokens",
+        f"bench throughput: {first.num_requests} requests ({first.dist}),\n"
+        f"{first.prompt_tokens} prompt + {first.output_tokens} output tokens in all",
         fontsize=10,
     )
     fig.suptitle(_title(first), fontsize=9)
