@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _lengths(latency)
     latency.add_argument("--runs", type=int, default=3, help="timed runs (the median is reported)")
     latency.add_argument("--warmup-runs", type=int, default=1)
+    _plot_arg(latency, "bars of prefill and decode tok/s per backend, with the machine bounds")
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
     throughput.add_argument("--runs", type=int, default=1, help="timed runs per backend (median)")
     _model_args(throughput)
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     throughput.add_argument(
         "--hf-batch-size", type=int, default=16, help="transformers static batch size"
     )
+    _plot_arg(throughput, "bars of output tok/s per backend, with the machine bound")
     grammar = sub.add_parser(
         "grammar", help="first-token latency a JSON schema adds (new: compiled; cached)"
     )
@@ -112,6 +114,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where the server runs, for the compute bound with --model (auto: CUDA when present)",
     )
+    serve.add_argument(
+        "--sweep",
+        default=None,
+        metavar="NAME=V1,V2,...",
+        help="run the load once per point: concurrency=1,2,4,8 or request-rate=0.5,1,2 "
+        "(bench/sweep.py)",
+    )
+    serve.add_argument(
+        "--label",
+        default=None,
+        help="the backend's name in --plot's legend (default: the URL's host:port)",
+    )
+    _plot_arg(serve, "TTFT and ITL p50/p99 vs output tok/s, a point per sweep value")
     _workload_args(serve, default_requests=64)
     _output_args(serve)
     add_write_gguf_arguments(
@@ -137,6 +152,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_parser(
             "short-behind-long", help="TTFT of a short request while long prompts prefill"
         )
+    )
+
+
+def _plot_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"write a PNG: {what} (needs the plot extra: pip install 'tgserve[plot]')",
     )
 
 

@@ -3,7 +3,9 @@
 Contract: `run_command(args) -> int` warns on stderr when the machine is already busy, runs the
 offline benchmarks (latency, throughput: backends loaded in this process) or the serving load
 (serve: streams against a running server's /v1/completions), measures the machine's limits when
-asked, and emits the results on stdout (report.py); soak prints its own report (soak_report.py)
+asked, and emits the results on stdout (report.py), and with `--plot PATH` a PNG of them
+(plots.py; matplotlib is checked before the run); `serve --sweep` runs one load per point
+(sweep.py); soak prints its own report (soak_report.py)
 and returns 1 when the soak failed. Bad arguments raise ValueError.
 """
 
@@ -13,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,10 +25,12 @@ from bench.host_label import bench_device, labelled, resolved_dtype
 from bench.latency import LatencyResult, LatencySpec, run_latency_bench
 from bench.machine_limits import MachineLimits, measure_machine_limits, min_compute_seconds
 from bench.model_source import resolve_model
+from bench.plots import plot_results, require_matplotlib
 from bench.progress import ProgressBar, enabled_by_default
 from bench.report import emit
 from bench.serve_load import LoadSpec, discover_model, discover_vocab_size, run_load
 from bench.serve_metrics import ServeResult, summarize_run
+from bench.sweep import parse_sweep, run_sweep
 from bench.throughput import ThroughputResult, decode_batch, run_throughput_bench
 from bench.workload import WorkloadSpec, make_workload
 
@@ -54,12 +59,24 @@ def run_command(args: argparse.Namespace) -> int:
     if args.bench_command in ("burst", "short-behind-long"):
         return _run_probe(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
+    plot_path = getattr(args, "plot", None)
+    if plot_path is not None:
+        require_matplotlib()  # before the run, not after minutes of it
     _warn_if_busy()
     if args.bench_command == "serve":
-        results, limits = _run_serve(args, show_progress)
+        sweep = parse_sweep(args.sweep) if args.sweep else None
+        results, limits = (
+            run_sweep(args, sweep, partial(_run_serve, show_progress=show_progress))
+            if sweep
+            else _run_serve(args, show_progress)
+        )
     else:
         results, limits = _run_offline(args, show_progress)
     emit(results, limits, args.json, sys.stdout)
+    if plot_path is not None:
+        serve = args.bench_command == "serve"
+        label = (args.label or args.url.split("://", 1)[-1].rstrip("/")) if serve else ""
+        print(f"wrote {plot_results(results, plot_path, label)}", file=sys.stderr)
     print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     return 0
 
