@@ -1,7 +1,8 @@
 """The README's test command is what CI runs, and it installs a pinned set.
 
-`.ci/run` reads the one README line that starts with `pip install -e '.[test,eval]'` (the test
-extra and lm-evaluation-harness, which tests/server/test_lm_eval.py drives) and runs it in a
+`.ci/run` reads the one README line that starts with `pip install -e '.[test,eval,plot]'` (the
+test extra, lm-evaluation-harness for tests/server/test_lm_eval.py, matplotlib for the bench
+plots) and runs it in a
 fresh virtual environment; these tests hold that line's shape and hold `constraints.txt` to
 pyproject.toml: every runtime and test requirement is pinned there with `==`, to a version the
 requirement itself allows (a new dependency without a pin, or a pin outside its range, fails).
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _test_command_lines() -> list[str]:
     readme = (ROOT / "README.md").read_text().splitlines()
-    return [line for line in readme if line.startswith("pip install -e '.[test,eval]'")]
+    return [line for line in readme if line.startswith("pip install -e '.[test,eval,plot]'")]
 
 
 def _pins() -> dict[str, str]:
@@ -37,7 +38,7 @@ def _pins() -> dict[str, str]:
 
 def test_the_readme_has_one_test_command_and_it_uses_the_constraints() -> None:
     (command,) = _test_command_lines()
-    assert re.search(r"^pip install -e '\.\[test,eval\]' -c constraints\.txt && ", command)
+    assert re.search(r"^pip install -e '\.\[test,eval,plot\]' -c constraints\.txt && ", command)
     assert command.endswith("python -m pytest -q")
 
 
@@ -59,7 +60,7 @@ def test_ci_runs_the_readme_line_it_finds() -> None:
 def test_every_requirement_is_pinned_within_its_range() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    requirements = [*project["dependencies"], *extras["test"], *extras["eval"]]
+    requirements = [*project["dependencies"], *extras["test"], *extras["eval"], *extras["plot"]]
     pins = _pins()
     for text in requirements:
         requirement = Requirement(text)
