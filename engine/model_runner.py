@@ -118,9 +118,20 @@ class ModelRunner:
                 return runs, select_forward_path(runs, self.kv_caches, device, cpu_kernels=True)
 
             self.pending_path = PendingKernelPath(kernel_path)
+        # While the compiler runs in the background it holds cores: steps take one thread then
+        # (OpenMP threads sharing a core with cc1plus stall each other, ~10x slower steps seen),
+        # all of them again once the build has settled. Set in the stepping thread (execute):
+        # torch's intra-op thread count is per thread.
+        self._threads = torch.get_num_threads()
         # True when the C++ kernels serve this runner (read by the benchmark's labels).
         self.cpu_kernels = self.forward_path.attention_kernel
         self.decode_graphs = self._decode_graphs(graphs, num_blocks)
+
+    def _pick_thread_count(self) -> None:
+        building = self.pending_path is not None and not self.pending_path.settled
+        want = 1 if building else self._threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
 
     @property
     def description(self) -> str:
@@ -166,6 +177,7 @@ class ModelRunner:
         block_copies: Sequence[tuple[int, int]] = (),
         full_logits_for: frozenset[int] = frozenset(),
     ) -> StepLogits:
+        self._pick_thread_count()
         if self.decode_graphs is not None and not full_logits_for and _decode_only(chunks):
             if block_copies:
                 self._copy_blocks(block_copies)
