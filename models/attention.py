@@ -21,6 +21,7 @@ from enum import Enum
 import torch
 
 from models.block_attention import BlockPlan, block_attention
+from models.triton_attention.reference import reference_write_kv
 from models.triton_attention.tile_plan import TilePlan
 
 KVCache = tuple[
@@ -174,9 +175,7 @@ def write_kv(
 
         triton_write_kv(k_cache, v_cache, k, v, slot_mapping)
         return
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    reference_write_kv(k_cache, v_cache, k, v, slot_mapping)
 
 
 def _attend_mask(query_pos, key_pos, seq_len, window: int | None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The Triton kernels' contracts in plain PyTorch, over the same tile plan: for CPU checks that
 cannot run Triton code (a `torch.compile(fullgraph=True)` trace of the decode forward: the
-interpreter's kernels are not traceable), never on the serving path.
+interpreter's kernels are not traceable). `reference_paged_attention` never serves;
+`reference_write_kv` is also the PyTorch paths' K/V write (models/attention.write_kv).
 
 Contract: `reference_paged_attention(q, k_cache, v_cache, plan, scale)` and
 `reference_write_kv(k_cache, v_cache, k, v, slot_mapping)` take the arguments of
