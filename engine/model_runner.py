@@ -120,16 +120,17 @@ class ModelRunner:
             self.pending_path = PendingKernelPath(kernel_path)
         # While the compiler runs in the background it holds cores: steps take one thread then
         # (OpenMP threads sharing a core with cc1plus stall each other, ~10x slower steps seen),
-        # all of them again once the build has settled. Set in the stepping thread (execute):
-        # torch's intra-op thread count is per thread.
+        # all of them again once the engine has switched (or given up). Set in the stepping
+        # thread (execute): torch's intra-op thread count is per thread.
         self._threads = torch.get_num_threads()
         # True when the C++ kernels serve this runner (read by the benchmark's labels).
         self.cpu_kernels = self.forward_path.attention_kernel
         self.decode_graphs = self._decode_graphs(graphs, num_blocks)
 
     def _pick_thread_count(self) -> None:
-        building = self.pending_path is not None and not self.pending_path.settled
-        want = 1 if building else self._threads
+        # pending_path is cleared only at a step no request has started (switched, or the build
+        # failed), so a request never sees its thread count change mid-way.
+        want = 1 if self.pending_path is not None else self._threads
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
