@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import signal
-import sys
 from pathlib import Path
 
 log = logging.getLogger("tgserve.engine")
@@ -56,4 +55,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.parallel import exit_rank
+
+    exit_rank(main())  # not sys.exit: see exit_rank

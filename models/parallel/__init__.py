@@ -8,7 +8,7 @@ group)` turns a loaded model's linear layers into their shards. Nothing here kno
 requests or steps: the engine (engine/parallel/) drives the ranks.
 """
 
-from models.parallel.group import ParallelGroup, free_port, init_group
+from models.parallel.group import ParallelGroup, exit_rank, free_port, init_group
 from models.parallel.layout import ShardLayout, check_tensor_parallel, plan_shards
 from models.parallel.shard import shard_model
 
@@ -16,6 +16,7 @@ __all__ = [
     "ParallelGroup",
     "ShardLayout",
     "check_tensor_parallel",
+    "exit_rank",
     "free_port",
     "init_group",
     "plan_shards",

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from engine.config import EngineConfig
 from engine.engine_factory import build_runner
-from models.parallel import free_port, init_group
+from models.parallel import exit_rank, free_port, init_group
 
 
 @dataclass
@@ -106,6 +106,7 @@ def _rank(rank: int, world: int, port: int, cases: list[Case], out) -> None:
             while (step := channel.receive()) is not None:
                 runner.run(step)
     group.close()
+    exit_rank(0)  # as a server's ranks end (engine/parallel/worker_main.py)
 
 
 def run_tp(cases: list[Case], world: int = 2) -> list[tuple[list[torch.Tensor], str]]:
