@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.requests.outputs import OutputAccumulator
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB
 from tests.devices import skip_cpu_kernels_off_cpu
 from tests.engine.engine_fixtures import assert_no_leaks, tiny_engine
@@ -122,7 +122,7 @@ def test_every_request_equals_its_solo_run(folder, dtype: str, kernels: bool, ca
         kv_cache_memory_bytes=(need + 1 + case["spare_blocks"]) * block_bytes(dtype, bs),
         batch_invariant=True,  # CUDA: the fixed-tile GEMMs; CPU steps are invariant anyway
     )
-    assert engine.runner.cpu_kernels == kernels
+    assert engine.describe().cpu_kernels == kernels
     got, partial, step = {}, {}, 0
     order = sorted(range(len(reqs)), key=lambda i: reqs[i]["arrive"])
     while order or engine.has_unfinished_requests():

@@ -16,10 +16,10 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import StepLogits
+from engine.requests.sampling_params import SamplingParams
+from engine.requests.structured_output import StructuredOutput
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.sampling_params import SamplingParams
-from engine.sampling.structured_output import StructuredOutput
 from engine.sampling.token_mask import TokenMask
 from tests.engine.device_placement import DevicePlacementMode, on_other_device
 from tests.engine.engine_fixtures import run_staggered
@@ -82,7 +82,7 @@ def test_the_sampler_gives_the_host_answer_with_device_logits() -> None:
 
 def _device_engine(engine: Engine, monkeypatch) -> list[int]:
     """Makes `engine` sample from logits on the other device; returns the per-step op counts."""
-    host_step = engine._sample_and_update
+    host_step = engine.updater.update_from_output
     counts: list[int] = []
 
     def sample_on_device(sched, logits: StepLogits, grammar, *rest):
@@ -95,7 +95,7 @@ def _device_engine(engine: Engine, monkeypatch) -> list[int]:
         counts.append(mode.ops_on_device)
         return result
 
-    monkeypatch.setattr(engine, "_sample_and_update", sample_on_device)
+    monkeypatch.setattr(engine.updater, "update_from_output", sample_on_device)
     return counts
 
 
