@@ -10,7 +10,7 @@ carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials 
 never allowed: clients send their key in the Authorization header, which is allowed.
 GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
 (server/docs_ui.py, assets from a package: no CDN); GET / is the playground (server/playground.py).
-Outermost, HttpMetricsMiddleware counts every response by route and status (server/http_metrics.py).
+Outermost, HttpMetricsMiddleware counts every response by route and status (server/metrics/http.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine import EngineCore
 from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
-from server.http_metrics import HttpMetrics, HttpMetricsMiddleware
+from server.metrics import HttpMetrics, HttpMetricsMiddleware
 from server.openapi import install_openapi
 from server.playground import install_playground
 from server.settings import Settings

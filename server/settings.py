@@ -200,6 +200,14 @@ OPTIONS: tuple[_Option, ...] = (
         "split <think>...</think> into reasoning_content: auto (when the chat template uses "
         "<think>) | think (always) | none",
     ),
+    _Option(
+        "vllm_compatible_metrics",
+        _bool,
+        "/metrics also exports the queue and KV-cache use under vLLM's names "
+        "(vllm:num_requests_waiting, ...), read by LLM routers and the Gateway API Inference "
+        "Extension (off: the output passes `promtool check metrics`)",
+        flag_is_switch=True,
+    ),
     _Option("log_level", str, "debug | info | warning | error"),
     _Option(
         "enable_fault_injection",
@@ -243,6 +251,7 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
+    vllm_compatible_metrics: bool = False
     log_level: str = "info"
     enable_fault_injection: bool = False
 

@@ -64,7 +64,10 @@ class ServerState:
         self.draining = False
         self.dead_reason: str | None = None  # the engine loop died: the process is stopping
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
+        self.metrics = ServerMetrics(
+            lambda: self.engine.stats() if self.engine else None,
+            vllm_compatible=settings.vllm_compatible_metrics,
+        )
         self.on_fatal: Callable[[], None] = lambda: None
 
     async def start(self) -> None:

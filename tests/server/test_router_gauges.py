@@ -1,4 +1,5 @@
-"""The gauges routers scrape (vLLM's names) carry tgserve's own queue and KV-cache figures.
+"""The gauges routers scrape (vLLM's names, with --vllm-compatible-metrics) carry tgserve's own
+queue and KV-cache figures, and are absent without the option.
 
 Oracle: tgserve's own gauges in the same scrape, taken while the engine is frozen with one
 request running and one waiting (max_num_seqs=1); KV usage must be blocks used / blocks total,
@@ -11,6 +12,7 @@ import threading
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.fake_engine import FakeEngine
 from tests.server.live import LiveServer, metric
@@ -18,7 +20,10 @@ from tests.server.live import LiveServer, metric
 
 def test_router_gauges_repeat_the_queue_and_kv_usage_as_a_fraction():
     engine = FakeEngine(max_num_seqs=1, num_blocks=40, step_delay=0.005)
-    with LiveServer(lambda: engine) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+    with (
+        LiveServer(lambda: engine, vllm_compatible_metrics=True) as live,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
         body = {"prompt": "a longer prompt", "max_tokens": 40, "temperature": 0}
         workers = [
             threading.Thread(target=client.post, args=("/v1/completions",), kwargs={"json": body})
@@ -49,3 +54,11 @@ def test_router_gauges_repeat_the_queue_and_kv_usage_as_a_fraction():
     assert (
         metric(idle, "vllm:num_requests_waiting") == metric(idle, "vllm:num_requests_running") == 0
     )
+
+
+def test_router_gauges_are_off_by_default():
+    with LiveServer(FakeEngine) as live:
+        text = httpx.get(live.url + "/metrics").text
+    assert metric(text, "tgserve_num_requests_waiting") == 0  # the engine's gauges are there
+    for family in text_string_to_metric_families(text):
+        assert not family.name.startswith("vllm:"), family.name

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.metrics import LATENCY_BUCKETS
+from server.metrics.request_timer import LATENCY_BUCKETS
 
 UNMATCHED = "unmatched"
 _LABELS = ("method", "route", "status")
