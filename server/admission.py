@@ -23,9 +23,9 @@ from engine import (
     RequestStream,
     SamplingParams,
 )
+from server.engine_params import to_api_error
 from server.errors import ApiError
 from server.metrics import RequestTimer, ServerMetrics
-from server.request_params import to_api_error
 
 
 async def open_streams(
@@ -35,10 +35,10 @@ async def open_streams(
     params: list[SamplingParams],
     timeout: float | None,
     default_timeout: float | None,
-    renames: dict[str, str] | None = None,
+    api_fields: dict[str, str] | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
     """Admits one engine request per prompt (all or none); raises ApiError before any byte.
-    `renames`: engine field names -> the API's, for the `param` of a 400."""
+    `api_fields`: engine field names -> the API's, for the `param` of a 400."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ApiError(
             400, f"timeout must be a positive number of seconds, got {timeout}", param="timeout"
@@ -48,9 +48,9 @@ async def open_streams(
     streams: list[RequestStream] = []
     try:
         for prompt, sampling in zip(prompts, params, strict=True):
-            streams.append(_admit(engine, prompt, sampling, deadline, renames))
+            streams.append(_admit(engine, prompt, sampling, deadline, api_fields))
         for stream in streams:
-            await _admitted(stream, renames)
+            await _admitted(stream, api_fields)
     except BaseException:
         for stream in streams:
             stream.close()
@@ -77,23 +77,23 @@ def _admit(
     prompt: list[int],
     sampling: SamplingParams,
     deadline: float | None,
-    renames: dict[str, str] | None,
+    api_fields: dict[str, str] | None,
 ) -> RequestStream:
     try:
         return engine.generate(uuid.uuid4().hex, prompt, sampling, deadline)
     except (Overloaded, EngineUnavailable) as exc:
         raise _refused(exc) from None
     except ValueError as exc:
-        raise to_api_error(exc, renames) from None
+        raise to_api_error(exc, api_fields) from None
 
 
-async def _admitted(stream: RequestStream, renames: dict[str, str] | None) -> None:
+async def _admitted(stream: RequestStream, api_fields: dict[str, str] | None) -> None:
     try:
         await stream.admitted()
     except Overloaded as exc:
         raise _overloaded(exc) from None
     except ValueError as exc:
-        raise to_api_error(exc, renames) from None
+        raise to_api_error(exc, api_fields) from None
 
 
 def _overloaded(exc: Overloaded) -> ApiError:

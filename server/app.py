@@ -1,7 +1,8 @@
 """The FastAPI application factory: state, lifespan (load + warm-up), guard, error handlers, routes.
 
-Contract: `create_app(settings, engine_factory, admission_limit)` returns a FastAPI app whose
-lifespan starts `ServerState.start()` (server/state.py: load in a worker thread, warm up, turn
+Contract: `create_app(settings, engine_factory, admission_limit, on_fatal)` returns a FastAPI
+app whose routes are each API's (`API_ROUTERS`: server/openai/, server/tgi/, server/operations.py)
+and whose lifespan starts `ServerState.start()` (server/state.py: load in a worker thread, warm up, turn
 ready) and drains on shutdown; `Guard` (server/guard.py) answers 413 / 401 / 503 before any
 route; errors render in each API's own shape (server/errors.py). With `allowed_origins`,
 Starlette's CORSMiddleware wraps OUTSIDE the guard: preflights from those origins are answered
@@ -10,7 +11,7 @@ carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials 
 never allowed: clients send their key in the Authorization header, which is allowed.
 GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
 (server/docs_ui.py, assets from a package: no CDN); GET / is the playground (server/playground.py).
-Outermost, HttpMetricsMiddleware counts every response by route and status (server/http_metrics.py).
+Outermost, HttpMetricsMiddleware counts every response by route and status (server/metrics/http.py).
 """
 
 from __future__ import annotations
@@ -24,24 +25,30 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from engine import EngineCore
+from server import operations
 from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
-from server.http_metrics import HttpMetrics, HttpMetricsMiddleware
+from server.metrics import HttpMetrics, HttpMetricsMiddleware
+from server.openai import router as openai_router
 from server.openapi import install_openapi
 from server.playground import install_playground
 from server.settings import Settings
-from server.state import ServerState, get_state
+from server.state import ServerState
+from server.tgi import router as tgi_router
 
-__all__ = ["ServerState", "create_app", "get_state"]
+__all__ = ["API_ROUTERS", "ServerState", "create_app"]
+# Each API's routes, built on the app's state: OpenAI, TGI, then the operational ones.
+API_ROUTERS = (openai_router.build_router, tgi_router.build_router, operations.build_router)
 
 
 def create_app(
-    settings: Settings, engine_factory: Callable[[], EngineCore], admission_limit: int
+    settings: Settings,
+    engine_factory: Callable[[], EngineCore],
+    admission_limit: int,
+    on_fatal: Callable[[], None] = lambda: None,
 ) -> FastAPI:
-    from server import routes_misc, routes_openai, routes_tgi  # routes import get_state from here
-
-    state = ServerState(settings, engine_factory, admission_limit)
+    state = ServerState(settings, engine_factory, admission_limit, on_fatal)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,9 +68,9 @@ def create_app(
     )
     app.state.tgserve = state
     install_error_handlers(app, state.metrics.reject)
-    modules = (routes_openai, routes_tgi, routes_misc)
-    for module in modules:
-        app.include_router(module.router)
+    routers = [build(state) for build in API_ROUTERS]
+    for router in routers:
+        app.include_router(router)
     install_openapi(app, settings)
     install_docs(app, app.openapi_url)
     install_playground(app)
@@ -79,7 +86,7 @@ def create_app(
             max_age=600,
         )
     http_metrics = HttpMetrics(state.metrics.registry)  # outermost: every answer is counted
-    routes = [route for module in modules for route in module.router.routes]
+    routes = [route for router in routers for route in router.routes]
     routes += [route for route in app.router.routes if isinstance(route, Route)]  # /openapi.json
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics, routes=routes)
     return app

@@ -191,6 +191,11 @@ def install_error_handlers(app: FastAPI, on_rejection: Callable[[str], None]) ->
         return error_response(request.url.path, ApiError(400, "invalid request"))
 
     async def on_disconnect(request: Request, exc: Exception) -> Response:
+        logger.info(
+            "client disconnected from %s %s: its request was aborted",
+            request.method,
+            request.url.path,
+        )
         return Response(status_code=499)  # nobody reads it; the request is already aborted
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:

@@ -20,10 +20,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from server import schemas_openai as oai
-from server import schemas_tgi as tgi
 from server.errors import is_tgi_path
+from server.openai import protocol as oai
 from server.settings import Settings
+from server.tgi import protocol as tgi
 
 _REF = "#/components/schemas/{model}"
 

@@ -2,11 +2,13 @@
 
 Contract: `add_arguments(parser)` declares the flags (server/settings.py); `run(args) -> int`
 serves until SIGTERM / SIGINT and returns the exit code: 0 after a graceful drain, 1 when the
-model failed to load or the engine loop died (ServerState.on_fatal: in-flight streams get
-their error events, then the process exits so an orchestrator restarts it), 128 + the signal
+model failed to load or the engine loop died (the app's `on_fatal`, given at construction,
+sets a `FatalExit` the server polls: in-flight streams get their error events, then the process
+exits so an orchestrator restarts it), 128 + the signal
 number (130 SIGINT, 143 SIGTERM, as a shell reports a process killed by it) when a second
 signal forced the exit. Bad settings raise ValueError / FileNotFoundError before anything starts.
-`serve_app(app, settings)` is the uvicorn part alone (tests use it with a fake engine).
+`serve_engine(settings, engine_factory, admission_limit)` builds the app and serves it (tests
+run it on a fake engine); `serve_app(app, settings, fatal)` is the uvicorn part alone.
 
 Shutdown: the first SIGTERM or SIGINT makes /ready answer 503 and new requests 503, gives
 in-flight requests `--shutdown-timeout` seconds (0: none), aborts what is left (open streams end with a
@@ -24,7 +26,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +82,16 @@ def run(args: argparse.Namespace) -> int:
         return Engine.from_model(settings.model, config, progress=True)
 
     configure_logging(settings.log_level)
-    app = create_app(settings, load_engine, config.max_in_flight)  # the one admission rule
-    return serve_app(app, settings)
+    return serve_engine(settings, load_engine, config.max_in_flight)  # the one admission rule
+
+
+def serve_engine(
+    settings: Settings, engine_factory: Callable[[], Any], admission_limit: int
+) -> int:
+    """The app on this engine, served until a signal or a fatal engine error; the exit code."""
+    fatal = FatalExit()
+    app = create_app(settings, engine_factory, admission_limit, on_fatal=fatal.set)
+    return serve_app(app, settings, fatal)
 
 
 def configure_logging(level: str) -> None:
@@ -90,7 +100,19 @@ def configure_logging(level: str) -> None:
     )
 
 
-def serve_app(app: Any, settings: Settings) -> int:
+class FatalExit:
+    """Set (on the event loop) when the model failed to load or the engine loop died; the
+    server sees it at its next tick (0.1 s) and exits with code 1."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def set(self) -> None:
+        self.is_set = True
+
+
+def serve_app(app: Any, settings: Settings, fatal: FatalExit | None = None) -> int:
+    """`fatal`: the FatalExit given to the app's `on_fatal` (none: fatal errors never stop it)."""
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -102,7 +124,7 @@ def serve_app(app: Any, settings: Settings) -> int:
         # guard sees it; the slack leaves the guard's 431 as the limit users meet.
         h11_max_incomplete_event_size=h11_header_bound(settings),
     )
-    server = _Server(config, app.state.tgserve, settings)
+    server = _Server(config, app.state.tgserve, settings, fatal or FatalExit())
     asyncio.run(server.serve())
     return server.exit_code
 
@@ -113,17 +135,20 @@ def h11_header_bound(settings: Settings) -> int:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState, settings: Settings) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: ServerState, settings: Settings, fatal: FatalExit
+    ) -> None:
         super().__init__(config)
         self.state = state
         self.settings = settings
+        self.fatal = fatal
         self.exit_code = 0
         self._draining: asyncio.Task[None] | None = None
-        state.on_fatal = self._fatal
 
-    def _fatal(self) -> None:
-        self.exit_code = 1
-        self.should_exit = True
+    async def on_tick(self, counter: int) -> bool:
+        if self.fatal.is_set and self.exit_code == 0:
+            self.exit_code = 1
+        return self.fatal.is_set or await super().on_tick(counter)
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)

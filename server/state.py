@@ -4,7 +4,8 @@ Contract:
 - `start()` loads the engine in a daemon thread (`engine_factory()`; the process keeps answering
   /health meanwhile, and a signal during the load ends the process without waiting for it),
   starts the AsyncEngine, runs one warm-up request and only then turns ready. A failed load is
-  logged and `on_fatal` is called.
+  logged and `on_fatal` (given at construction) is called. The engine's `EngineInfo` is kept
+  as it came (`info`); `tokenizer`, `max_model_len` and `vocab_size` read it.
 - `open()` is how routes start generation (see server/admission.py).
 - `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
@@ -25,15 +26,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Request
-
-from engine import AsyncEngine, EngineCore, RequestOutput, SamplingParams
+from engine import AsyncEngine, EngineCore, EngineInfo, RequestOutput, SamplingParams
 from server.admission import open_streams
-from server.chat_setup import ChatSetup, chat_setup
 from server.errors import ApiError
 from server.metrics import ServerMetrics
-from server.schemas_openai import TokenTexts
 from server.settings import Settings
+from server.token_texts import TokenTexts
 
 logger = logging.getLogger("tgserve.server")
 # What clients of single-model servers send when they name no model: huggingface_hub's
@@ -49,23 +47,39 @@ class ServerState:
         settings: Settings,
         engine_factory: Callable[[], EngineCore],
         admission_limit: int,
+        on_fatal: Callable[[], None] = lambda: None,
     ):
+        """`on_fatal()`: the model failed to load or the engine loop died (called on the event
+        loop); `tgserve serve` exits non-zero then, to be restarted."""
         self.settings = settings
         self.engine_factory = engine_factory
         self.admission_limit = admission_limit
+        self.on_fatal = on_fatal
         self.engine: AsyncEngine | None = None
-        self.tokenizer: Any = None
+        self.info: EngineInfo | None = None  # the engine's own description, once loaded
         self.token_texts: TokenTexts | None = None
-        self.chat: ChatSetup = chat_setup(None, settings)
-        self.max_model_len = 0
-        self.vocab_size: int | None = None  # token ids a prompt may hold, once loaded
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
         self.draining = False
         self.dead_reason: str | None = None  # the engine loop died: the process is stopping
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
-        self.on_fatal: Callable[[], None] = lambda: None
+        self.metrics = ServerMetrics(
+            lambda: self.engine.stats() if self.engine else None,
+            vllm_compatible=settings.vllm_compatible_metrics,
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.info.tokenizer if self.info is not None else None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len if self.info is not None else 0
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids a prompt may hold, once loaded."""
+        return self.info.vocab_size if self.info is not None else None
 
     async def start(self) -> None:
         """Load, start the loop, warm up, turn ready; any failure is fatal (logged, no trace)."""
@@ -88,12 +102,8 @@ class ServerState:
             logger.info("ready (warm-up took %.2fs)", time.monotonic() - t0)
 
     def _adopt(self, engine: EngineCore) -> None:
-        info = engine.info
-        self.tokenizer = info.tokenizer
+        info = self.info = engine.info
         self.token_texts = TokenTexts(info.tokenizer) if info.tokenizer is not None else None
-        self.chat = chat_setup(info.tokenizer, self.settings)
-        self.max_model_len = info.max_model_len
-        self.vocab_size = info.vocab_size
         self.model_names = self.model_names or (info.model_name,)
         self.metrics.bind_model(self.model_names[0])
         loop = asyncio.get_running_loop()
@@ -179,10 +189,10 @@ class ServerState:
         prompts: list[list[int]],
         params: list[SamplingParams],
         timeout: float | None,
-        renames: dict[str, str] | None = None,
+        api_fields: dict[str, str] | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
         """Admits one engine request per prompt (all or none); raises ApiError before any byte.
-        `renames`: engine field names -> the request's API fields, for a 400's `param`."""
+        `api_fields`: engine field names -> the request's API fields, for a 400's `param`."""
         self.require_ready()
         return await open_streams(
             self.engine,
@@ -191,7 +201,7 @@ class ServerState:
             params,
             timeout,
             self.settings.request_timeout,
-            renames,
+            api_fields,
         )
 
 
@@ -226,7 +236,3 @@ async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], arg: str) -> None:
     with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody to tell
         loop.call_soon_threadsafe(callback, arg)
-
-
-def get_state(request: Request) -> ServerState:
-    return request.app.state.tgserve

@@ -95,6 +95,9 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 
 async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """`work`'s result, or `ClientDisconnected` once `work` is cancelled because the client left.
+    The disconnect is told by the watcher, never by how `work` ended: a cancelled
+    `asyncio.gather` ends with a CancelledError *exception*, not in the cancelled state."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
     try:
@@ -105,23 +108,36 @@ async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-    if task.cancelled():
+    if task.done() and not task.cancelled() and task.exception() is None:
+        return task.result()  # finished first (or together with the disconnect): answer it
+    if watcher.done() and not watcher.cancelled():
         raise ClientDisconnected()
-    return task.result()
+    return task.result()  # the work's own error (or the caller's cancellation)
 
 
 async def final_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     """Drains a stream of deltas into its whole finished output (offsets 0)."""
     whole = OutputAccumulator()
     last = None
-    async for output in stream:
-        whole.add(output)
-        last = output
+    async with _closing(stream) as outputs:  # cancelled here: the stream aborts its request
+        async for output in outputs:
+            whole.add(output)
+            last = output
     if last is None or last.error is not None:
         raise ApiError(
             500, last.error if last else "the request ended without output", code="engine_error"
         )
     return whole.result()
+
+
+@contextlib.asynccontextmanager
+async def _closing(stream: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

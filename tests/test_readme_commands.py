@@ -1,7 +1,7 @@
 """The README's test command is what CI runs, and it installs a pinned set.
 
 `.ci/run` reads the one README line that starts with `pip install -e '.[test,eval,plot]'` (the
-test extra, lm-evaluation-harness for tests/server/test_lm_eval.py, matplotlib for the bench
+test extra, lm-evaluation-harness for tests/server/openai/test_lm_eval.py, matplotlib for the bench
 plots) and runs it in a
 fresh virtual environment; these tests hold that line's shape and hold `constraints.txt` to
 pyproject.toml: every runtime and test requirement is pinned there with `==`, to a version the

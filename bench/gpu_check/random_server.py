@@ -20,8 +20,7 @@ from bench.random_models import random_shape
 def main(argv: list[str] | None = None) -> int:
     from bench.synthetic_tokenizer import synthetic_tokenizer
     from engine import Engine, EngineConfig
-    from server.app import create_app
-    from server.serve import configure_logging, serve_app
+    from server.serve import configure_logging, serve_engine
     from server.settings import Settings
 
     p = argparse.ArgumentParser(prog="random_server")
@@ -59,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = synthetic_tokenizer(vocab, bos, eos)
         return Engine.from_random_weights(args.model, shape, config, tokenizer)
 
-    app = create_app(settings, load_engine, config.max_in_flight)
-    return serve_app(app, settings)
+    return serve_engine(settings, load_engine, config.max_in_flight)
 
 
 if __name__ == "__main__":

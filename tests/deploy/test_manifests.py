@@ -2,7 +2,7 @@
 
 Oracles: kubernetes-validate's strict schemas of the newest Kubernetes it ships (no cluster);
 docker-compose's own `config` check; and the facts the manifests must agree with, read from
-their sources: the UID of the Dockerfile's USER, the gauges server/metrics.py exports, the
+their sources: the UID of the Dockerfile's USER, the gauges server/metrics/engine_collectors.py exports, the
 routes /ready and /health, the drain time (a grace period longer than preStop + the shutdown
 timeout, so SIGKILL never cuts a drain short), one GPU per tensor-parallel rank, and image
 references pinned: a digest or a version tag (never absent or `latest`), tgserve's own images
@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from server.metrics import _GAUGES
+from server.metrics.engine_collectors import ENGINE_GAUGES
 from tests.deploy.docker_host import ensure_tools
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_services_autoscaler_and_budget_select_the_deployments():
         assert service["spec"]["selector"] in labels.values()
     for budget in _of_kind("PodDisruptionBudget"):
         assert budget["spec"]["selector"]["matchLabels"] in labels.values()
-    exported = {name for _, name, _ in _GAUGES}
+    exported = {name for _, name, _ in ENGINE_GAUGES}
     for hpa in _of_kind("HorizontalPodAutoscaler"):
         assert hpa["spec"]["scaleTargetRef"]["name"] in labels
         for target in hpa["spec"]["metrics"]:

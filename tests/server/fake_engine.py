@@ -1,6 +1,6 @@
 """A deterministic stand-in for engine.engine.Engine, for fast server and AsyncEngine tests.
 
-It implements `engine.api.EngineCore`, the API the server relies on (info, new_request, add,
+It implements `engine.EngineCore`, the API the server relies on (info, new_request, add,
 abort_request, step, has_unfinished_requests, stats; a test checks it), with a byte-level fake
 tokenizer, and emits deltas as the real engine does. Generation is a pure function of (prompt, position, sequence index)
 for greedy requests, so expected texts can be computed independently by `expected_greedy_text`.
@@ -50,6 +50,17 @@ class FakeStats:
     num_steps: int = 0
     forward_path: str = "fake engine"
     cpu_kernels_active: bool = False
+
+
+@dataclass(frozen=True)
+class FakeRequest:
+    """What `new_request` validated, as the engine's `Request` carries it to `add`: the
+    AsyncEngine reads only `request_id`."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_time: float
 
 
 @dataclass
@@ -115,7 +126,7 @@ class FakeEngine:
     # ---- validation / admission ----
     def new_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> Request:
+    ) -> FakeRequest:
         if not prompt_token_ids:
             raise InvalidRequest("prompt", "prompt must contain at least one token")
         for t in prompt_token_ids:
@@ -140,9 +151,9 @@ class FakeEngine:
                 "stop", "stop strings are not supported with beam search; use stop_token_ids"
             )
         params.validate_for_vocab(self.tokenizer.vocab_size)
-        return Request(request_id, tuple(prompt_token_ids), params, time.monotonic())
+        return FakeRequest(request_id, tuple(prompt_token_ids), params, time.monotonic())
 
-    def add(self, request: Request) -> None:
+    def add(self, request: FakeRequest) -> None:
         limit = self.max_num_seqs + self.max_queued_requests  # the engine's one rule
         if len(self._waiting) + len(self._running) >= limit:
             raise QueueFullError(f"{limit} requests in flight")

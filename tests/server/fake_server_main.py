@@ -1,4 +1,4 @@
-"""The real `serve_app` (uvicorn with tgserve's signal handling) on the fake engine, as a
+"""The real `serve_engine` (uvicorn with tgserve's signal handling) on the fake engine, as a
 process the shutdown tests can signal:
 
     python -m tests.server.fake_server_main PORT SHUTDOWN_TIMEOUT STEP_DELAY [FLAG...]
@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from server.app import create_app
-from server.serve import add_arguments, configure_logging, serve_app
+from server.serve import add_arguments, configure_logging, serve_engine
 from server.settings import Settings
 from tests.server.fake_engine import FakeEngine
 
@@ -25,10 +24,9 @@ def main() -> int:
     flags += sys.argv[4:]
     settings = Settings.resolve(parser.parse_args(flags), {})
     configure_logging("info")
-    app = create_app(
+    return serve_engine(
         settings, lambda: FakeEngine(step_delay=step_delay, max_model_len=4096), admission_limit=16
     )
-    return serve_app(app, settings)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A live tgserve HTTP server on a free port, in a background thread, for the server tests.
 
-`LiveServer(engine_factory, **settings)` is a context manager: it builds the app with
+`LiveServer(engine_factory, on_fatal=..., **settings)` is a context manager: it builds the app with
 `create_app`, runs uvicorn in a thread, waits until /ready answers 200 and stops it on exit.
 `free_port()` finds a port; `metric(text, name, labels)` reads one sample from /metrics text
 through prometheus_client's parser; `inference_client(url, monkeypatch)` is huggingface_hub's
@@ -36,11 +36,12 @@ class LiveServer:
         engine_factory: Callable[[], Any],
         admission_limit: int = 32,
         wait_ready: bool = True,
+        on_fatal: Callable[[], None] = lambda: None,
         **settings: Any,
     ) -> None:
         self.port = free_port()
         self.settings = Settings(host="127.0.0.1", port=self.port, **settings)
-        self.app = create_app(self.settings, engine_factory, admission_limit)
+        self.app = create_app(self.settings, engine_factory, admission_limit, on_fatal)
         self.state = self.app.state.tgserve
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready = wait_ready

@@ -11,8 +11,7 @@ import httpx
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
+from engine import Engine, EngineConfig
 from models.cpu_features import native_bf16
 from tests.server.live import LiveServer, metric
 

@@ -15,8 +15,7 @@ import openai
 import pydantic
 import pytest
 
-from engine.config import EngineConfig
-from engine.engine import Engine
+from engine import Engine, EngineConfig
 from tests.server.live import LiveServer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -5,6 +5,7 @@ could have finished on its own.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -91,3 +92,53 @@ def test_a_client_leaving_while_queued_is_removed_from_the_queue(server):
         )  # gone while the first runs
         assert metric(scrape(server), "tgserve_num_requests_running") == 1
     wait_idle(server, within=1.0)
+
+
+class RecordingEngine(FakeEngine):
+    """A FakeEngine that remembers which requests were aborted, and which were added."""
+
+    def __init__(self, **knobs) -> None:
+        super().__init__(**knobs)
+        self.added: list[str] = []
+        self.aborted: list[str] = []
+
+    def add(self, request) -> None:
+        super().add(request)
+        self.added.append(request.request_id)
+
+    def abort_request(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        super().abort_request(request_id)
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/completions", {**LONG, "prompt": ["first", "second"]}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "temperature": 0},
+        ),
+        ("/generate", {"inputs": "long", "parameters": {"max_new_tokens": 100}}),
+    ],
+    ids=["completions, two prompts", "chat", "tgi"],
+)
+def test_a_non_streamed_disconnect_is_one_info_line_and_aborts_in_the_engine(route, body, caplog):
+    engine = RecordingEngine(step_delay=STEP, max_num_seqs=2)
+    uvicorn_logger = logging.getLogger("uvicorn")  # it does not propagate to the root logger
+    uvicorn_logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="server")
+    try:
+        with LiveServer(lambda: engine) as live:
+            warm_up = list(engine.added)
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(live.url + route, json=body, timeout=0.3)
+            wait_idle(live, within=1.0)
+    finally:
+        uvicorn_logger.removeHandler(caplog.handler)
+    added = [rid for rid in engine.added if rid not in warm_up]
+    assert added and sorted(engine.aborted) == sorted(added)  # every one of its requests
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    said = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+    assert said == [f"client disconnected from POST {route}: its request was aborted"]

@@ -12,8 +12,9 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from server import routes_misc, routes_openai, routes_tgi
+from server.app import API_ROUTERS, ServerState
 from server.guard import GENERATION_ROUTES
+from server.settings import Settings
 from tests.server.fake_engine import FakeEngine
 from tests.server.live import LiveServer, metric
 
@@ -77,10 +78,11 @@ def test_a_full_server_refuses_every_generation_route_before_reading_the_body(se
 
 
 def test_every_post_route_that_generates_is_gated():
+    state = ServerState(Settings(), FakeEngine, admission_limit=4)
     posts = {
         route.path
-        for module in (routes_openai, routes_tgi, routes_misc)
-        for route in module.router.routes
+        for build_router in API_ROUTERS  # every API's routes, as create_app adds them
+        for route in build_router(state).routes
         if "POST" in route.methods
     }
     assert posts - {"/tokenize", "/detokenize"} == GENERATION_ROUTES

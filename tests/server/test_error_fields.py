@@ -9,8 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.config import EngineConfig
-from engine.engine import Engine
+from engine import Engine, EngineConfig
 from tests.checkpoints import VOCAB
 from tests.server.live import LiveServer
 

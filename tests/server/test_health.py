@@ -101,8 +101,7 @@ def test_a_failed_load_is_reported_and_never_turns_ready():
         raise FileNotFoundError("no weights in /some/where")
 
     fatal = threading.Event()
-    live = LiveServer(broken, wait_ready=False)
-    live.state.on_fatal = fatal.set
+    live = LiveServer(broken, wait_ready=False, on_fatal=fatal.set)
     with live:
         assert fatal.wait(5)
         assert httpx.get(live.url + "/ready").status_code == 503

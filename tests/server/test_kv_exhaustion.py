@@ -16,8 +16,7 @@ import httpx
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
+from engine import Engine, EngineConfig
 from tests.checkpoints import VOCAB
 from tests.server.live import LiveServer, metric
 

@@ -1,4 +1,4 @@
-"""Lifecycle of a real server process (serve_app on the fake engine, tests/server/fake_server_main):
+"""Lifecycle of a real server process (serve_engine on the fake engine, tests/server/fake_server_main):
 streams in flight when SIGTERM comes finish whole and the exit code is 0; a second signal
 during the drain cuts everything and exits at once with 128 + the signal number; an engine
 loop killed by an injected fault fails /health and /ready, ends in-flight streams with error

@@ -17,8 +17,7 @@ import openai
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
+from engine import Engine, EngineConfig
 from tests.server.live import LiveServer, metric
 
 PROMPT = "Hello world, how are you"

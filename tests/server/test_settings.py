@@ -10,7 +10,8 @@ from dataclasses import fields
 import pytest
 
 from server import serve
-from server.settings import OPTIONS, Settings, parse_size
+from server.options import OPTIONS, parse_size
+from server.settings import Settings
 
 
 def parser() -> argparse.ArgumentParser:

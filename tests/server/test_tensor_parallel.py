@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import Engine, EngineConfig
-from engine.requests.sampling_params import SamplingParams
+from engine import Engine, EngineConfig, SamplingParams
 from tests.server.live import free_port
 from tests.server.test_shutdown import read_stream, start
 

@@ -1,0 +1,81 @@
+"""What both APIs share in turning a request into SamplingParams, and the engine's refusals
+into 400s naming the API's field.
+
+Contract: `build_params(api_fields, max_tokens=..., **values)` is SamplingParams from the values
+given (None: the engine's default; `max_tokens=None`: the engine fills the context), or the
+engine's refusal as `to_api_error`. `to_api_error(exc, api_fields)`: an `InvalidRequest` becomes
+an `ApiError(400)` whose `param` is the API's name for the engine's `InvalidRequest.field`
+(`api_fields`: engine field -> this route's, unlisted names are the same) and whose message
+opens with it (TGI's error body has no `param`), read from the attribute, never the message.
+`fault_spec` maps the tests' `fault` field (`FaultFields`, engine/faults.py): a 400 naming it
+unless `allowed` (--enable-fault-injection). `schema_text` checks a JSON schema given as text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from engine import FaultSpec, InvalidRequest, SamplingParams
+from server.errors import ApiError
+
+
+class FaultFields(BaseModel):
+    """Tests only (--enable-fault-injection): exactly one of these, counted in generated tokens;
+    see engine/faults.py. Unknown keys are refused, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid")
+    fail_after_tokens: int | None = None
+    kill_engine_after_tokens: int | None = None
+
+
+def to_api_error(exc: ValueError, api_fields: Mapping[str, str] | None = None) -> ApiError:
+    """A request the engine refused (SamplingParams or `new_request`), as a 400 naming the
+    API's field; a plain ValueError (no field known) keeps its message and names none."""
+    if not isinstance(exc, InvalidRequest):
+        return ApiError(400, str(exc))
+    param = (api_fields or {}).get(exc.field, exc.field)
+    return ApiError(400, f"{param}: {exc.message}", param=param)
+
+
+def build_params(
+    api_fields: Mapping[str, str], *, max_tokens: int | None, **values: Any
+) -> SamplingParams:
+    """SamplingParams from the values given (None: the default), max_tokens as it is (None:
+    the engine fills the context)."""
+    try:
+        given = {k: v for k, v in values.items() if v is not None}
+        return SamplingParams(max_tokens=max_tokens, **given)
+    except ValueError as exc:
+        raise to_api_error(exc, api_fields) from None
+
+
+def fault_spec(fault: FaultFields | None, allowed: bool) -> FaultSpec | None:
+    """The tests' fault spec; refused (never ignored) unless --enable-fault-injection is on."""
+    if fault is None:
+        return None
+    if not allowed:
+        raise ApiError(
+            400,
+            "fault is a testing field, accepted only when the server runs with "
+            "--enable-fault-injection",
+            param="fault",
+        )
+    try:
+        return FaultSpec(fault.fail_after_tokens, fault.kill_engine_after_tokens)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="fault") from None
+
+
+def schema_text(value: dict[str, Any] | bool | str, field: str) -> str:
+    """A schema given as an object or as JSON text, as JSON text (the engine checks it)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ApiError(400, f"{field} is not valid JSON: {exc}", param=field) from None
+        return value
+    return json.dumps(value)

@@ -1,0 +1,157 @@
+"""An assistant message read from the model's text: reasoning, content and tool calls.
+
+Contract: a `ChatOutputFormat` says what to read out of a choice's text: a reasoning split
+(server/openai/reasoning.py) and/or tool calls (a parser of server/openai/tool_calls/), applied in that order
+(calls are read from the answer, never from the reasoning). `message(text)` is the whole
+message: `content` (None when no answer text was written), `reasoning_content`
+when the output reasoned, and `tool_calls` as OpenAI shows them (`{id, type: "function",
+function: {name, arguments}}`). `stream()` gives a `MessageStream` whose `feed(text)` /
+`finish()` return OpenAI chat deltas in output order (after a first delta of role and null
+content: `first_delta`): `reasoning_content` and `content`
+fragments, a call's `{index, id, type, function: {name, arguments: ""}}` before any of its
+`{index, function: {arguments}}` fragments. Reassembled as the openai client does (strings
+concatenated, tool_calls merged by index), they equal `message` of the whole text, ids aside.
+`finish_reason(reason, made_calls)` is "tool_calls" for an output that ended normally with calls.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from server.openai.reasoning import ReasoningParser
+from server.openai.tool_calls import (
+    ArgumentsDelta,
+    CallStarted,
+    ContentDelta,
+    ToolEvent,
+    ToolParser,
+)
+
+Delta = dict[str, Any]
+
+
+def first_delta(fmt: ChatOutputFormat) -> Delta:
+    """The role chunk: content starts null when the text may hold no answer (calls only)."""
+    return {"role": "assistant", "content": "" if fmt.plain else None}
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def finish_reason(reason: str | None, made_calls: bool) -> str | None:
+    return "tool_calls" if made_calls and reason == "stop" else reason
+
+
+@dataclass(frozen=True)
+class ChatOutputFormat:
+    tools: ToolParser | None = None
+    reasoning: ReasoningParser | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.tools is None and self.reasoning is None
+
+    def message(self, text: str) -> dict[str, Any]:
+        reasoning, content = (None, text)
+        if self.reasoning is not None:
+            reasoning, content = self.reasoning.parse(text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if self.tools is not None:
+            parsed = self.tools.parse(content)
+            calls = [
+                {
+                    "id": call_id(),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in parsed.calls
+            ]
+            message["content"] = parsed.content
+            if calls:
+                message["tool_calls"] = calls
+        message["content"] = message["content"] or None  # as the stream's null first delta
+        return message
+
+    def stream(self) -> MessageStream:
+        return MessageStream(self)
+
+
+class MessageStream:
+    def __init__(self, fmt: ChatOutputFormat) -> None:
+        self._reasoning = fmt.reasoning.stream() if fmt.reasoning is not None else None
+        self._tools = fmt.tools.stream() if fmt.tools is not None else None
+        self.made_calls = False
+
+    def feed(self, text: str) -> list[Delta]:
+        if self._reasoning is None:
+            return self._answer(text, final=False)
+        return self._split(self._reasoning.feed(text), final=False)
+
+    def finish(self) -> list[Delta]:
+        if self._reasoning is None:
+            return self._answer("", final=True)
+        return self._split(self._reasoning.finish(), final=True)
+
+    def _split(self, pieces: list[tuple[str, str]], final: bool) -> list[Delta]:
+        deltas: list[Delta] = []
+        answer = ""
+        for kind, text in pieces:
+            if kind == "reasoning":
+                deltas.append({"reasoning_content": text})
+            else:
+                answer += text
+        deltas.extend(self._answer(answer, final))
+        return _merged(deltas)
+
+    def _answer(self, text: str, final: bool) -> list[Delta]:
+        if self._tools is None:
+            return [{"content": text}] if text else []
+        events: list[ToolEvent] = self._tools.feed(text) if text else []
+        if final:
+            events += self._tools.finish()
+        deltas: list[Delta] = []
+        for event in events:
+            if isinstance(event, ContentDelta):
+                deltas.append({"content": event.text})
+            elif isinstance(event, CallStarted):
+                self.made_calls = True
+                function = {"name": event.name, "arguments": ""}
+                call = {"index": event.index, "id": call_id(), "type": "function"}
+                deltas.append({"tool_calls": [{**call, "function": function}]})
+            elif isinstance(event, ArgumentsDelta):
+                call = {"index": event.index, "function": {"arguments": event.text}}
+                deltas.append({"tool_calls": [call]})
+        return _merged(deltas)
+
+
+def _merged(deltas: list[Delta]) -> list[Delta]:
+    """Neighbouring deltas of one kind joined (fewer chunks); a call's header stays alone."""
+    out: list[Delta] = []
+    for delta in deltas:
+        prev = out[-1] if out else None
+        if prev is not None and prev.keys() == delta.keys() and _joinable(prev, delta):
+            out[-1] = _join(prev, delta)
+        else:
+            out.append(delta)
+    return out
+
+
+def _joinable(a: Delta, b: Delta) -> bool:
+    if "tool_calls" not in a:
+        return True
+    x, y = a["tool_calls"][0], b["tool_calls"][0]
+    return "id" not in x and "id" not in y and x["index"] == y["index"]
+
+
+def _join(a: Delta, b: Delta) -> Delta:
+    if "tool_calls" not in a:
+        (key,) = a.keys()
+        return {key: a[key] + b[key]}
+    x, y = a["tool_calls"][0], b["tool_calls"][0]
+    arguments = x["function"]["arguments"] + y["function"]["arguments"]
+    return {"tool_calls": [{"index": x["index"], "function": {"arguments": arguments}}]}

@@ -1,0 +1,89 @@
+"""Reasoning output: `<think>...</think>` split from the answer into `reasoning_content`.
+
+Contract: `ReasoningParser(starts_inside)` reads a model output in which the reasoning opens
+with `<think>` (after leading whitespace), or, when `starts_inside` (the prompt already ended
+with `<think>`, as templates that force thinking do), from the first character. The reasoning
+runs to `</think>`; without it (a truncated output) everything after the open is reasoning.
+`parse(text)` returns (reasoning or None when the output has none, content); `stream()` reads
+the same text in any split and its `feed` / `finish` return ("reasoning" | "content", text)
+pieces that concatenate per kind to exactly `parse`'s result. Whitespace around the reasoning
+and between `</think>` and the answer is neither's. `uses_reasoning(template)` says whether a
+chat template teaches `<think>` (the default of `--reasoning-parser auto`).
+"""
+
+from __future__ import annotations
+
+from server.openai.tool_calls.holdback import WHITESPACE, TextUntilTag
+
+OPEN, CLOSE = "<think>", "</think>"
+Piece = tuple[str, str]
+
+
+def uses_reasoning(template: str | None) -> bool:
+    return bool(template) and OPEN in template and CLOSE in template
+
+
+def prompt_opens_reasoning(prompt: str) -> bool:
+    """The generation prompt ends inside a think block: the output starts with reasoning."""
+    return prompt.rstrip(WHITESPACE).endswith(OPEN)
+
+
+class ReasoningParser:
+    def __init__(self, starts_inside: bool = False) -> None:
+        self.starts_inside = starts_inside
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        body = text
+        if not self.starts_inside:
+            head = text.lstrip(WHITESPACE)
+            if not head.startswith(OPEN):
+                return None, text
+            body = head[len(OPEN) :]
+        end = body.find(CLOSE)
+        if end < 0:
+            return body.lstrip(WHITESPACE), ""
+        return body[:end].strip(WHITESPACE), body[end + len(CLOSE) :].lstrip(WHITESPACE)
+
+    def stream(self) -> ReasoningStream:
+        return ReasoningStream(self.starts_inside)
+
+
+class ReasoningStream:
+    def __init__(self, starts_inside: bool) -> None:
+        self._mode = "reasoning" if starts_inside else "lead"  # lead | reasoning | answer
+        self._buf = ""
+        self._reasoning = TextUntilTag(CLOSE)
+        self._reasoning.after_call = True  # whitespace after <think> is not reasoning
+        self._strip_answer = True
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        return self._read(final=False)
+
+    def finish(self) -> list[Piece]:
+        return self._read(final=True)
+
+    def _read(self, final: bool) -> list[Piece]:
+        pieces: list[Piece] = []
+        if self._mode == "lead":
+            head = self._buf.lstrip(WHITESPACE)
+            if not final and (not head or (OPEN.startswith(head) and head != OPEN)):
+                return pieces  # may still open a think block
+            if head.startswith(OPEN):
+                self._mode, self._buf = "reasoning", head[len(OPEN) :]
+            else:
+                self._mode, self._strip_answer = "answer", False
+        if self._mode == "reasoning":
+            text, closed, self._buf = self._reasoning.read(self._buf, final)
+            if text:
+                pieces.append(("reasoning", text))
+            if closed is None:
+                return pieces
+            self._mode = "answer"
+        if self._strip_answer:
+            self._buf = self._buf.lstrip(WHITESPACE)
+            self._strip_answer = not self._buf
+        if self._buf:
+            pieces.append(("content", self._buf))
+            self._buf = ""
+        return pieces

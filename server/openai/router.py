@@ -1,0 +1,81 @@
+"""OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and vLLM's
+POST /tokenize and POST /detokenize.
+
+Contract: `build_router(state)` returns the routes, each handing its request to the serving
+class of its API (server/openai/serving_completions.py, serving_chat.py): answers and errors
+are theirs. /v1/models lists the served names. /tokenize takes `prompt` (text) or `messages`
+(through the chat template, as the chat route renders them) and returns `{"tokens", "count",
+"max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server.errors import ApiError, read_body
+from server.openai.protocol import DetokenizeRequest, TokenizeRequest
+from server.openai.serving_chat import ChatServing
+from server.openai.serving_completions import CompletionServing
+from server.state import ServerState
+
+
+def build_router(state: ServerState) -> APIRouter:
+    router = APIRouter()
+    completion_serving, chat_serving = CompletionServing(state), ChatServing(state)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await completion_serving.create(request)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await chat_serving.create(request)
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "tgserve",
+                "max_model_len": state.max_model_len,
+            }
+            for name in state.model_names
+        ]
+        return {"object": "list", "data": data}
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        req = await read_body(request, TokenizeRequest)
+        state.model_name(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise ApiError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
+        if req.messages is not None:
+            add_generation_prompt = req.add_generation_prompt is not False
+            prompt = await chat_serving.chat_prompt(req.messages, add_generation_prompt)
+            tokens = prompt.token_ids
+        else:
+            add_special = req.add_special_tokens is not False
+            encode = state.require_tokenizer().encode
+            tokens = await asyncio.to_thread(encode, req.prompt, add_special)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        req = await read_body(request, DetokenizeRequest)
+        state.model_name(req.model)
+        tokenizer = state.require_tokenizer()
+        vocab = tokenizer.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(
+                400, f"token id {bad[0]} is outside the vocabulary (size {vocab})", param="tokens"
+            )
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, req.tokens, False)}
+
+    return router

@@ -1,0 +1,38 @@
+"""Operational routes: /health, /ready, /metrics.
+
+Contract: /health is 200 while the process is alive and the engine loop makes progress (the
+AsyncEngine watchdog; loading counts as healthy), else 503. /ready is 200 only once weights
+are loaded and the warm-up request ran, and 503 again while draining or once the engine loop
+died. /metrics is Prometheus text (server/metrics/).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from server.state import ServerState
+
+
+def build_router(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        if state.engine is not None and not state.engine.is_healthy():
+            return JSONResponse({"status": "unhealthy"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/ready")
+    async def ready() -> Response:
+        if state.ready:
+            return JSONResponse({"status": "ready"})
+        status = "dead" if state.dead_reason else "draining" if state.draining else "loading"
+        return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    return router

@@ -1,0 +1,219 @@
+"""The table of `tgserve serve` options: each a CLI flag and a TGSERVE_* variable, with its
+parser and help.
+
+Contract: `OPTIONS` lists every option (`Option`: destination, parser of its text, help; a
+`repeatable` flag may be given several times and its variable is a comma list; a
+`flag_is_switch` flag takes no value). Parsers raise ValueError with a message a user can act on
+(`parse_size` reads "2GiB", "512MiB", "2GB"). Defaults live with the values, in
+server/settings.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Kept in step with server.openai.tool_calls.PARSERS (a test checks it); not imported, so parsing
+# settings stays free of the parsers' imports.
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("auto", "think", "none")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "1073741824", "512MiB" (powers of 1024) or "2GB" / "2G" (powers of 1000)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"expected a size such as 2GiB, 512MiB or 1000000000, got {text!r}")
+    number, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not (value == 0 or 1 <= value <= 60_000):
+        raise ValueError(f"expected 0 (off) or milliseconds in [1, 60000], got {text!r}")
+    return value
+
+
+def words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    """Origins from one flag value: `*` or scheme://host[:port], a trailing slash dropped."""
+    origins = tuple(o.rstrip("/") for o in words(text))
+    for origin in origins:
+        if origin != "*" and not re.match(r"^https?://[^/\s]+$", origin):
+            raise ValueError(f"expected * or an origin such as https://app.example, got {origin!r}")
+    return origins
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    parse: Callable[[str], Any]
+    help: str
+    repeatable: bool = False  # the flag may be given several times; the variable is a comma list
+    flag_is_switch: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "TGSERVE_" + self.dest.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("model", str, "HF folder or GGUF file to serve (default: SmolLM2-135M-Instruct)"),
+    Option("host", str, "address to listen on"),
+    Option("port", int, "port to listen on"),
+    Option("api_key", str, "accepted Bearer key (repeatable)", repeatable=True),
+    Option("served_model_name", str, "model name(s) clients use (repeatable)", repeatable=True),
+    Option("dtype", str, "auto | float32 | bfloat16 | float16"),
+    Option("device", str, "auto | cpu | cuda | cuda:N"),
+    Option("quantization", str, "none | int8 (weight-only int8 linears, opt-in)"),
+    Option("max_model_len", int, "context length admitted (default: the model's)"),
+    Option("block_size", int, "tokens per KV cache block"),
+    Option("max_num_seqs", int, "sequences running at once"),
+    Option(
+        "max_num_batched_tokens",
+        int,
+        "upper bound on the tokens of one engine step, for experts (below it --target-itl-ms "
+        "sizes prefill chunks; a step with no token to deliver to a stream fills it)",
+    ),
+    Option(
+        "target_itl_ms",
+        _milliseconds,
+        "step-time target while streams decode: prefill chunks are sized so a step that "
+        "delivers tokens to a stream stays under it (0: off, steps fill --max-num-batched-tokens; "
+        "default: the engine's, 100 ms)",
+    ),
+    Option(
+        "kv_cache_memory",
+        parse_size,
+        "KV cache budget, e.g. 2GiB (default: a share of free memory)",
+    ),
+    Option(
+        "max_queued_requests",
+        int,
+        "requests that may wait beyond the running ones: in flight = --max-num-seqs + this; "
+        "beyond it 429 with Retry-After",
+    ),
+    Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
+    Option(
+        "disable_cpu_kernels",
+        _bool,
+        "keep to PyTorch ops on CPU (default: tgserve's C++ decode kernels, built at start-up)",
+        flag_is_switch=True,
+    ),
+    Option(
+        "dequantize",
+        _bool,
+        "GGUF files: dequantise every tensor to --dtype (default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K kept as stored)",
+        flag_is_switch=True,
+    ),
+    Option(
+        "tensor_parallel_size",
+        int,
+        "ranks (processes; GPUs on CUDA) one replica's model is split over, through "
+        "torch.distributed: gloo on CPU, NCCL on CUDA",
+    ),
+    Option(
+        "enforce_eager",
+        _bool,
+        "on CUDA: run every step eagerly (default: decode steps replay CUDA graphs captured at "
+        "start-up per batch-size bucket)",
+        flag_is_switch=True,
+    ),
+    Option(
+        "batch_invariant",
+        _bool,
+        "on CUDA: every linear through one fixed-tile GEMM, so a greedy or seeded request's "
+        "tokens do not depend on what else runs (default off there: cuBLAS's tuned GEMMs are "
+        "faster); CPU steps are batch-invariant by default",
+        flag_is_switch=True,
+    ),
+    Option(
+        "shutdown_timeout",
+        _non_negative_float,
+        "seconds in-flight requests get after SIGTERM (0: abort them at once)",
+    ),
+    Option("request_timeout", _positive_float, "default per-request deadline in seconds"),
+    Option(
+        "health_stall_timeout",
+        _positive_float,
+        "/health fails when no engine step ends for this long while work is pending",
+    ),
+    Option("max_body_bytes", parse_size, "largest request body accepted (413 beyond)"),
+    Option(
+        "max_header_bytes",
+        parse_size,
+        "largest total size of a request's header names and values (431 beyond)",
+    ),
+    Option("max_headers", int, "most header fields one request may carry (431 beyond)"),
+    Option("public_routes", words, "comma list of routes served without a key"),
+    Option(
+        "allowed_origins",
+        _origins,
+        "browser origins allowed by CORS, e.g. https://app.example (repeatable or a comma list; "
+        "* allows any; none: no CORS headers)",
+        repeatable=True,
+    ),
+    Option(
+        "tool_call_parser",
+        str,
+        "format of the model's tool calls: auto (from the chat template) | hermes | "
+        "llama3_json | mistral",
+    ),
+    Option(
+        "reasoning_parser",
+        str,
+        "split <think>...</think> into reasoning_content: auto (when the chat template uses "
+        "<think>) | think (always) | none",
+    ),
+    Option(
+        "vllm_compatible_metrics",
+        _bool,
+        "/metrics also exports the queue and KV-cache use under vLLM's names "
+        "(vllm:num_requests_waiting, ...), read by LLM routers and the Gateway API Inference "
+        "Extension (off: the output passes `promtool check metrics`)",
+        flag_is_switch=True,
+    ),
+    Option("log_level", str, "debug | info | warning | error"),
+    Option(
+        "enable_fault_injection",
+        _bool,
+        "FOR TESTS ONLY: accept the `fault` request field (fail a request or kill the engine)",
+        flag_is_switch=True,
+    ),
+)

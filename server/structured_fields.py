@@ -1,0 +1,82 @@
+"""Structured-output request shapes: OpenAI `response_format`, vLLM's `guided_*` fields, TGI's
+`parameters.grammar`.
+
+Contract: these pydantic models only describe the JSON (a wrong type is a 400 naming the field,
+TGI: 422); server/openai/params.py and server/tgi/params.py map them onto `SamplingParams.structured_output`, and the engine
+compiles the grammar (a schema it cannot compile is a 400 naming the field there too).
+- `response_format` (chat): `{"type": "text"}` (no constraint), `{"type": "json_object"}`,
+  `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`, and
+  TGI's form `{"type": "json_object" | "json", "value": schema}` (what huggingface_hub's
+  InferenceClient sends for a json_schema), read as that json_schema;
+- `guided_json` (a schema, as an object or JSON text), `guided_regex`, `guided_choice` (a list
+  of strings), `guided_grammar` (a Lark grammar, llguidance's dialect) on both OpenAI routes;
+- TGI `grammar`: `{"type": "json", "value": schema}` or `{"type": "regex", "value": regex}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # always strict here: the grammar is enforced either way
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {"type": "json_object"},
+                {
+                    "type": "json_schema",
+                    "json_schema": {"name": "person", "schema": _PERSON_SCHEMA},
+                },
+            ]
+        },
+    )
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    value: dict[str, Any] | bool | None = Field(
+        default=None, description='TGI\'s form: {"type": "json_object", "value": schema}'
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tgi_schema(cls, data: Any) -> Any:
+        """TGI's `{"type": "json_object" | "json", "value": schema}` is that json_schema."""
+        tgi = isinstance(data, dict) and data.get("type") in ("json_object", "json")
+        if tgi and data.get("value") is not None:
+            return {"type": "json_schema", "json_schema": {"schema": data["value"]}}
+        return data
+
+
+class GuidedFields(BaseModel):
+    """vLLM's structured-output fields, on /v1/completions and /v1/chat/completions."""
+
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
+class TgiGrammar(BaseModel):
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"examples": [{"type": "json", "value": _PERSON_SCHEMA}]},
+    )
+    type: Literal["json", "regex"]
+    value: dict[str, Any] | bool | str
