@@ -52,17 +52,6 @@ class FakeStats:
     cpu_kernels_active: bool = False
 
 
-@dataclass(frozen=True)
-class FakeRequest:
-    """What `new_request` validated, as the engine's `Request` carries it to `add`: the
-    AsyncEngine reads only `request_id`."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
-    arrival_time: float
-
-
 @dataclass
 class _Seq:
     index: int
@@ -126,7 +115,7 @@ class FakeEngine:
     # ---- validation / admission ----
     def new_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> FakeRequest:
+    ) -> Request:
         if not prompt_token_ids:
             raise InvalidRequest("prompt", "prompt must contain at least one token")
         for t in prompt_token_ids:
@@ -151,9 +140,9 @@ class FakeEngine:
                 "stop", "stop strings are not supported with beam search; use stop_token_ids"
             )
         params.validate_for_vocab(self.tokenizer.vocab_size)
-        return FakeRequest(request_id, tuple(prompt_token_ids), params, time.monotonic())
+        return Request(request_id, tuple(prompt_token_ids), params, time.monotonic())
 
-    def add(self, request: FakeRequest) -> None:
+    def add(self, request: Request) -> None:
         limit = self.max_num_seqs + self.max_queued_requests  # the engine's one rule
         if len(self._waiting) + len(self._running) >= limit:
             raise QueueFullError(f"{limit} requests in flight")
