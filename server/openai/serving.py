@@ -2,8 +2,9 @@
 JSON body or as SSE chunks.
 
 Contract: a serving class (`CompletionServing`, `ChatServing`) parses its request into a `Job`
-and says how one engine output renders as choices (`choices_for`), what opens a stream
-(`opening_choices`: chat's role chunk) and its object names; `respond(request, job, stream)`
+and says how the unseen part of one engine output renders as choices (`render`, given a
+`ChoiceUpdate` from `Job.advance`), what opens a stream (`opening_choices`: chat's role chunk)
+and its object names; `respond(request, job, stream)`
 does the rest. The engine's outputs are deltas with offsets; streamed text is their
 concatenation and the non-streamed text their sum (`final_output`), so the two are equal. Each
 choice gets exactly one chunk with a finish_reason; a choice with nothing to show (as while a
@@ -65,7 +66,7 @@ class OpenAIServing(ABC, Generic[JobT]):
         update = job.advance(prompt_index, out)
         return [] if update is None else self.render(job, update, delta_only, prompt_lp)
 
-    def opening_choices(self, job: JobT, num_prompts: int) -> list[dict[str, Any]]:
+    def opening_choices(self, job: JobT, num_prompts: int) -> list[Choice]:
         """The choices of a stream's first chunk, before any output (none by default)."""
         return []
 

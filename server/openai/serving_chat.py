@@ -129,7 +129,7 @@ class ChatServing(OpenAIServing[ChatJob]):
             reasoning, mode = ReasoningParser(inside), "inside" if inside else "optional"
         return ChatOutputFormat(parser, reasoning), tool_grammar(setup.parser, tools, mode)
 
-    def opening_choices(self, job: ChatJob, num_prompts: int) -> list[dict[str, Any]]:
+    def opening_choices(self, job: ChatJob, num_prompts: int) -> list[Choice]:
         """The role comes first, once per choice."""
         delta = first_delta(job.output_format)
         return [
