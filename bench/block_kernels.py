@@ -1,22 +1,24 @@
 """GGUF blocks as stored against the dense kernel, one linear layer at a time, in one process.
 
 `python -m bench.block_kernels [--rows 1,8,32,64,128] [--dtype float32,bfloat16]
-[--types Q4_1,Q8_0,Q4_K,Q6_K] [--runs 7] [--threads N]` times, for each of SmolLM2-135M's
-linear shapes (qkv 960x576, gate-up 3072x576, down 576x1536, o 576x576; `--lm-head` adds the
-tied head 49152x576, float32 out, up to 512 rows) stored in each type, the C++ block kernel
-(`block_linear`, what weights kept as stored run) and the dense packed kernel over the same
-weights dequantised to the activations' dtype (`linear`, what `--dequantize` runs), on the same
-activations. The two kernels alternate call by call inside each run (a busy machine slows both
-alike); a run times `--calls` calls of each and the figure is the median of `--runs` runs.
+[--types Q4_1,Q8_0,Q4_K,Q6_K] [--runs 7] [--threads N] [--march haswell]` times, for each of
+SmolLM2-135M's linear shapes (qkv 960x576, gate-up 3072x576, down 576x1536, o 576x576;
+`--lm-head` adds the tied head 49152x576, float32 out, up to 512 rows) stored in each type, the
+C++ block kernel (`block_linear`, what weights kept as stored run) and the dense packed kernel
+over the same weights dequantised to the activations' dtype (`linear`, what `--dequantize`
+runs), on the same activations, in the native build or the one `--march` names (every ISA
+build a CPU can run, on one host: the same sources, `models.cpu_kernels.build(march)`). The two
+kernels alternate call by call inside each run (a busy machine slows both alike); a run times
+`--calls` calls of each and the figure is the median of `--runs` runs.
 
 Prints one JSON line per (dtype, type, rows, layer): GFLOP/s of each kernel from the median
 run (`blocks_gflops`, `dense_gflops`) and from the best single call (`*_best_gflops`: a call
 no other process preempted, the steadier figure on a shared machine) and `blocks_over_dense`
 (`_best`): the blocks' rate as a fraction of the dense kernel's (>= 1.0: at least the dense
 rate); then one line per (dtype, type, rows) over the four layer shapes together (`layer:
-"all"`), each with the 1-minute load average at its start (compare the ratios of one process). Weights: seeded
-N(0, 0.02), quantised by the gguf package (K-quants by bench/kquantize.py, K rounded up to
-whole 256-wide super-blocks: 576 -> 768).
+"all"`), each with the 1-minute load average at its start (compare the ratios of one
+process). Weights: seeded N(0, 0.02), quantised by the gguf package (K-quants by
+bench/kquantize.py, K rounded up to whole 256-wide super-blocks: 576 -> 768).
 """
 
 from __future__ import annotations
@@ -92,12 +94,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--types", default="Q4_1,Q4_0,Q8_0,Q4_K,Q6_K", help="GGML types")
     parser.add_argument("--lm-head", action="store_true", help="also the 49152x576 LM head")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
+    parser.add_argument(
+        "--march",
+        default="native",
+        help="the kernels built for this -march (haswell: AVX2, icelake-server: AVX-512 "
+        "without BF16, x86-64-v2: scalar), compiled on first use",
+    )
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--calls", type=int, default=0, help="calls per run (0: ~20 ms a run)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ext = cpu_kernels.extension()
+    ext = cpu_kernels.extension() if args.march == "native" else cpu_kernels.build(args.march)
     if ext is None:
         raise SystemExit("tgserve's C++ CPU kernels are unavailable here")
     layers = LAYERS + ((LM_HEAD,) if args.lm_head else ())
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                             totals[key] += us
                 row = {"dtype": dtype_name, "type": qtype.name, "rows": m, "layer": "all"}
                 row |= rates(totals.pop("flop"), totals)
-                row |= {"load": load, "threads": torch.get_num_threads()}
+                row |= {"load": load, "threads": torch.get_num_threads(), "march": args.march}
                 print(json.dumps(row), flush=True)
 
 
