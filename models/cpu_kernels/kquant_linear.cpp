@@ -52,7 +52,9 @@ constexpr int64_t kPanel = 16;
 constexpr int64_t kSum = 32;  // xsum granularity: every type with a min has 32-wide sub-blocks
 constexpr int kMaxMR = 4;
 constexpr int kMaxNR = 4;
-constexpr int64_t kWideM = 8;  // more rows than this: unpack each block once (wide_linear)
+// More rows than this: unpack a group once per call (wide_linear, wide_fma). One thread, 960 x
+// 768 Q4_K / Q6_K: the register passes ran 45-57 GFLOP/s at 4-8 rows, the group pass 59-68 at 9.
+constexpr int64_t kWideM = 4;
 // Few rows: each panel stream prefetches (into L2) the block this many bytes ahead, rounded up
 // to whole blocks. Measured with bench.decode_layers on the 1B Q4_K_M file (quiet machine): the
 // matrices of a token 35 -> 24-28 ms, the Q6_K LM head 11 -> 5.5-7 ms.
