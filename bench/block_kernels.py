@@ -1,80 +1,153 @@
-"""GGUF blocks as stored against the dense bf16 kernel, one linear layer at a time, in one process.
+"""GGUF blocks as stored against the dense kernel, one linear layer at a time, in one process.
 
-`python -m bench.block_kernels [--rows 1,64,2048] [--threads N] [--reps 20]` times, for each of
-SmolLM2-135M's linear shapes in the type the default model stores them (Q4_1 qkv 960x576, gate-up
-3072x576, down 576x1536, o 576x576; the Q8_0 tied LM head 49152x576, float32 out), the C++
-block kernel (`block_linear`, what the default model runs) and the dense packed kernel over the
-same weights dequantised to bf16 (`linear`, what `--dequantize` runs), on the same bf16
-activations. Prints one JSON line per (shape, rows): best-of-`reps` microseconds of each and
-their ratio (dense / blocks: > 1 means the blocks are faster). Weights: seeded N(0, 0.02),
-quantised by the gguf package. The LM head is skipped above 512 rows (a step only runs it on the
-rows it samples).
+`python -m bench.block_kernels [--rows 1,8,32,64,128] [--dtype float32,bfloat16]
+[--types Q4_1,Q8_0,Q4_K,Q6_K] [--runs 7] [--threads N] [--march haswell]` times, for each of
+SmolLM2-135M's linear shapes (qkv 960x576, gate-up 3072x576, down 576x1536, o 576x576;
+`--lm-head` adds the tied head 49152x576, float32 out, up to 512 rows) stored in each type, the
+C++ block kernel (`block_linear`, what weights kept as stored run) and the dense packed kernel
+over the same weights dequantised to the activations' dtype (`linear`, what `--dequantize`
+runs), on the same activations, in the native build or the one `--march` names (every ISA
+build a CPU can run, on one host: the same sources, `models.cpu_kernels.build(march)`). The two
+kernels alternate call by call inside each run (a busy machine slows both alike); a run times
+`--calls` calls of each and the figure is the median of `--runs` runs.
+
+Prints one JSON line per (dtype, type, rows, layer): GFLOP/s of each kernel from the median
+run (`blocks_gflops`, `dense_gflops`) and from the best single call (`*_best_gflops`: a call
+no other process preempted, the steadier figure on a shared machine) and `blocks_over_dense`
+(`_best`): the blocks' rate as a fraction of the dense kernel's (>= 1.0: at least the dense
+rate); then one line per (dtype, type, rows) over the four layer shapes together (`layer:
+"all"`), each with the 1-minute load average at its start (compare the ratios of one
+process). Weights: seeded N(0, 0.02), quantised by the gguf package (K-quants by
+bench/kquantize.py, K rounded up to whole 256-wide super-blocks: 576 -> 768).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
+from bench.kquantize import quantize_k
 from models import cpu_kernels
 
-SHAPES = (  # name, type, N, K
-    ("qkv", QT.Q4_1, 960, 576),
-    ("gate_up", QT.Q4_1, 3072, 576),
-    ("down", QT.Q4_1, 576, 1536),
-    ("o", QT.Q4_1, 576, 576),
-    ("lm_head", QT.Q8_0, 49152, 576),
-)
+LAYERS = (("qkv", 960, 576), ("gate_up", 3072, 576), ("down", 576, 1536), ("o", 576, 576))
+LM_HEAD = ("lm_head", 49152, 576)
+KQUANTS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def best_us(fn, reps: int) -> float:
-    fn()  # warm: caches, the OpenMP pool
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e6
+def width(qtype: QT) -> int:
+    return 256 if qtype in KQUANTS else 32
 
 
-def main() -> None:
+def quantized(values: torch.Tensor, qtype: QT):
+    array = values.numpy()
+    return quantize_k(array, qtype) if qtype in KQUANTS else quantize(array, qtype)
+
+
+def time_pair_us(
+    blocks: Callable[[], object], dense: Callable[[], object], runs: int, calls: int
+) -> dict[str, float]:
+    """Microseconds per call of each, the calls alternating: the median over `runs` of each
+    run's mean, and the best single call (a call no other process preempted)."""
+    blocks(), dense()  # warm: caches, the OpenMP pool
+    means: list[tuple[float, float]] = []
+    best = [float("inf"), float("inf")]
+    for _ in range(runs):
+        spent = [0.0, 0.0]
+        for _ in range(calls):
+            for i, fn in enumerate((blocks, dense)):
+                start = time.perf_counter()
+                fn()
+                took = time.perf_counter() - start
+                spent[i] += took
+                best[i] = min(best[i], took)
+        means.append((spent[0] / calls * 1e6, spent[1] / calls * 1e6))
+    return {
+        "blocks": statistics.median(r[0] for r in means),
+        "dense": statistics.median(r[1] for r in means),
+        "blocks_best": best[0] * 1e6,
+        "dense_best": best[1] * 1e6,
+    }
+
+
+def rates(flop: float, us: dict[str, float]) -> dict[str, float]:
+    """GFLOP/s of each kernel (median and best) and the blocks' rate over the dense one's."""
+    out = {f"{key}_gflops": round(flop / t / 1e3, 1) for key, t in us.items()}
+    out["blocks_over_dense"] = round(us["dense"] / us["blocks"], 3)
+    out["blocks_over_dense_best"] = round(us["dense_best"] / us["blocks_best"], 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1,64,2048", help="comma-separated M values")
+    parser.add_argument("--rows", default="1,8,32,64,128", help="comma-separated M values")
+    parser.add_argument("--dtype", default="float32,bfloat16", help="activation dtypes")
+    parser.add_argument("--types", default="Q4_1,Q4_0,Q8_0,Q4_K,Q6_K", help="GGML types")
+    parser.add_argument("--lm-head", action="store_true", help="also the 49152x576 LM head")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
-    parser.add_argument("--reps", type=int, default=20)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--march",
+        default="native",
+        help="the kernels built for this -march (haswell: AVX2, icelake-server: AVX-512 "
+        "without BF16, x86-64-v2: scalar), compiled on first use",
+    )
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=0, help="calls per run (0: ~20 ms a run)")
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ext = cpu_kernels.extension()
+    ext = cpu_kernels.extension() if args.march == "native" else cpu_kernels.build(args.march)
     if ext is None:
         raise SystemExit("tgserve's C++ CPU kernels are unavailable here")
+    layers = LAYERS + ((LM_HEAD,) if args.lm_head else ())
     gen = torch.Generator().manual_seed(0)
-    for name, qtype, n, k in SHAPES:
-        raw = quantize((torch.randn(n, k, generator=gen) * 0.02).numpy(), qtype)
-        blocks = ext.pack_blocks(torch.from_numpy(raw), int(qtype), k)
-        dense = ext.pack_linear(torch.from_numpy(dequantize(raw, qtype)).bfloat16().contiguous())
-        float_out = name == "lm_head"
-        for m in (int(v) for v in args.rows.split(",")):
-            if float_out and m > 512:
-                continue
-            x = torch.randn(m, k, generator=gen).bfloat16()
-            reps = max(3, min(args.reps, int(4e9 / (m * n * k))))
-            run_blocks = partial(ext.block_linear, x, blocks, int(qtype), n, None, float_out)
-            t_blocks = best_us(run_blocks, reps)
-            t_dense = best_us(partial(ext.linear, x, dense, None, n, float_out), reps)
-            row = {"layer": name, "type": qtype.name, "n": n, "k": k, "rows": m}
-            row |= {"blocks_us": round(t_blocks, 1), "dense_us": round(t_dense, 1)}
-            row |= {
-                "dense_over_blocks": round(t_dense / t_blocks, 3),
-                "threads": torch.get_num_threads(),
-            }
-            print(json.dumps(row), flush=True)
+    for dtype_name in args.dtype.split(","):
+        dtype = DTYPES[dtype_name]
+        for qtype in (QT[name] for name in args.types.split(",")):
+            weights = []
+            for name, n, k in layers:
+                k = -(-k // width(qtype)) * width(qtype)  # 256-wide types: K rounded up
+                raw = quantized(torch.randn(n, k, generator=gen) * 0.02, qtype)
+                packed = ext.pack_blocks(torch.from_numpy(raw), int(qtype), k)
+                values = torch.from_numpy(dequantize(raw, qtype)).to(dtype).contiguous()
+                weights.append((name, n, k, packed, ext.pack_linear(values)))
+            for m in (int(v) for v in args.rows.split(",")):
+                totals = dict.fromkeys(
+                    ("flop", "blocks", "dense", "blocks_best", "dense_best"), 0.0
+                )
+                load = round(os.getloadavg()[0], 2)
+                for name, n, k, packed, dense in weights:
+                    float_out = name == "lm_head"
+                    if float_out and m > 512:
+                        continue
+                    x = torch.randn(m, k, generator=gen).to(dtype)
+                    calls = args.calls or max(1, int(4e8 / (2 * m * n * k + 4e6)))
+                    times = time_pair_us(
+                        partial(ext.block_linear, x, packed, int(qtype), n, None, float_out),
+                        partial(ext.linear, x, dense, None, n, float_out),
+                        args.runs,
+                        calls,
+                    )
+                    row = {"dtype": dtype_name, "type": qtype.name, "rows": m, "layer": name}
+                    row |= {"n": n, "k": k} | rates(2 * m * n * k, times) | {"load": load}
+                    print(json.dumps(row), flush=True)
+                    if not float_out:
+                        totals["flop"] += 2 * m * n * k
+                        for key, us in times.items():
+                            totals[key] += us
+                row = {"dtype": dtype_name, "type": qtype.name, "rows": m, "layer": "all"}
+                row |= rates(totals.pop("flop"), totals)
+                row |= {"load": load, "threads": torch.get_num_threads(), "march": args.march}
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ _HEADERS = (
     "simd16.h",
     "block_fma.h",
     "kquant_fma.h",
+    "group_walk.h",
 )
 
 

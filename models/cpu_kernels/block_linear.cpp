@@ -28,8 +28,11 @@
 // Two SIMD paths, one order. Few rows (M <= 8, decode): a pass dequantises each pair of steps
 // of its panels in registers and runs all its rows (up to 8) over them (the weights are read
 // once; dequantising costs ALU work next to streaming a third of the dense bytes). Many rows:
-// a thread dequantises a group of 4 panels once into a bf16 scratch (L2-sized) and runs 6-row x
-// 4-panel dense register tiles over it: the dense kernel's work plus the amortised dequantising.
+// a thread dequantises a group of 4 panels once into a scratch (L2-sized) and runs the dense
+// kernel's 6-row register tiles over it: the dense kernel's work plus the amortised
+// dequantising. bf16 with AVX512-BF16: a bf16 scratch, 6 x 4 vdpbf16ps tiles (many_rows);
+// float32 (and bf16 without AVX512-BF16, AVX-512 or AVX2): a float32 scratch in linear.cpp's
+// layout, 6-row fma tiles (many_rows_fma, block_fma.h, group_walk.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,6 +44,7 @@
 
 #include "kernels.h"
 #include "block_fma.h"
+#include "group_walk.h"
 
 namespace tgserve {
 namespace {
@@ -116,6 +120,35 @@ void dequant_block_portable(const uint8_t* blk, const Format& f, int type, WT w[
       w[l][e] = static_cast<WT>(dequant(d, mn, packed_q(blk + f.scales, type, l, e), f.has_min));
   }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// y[0 .. count) = round(v + bias) in OutT, as static_cast<OutT>(float) rounds (bf16: to nearest
+// even, NaN -> 0x7FC0, as c10::BFloat16 does), 16 lanes at a time.
+template <typename T, typename OutT>
+inline void store_lanes(__m512 v, const T* bias, int count, OutT* y) {
+  const __mmask16 k = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+  __m512 b = _mm512_setzero_ps();
+  if (bias) {
+    if constexpr (std::is_same_v<T, float>)
+      b = _mm512_maskz_loadu_ps(k, bias);
+    else
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, bias)), 16));
+  }
+  v = _mm512_add_ps(v, b);
+  if constexpr (std::is_same_v<OutT, float>) {
+    _mm512_mask_storeu_ps(y, k, v);
+  } else {
+    const __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+    const __m512i bias_rne =
+        _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), one), _mm512_set1_epi32(0x7FFF));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias_rne), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_mask_storeu_epi16(static_cast<void*>(y), k, _mm512_cvtepi32_epi16(r));
+  }
+}
+
+#endif
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 
@@ -272,32 +305,6 @@ template <typename T>
 void simd_any(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pb, int mr, int nr,
               float* out) {
   if constexpr (kHasSimd<T>) simd_rows<kMaxMR>(type, x, K, Wp, pb, mr, nr, out);
-}
-
-// y[0 .. count) = round(v + bias) in OutT, as static_cast<OutT>(float) rounds (bf16: to nearest
-// even, NaN -> 0x7FC0, as c10::BFloat16 does), 16 lanes at a time.
-template <typename T, typename OutT>
-inline void store_lanes(__m512 v, const T* bias, int count, OutT* y) {
-  const __mmask16 k = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-  __m512 b = _mm512_setzero_ps();
-  if (bias) {
-    if constexpr (std::is_same_v<T, float>)
-      b = _mm512_maskz_loadu_ps(k, bias);
-    else
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, bias)), 16));
-  }
-  v = _mm512_add_ps(v, b);
-  if constexpr (std::is_same_v<OutT, float>) {
-    _mm512_mask_storeu_ps(y, k, v);
-  } else {
-    const __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
-    const __m512i bias_rne =
-        _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), one), _mm512_set1_epi32(0x7FFF));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias_rne), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-    _mm256_mask_storeu_epi16(static_cast<void*>(y), k, _mm512_cvtepi32_epi16(r));
-  }
 }
 
 // Many rows (M > kFewRows): a thread dequantises a group of kGroupPanels panels once into a
@@ -469,6 +476,69 @@ void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pane
 #endif
 }
 
+// y rows [0 .. mr) (N apart), columns [0 .. nn) = round(out + bias) in OutT, from a pass's
+// out [kMaxMR][kMaxNR][16] (bf16: c10's nearest even, NaN -> 0x7FC0).
+template <typename T, typename OutT>
+void store_tile(const float* out, int mr, int64_t nn, const T* bias, OutT* y, int64_t N) {
+  for (int m = 0; m < mr; ++m)
+    for (int64_t c = 0; c < nn; c += kPanel) {
+      const float* v = out + (m * kMaxNR + c / kPanel) * kPanel;
+      const T* b = bias ? bias + c : nullptr;
+      OutT* dst = y + m * N + c;
+      const int count = static_cast<int>(std::min<int64_t>(kPanel, nn - c));
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+      store_lanes(_mm512_loadu_ps(v), b, count, dst);
+#else
+      for (int l = 0; l < count; ++l)
+        dst[l] = static_cast<OutT>(v[l] + (b ? static_cast<float>(b[l]) : 0.0f));
+#endif
+    }
+}
+
+#if defined(TGSERVE_BLOCK_FMA)
+// Many rows without the bf16 dot product (float32 activations; bf16 on CPUs without
+// AVX512-BF16): each thread dequantises a group of 4 panels into float32 in linear.cpp's
+// layout (block_fma::dequant_panels; bf16 activations: the weights rounded to bf16 first) and
+// runs the dense kernel's 6-row tile over it (block_fma::dense_rows), walked by
+// group_walk::walk. A lane's operations are the portable order's: batch invariance holds, and
+// the bits are linear.cpp's over the `--dequantize` weights.
+template <typename T, typename OutT>
+void many_rows_fma(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
+                   OutT* y, int64_t N) {
+  const Format f = format_of(type);
+  const int64_t panel_bytes = K / kBlock * f.file_block * kPanel;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t groups = (panels + kMaxNR - 1) / kMaxNR;
+  // bf16 x as float32 once (exact), so the tile broadcasts float32 as the dense pass does.
+  std::vector<float> x32;
+  const float* xf = group_walk::float_rows(x, M, K, x32);
+  thread_local std::vector<float> w;  // the group's panels, [4][K][16]
+  const auto group_panels = [&](int64_t g) {
+    return static_cast<int>(std::min<int64_t>(kMaxNR, panels - g * kMaxNR));
+  };
+  const auto fill = [&](int64_t g) {
+    w.resize(kMaxNR * K * kPanel);
+    const uint8_t* group = Wp + g * kMaxNR * panel_bytes;
+    const auto run = [&](auto dequant) {
+      dequant(group, K, panel_bytes, f.file_block, f.scales, group_panels(g), w.data());
+    };
+    switch (type) {
+      case kQ4_0: return run(block_fma::dequant_panels<0, T>);
+      case kQ4_1: return run(block_fma::dequant_panels<1, T>);
+      default: return run(block_fma::dequant_panels<2, T>);
+    }
+  };
+  const auto pass = [&](int64_t g, int64_t m0, int mr) {
+    alignas(64) float out[kMaxMR * kMaxNR * kPanel];
+    const int nr = group_panels(g);
+    const int64_t n0 = g * kMaxNR * kPanel, nn = std::min(N - n0, nr * kPanel);
+    block_fma::dense_rows(xf + m0 * K, K, K, w.data(), mr, nr, out, kMaxNR);
+    store_tile<T, OutT>(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * N + n0, N);
+  };
+  group_walk::walk_float_rows(M, K, groups, fill, pass);
+}
+#endif
+
 }  // namespace
 
 int64_t block_bytes(int type) { return format_of(type).file_block; }
@@ -533,15 +603,13 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     if (M > kFewRows) return many_rows<OutT>(x, M, K, Wp, type, bias, y, N);
   }
 #endif
-  // Few rows (decode), or float32: fewer rows -> more panels per pass.
 #if defined(TGSERVE_BLOCK_FMA)
-  // Many rows without the bf16 SIMD path: each group's panels dequantised once per call (4
-  // panels: 4 independent fma chains per row).
-  const bool group_scratch = !kHasSimd<T> && M > kMaxMR;
-  const int nr_max = M <= 2 || group_scratch ? kMaxNR : 2;
-#else
-  const int nr_max = M <= 2 ? kMaxNR : 2;
+  if constexpr (!kHasSimd<T>) {
+    if (M > kMaxMR) return many_rows_fma<T, OutT>(x, M, K, Wp, type, bias, y, N);
+  }
 #endif
+  // Few rows (decode), or no SIMD: fewer rows -> more panels per pass.
+  const int nr_max = M <= 2 ? kMaxNR : 2;
   const int64_t groups = (panels + nr_max - 1) / nr_max;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
@@ -549,46 +617,13 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
     const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
     alignas(64) float out[kMaxMR * kMaxNR * kPanel];
-#if defined(TGSERVE_BLOCK_FMA)
-    thread_local std::vector<float> scratch;
-    if (group_scratch) {
-      scratch.resize(K * kPanel * nr);
-      const auto fill = [&](auto dequant) {
-        dequant(Wp + p0 * panel_bytes, K, panel_bytes, f.file_block, f.scales, nr, scratch.data());
-      };
-      switch (type) {
-        case kQ4_0: fill(block_fma::dequant_group<0, T>); break;
-        case kQ4_1: fill(block_fma::dequant_group<1, T>); break;
-        default: fill(block_fma::dequant_group<2, T>); break;
-      }
-    }
-#endif
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-#if defined(TGSERVE_BLOCK_FMA)
-      if (group_scratch)
-        block_fma::rows_over_scratch<T>(x + m0 * K, K, scratch.data(), mr, nr, kMaxNR, out);
-      else
-#endif
       if constexpr (kHasSimd<T>)
         simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       else
         order_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
-      for (int m = 0; m < mr; ++m)
-        for (int64_t c = 0; c < nn; c += kPanel) {
-          const float* v = out + (m * kMaxNR + c / kPanel) * kPanel;
-          const T* b = bias ? bias + n0 + c : nullptr;
-          OutT* dst = y + (m0 + m) * N + n0 + c;
-          const int count = static_cast<int>(std::min<int64_t>(kPanel, nn - c));
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-          if constexpr (kHasSimd<T>) {
-            store_lanes(_mm512_load_ps(v), b, count, dst);
-            continue;
-          }
-#endif
-          for (int l = 0; l < count; ++l)
-            dst[l] = static_cast<OutT>(v[l] + (b ? static_cast<float>(b[l]) : 0.0f));
-        }
+      store_tile<T, OutT>(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * N + n0, N);
     }
   }
 }

@@ -14,6 +14,7 @@
 // s / 2 (low nibble for even s), its high bit h is bit 2l + i of the 32-bit word h of step s.
 #pragma once
 
+#include "group_walk.h"
 #include "simd16.h"
 
 #if defined(TGSERVE_SIMD16)
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace tgserve::kquant_fma {
 
@@ -119,6 +121,102 @@ void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t
         }
       }
     }
+}
+
+// Many rows (prefill, batched decode): a group of nr panels unpacked once (`unpack_panels`)
+// into q [nr][K][16] float32 (q - offset, exact) and the sub-blocks' scales s, mt
+// [nr][K / SUB][16], then 6-row register tiles over it (`tile_rows`): for each sub-block, dot
+// [MR][NR] in registers from 0, dot = fma(x[e], q[e], dot) over its elements in order, then acc
+// (kept in `out`, L1) = fma(s, dot, acc) and the min term: `pass`'s operations in its order,
+// each q unpacked once per call instead of once per pass. Tile: AVX-512 6 rows x 4 panels (24
+// dot chains, 4 q, a broadcast), AVX2 6 rows x 1 panel.
+constexpr int kTilePanels = TGSERVE_SIMD16 == 512 ? 4 : 1;
+
+template <int KIND, int W, int SUB, int SCALES, int HBITS, int OFFSET>
+void unpack_panels(const uint8_t* Wp, int64_t K, int64_t panel_bytes, int64_t file_block, int nr,
+                   float* q, float* s, float* mt) {
+  const int64_t bb = file_block * kLanes, nb = K / W, subs = K / SUB;
+  for (int n = 0; n < nr; ++n)
+    for (int64_t b = 0; b < nb; ++b)
+      for (int j = 0; j < W / SUB; ++j) {
+        const uint8_t* blk = Wp + n * panel_bytes + b * bb;
+        unpack_sub<W, SUB, SCALES, HBITS, OFFSET>(blk, j, q + (n * K + b * W + j * SUB) * kLanes);
+        VF sv, mv;
+        scales<KIND>(blk, j, &sv, &mv);
+        const int64_t at = (n * subs + b * (W / SUB) + j) * kLanes;
+        v::storef(s + at, sv);
+        v::storef(mt + at, mv);
+      }
+}
+
+// out [m][n] (16 lanes at out + (m * row_stride + n) * 16) = rows x[0 .. MR) (row stride ldx,
+// xsum rows ns apart) over the unpacked panels [0 .. NR) (see unpack_panels).
+template <int KIND, int SUB, int MR, int NR>
+inline void tile(const float* x, int64_t ldx, int64_t K, const float* q, const float* s,
+                 const float* mt, const float* xsum, int64_t ns, float* out, int row_stride) {
+  const int64_t subs = K / SUB;
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) v::storef(out + (m * row_stride + n) * kLanes, v::zerof());
+  for (int64_t j = 0; j < subs; ++j) {
+    VF dot[MR][NR];
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) dot[m][n] = v::zerof();
+    for (int64_t e = j * SUB; e < (j + 1) * SUB; ++e) {
+      VF qv[NR];
+      for (int n = 0; n < NR; ++n) qv[n] = v::loadf(q + (n * K + e) * kLanes);
+      for (int m = 0; m < MR; ++m) {
+        const VF xv = v::set1f(x[m * ldx + e]);
+        for (int n = 0; n < NR; ++n) dot[m][n] = v::fmadd(xv, qv[n], dot[m][n]);
+      }
+    }
+    for (int n = 0; n < NR; ++n) {
+      const VF sv = v::loadf(s + (n * subs + j) * kLanes);
+      const VF mv = v::loadf(mt + (n * subs + j) * kLanes);
+      for (int m = 0; m < MR; ++m) {
+        float* a = out + (m * row_stride + n) * kLanes;
+        VF acc = v::fmadd(sv, dot[m][n], v::loadf(a));
+        if constexpr (KIND == kDMin)
+          acc = v::fmadd(mv, v::set1f(xsum[m * ns + j * SUB / 32]), acc);
+        else if constexpr (KIND == kSixBit)
+          acc = v::fnmadd(mv, v::set1f(xsum[m * ns + j * SUB / 32]), acc);
+        v::storef(a, acc);
+      }
+    }
+  }
+}
+
+template <int KIND, int SUB, int MR>
+inline void tile_panels(const float* x, int64_t ldx, int64_t K, const float* q, const float* s,
+                        const float* mt, const float* xsum, int64_t ns, int nr, float* out,
+                        int row_stride) {
+  if constexpr (kTilePanels == 1) {
+    const int64_t subs = K / SUB;
+    for (int n = 0; n < nr; ++n)
+      tile<KIND, SUB, MR, 1>(x, ldx, K, q + n * K * kLanes, s + n * subs * kLanes,
+                             mt + n * subs * kLanes, xsum, ns, out + n * kLanes, row_stride);
+  } else {
+    const auto run = [&](auto panels) {
+      constexpr int NR = decltype(panels)::value;
+      tile<KIND, SUB, MR, NR>(x, ldx, K, q, s, mt, xsum, ns, out, row_stride);
+    };
+    switch (nr) {
+      case 1: return run(std::integral_constant<int, 1>{});
+      case 2: return run(std::integral_constant<int, 2>{});
+      case 3: return run(std::integral_constant<int, 3>{});
+      default: return run(std::integral_constant<int, 4>{});
+    }
+  }
+}
+
+// tile for mr (1 .. 6) rows and nr (1 .. 4) panels.
+template <int KIND, int SUB>
+void tile_rows(const float* x, int64_t ldx, int64_t K, const float* q, const float* s,
+               const float* mt, const float* xsum, int64_t ns, int mr, int nr, float* out,
+               int row_stride) {
+  group_walk::with_rows(mr, [&](auto rows) {
+    tile_panels<KIND, SUB, decltype(rows)::value>(x, ldx, K, q, s, mt, xsum, ns, nr, out,
+                                                  row_stride);
+  });
 }
 
 }  // namespace tgserve::kquant_fma

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "group_walk.h"
 #include "kquant_fma.h"
 
 namespace tgserve {
@@ -51,7 +52,9 @@ constexpr int64_t kPanel = 16;
 constexpr int64_t kSum = 32;  // xsum granularity: every type with a min has 32-wide sub-blocks
 constexpr int kMaxMR = 4;
 constexpr int kMaxNR = 4;
-constexpr int64_t kWideM = 8;  // more rows than this: unpack each block once (wide_linear)
+// More rows than this: unpack a group once per call (wide_linear, wide_fma). One thread, 960 x
+// 768 Q4_K / Q6_K: the register passes ran 45-57 GFLOP/s at 4-8 rows, the group pass 59-68 at 9.
+constexpr int64_t kWideM = 4;
 // Few rows: each panel stream prefetches (into L2) the block this many bytes ahead, rounded up
 // to whole blocks. Measured with bench.decode_layers on the 1B Q4_K_M file (quiet machine): the
 // matrices of a token 35 -> 24-28 ms, the Q6_K LM head 11 -> 5.5-7 ms.
@@ -184,6 +187,20 @@ void sub_sums(const T* x, int64_t M, int64_t K, float* xsum) {
       xsum[m * ns + b] = s;
     }
 }
+
+// y rows [0 .. mr) (ldy apart), columns [0 .. nn) = OutT(out + bias) from a pass's out
+// [rows][kMaxNR][16].
+template <typename T, typename OutT>
+void store_out(const float* out, int mr, int64_t nn, const T* bias, OutT* y, int64_t ldy) {
+  for (int m = 0; m < mr; ++m)
+    for (int64_t c = 0; c < nn; ++c) {
+      const float bv = bias ? static_cast<float>(bias[c]) : 0.0f;
+      y[m * ldy + c] = static_cast<OutT>(out[(m * kMaxNR + c / kPanel) * kPanel + c % kPanel] + bv);
+    }
+}
+
+// The bf16 many-rows walk keeps this much of x's rows in L2 while the groups go over them.
+constexpr int64_t kWideRowBlockBytes = 256 * 1024;
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 
@@ -333,114 +350,114 @@ void simd_any(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pb, co
   }
 }
 
-// Large M (prefill, big batches): a group of kWideNR panels is unpacked one block at a time
-// into bf16 words and float scales, and every row runs over them (the register path re-unpacks
-// them for each 4-row pass). A lane's operations are the register path's, in its order.
-constexpr int kWideNR = 2;
-
+// Large M (prefill, big batches): a thread unpacks a group of 4 panels once into bf16 words
+// [4][K / 2 steps] (the vdpbf16ps operands) and float scales [4][K / sub] (unpack_group), then
+// runs 6-row x 4-panel register tiles over it (wide_tile: 24 dot chains in registers, the
+// running sums in L1), walked by group_walk::walk. A lane's operations are the register path's
+// (simd_pass), in its order, so the bits do not depend on the path or on M.
 template <int TYPE>
-void unpack_block(const uint8_t* Wp, int64_t panel_bytes, int64_t b, int nr, __m512bh* words,
+void unpack_group(const uint8_t* Wp, int64_t panel_bytes, int64_t K, int nr, __m512i* words,
                   __m512* s, __m512* mt) {
   constexpr KFormat f = kformat(TYPE);
   constexpr int64_t bb = f.file_block * kPanel;
+  const int64_t nb = K / f.width, steps = K / 2, subs = K / f.sub;
   const __m512i t0 = value_table(f.offset, 0), t1 = value_table(f.offset, 1);
   const __m512i low = _mm512_set1_epi16(0xF);
-  for (int n = 0; n < kWideNR; ++n) {
-    const uint8_t* blk = Wp + n * panel_bytes + b * bb;
-    const uint8_t* nib = blk + f.scales;
-    for (int t = 0; t < f.width / 4; ++t) {  // words [step][panel]
-      if (n >= nr) {  // no such panel: zeros, never stored
-        words[2 * t * kWideNR + n] = words[(2 * t + 1) * kWideNR + n] = (__m512bh)_mm512_setzero_si512();
-        continue;
+  for (int n = 0; n < nr; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = Wp + n * panel_bytes + b * bb;
+      const uint8_t* nib = blk + f.scales;
+      __m512i* w = words + n * steps + b * (f.width / 2);
+      for (int t = 0; t < f.width / 4; ++t) {
+        const uint8_t* hi = nib + 8 * f.width + 2 * t * f.hbits * 4;
+        const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(nib + t * 32)));
+        w[2 * t] = (__m512i)step_values<TYPE>(_mm512_and_si512(bytes, low), hi, t0, t1);
+        w[2 * t + 1] = (__m512i)step_values<TYPE>(_mm512_srli_epi16(bytes, 4), hi + f.hbits * 4, t0, t1);
       }
-      const uint8_t* hi = nib + 8 * f.width + 2 * t * f.hbits * 4;
-      const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(nib + t * 32)));
-      words[2 * t * kWideNR + n] = step_values<TYPE>(_mm512_and_si512(bytes, low), hi, t0, t1);
-      words[(2 * t + 1) * kWideNR + n] =
-          step_values<TYPE>(_mm512_srli_epi16(bytes, 4), hi + f.hbits * 4, t0, t1);
+      for (int j = 0; j < f.width / f.sub; ++j) {
+        const int64_t at = n * subs + b * (f.width / f.sub) + j;
+        simd_scales<TYPE>(blk, j, &s[at], &mt[at]);
+      }
     }
-    for (int j = 0; j < f.width / f.sub; ++j) {
-      __m512 sv = _mm512_setzero_ps(), mv = _mm512_setzero_ps();
-      if (n < nr) simd_scales<TYPE>(blk, j, &sv, &mv);
-      s[j * kWideNR + n] = sv, mt[j * kWideNR + n] = mv;
+}
+
+// out [m][n] (16 lanes at out + (m * kMaxNR + n) * 16) = rows x[0 .. MR) over the group's NR
+// unpacked panels; xsum [MR][ns] the rows' 32-wide sums (types with a min).
+template <int MR, int NR, int TYPE>
+void wide_tile(const c10::BFloat16* x, int64_t K, const __m512i* words, const __m512* s,
+               const __m512* mt, const float* xsum, int64_t ns, float* out) {
+  constexpr KFormat f = kformat(TYPE);
+  const int64_t steps = K / 2, subs = K / f.sub;
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) _mm512_storeu_ps(out + (m * kMaxNR + n) * kPanel, _mm512_setzero_ps());
+  for (int64_t j = 0; j < subs; ++j) {
+    __m512 dot[MR][NR];
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) dot[m][n] = _mm512_setzero_ps();
+    for (int64_t t = j * (f.sub / 2); t < (j + 1) * (f.sub / 2); ++t) {
+      __m512bh w[NR];
+      for (int n = 0; n < NR; ++n) w[n] = (__m512bh)_mm512_loadu_si512(words + n * steps + t);
+      for (int m = 0; m < MR; ++m) {
+        const __m512bh xv = x_pair(x + m * K + 2 * t);
+        for (int n = 0; n < NR; ++n) dot[m][n] = _mm512_dpbf16_ps(dot[m][n], xv, w[n]);
+      }
     }
+    const int64_t sum_index = j * f.sub / kSum;
+    for (int n = 0; n < NR; ++n)
+      for (int m = 0; m < MR; ++m) {
+        float* a = out + (m * kMaxNR + n) * kPanel;
+        __m512 acc = _mm512_fmadd_ps(s[n * subs + j], dot[m][n], _mm512_loadu_ps(a));
+        if constexpr (TYPE == kQ5_1)
+          acc = _mm512_fmadd_ps(mt[n * subs + j], _mm512_set1_ps(xsum[m * ns + sum_index]), acc);
+        else if constexpr (f.has_min)
+          acc = _mm512_fnmadd_ps(mt[n * subs + j], _mm512_set1_ps(xsum[m * ns + sum_index]), acc);
+        _mm512_storeu_ps(a, acc);
+      }
   }
 }
 
-// Rows x[0 .. MR) over block b's unpacked words; accs [MR][kWideNR][16] their running sums.
 template <int MR, int TYPE>
-void wide_rows(const c10::BFloat16* x, int64_t K, int64_t b, const __m512bh* words, const __m512* s,
-               const __m512* mt, const float* xsum, int64_t ns, float* accs) {
-  constexpr KFormat f = kformat(TYPE);
-  constexpr int pairs = f.sub / 4;
-  __m512 acc[MR][kWideNR];
-  for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < kWideNR; ++n) acc[m][n] = _mm512_loadu_ps(accs + (m * kWideNR + n) * kPanel);
-  const c10::BFloat16* xb = x + b * f.width;
-  for (int j = 0; j < f.width / f.sub; ++j) {
-    __m512 dot[MR][kWideNR];
-    for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < kWideNR; ++n) dot[m][n] = _mm512_setzero_ps();
-    for (int t = j * pairs; t < (j + 1) * pairs; ++t)
-      for (int m = 0; m < MR; ++m) {
-        const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
-        for (int n = 0; n < kWideNR; ++n) {
-          dot[m][n] = _mm512_dpbf16_ps(dot[m][n], x0, words[2 * t * kWideNR + n]);
-          dot[m][n] = _mm512_dpbf16_ps(dot[m][n], x1, words[(2 * t + 1) * kWideNR + n]);
-        }
-      }
-    const int64_t sum_index = (b * f.width + j * f.sub) / kSum;
-    for (int n = 0; n < kWideNR; ++n)
-      for (int m = 0; m < MR; ++m) {
-        acc[m][n] = _mm512_fmadd_ps(s[j * kWideNR + n], dot[m][n], acc[m][n]);
-        if constexpr (TYPE == kQ5_1)
-          acc[m][n] = _mm512_fmadd_ps(mt[j * kWideNR + n], _mm512_set1_ps(xsum[m * ns + sum_index]), acc[m][n]);
-        else if constexpr (f.has_min)
-          acc[m][n] = _mm512_fnmadd_ps(mt[j * kWideNR + n], _mm512_set1_ps(xsum[m * ns + sum_index]), acc[m][n]);
-      }
+void wide_tile_panels(int nr, const c10::BFloat16* x, int64_t K, const __m512i* words,
+                      const __m512* s, const __m512* mt, const float* xsum, int64_t ns, float* out) {
+  switch (nr) {
+    case 1: return wide_tile<MR, 1, TYPE>(x, K, words, s, mt, xsum, ns, out);
+    case 2: return wide_tile<MR, 2, TYPE>(x, K, words, s, mt, xsum, ns, out);
+    case 3: return wide_tile<MR, 3, TYPE>(x, K, words, s, mt, xsum, ns, out);
+    default: return wide_tile<MR, 4, TYPE>(x, K, words, s, mt, xsum, ns, out);
   }
-  for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < kWideNR; ++n) _mm512_storeu_ps(accs + (m * kWideNR + n) * kPanel, acc[m][n]);
 }
 
 template <typename OutT, int TYPE>
 void wide_linear(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp,
                  const c10::BFloat16* bias, OutT* y, int64_t N, int64_t ldy, const float* xsum) {
   constexpr KFormat f = kformat(TYPE);
-  const int64_t nb = K / f.width, ns = K / kSum, panel_bytes = nb * f.file_block * kPanel;
-  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + kWideNR - 1) / kWideNR;
-#pragma omp parallel
-  {
-    std::vector<float> accs(M * kWideNR * kPanel);
-    __m512bh words[f.width / 2 * kWideNR];  // [step][panel]: 16 KiB at most, L1-resident
-    __m512 s[f.width / f.sub * kWideNR], mt[f.width / f.sub * kWideNR];
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t p0 = g * kWideNR, n0 = p0 * kPanel;
-      const int nr = static_cast<int>(std::min<int64_t>(kWideNR, panels - p0));
-      std::fill(accs.begin(), accs.end(), 0.0f);
-      for (int64_t b = 0; b < nb; ++b) {
-        unpack_block<TYPE>(Wp + p0 * panel_bytes, panel_bytes, b, nr, words, s, mt);
-        for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
-          const float* xs = xsum ? xsum + m0 * ns : nullptr;
-          float* a = accs.data() + m0 * kWideNR * kPanel;
-          const c10::BFloat16* xm = x + m0 * K;
-          switch (std::min<int64_t>(kMaxMR, M - m0)) {
-            case 1: wide_rows<1, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
-            case 2: wide_rows<2, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
-            case 3: wide_rows<3, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
-            default: wide_rows<4, TYPE>(xm, K, b, words, s, mt, xs, ns, a); break;
-          }
-        }
-      }
-      const int64_t nn = std::min(N - n0, nr * kPanel);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t c = 0; c < nn; ++c) {
-          const float bv = bias ? static_cast<float>(bias[n0 + c]) : 0.0f;
-          y[m * ldy + n0 + c] = static_cast<OutT>(accs[(m * kWideNR + c / kPanel) * kPanel + c % kPanel] + bv);
-        }
-    }
-  }
+  const int64_t ns = K / kSum, panel_bytes = K / f.width * f.file_block * kPanel;
+  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + kMaxNR - 1) / kMaxNR;
+  const int64_t steps = K / 2, subs = K / f.sub;
+  thread_local std::vector<__m512i> words;  // [4][K / 2], then s and mt [4][K / sub]
+  const auto group_panels = [&](int64_t g) {
+    return static_cast<int>(std::min<int64_t>(kMaxNR, panels - g * kMaxNR));
+  };
+  const auto fill = [&](int64_t g) {
+    words.resize(kMaxNR * (steps + 2 * subs));
+    __m512* scales = reinterpret_cast<__m512*>(words.data() + kMaxNR * steps);
+    unpack_group<TYPE>(Wp + g * kMaxNR * panel_bytes, panel_bytes, K, group_panels(g),
+                       words.data(), scales, scales + kMaxNR * subs);
+  };
+  const auto pass = [&](int64_t g, int64_t m0, int mr) {
+    alignas(64) float out[group_walk::kPassRows * kMaxNR * kPanel];
+    const int nr = group_panels(g);
+    const __m512* sc = reinterpret_cast<const __m512*>(words.data() + kMaxNR * steps);
+    const float* xs = xsum ? xsum + m0 * ns : nullptr;
+    const c10::BFloat16* xm = x + m0 * K;
+    group_walk::with_rows(mr, [&](auto rows) {
+      wide_tile_panels<decltype(rows)::value, TYPE>(nr, xm, K, words.data(), sc,
+                                                    sc + kMaxNR * subs, xs, ns, out);
+    });
+    const int64_t n0 = g * kMaxNR * kPanel;
+    store_out(out, mr, std::min(N - n0, nr * kPanel), bias ? bias + n0 : nullptr, y + m0 * ldy + n0, ldy);
+  };
+  group_walk::walk(M, K * 2, kWideRowBlockBytes, groups, fill, pass);
 }
 
 template <typename T, typename OutT>
@@ -496,18 +513,71 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
 }
 
 #if defined(TGSERVE_KQUANT_FMA)
+// kquant_fma's name for a type's scales.
+constexpr int fma_kind(int type) {
+  namespace kf = kquant_fma;
+  return type == kQ5_0 ? kf::kD : type == kQ5_1 ? kf::kDMin : type == kQ6_K ? kf::kInt8Scale : kf::kSixBit;
+}
+
 // kquant_fma::pass for one type, its shape taken from kformat.
 template <int TYPE, typename T>
 void fma_pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, const float* xsum,
               int mr, int nr, float* out) {
   namespace kf = kquant_fma;
   constexpr KFormat f = kformat(TYPE);
-  constexpr int kind = TYPE == kQ5_0 ? kf::kD
-                       : TYPE == kQ5_1 ? kf::kDMin
-                       : TYPE == kQ6_K ? kf::kInt8Scale
-                                       : kf::kSixBit;
+  constexpr int kind = fma_kind(TYPE);
   kf::pass<kind, f.width, f.sub, f.scales, f.hbits, f.offset, T>(
       x, K, Wp, panel_bytes, f.file_block, xsum, mr, nr, kMaxNR, out);
+}
+
+// Many rows without the bf16 dot product (float32 activations; bf16 on CPUs without
+// AVX512-BF16): each thread unpacks a group of 4 panels once (kquant_fma::unpack_panels) and
+// runs 6-row tiles over it (kquant_fma::tile_rows), walked by group_walk::walk: the portable
+// order's operations per lane, so the bits are those of the few-rows passes.
+template <int TYPE, typename T, typename OutT>
+void wide_fma(const T* x, int64_t M, int64_t K, const uint8_t* Wp, const T* bias, OutT* y,
+              int64_t N, int64_t ldy, const float* xsum) {
+  namespace kf = kquant_fma;
+  constexpr KFormat f = kformat(TYPE);
+  constexpr int kind = fma_kind(TYPE);
+  const int64_t panel_bytes = K / f.width * f.file_block * kPanel, ns = K / kSum;
+  const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + kMaxNR - 1) / kMaxNR;
+  std::vector<float> x32;  // bf16 x as float32 once (exact)
+  const float* xf = group_walk::float_rows(x, M, K, x32);
+  thread_local std::vector<float> unpacked;  // q [4][K][16], then s and mt [4][K / sub][16]
+  const int64_t q_floats = kMaxNR * K * kPanel, s_floats = kMaxNR * (K / f.sub) * kPanel;
+  const auto group_panels = [&](int64_t g) {
+    return static_cast<int>(std::min<int64_t>(kMaxNR, panels - g * kMaxNR));
+  };
+  const auto fill = [&](int64_t g) {
+    unpacked.resize(q_floats + 2 * s_floats);
+    float* q = unpacked.data();
+    kf::unpack_panels<kind, f.width, f.sub, f.scales, f.hbits, f.offset>(
+        Wp + g * kMaxNR * panel_bytes, K, panel_bytes, f.file_block, group_panels(g), q,
+        q + q_floats, q + q_floats + s_floats);
+  };
+  const auto pass = [&](int64_t g, int64_t m0, int mr) {
+    alignas(64) float out[group_walk::kPassRows * kMaxNR * kPanel];
+    const int nr = group_panels(g);
+    const float* q = unpacked.data();
+    kf::tile_rows<kind, f.sub>(xf + m0 * K, K, K, q, q + q_floats, q + q_floats + s_floats,
+                               xsum ? xsum + m0 * ns : nullptr, ns, mr, nr, out, kMaxNR);
+    const int64_t n0 = g * kMaxNR * kPanel;
+    store_out(out, mr, std::min(N - n0, nr * kPanel), bias ? bias + n0 : nullptr, y + m0 * ldy + n0, ldy);
+  };
+  group_walk::walk_float_rows(M, K, groups, fill, pass);
+}
+
+template <typename T, typename OutT>
+void wide_fma_any(int type, const T* x, int64_t M, int64_t K, const uint8_t* Wp, const T* bias,
+                  OutT* y, int64_t N, int64_t ldy, const float* xsum) {
+  switch (type) {
+    case kQ5_0: return wide_fma<kQ5_0, T, OutT>(x, M, K, Wp, bias, y, N, ldy, xsum);
+    case kQ5_1: return wide_fma<kQ5_1, T, OutT>(x, M, K, Wp, bias, y, N, ldy, xsum);
+    case kQ4_K: return wide_fma<kQ4_K, T, OutT>(x, M, K, Wp, bias, y, N, ldy, xsum);
+    case kQ5_K: return wide_fma<kQ5_K, T, OutT>(x, M, K, Wp, bias, y, N, ldy, xsum);
+    default: return wide_fma<kQ6_K, T, OutT>(x, M, K, Wp, bias, y, N, ldy, xsum);
+  }
 }
 #endif
 
@@ -625,6 +695,11 @@ void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int t
   if (f.has_min) sub_sums(x, M, K, xsum.data());
   if (kHasSimd<T> && M > kWideM)
     return wide_any<T, OutT>(type, x, M, K, Wp, bias, y, N, ldy, f.has_min ? xsum.data() : nullptr);
+#if defined(TGSERVE_KQUANT_FMA)
+  if (!kHasSimd<T> && M > kWideM)
+    return wide_fma_any<T, OutT>(type, x, M, K, Wp, bias, y, N, ldy,
+                                 f.has_min ? xsum.data() : nullptr);
+#endif
   // Tile: few rows -> more panels per pass (independent chains); many rows -> more rows.
   const int nr_max = M <= 2 ? kMaxNR : 2;
   const int64_t groups = (panels + nr_max - 1) / nr_max;
@@ -641,11 +716,7 @@ void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int t
         simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
       else
         order_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);
-      for (int m = 0; m < mr; ++m)
-        for (int64_t c = 0; c < nn; ++c) {
-          const float bv = bias ? static_cast<float>(bias[n0 + c]) : 0.0f;
-          y[(m0 + m) * ldy + n0 + c] = static_cast<OutT>(out[(m * kMaxNR + c / kPanel) * kPanel + c % kPanel] + bv);
-        }
+      store_out(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * ldy + n0, ldy);
     }
   }
 }

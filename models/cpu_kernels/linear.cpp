@@ -29,6 +29,7 @@
 // (one per cycle per core here). AVX-512 CPUs without AVX512-BF16 run the same passes with
 // two float32 fmas per k-pair (the portable order: k, then k + 1), not the scalar loops.
 
+#include "group_walk.h"
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -44,6 +45,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;  // output columns per panel
 constexpr int kMaxMR = 6;       // rows of x per pass
+static_assert(kMaxMR == group_walk::kPassRows);
 constexpr int kMaxNR = 8;       // panels per pass: 8 only for one row over int8 panels,
 constexpr int kMaxNRRows = 4;   // else at most 4 (6 x 4 accumulators fill the registers)
 // A pass's panels of W should stay in L2 while the rows of x go over them.
@@ -346,64 +348,47 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
   const int nr_cap = std::is_same_v<WT, int8_t> && M == 1 ? kMaxNR : kMaxNRRows;
   const int nr_max = static_cast<int>(std::clamp<int64_t>(fit, 1, nr_cap));
   const int64_t groups = (panels + nr_max - 1) / nr_max;
-  // The work is row blocks x groups x row passes, walked in that order: a block of x's rows
-  // (kRowBlockBytes) stays in L2 while every group of panels goes over it, and a group's
-  // panels stay in L2 while the block's rows go over them. Each thread takes an equal
-  // contiguous share of the walk, so an odd number of groups or a large M split evenly.
-  // M = 1: one block of one pass per group, a share of the groups per thread.
-  const int64_t row_bytes = std::max<int64_t>(1, K * int64_t(sizeof(T)));
-  const int64_t block_rows = std::max<int64_t>(1, kRowBlockBytes / row_bytes / kMaxMR) * kMaxMR;
-  const int64_t row_passes = (M + kMaxMR - 1) / kMaxMR, work = groups * row_passes;
-#pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t begin = work * me / threads, end = work * (me + 1) / threads;
-    float bias_f[kMaxNR * kPanel];
-    int64_t bias_group = -1;
-    int64_t u = 0;  // index of the walk's next unit
-    // int8 weights under more than one pass of rows (prefill): each group's panels are widened
-    // to bf16 once per visit into this thread's scratch (same layout, exact, so the passes'
-    // bits are those of the int8 pass) instead of once per pass.
-    std::vector<c10::BFloat16> wide;
-    if (std::is_same_v<WT, int8_t> && M > kMaxMR) wide.resize(nr_max * panel_elems);
-    for (int64_t r0 = 0; r0 < M && u < end; r0 += block_rows) {
-      const int64_t passes = (std::min(M - r0, block_rows) + kMaxMR - 1) / kMaxMR;
-      if (u + groups * passes <= begin) {
-        u += groups * passes;
-        continue;
-      }
-      for (int64_t g = 0; g < groups && u < end; ++g) {
-        if (u + passes <= begin) {
-          u += passes;
-          continue;
-        }
-        const int64_t p0 = g * nr_max;
-        const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
-        const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
-        if (g != bias_group) {
-          bias_group = g;
-          for (int64_t j = 0; j < kMaxNR * kPanel; ++j)
-            bias_f[j] = bias && j < nn ? static_cast<float>(bias[n0 + j]) : 0.0f;
-        }
-        const float* scale = scales ? scales + n0 : nullptr;
-        auto run_passes = [&](const auto* group) {
-          for (int64_t q = 0; q < passes; ++q, ++u) {
-            if (u < begin || u >= end) continue;
-            const int64_t m0 = r0 + q * kMaxMR;
-            const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-            run_pass<T, OutT>(x + m0 * K, K, group, steps, mr, nr, y + m0 * N + n0, N, nn,
-                              scale, bias_f);
-          }
-        };
-        if (!wide.empty()) {  // int8, several passes: widen the group's panels once
-          widen_panels(Wp + p0 * panel_elems, nr * panel_elems, wide.data());
-          run_passes(wide.data());
-        } else {
-          run_passes(Wp + p0 * panel_elems);
-        }
-      }
+  // int8 weights under more than one pass of rows (prefill): each group's panels are widened
+  // to bf16 once per visit into the thread's scratch (same layout, exact, so the passes' bits
+  // are those of the int8 pass) instead of once per pass.
+  const bool widen = std::is_same_v<WT, int8_t> && M > kMaxMR;
+  thread_local std::vector<c10::BFloat16> wide;
+  thread_local float bias_f[kMaxNR * kPanel];
+  const auto group_columns = [&](int64_t g, int* nr, int64_t* n0, int64_t* nn) {
+    *nr = static_cast<int>(std::min<int64_t>(nr_max, panels - g * nr_max));
+    *n0 = g * nr_max * kPanel;
+    *nn = std::min(N - *n0, *nr * kPanel);
+  };
+  const auto fill = [&](int64_t g) {
+    int nr;
+    int64_t n0, nn;
+    group_columns(g, &nr, &n0, &nn);
+    for (int64_t j = 0; j < kMaxNR * kPanel; ++j)
+      bias_f[j] = bias && j < nn ? static_cast<float>(bias[n0 + j]) : 0.0f;
+    if (widen) {
+      wide.resize(nr_max * panel_elems);
+      widen_panels(Wp + g * nr_max * panel_elems, nr * panel_elems, wide.data());
     }
-  }
+  };
+  const auto pass = [&](int64_t g, int64_t m0, int mr) {
+    int nr;
+    int64_t n0, nn;
+    group_columns(g, &nr, &n0, &nn);
+    const float* scale = scales ? scales + n0 : nullptr;
+    const auto run = [&](const auto* group) {
+      run_pass<T, OutT>(x + m0 * K, K, group, steps, mr, nr, y + m0 * N + n0, N, nn, scale,
+                        bias_f);
+    };
+    if (widen)
+      run(wide.data());
+    else
+      run(Wp + g * nr_max * panel_elems);
+  };
+  // The work is row blocks x groups x row passes (group_walk.h): a block of x's rows
+  // (kRowBlockBytes) stays in L2 while every group of panels goes over it, and a group's panels
+  // stay in L2 while the block's rows go over them. M = 1: one pass per group, a share of the
+  // groups per thread.
+  group_walk::walk(M, K * int64_t(sizeof(T)), kRowBlockBytes, groups, fill, pass);
 }
 
 #define TGSERVE_INSTANTIATE(T, OutT, WT)                                                     \
