@@ -31,6 +31,7 @@ from engine.decoding.beam_search import check_beam_params
 from engine.decoding.parallel_sampling import SampleTarget, sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.description import EngineDescription, describe_runner
+from engine.encoder_decoder import EncoderLayout, check_encoder_decoder_params
 from engine.faults import apply_faults
 from engine.host_transfer import to_device
 from engine.model_runner import ModelRunner, StepLogits
@@ -87,6 +88,12 @@ class Engine:
         self._generation_tokens_total = 0
         self._num_steps = 0
         self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
+        # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_decoder.py says.
+        self._encoder_layout = (
+            EncoderLayout(self.model_config, config.block_size)
+            if self.model_config.is_encoder_decoder
+            else None
+        )
 
     @classmethod
     def from_model(
@@ -122,6 +129,11 @@ class Engine:
         """Validates a request (ValueError if it could never be served) and builds it, with
         `max_tokens=None` filled in; changes nothing, so any thread may call it."""
         check_request(prompt_token_ids, params, self.info.vocab_size, self.tokenizer is not None)
+        num_encoder_tokens = 0
+        if self._encoder_layout is not None:
+            check_encoder_decoder_params(params)
+            num_encoder_tokens = len(prompt_token_ids)
+            prompt_token_ids = self._encoder_layout.prompt(prompt_token_ids)
         if params.use_beam_search:
             check_beam_params(params)
         if params.structured_output is not None:  # compiled (and cached) now: a bad one is a 400
@@ -144,7 +156,13 @@ class Engine:
             self.config.max_num_seqs,
             sched.block_manager,
         )
-        return Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
+        return Request(
+            request_id,
+            tuple(prompt_token_ids),
+            params,
+            arrival_time or time.time(),
+            num_encoder_tokens=num_encoder_tokens,
+        )
 
     def add(self, request: Request) -> None:
         """Queues a request made by `new_request` (QueueFullError when the queue is full)."""

@@ -82,9 +82,12 @@ def build_engine(
             workers.stop(timeout=5.0)
         raise
     runner, model_config = built.runner, built.model_config
+    # No prefix caching for encoder-decoders: their cross K/V blocks depend on the whole
+    # encoder input (engine/encoder_decoder.py).
+    prefix_caching = config.enable_prefix_caching and not model_config.is_encoder_decoder
     scheduler = Scheduler(
         config,
-        BlockManager(built.num_blocks, config.block_size, config.enable_prefix_caching),
+        BlockManager(built.num_blocks, config.block_size, prefix_caching),
         built.max_model_len,
     )
     eos = tuple(
@@ -167,6 +170,23 @@ def build_runner(
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
+    if model_config.is_encoder_decoder:  # T5 / BART: engine/encdec_runner.py
+        if group is not None:
+            raise ValueError(
+                f"{model_config.architecture}: no tensor parallel for encoder-decoders"
+            )
+        from engine.encdec_runner import EncoderDecoderRunner
+
+        runner = EncoderDecoderRunner(
+            model,
+            model_config,
+            num_blocks,
+            config.block_size,
+            TORCH_DTYPE_BY_NAME[dtype_name],
+            device,
+            sampleable_vocab,
+        )
+        return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
     if group is not None:
         from engine.parallel.rank import ParallelRank
         from engine.parallel.step_channel import StepChannel, step_capacity

@@ -134,6 +134,9 @@ class Request:
     seqs: list[TokenSequence] = field(default_factory=list)
     num_preemptions: int = 0  # times this request was preempted by recompute
     num_cached_prompt_tokens: int = 0  # prefix-cache hit of the first admission
+    # Encoder-decoder models: the prompt starts with this many encoder input tokens (then
+    # padding to a whole block and the decoder prompt: engine/encoder_decoder.py); 0 otherwise.
+    num_encoder_tokens: int = 0
     _next_seq_id: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +167,13 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def input_token_ids(self) -> tuple[int, ...]:
+        """The prompt as the client gave it (an encoder-decoder's: the encoder input)."""
+        if self.num_encoder_tokens:
+            return self.prompt_token_ids[: self.num_encoder_tokens]
+        return self.prompt_token_ids
 
     @property
     def num_seq_slots(self) -> int:
