@@ -27,7 +27,7 @@ import torch
 
 from engine.encoder_decoder import EncoderLayout
 from engine.host_transfer import to_device
-from engine.model_runner import StepLogits
+from engine.model_runner import StepLogits, copy_blocks
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
 from models.config import ModelConfig
@@ -81,7 +81,6 @@ class EncoderDecoderRunner:
         if device.type == "cpu":
             use_invariant_linears(model)
         self.forward_path = EncoderDecoderPath()
-        self.cpu_kernels = False
 
     @property
     def description(self) -> str:
@@ -89,12 +88,6 @@ class EncoderDecoderRunner:
 
     def switch_to_pending_path(self) -> bool:
         return False
-
-    def watch_failures(self, on_failure) -> None:
-        """No other ranks to watch (no tensor parallel)."""
-
-    def close(self) -> None:
-        """Nothing to stop."""
 
     @torch.inference_mode()
     def execute(
@@ -106,7 +99,7 @@ class EncoderDecoderRunner:
         if full_logits_for:
             raise ValueError("an encoder-decoder model gives no prompt logprobs")
         if block_copies:
-            self._copy_blocks(block_copies)
+            copy_blocks(self.kv_caches, block_copies, self.device)
         self._run_encoders(chunks)
         rows = self._decoder_rows(chunks)
         vocab = self.sampleable_vocab or self.config.vocab_size
@@ -179,10 +172,3 @@ class EncoderDecoderRunner:
             if chunk.sample:
                 rows.sample_rows.append(len(rows.ids) - 1)
         return rows
-
-    def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        src = to_device([s for s, _ in copies], torch.int64, self.device)
-        dst = to_device([d for _, d in copies], torch.int64, self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache.index_copy_(0, dst, k_cache[src])
-            v_cache.index_copy_(0, dst, v_cache[src])
