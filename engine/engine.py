@@ -76,6 +76,7 @@ class Engine:
             kv_block_size=config.block_size,
             # Ids past the tokenizer (padded embedding rows) are nothing a prompt can hold.
             vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
+            encoder_decoder=runner.config.is_encoder_decoder,
         )
         # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
         self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)

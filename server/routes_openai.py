@@ -152,6 +152,13 @@ async def completions(request: Request) -> Response:
     state = get_state(request)
     req = await read_body(request, CompletionRequest)
     model = state.model_name(req.model)
+    if req.echo and state.encoder_decoder:
+        raise ApiError(
+            400,
+            "echo is not supported by encoder-decoder models (the prompt is the encoder's "
+            "input, not the start of the answer); leave echo unset",
+            param="echo",
+        )
     prompts = await _completion_prompts(state, req.prompt)
     params = [completion_params(req, state.settings.enable_fault_injection) for _ in prompts]
     _check_logprobs(state, req.logprobs is not None)

@@ -59,6 +59,7 @@ class ServerState:
         self.chat: ChatSetup = chat_setup(None, settings)
         self.max_model_len = 0
         self.vocab_size: int | None = None  # token ids a prompt may hold, once loaded
+        self.encoder_decoder = False  # T5 / BART: a prompt is the encoder's input (no echo)
         self.model_names: tuple[str, ...] = settings.served_model_name
         self.ready = False
         self.draining = False
@@ -94,6 +95,7 @@ class ServerState:
         self.chat = chat_setup(info.tokenizer, self.settings)
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
+        self.encoder_decoder = info.encoder_decoder
         self.model_names = self.model_names or (info.model_name,)
         self.metrics.bind_model(self.model_names[0])
         loop = asyncio.get_running_loop()

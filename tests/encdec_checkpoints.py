@@ -13,6 +13,11 @@ import json
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer as HfBackend
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+from tests.models.tokenizer.corpus import MULTILINGUAL
+from tests.models.tokenizer.spm_files import corpus
 
 VOCAB = 96
 KINDS = ("t5v10", "t5v11", "bart", "mbart")
@@ -51,21 +56,25 @@ _BART = dict(
 )
 
 
-def _make(kind: str, seed: int):
+def _make(kind: str, seed: int, vocab: int):
     import transformers as tf
 
     torch.manual_seed(seed)
     if kind == "t5v10":
-        config = tf.T5Config(**_T5, feed_forward_proj="relu", tie_word_embeddings=True)
+        config = tf.T5Config(
+            **_T5 | {"vocab_size": vocab}, feed_forward_proj="relu", tie_word_embeddings=True
+        )
         cls = tf.T5ForConditionalGeneration
     elif kind == "t5v11":
-        config = tf.T5Config(**_T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+        config = tf.T5Config(
+            **_T5 | {"vocab_size": vocab}, feed_forward_proj="gated-gelu", tie_word_embeddings=False
+        )
         cls = tf.T5ForConditionalGeneration
     elif kind == "bart":
-        config = tf.BartConfig(**_BART)
+        config = tf.BartConfig(**_BART | {"vocab_size": vocab})
         cls = tf.BartForConditionalGeneration
     elif kind == "mbart":
-        config = tf.MBartConfig(**_BART, scale_embedding=True)
+        config = tf.MBartConfig(**_BART | {"vocab_size": vocab}, scale_embedding=True)
         cls = tf.MBartForConditionalGeneration
     else:
         raise ValueError(kind)
@@ -80,21 +89,80 @@ def _make(kind: str, seed: int):
     return model
 
 
-def save_encdec_checkpoint(kind: str, folder: Path, seed: int = 0) -> Path:
-    model = _make(kind, seed)
+def save_encdec_checkpoint(kind: str, folder: Path, seed: int = 0, vocab: int = VOCAB) -> Path:
+    model = _make(kind, seed, vocab)
     model.save_pretrained(folder)
     if kind == "t5v11":  # transformers >= 5 saves T5 tied; flan-t5 folders hold lm_head
         from safetensors.torch import load_file, save_file
 
         tensors = load_file(folder / "model.safetensors")
         torch.manual_seed(seed + 1)
-        tensors["lm_head.weight"] = torch.randn(VOCAB, _T5["d_model"]) * 0.5
+        tensors["lm_head.weight"] = torch.randn(vocab, _T5["d_model"]) * 0.5
         save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
         config = json.loads((folder / "config.json").read_text())
         config.pop("scale_decoder_outputs", None)
         config["tie_word_embeddings"] = False
         (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def save_encdec_tokenizer(family: str, folder: Path) -> Path:
+    """A tokenizer trained here, shaped as t5-small's ("t5": SentencePiece Unigram, `</s>`
+    appended) or bart-base's ("bart": byte-level BPE, `<s> ... </s>`), saved with transformers'
+    own tokenizer class into `folder`."""
+    (_t5_tokenizer if family == "t5" else _bart_tokenizer)(folder)
+    return folder
+
+
+def _t5_tokenizer(folder: Path) -> None:
+    import transformers as tf
+
+    backend = HfBackend(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]
+    )
+    backend.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "</s>", "<unk>"],  # T5's ids 0, 1, 2
+        unk_token="<unk>",
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus() + MULTILINGUAL, trainer)
+    backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
+    hf = tf.T5Tokenizer(
+        tokenizer_object=backend, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    hf.save_pretrained(folder)
+
+
+def _bart_tokenizer(folder: Path) -> None:
+    import transformers as tf
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]  # BART's ids 0..3
+    backend = HfBackend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus() + MULTILINGUAL, trainer)
+    backend.add_special_tokens(["<mask>"])
+    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    hf = tf.BartTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+    )
+    hf.save_pretrained(folder)
 
 
 def load_hf(folder: Path, dtype: torch.dtype = torch.float32):

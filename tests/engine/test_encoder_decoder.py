@@ -146,3 +146,40 @@ def test_prompt_logprobs_are_refused_naming_the_field(folder):
     assert err.value.field == "prompt_logprobs"
     out = engine.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=2))[0]
     assert list(out.prompt_token_ids) == [5, 6, 7]  # the encoder input, not the layout
+
+
+def test_logprobs_equal_transformers_scores(folder):
+    hf = load_hf(folder)
+    prompt = _prompts(1, seed=11)[0]
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            use_cache=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, 1:].tolist()
+    want = [float(s.log_softmax(-1)[0, t]) for s, t in zip(out.scores, tokens, strict=False)]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1)
+    got = _engine(folder).generate([prompt], params)[0].outputs[0]
+    assert list(got.token_ids) == tokens[: len(got.token_ids)]
+    assert [e.logprob for e in got.logprobs] == pytest.approx(want[: len(got.token_ids)], abs=1e-4)
+
+
+def test_seeded_samples_do_not_depend_on_the_batch(folder):
+    prompts = _prompts(4, seed=13)
+    sampled = SamplingParams(temperature=2.0, seed=7, n=3, max_tokens=MAX_TOKENS, ignore_eos=True)
+    others = [
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+        SamplingParams(temperature=1.0, seed=1, max_tokens=4),
+        SamplingParams(temperature=0.0, n=2, best_of=2, use_beam_search=True, max_tokens=5),
+    ]
+    engine = _engine(folder)
+    alone = engine.generate([prompts[0]], sampled)[0]
+    batched = engine.generate(prompts, [sampled, *others])[0]
+    assert len(alone.outputs) == 3
+    assert [o.token_ids for o in batched.outputs] == [o.token_ids for o in alone.outputs]
+    assert len({tuple(o.token_ids) for o in alone.outputs}) > 1  # the three samples differ
+    assert_no_leaks(engine)

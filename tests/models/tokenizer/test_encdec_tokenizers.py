@@ -3,8 +3,8 @@ the ids and text transformers gives on the same folder: T5's SentencePiece Unigr
 split + Metaspace, `</s>` appended by the post-processor; on the `tokenizers` library) and
 BART's byte-level BPE (`<s> ... </s>` from a RobertaProcessing post-processor; on tiktoken).
 
-The vocabularies are trained here, shaped as t5-small's and bart-base's tokenizer.json are, and
-saved with transformers' own T5Tokenizer / BartTokenizerFast. Oracle: `AutoTokenizer` on the
+The vocabularies are trained here (tests/encdec_checkpoints.py), shaped as t5-small's and
+bart-base's tokenizer.json are, and saved with transformers' own T5Tokenizer / BartTokenizerFast. Oracle: `AutoTokenizer` on the
 saved folder (ids with and without special tokens, decoded text, eos) on sentences in many
 scripts and on hypothesis text.
 """
@@ -13,73 +13,17 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
-from tokenizers import Tokenizer as HfBackend
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from models.tokenizer import load_tokenizer
-from tests.models.tokenizer.corpus import MULTILINGUAL, TEXTS, text_strategy
-from tests.models.tokenizer.spm_files import corpus
-
-
-def _t5_folder(folder):
-    import transformers as tf
-
-    backend = HfBackend(models.Unigram())
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]
-    )
-    backend.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "</s>", "<unk>"],  # T5's ids 0, 1, 2
-        unk_token="<unk>",
-        show_progress=False,
-    )
-    backend.train_from_iterator(corpus() + MULTILINGUAL, trainer)
-    backend.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
-    )
-    hf = tf.T5Tokenizer(
-        tokenizer_object=backend, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
-    hf.save_pretrained(folder)
-    return folder
-
-
-def _bart_folder(folder):
-    import transformers as tf
-
-    specials = ["<s>", "<pad>", "</s>", "<unk>"]  # BART's ids 0..3
-    backend = HfBackend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(corpus() + MULTILINGUAL, trainer)
-    backend.add_special_tokens(["<mask>"])
-    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    hf = tf.BartTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        mask_token="<mask>",
-    )
-    hf.save_pretrained(folder)
-    return folder
+from tests.encdec_checkpoints import save_encdec_tokenizer
+from tests.models.tokenizer.corpus import TEXTS, text_strategy
 
 
 @pytest.fixture(scope="module", params=["t5", "bart"])
 def pair(request, tmp_path_factory):
     from transformers import AutoTokenizer
 
-    make = _t5_folder if request.param == "t5" else _bart_folder
-    folder = make(tmp_path_factory.mktemp(request.param))
+    folder = save_encdec_tokenizer(request.param, tmp_path_factory.mktemp(request.param))
     return load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
 
 
