@@ -5,6 +5,8 @@ freed with the request; requests the layout cannot serve are refused naming the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -60,6 +62,14 @@ def _hf_generate(hf, prompt: list[int], **kw) -> list[list[int]]:
 
 
 def test_greedy_equals_transformers_alone_and_batched(folder):
+    _check_greedy(folder)
+
+
+def test_mbart_greedy_equals_transformers(tmp_path):
+    _check_greedy(save_encdec_checkpoint("mbart", tmp_path))  # pre-norm, scaled embeddings
+
+
+def _check_greedy(folder) -> None:
     hf = load_hf(folder)
     prompts = _prompts(6, seed=3)
     want = [_hf_generate(hf, p)[0] for p in prompts]
@@ -72,6 +82,12 @@ def test_greedy_equals_transformers_alone_and_batched(folder):
     assert [list(t) for t in batched] == want
     assert [list(staggered[i].outputs[0].token_ids) for i in range(len(prompts))] == want
     assert_no_leaks(engine)
+    # 5 tokens a step: long encoder inputs arrive over several prefill chunks, the encoder runs
+    # at the one that completes them, beside other requests' decodes.
+    chunked = _engine(folder, max_num_batched_tokens=5, max_num_seqs=4, target_itl_ms=None)
+    outs = run_staggered(chunked, prompts, [greedy] * len(prompts), arrive_every=1)
+    assert [list(outs[i].outputs[0].token_ids) for i in range(len(prompts))] == want
+    assert_no_leaks(chunked)
 
 
 @pytest.mark.parametrize(("width", "n", "lp", "es"), [(2, 2, 1.0, True), (4, 3, 0.5, False)])
@@ -183,3 +199,16 @@ def test_seeded_samples_do_not_depend_on_the_batch(folder):
     assert [o.token_ids for o in batched.outputs] == [o.token_ids for o in alone.outputs]
     assert len({tuple(o.token_ids) for o in alone.outputs}) > 1  # the three samples differ
     assert_no_leaks(engine)
+
+
+def test_forced_bos_token_opens_every_answer_as_in_transformers(tmp_path):
+    folder = save_encdec_checkpoint("bart", tmp_path)  # bart-large-cnn's folders set it to 0
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"forced_bos_token_id": 0}))
+    hf = load_hf(folder)
+    engine = _engine(folder)
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS - 1)
+    for prompt in _prompts(3, seed=17):
+        want = _hf_generate(hf, prompt, forced_bos_token_id=0)[0]
+        got = engine.generate([prompt], greedy)[0].outputs[0].token_ids
+        assert want[0] == 0 and want[1:] == list(got)  # the engine puts it in the prompt
