@@ -2,7 +2,7 @@
 `ModelRunner` interface the engine steps through (`execute(chunks, block_copies,
 full_logits_for) -> StepLogits`).
 
-Each sequence is laid out as engine/encoder_decoder.py says: an encoder region of whole blocks,
+Each sequence is laid out as engine/encoder_layout.py says: an encoder region of whole blocks,
 then the decoder's tokens. Per step:
 1. copy-on-write copies (decoder blocks only: the region's blocks are never written twice);
 2. the encoder runs once per request whose chunk completes its region this step (earlier
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from engine.encoder_decoder import EncoderLayout
+from engine.encoder_layout import EncoderLayout
 from engine.host_transfer import to_device
 from engine.model_runner import StepLogits, copy_blocks
 from models import allocate_kv_cache

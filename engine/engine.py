@@ -34,17 +34,17 @@ from engine import offline
 from engine.api import EngineInfo
 from engine.config import EngineConfig
 from engine.description import EngineDescription, describe_runner
-from engine.encoder_decoder import EncoderLayout
+from engine.encoder_layout import EncoderLayout
 from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
+from engine.request_state import RequestState
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request
-from engine.requests.request_state import RequestState
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
-from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats, StepTimings
@@ -80,7 +80,7 @@ class Engine:
         )
         # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
         self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)
-        # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_decoder.py says.
+        # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_layout.py says.
         layout = (
             EncoderLayout(runner.config, config.block_size)
             if runner.config.is_encoder_decoder

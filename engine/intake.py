@@ -7,7 +7,7 @@ that does not compile (compiled and cached now, so a bad one is a 400), its shap
 context, `max_num_seqs` and the KV cache — and otherwise returns the `Request`, with
 `max_tokens=None` filled in as the room left in the context. It changes nothing, so any thread
 may call it. With an `EncoderLayout` (T5, BART) the prompt is the encoder's input and the
-`Request` starts with its layout (engine/encoder_decoder.py); prompt logprobs are refused.
+`Request` starts with its layout (engine/encoder_layout.py); prompt logprobs are refused.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 from engine.api import EngineInfo
 from engine.decoding.beam_search import check_beam_params
-from engine.encoder_decoder import EncoderLayout, check_encoder_decoder_params
-from engine.request_errors import InvalidRequest
+from engine.encoder_layout import EncoderLayout
+from engine.errors import InvalidRequest
 from engine.requests.request import Request
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_engine import NO_TOKENIZER, GrammarEngine
-from engine.sampling.sampling_params import SamplingParams
 from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.block_manager import BlockManager
 
@@ -53,7 +53,7 @@ class RequestIntake:
         check_request(prompt_token_ids, params, info.vocab_size, info.tokenizer is not None)
         num_encoder_tokens = 0
         if self.encoder_layout is not None:
-            check_encoder_decoder_params(params)
+            _check_encoder_decoder_params(params)
             num_encoder_tokens = len(prompt_token_ids)
             prompt_token_ids = self.encoder_layout.prompt(prompt_token_ids)
         if params.use_beam_search:
@@ -87,3 +87,12 @@ class RequestIntake:
             self.grammars.compile(params)
         except ValueError as exc:  # the server names the API field it came from
             raise InvalidRequest("structured_output", f"structured_output: {exc}") from None
+
+
+def _check_encoder_decoder_params(params: SamplingParams) -> None:
+    if params.prompt_logprobs is not None:
+        raise InvalidRequest(
+            "prompt_logprobs",
+            "prompt_logprobs: an encoder-decoder model's prompt is its encoder input, which it "
+            "does not predict; leave prompt_logprobs unset",
+        )

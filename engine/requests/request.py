@@ -20,8 +20,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from engine.requests.outputs import TokenLogprob
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
+from engine.types import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -135,7 +135,7 @@ class Request:
     num_preemptions: int = 0  # times this request was preempted by recompute
     num_cached_prompt_tokens: int = 0  # prefix-cache hit of the first admission
     # Encoder-decoder models: the prompt starts with this many encoder input tokens (then
-    # padding to a whole block and the decoder prompt: engine/encoder_decoder.py); 0 otherwise.
+    # padding to a whole block and the decoder prompt: engine/encoder_layout.py); 0 otherwise.
     num_encoder_tokens: int = 0
     _next_seq_id: int = field(default=0, init=False, repr=False)
 

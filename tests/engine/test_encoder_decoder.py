@@ -12,8 +12,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.request_errors import InvalidRequest
-from engine.sampling.sampling_params import SamplingParams
+from engine.errors import InvalidRequest
+from engine.requests.sampling_params import SamplingParams
 from tests.encdec_checkpoints import VOCAB, load_hf, save_encdec_checkpoint
 from tests.engine.decoding.test_beam_search import beam_params
 from tests.engine.engine_fixtures import assert_no_leaks, run_staggered

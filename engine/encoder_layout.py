@@ -10,22 +10,18 @@ request recomputes from 0, encoder included. In those slots the model runner
 step whose chunk completes the region; the decoder's self-attention K/V follow in the blocks
 after it, with decoder positions counted from the region's end.
 
-Contract:
-- `EncoderLayout(model_config, block_size)`: `region(num_encoder_tokens)` is the padded length;
-  `prompt(encoder_ids)` the token list a `Request` starts with (encoder ids, pad ids, then the
-  decoder prompt: decoder_start_token_id, and forced_bos_token_id when the config sets one).
-- `check_encoder_decoder_params(params)`: InvalidRequest (naming the field) for what an
-  encoder-decoder request cannot do: prompt logprobs (the prompt is the encoder's input).
-Prefix caching is off for these models (engine_factory): a block of cross K/V depends on the
-whole encoder input, not on the tokens up to it as a prefix-cache key says.
+Contract: `EncoderLayout(model_config, block_size)`: `region(num_encoder_tokens)` is the padded
+length; `prompt(encoder_ids)` the token list a `Request` starts with (encoder ids, pad ids, then
+the decoder prompt: decoder_start_token_id, and forced_bos_token_id when the config sets one).
+RequestIntake (engine/intake.py) lays requests out so and refuses prompt logprobs (the prompt
+is the encoder's input). Prefix caching is off for these models (engine_factory): a block of
+cross K/V depends on the whole encoder input, not on the tokens up to it as a prefix-cache key
+says. It imports nothing of the engine: the runner (execution layer) and intake both read it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from engine.request_errors import InvalidRequest
-from engine.sampling.sampling_params import SamplingParams
 
 
 class EncoderLayout:
@@ -45,12 +41,3 @@ class EncoderLayout:
     def prompt(self, encoder_ids: Sequence[int]) -> tuple[int, ...]:
         padding = (self.pad_id,) * (self.region(len(encoder_ids)) - len(encoder_ids))
         return (*encoder_ids, *padding, *self.decoder_prompt)
-
-
-def check_encoder_decoder_params(params: SamplingParams) -> None:
-    if params.prompt_logprobs is not None:
-        raise InvalidRequest(
-            "prompt_logprobs",
-            "prompt_logprobs: an encoder-decoder model's prompt is its encoder input, which it "
-            "does not predict; leave prompt_logprobs unset",
-        )
