@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.requests.sampling_params import SamplingParams
+from tests.devices import selected_device
 from tests.encdec_checkpoints import VOCAB, load_hf, save_encdec_checkpoint
 from tests.engine.decoding.test_beam_search import beam_params
 from tests.engine.engine_fixtures import assert_no_leaks, run_staggered
@@ -28,7 +29,7 @@ def _engine(folder, **config) -> Engine:
         kv_cache_memory_bytes=2_000_000,
         block_size=BLOCK,
         max_num_seqs=16,
-        device="cpu",
+        device=str(selected_device()),
     )
     return Engine.from_model(str(folder), EngineConfig(**{**defaults, **config}))
 
