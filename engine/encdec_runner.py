@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from engine.encoder_layout import EncoderLayout
 from engine.host_transfer import to_device
 from engine.model_runner import StepLogits, copy_blocks
 from models import allocate_kv_cache
@@ -73,7 +72,6 @@ class EncoderDecoderRunner:
     ) -> None:
         self.model, self.config = model, config
         self.block_size, self.device = block_size, device
-        self.layout = EncoderLayout(config, block_size)
         self.sampleable_vocab = (
             sampleable_vocab if sampleable_vocab and sampleable_vocab < config.vocab_size else None
         )
@@ -124,8 +122,7 @@ class EncoderDecoderRunner:
         """Encodes each request whose region a chunk completes; writes the cross K/V."""
         by_request: dict[int, tuple[list[int], list[list[int]]]] = {}
         for chunk in chunks:
-            num_encoder = chunk.request.num_encoder_tokens
-            region = self.layout.region(num_encoder)
+            num_encoder, region = chunk.request.num_encoder_tokens, chunk.seq.decoder_start
             if chunk.start < region <= chunk.seq_len:
                 ids, tables = by_request.setdefault(
                     id(chunk.request), (list(chunk.seq.token_ids[:num_encoder]), [])
@@ -156,8 +153,7 @@ class EncoderDecoderRunner:
     def _decoder_rows(self, chunks: Sequence[Any]) -> _DecoderRows:
         rows = _DecoderRows([], [], [], [], [], [], [], [])
         for chunk in chunks:
-            num_encoder = chunk.request.num_encoder_tokens
-            region = self.layout.region(num_encoder)
+            num_encoder, region = chunk.request.num_encoder_tokens, chunk.seq.decoder_start
             first, end = max(chunk.start, region), chunk.seq_len
             if end <= first:
                 continue  # inside the encoder region

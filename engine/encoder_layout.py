@@ -13,10 +13,11 @@ after it, with decoder positions counted from the region's end.
 Contract: `EncoderLayout(model_config, block_size)`: `region(num_encoder_tokens)` is the padded
 length; `prompt(encoder_ids)` the token list a `Request` starts with (encoder ids, pad ids, then
 the decoder prompt: decoder_start_token_id, and forced_bos_token_id when the config sets one).
-RequestIntake (engine/intake.py) lays requests out so and refuses prompt logprobs (the prompt
-is the encoder's input). Prefix caching is off for these models (engine_factory): a block of
-cross K/V depends on the whole encoder input, not on the tokens up to it as a prefix-cache key
-says. It imports nothing of the engine: the runner (execution layer) and intake both read it.
+RequestIntake (engine/intake.py) lays requests out so (`Request.decoder_start`, copied to each
+sequence, is the region's length: the runner and sampling's repetition penalty read the decoder's
+tokens from there) and refuses prompt logprobs (the prompt is the encoder's input). Prefix
+caching is off for these models (engine_factory): a block of cross K/V depends on the whole
+encoder input, not on the tokens up to it as a prefix-cache key says.
 """
 
 from __future__ import annotations

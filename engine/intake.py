@@ -51,10 +51,11 @@ class RequestIntake:
     ) -> Request:
         info = self.info
         check_request(prompt_token_ids, params, info.vocab_size, info.tokenizer is not None)
-        num_encoder_tokens = 0
+        num_encoder_tokens = decoder_start = 0
         if self.encoder_layout is not None:
             _check_encoder_decoder_params(params)
             num_encoder_tokens = len(prompt_token_ids)
+            decoder_start = self.encoder_layout.region(num_encoder_tokens)
             prompt_token_ids = self.encoder_layout.prompt(prompt_token_ids)
         if params.use_beam_search:
             check_beam_params(params)
@@ -78,6 +79,7 @@ class RequestIntake:
             params,
             arrival_time or time.time(),
             num_encoder_tokens=num_encoder_tokens,
+            decoder_start=decoder_start,
         )
 
     def _compile_grammar(self, params: SamplingParams) -> None:

@@ -41,6 +41,8 @@ class TokenSequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when asked
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" once finished
     stop_reason: int | str | None = None  # the stop token id or stop string
+    # Encoder-decoder models: the decoder's tokens start here, after the encoder region.
+    decoder_start: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -56,7 +58,9 @@ class TokenSequence:
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
-        return tuple(self.token_ids[: self.num_prompt_tokens])
+        """The prompt the model continues (an encoder-decoder's: its decoder prompt, which is
+        what sampling's repetition penalty reads, as in transformers)."""
+        return tuple(self.token_ids[self.decoder_start : self.num_prompt_tokens])
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:
@@ -97,6 +101,7 @@ class TokenSequence:
             num_prompt_tokens=self.num_prompt_tokens,
             num_computed_tokens=self.num_computed_tokens,
             cumulative_logprob=self.cumulative_logprob,
+            decoder_start=self.decoder_start,
             logprobs=list(self.logprobs),
         )
 
@@ -137,6 +142,7 @@ class Request:
     # Encoder-decoder models: the prompt starts with this many encoder input tokens (then
     # padding to a whole block and the decoder prompt: engine/encoder_layout.py); 0 otherwise.
     num_encoder_tokens: int = 0
+    decoder_start: int = 0  # the region's length: where the decoder's tokens begin
     _next_seq_id: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,6 +157,7 @@ class Request:
                     seq_id=self.new_seq_id(),
                     token_ids=list(self.prompt_token_ids),
                     num_prompt_tokens=len(self.prompt_token_ids),
+                    decoder_start=self.decoder_start,
                 )
             )
 

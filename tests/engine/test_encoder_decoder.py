@@ -213,3 +213,12 @@ def test_forced_bos_token_opens_every_answer_as_in_transformers(tmp_path):
         want = _hf_generate(hf, prompt, forced_bos_token_id=0)[0]
         got = engine.generate([prompt], greedy)[0].outputs[0].token_ids
         assert want[0] == 0 and want[1:] == list(got)  # the engine puts it in the prompt
+
+
+def test_repetition_penalty_reads_the_decoder_tokens_as_transformers(folder):
+    hf = load_hf(folder)
+    engine = _engine(folder)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.8)
+    for prompt in _prompts(3, seed=19):
+        want = _hf_generate(hf, prompt, repetition_penalty=1.8)[0]
+        assert list(engine.generate([prompt], params)[0].outputs[0].token_ids) == want
