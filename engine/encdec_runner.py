@@ -122,10 +122,10 @@ class EncoderDecoderRunner:
         """Encodes each request whose region a chunk completes; writes the cross K/V."""
         by_request: dict[int, tuple[list[int], list[list[int]]]] = {}
         for chunk in chunks:
-            num_encoder, region = chunk.request.num_encoder_tokens, chunk.seq.decoder_start
+            region = chunk.seq.decoder_start
             if chunk.start < region <= chunk.seq_len:
                 ids, tables = by_request.setdefault(
-                    id(chunk.request), (list(chunk.seq.token_ids[:num_encoder]), [])
+                    id(chunk.request), (list(chunk.request.encoder_token_ids), [])
                 )
                 tables.append(chunk.seq.block_table[: region // self.block_size])
         if not by_request:
@@ -153,7 +153,7 @@ class EncoderDecoderRunner:
     def _decoder_rows(self, chunks: Sequence[Any]) -> _DecoderRows:
         rows = _DecoderRows([], [], [], [], [], [], [], [])
         for chunk in chunks:
-            num_encoder, region = chunk.request.num_encoder_tokens, chunk.seq.decoder_start
+            region = chunk.seq.decoder_start
             first, end = max(chunk.start, region), chunk.seq_len
             if end <= first:
                 continue  # inside the encoder region
@@ -164,7 +164,7 @@ class EncoderDecoderRunner:
             rows.self_lens.append(end - region)
             rows.query_lens.append(end - first)
             rows.cross_tables.append(table[: region // self.block_size])
-            rows.cross_lens.append(num_encoder)
+            rows.cross_lens.append(len(chunk.request.encoder_token_ids))
             if chunk.sample:
                 rows.sample_rows.append(len(rows.ids) - 1)
         return rows

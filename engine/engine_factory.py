@@ -60,12 +60,9 @@ def build_engine(
             workers.stop(timeout=5.0)
         raise
     runner, model_config = built.runner, built.model_config
-    # No prefix caching for encoder-decoders: their cross K/V blocks depend on the whole
-    # encoder input (engine/encoder_layout.py).
-    prefix_caching = config.enable_prefix_caching and not model_config.is_encoder_decoder
     scheduler = Scheduler(
         config,
-        BlockManager(built.num_blocks, config.block_size, prefix_caching),
+        BlockManager(built.num_blocks, config.block_size, config.enable_prefix_caching),
         built.max_model_len,
     )
     eos = tuple(

@@ -51,12 +51,13 @@ class RequestIntake:
     ) -> Request:
         info = self.info
         check_request(prompt_token_ids, params, info.vocab_size, info.tokenizer is not None)
-        num_encoder_tokens = decoder_start = 0
+        encoder_ids: tuple[int, ...] = ()
+        decoder_start = 0
         if self.encoder_layout is not None:
             _check_encoder_decoder_params(params)
-            num_encoder_tokens = len(prompt_token_ids)
-            decoder_start = self.encoder_layout.region(num_encoder_tokens)
-            prompt_token_ids = self.encoder_layout.prompt(prompt_token_ids)
+            encoder_ids = tuple(prompt_token_ids)
+            decoder_start = self.encoder_layout.region(len(encoder_ids))
+            prompt_token_ids = self.encoder_layout.prompt(encoder_ids)
         if params.use_beam_search:
             check_beam_params(params)
         if params.structured_output is not None:
@@ -78,7 +79,7 @@ class RequestIntake:
             tuple(prompt_token_ids),
             params,
             arrival_time or time.time(),
-            num_encoder_tokens=num_encoder_tokens,
+            encoder_token_ids=encoder_ids,
             decoder_start=decoder_start,
         )
 

@@ -139,10 +139,10 @@ class Request:
     seqs: list[TokenSequence] = field(default_factory=list)
     num_preemptions: int = 0  # times this request was preempted by recompute
     num_cached_prompt_tokens: int = 0  # prefix-cache hit of the first admission
-    # Encoder-decoder models: the prompt starts with this many encoder input tokens (then
-    # padding to a whole block and the decoder prompt: engine/encoder_layout.py); 0 otherwise.
-    num_encoder_tokens: int = 0
-    decoder_start: int = 0  # the region's length: where the decoder's tokens begin
+    # Encoder-decoder models: the encoder's input, and where the decoder's tokens begin in the
+    # prompt (after the encoder region: engine/encoder_layout.py); () and 0 otherwise.
+    encoder_token_ids: tuple[int, ...] = ()
+    decoder_start: int = 0
     _next_seq_id: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -178,9 +178,7 @@ class Request:
     @property
     def input_token_ids(self) -> tuple[int, ...]:
         """The prompt as the client gave it (an encoder-decoder's: the encoder input)."""
-        if self.num_encoder_tokens:
-            return self.prompt_token_ids[: self.num_encoder_tokens]
-        return self.prompt_token_ids
+        return self.encoder_token_ids or self.prompt_token_ids
 
     @property
     def num_seq_slots(self) -> int:

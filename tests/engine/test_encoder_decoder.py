@@ -127,7 +127,7 @@ def test_beams_share_the_encoder_blocks_and_never_copy_them(folder):
 
     engine.runner.execute = spy
     engine.add_request("beams", prompt, params)
-    region = -(-len(prompt) // BLOCK)
+    region = engine.get_request("beams").seqs[0].decoder_start // BLOCK
     original = None
     while engine.has_unfinished_requests():
         engine.step()
@@ -222,3 +222,20 @@ def test_repetition_penalty_reads_the_decoder_tokens_as_transformers(folder):
     for prompt in _prompts(3, seed=19):
         want = _hf_generate(hf, prompt, repetition_penalty=1.8)[0]
         assert list(engine.generate([prompt], params)[0].outputs[0].token_ids) == want
+
+
+def test_prefix_cache_reuses_an_encoder_only_for_the_same_whole_input(folder):
+    hf = load_hf(folder)
+    base = _prompts(1, seed=21)[0] * 2  # 2 x up to 18 tokens: several region blocks
+    # Same first blocks, another end: their cross K/V differ everywhere (a bidirectional
+    # encoder), so nothing of `base`'s region may serve them.
+    other = base[:-1] + [3 + (base[-1] - 2) % (VOCAB - 3)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    engine = _engine(folder)
+    first = engine.generate([base], greedy)[0]
+    again = engine.generate([base, other], greedy)
+    assert again[0].metrics.num_cached_prompt_tokens >= len(base)  # the encoder was reused
+    assert again[1].metrics.num_cached_prompt_tokens == 0
+    for prompt, out in zip([base, base, other], [first, *again], strict=True):
+        assert list(out.outputs[0].token_ids) == _hf_generate(hf, prompt)[0]
+    assert_no_leaks(engine)
