@@ -38,6 +38,7 @@ class EngineInfo:
     kv_blocks_total: int
     kv_block_size: int
     vocab_size: int  # token ids a prompt may hold
+    encoder_decoder: bool = False  # T5 / BART: the prompt is the encoder's input
 
     @property
     def kv_tokens(self) -> int:

@@ -34,6 +34,7 @@ from engine import offline
 from engine.api import EngineInfo
 from engine.config import EngineConfig
 from engine.description import EngineDescription, describe_runner
+from engine.encoder_layout import EncoderLayout
 from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
@@ -75,11 +76,18 @@ class Engine:
             kv_block_size=config.block_size,
             # Ids past the tokenizer (padded embedding rows) are nothing a prompt can hold.
             vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
+            encoder_decoder=runner.config.is_encoder_decoder,
         )
         # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
         self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)
+        # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_layout.py says.
+        layout = (
+            EncoderLayout(runner.config, config.block_size)
+            if runner.config.is_encoder_decoder
+            else None
+        )
         self.intake = RequestIntake(
-            self.info, self.grammars, config.max_num_seqs, scheduler.block_manager
+            self.info, self.grammars, config.max_num_seqs, scheduler.block_manager, layout
         )
         self._states: dict[str, RequestState] = {}
         self.updater = StepUpdate(

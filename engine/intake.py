@@ -6,7 +6,8 @@ request that could never be served — its prompt and token ids, beam rules, a s
 that does not compile (compiled and cached now, so a bad one is a 400), its shape against the
 context, `max_num_seqs` and the KV cache — and otherwise returns the `Request`, with
 `max_tokens=None` filled in as the room left in the context. It changes nothing, so any thread
-may call it.
+may call it. With an `EncoderLayout` (T5, BART) the prompt is the encoder's input and the
+`Request` starts with its layout (engine/encoder_layout.py); prompt logprobs are refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from engine.api import EngineInfo
 from engine.decoding.beam_search import check_beam_params
+from engine.encoder_layout import EncoderLayout
 from engine.errors import InvalidRequest
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
@@ -32,11 +34,13 @@ class RequestIntake:
         grammars: GrammarEngine | None,
         max_num_seqs: int,
         block_manager: BlockManager,
+        encoder_layout: EncoderLayout | None = None,
     ) -> None:
         self.info = info
         self.grammars = grammars  # None: no tokenizer, so requests with a grammar are refused
         self.max_num_seqs = max_num_seqs
         self.block_manager = block_manager
+        self.encoder_layout = encoder_layout
 
     def new_request(
         self,
@@ -47,6 +51,13 @@ class RequestIntake:
     ) -> Request:
         info = self.info
         check_request(prompt_token_ids, params, info.vocab_size, info.tokenizer is not None)
+        encoder_ids: tuple[int, ...] = ()
+        decoder_start = 0
+        if self.encoder_layout is not None:
+            _check_encoder_decoder_params(params)
+            encoder_ids = tuple(prompt_token_ids)
+            decoder_start = self.encoder_layout.region(len(encoder_ids))
+            prompt_token_ids = self.encoder_layout.prompt(encoder_ids)
         if params.use_beam_search:
             check_beam_params(params)
         if params.structured_output is not None:
@@ -63,7 +74,14 @@ class RequestIntake:
             self.max_num_seqs,
             self.block_manager,
         )
-        return Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
+        return Request(
+            request_id,
+            tuple(prompt_token_ids),
+            params,
+            arrival_time or time.time(),
+            encoder_token_ids=encoder_ids,
+            decoder_start=decoder_start,
+        )
 
     def _compile_grammar(self, params: SamplingParams) -> None:
         if self.grammars is None:
@@ -72,3 +90,12 @@ class RequestIntake:
             self.grammars.compile(params)
         except ValueError as exc:  # the server names the API field it came from
             raise InvalidRequest("structured_output", f"structured_output: {exc}") from None
+
+
+def _check_encoder_decoder_params(params: SamplingParams) -> None:
+    if params.prompt_logprobs is not None:
+        raise InvalidRequest(
+            "prompt_logprobs",
+            "prompt_logprobs: an encoder-decoder model's prompt is its encoder input, which it "
+            "does not predict; leave prompt_logprobs unset",
+        )

@@ -222,12 +222,16 @@ class ModelRunner:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]
 
     def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""
-        src = to_device([s for s, _ in copies], torch.int64, self.device)
-        dst = to_device([d for _, d in copies], torch.int64, self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache.index_copy_(0, dst, k_cache[src])
-            v_cache.index_copy_(0, dst, v_cache[src])
+        copy_blocks(self.kv_caches, copies, self.device)
+
+
+def copy_blocks(kv_caches, copies: Sequence[tuple[int, int]], device: torch.device) -> None:
+    """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""
+    src = to_device([s for s, _ in copies], torch.int64, device)
+    dst = to_device([d for _, d in copies], torch.int64, device)
+    for k_cache, v_cache in kv_caches:
+        k_cache.index_copy_(0, dst, k_cache[src])
+        v_cache.index_copy_(0, dst, v_cache[src])
 
 
 def _decode_only(chunks: Sequence[Any]) -> bool:

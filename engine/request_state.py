@@ -146,7 +146,7 @@ class RequestState:
             )
         return RequestOutput(
             request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
+            prompt_token_ids=request.input_token_ids,
             outputs=completions,
             finished=request.is_finished,
             prompt_logprobs=self._take_prompt_logprobs(),

@@ -100,6 +100,19 @@ def build_runner(
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
+    if model_config.is_encoder_decoder:  # T5 / BART (plan_shards refused tensor parallel)
+        from engine.encdec_runner import EncoderDecoderRunner
+
+        runner = EncoderDecoderRunner(
+            model,
+            model_config,
+            num_blocks,
+            config.block_size,
+            TORCH_DTYPE_BY_NAME[dtype_name],
+            device,
+            sampleable_vocab,
+        )
+        return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
     if group is not None:
         from engine.parallel.rank import ParallelRank
         from engine.parallel.step_channel import StepChannel, step_capacity

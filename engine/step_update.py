@@ -73,7 +73,7 @@ class StepUpdate:
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self.states[chunk.request.request_id]
             if state.mark_scheduled(scheduled_at):  # counted once, at first scheduling (as vLLM)
-                self.prompt_tokens_total += len(state.request.prompt_token_ids)
+                self.prompt_tokens_total += len(state.request.input_token_ids)
             if chunk.sample:
                 moved[chunk.request.request_id] = state
         return list(moved.values())

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
+from models.encdec.bart import BartForConditionalGeneration
+from models.encdec.t5 import T5ForConditionalGeneration
 from models.gpt2 import GPT2LMHeadModel
 from models.linear_backend import pin_mkl_code_path
 from models.llama import LlamaForCausalLM
@@ -24,6 +26,8 @@ pin_mkl_code_path()  # before any GEMM: MKL reads it once (models/linear_backend
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
+    "t5": T5ForConditionalGeneration,  # encoder-decoders: models/encdec
+    "bart": BartForConditionalGeneration,
 }
 
 

@@ -2,8 +2,10 @@
 config.json dict (GGUF metadata is mapped to the same dict by the loader).
 
 Contract: `ModelConfig.from_hf_dict(d)` accepts the config.json of LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense) and GPT2LMHeadModel and raises `ValueError` naming the
-architecture for anything else. The dataclass is frozen; nothing computed at run time is
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense) and GPT2LMHeadModel, and of the
+encoder-decoders T5ForConditionalGeneration, BartForConditionalGeneration and
+MBartForConditionalGeneration (models/encdec/config.py: the decoder's shape here, the rest in
+`encoder_decoder`), and raises `ValueError` naming the architecture for anything else. The dataclass is frozen; nothing computed at run time is
 written back into it.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.encdec.config import EncoderDecoderConfig, encoder_decoder_fields
+
 # HF architecture name -> our model family (the registry key in models/__init__.py).
 ARCHITECTURE_FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -19,6 +23,9 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
     "GPT2LMHeadModel": "gpt2",
+    "T5ForConditionalGeneration": "t5",
+    "BartForConditionalGeneration": "bart",
+    "MBartForConditionalGeneration": "bart",
 }
 
 
@@ -33,7 +40,7 @@ def _as_id_tuple(value: Any) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str  # the HF class name, e.g. "LlamaForCausalLM"
-    family: str  # "llama" | "gpt2"
+    family: str  # "llama" | "gpt2" | "t5" | "bart"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -52,6 +59,11 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    encoder_decoder: EncoderDecoderConfig | None = None  # T5 / BART: the encoder and generation
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder_decoder is not None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -61,6 +73,8 @@ class ModelConfig:
         if family is None:
             supported = ", ".join(sorted(ARCHITECTURE_FAMILIES))
             raise ValueError(f"unsupported architecture {arch!r}; tgserve supports: {supported}")
+        if family in ("t5", "bart"):
+            return cls(architecture=arch, family=family, **encoder_decoder_fields(d, family))
         if family == "gpt2":
             hidden = d["n_embd"]
             heads = d["n_head"]
@@ -132,5 +146,8 @@ def _guess_architecture(model_type: str | None) -> str:
         "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
         "gpt2": "GPT2LMHeadModel",
+        "t5": "T5ForConditionalGeneration",
+        "bart": "BartForConditionalGeneration",
+        "mbart": "MBartForConditionalGeneration",
     }
     return by_type.get(model_type or "", str(model_type))

@@ -41,6 +41,8 @@ class TokenSequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when asked
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" once finished
     stop_reason: int | str | None = None  # the stop token id or stop string
+    # Encoder-decoder models: the decoder's tokens start here, after the encoder region.
+    decoder_start: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -56,7 +58,9 @@ class TokenSequence:
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
-        return tuple(self.token_ids[: self.num_prompt_tokens])
+        """The prompt the model continues (an encoder-decoder's: its decoder prompt, which is
+        what sampling's repetition penalty reads, as in transformers)."""
+        return tuple(self.token_ids[self.decoder_start : self.num_prompt_tokens])
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:
@@ -97,6 +101,7 @@ class TokenSequence:
             num_prompt_tokens=self.num_prompt_tokens,
             num_computed_tokens=self.num_computed_tokens,
             cumulative_logprob=self.cumulative_logprob,
+            decoder_start=self.decoder_start,
             logprobs=list(self.logprobs),
         )
 
@@ -134,6 +139,10 @@ class Request:
     seqs: list[TokenSequence] = field(default_factory=list)
     num_preemptions: int = 0  # times this request was preempted by recompute
     num_cached_prompt_tokens: int = 0  # prefix-cache hit of the first admission
+    # Encoder-decoder models: the encoder's input, and where the decoder's tokens begin in the
+    # prompt (after the encoder region: engine/encoder_layout.py); () and 0 otherwise.
+    encoder_token_ids: tuple[int, ...] = ()
+    decoder_start: int = 0
     _next_seq_id: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -148,6 +157,7 @@ class Request:
                     seq_id=self.new_seq_id(),
                     token_ids=list(self.prompt_token_ids),
                     num_prompt_tokens=len(self.prompt_token_ids),
+                    decoder_start=self.decoder_start,
                 )
             )
 
@@ -164,6 +174,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def input_token_ids(self) -> tuple[int, ...]:
+        """The prompt as the client gave it (an encoder-decoder's: the encoder input)."""
+        return self.encoder_token_ids or self.prompt_token_ids
 
     @property
     def num_seq_slots(self) -> int:

@@ -38,6 +38,13 @@ class CompletionServing(OpenAIServing[CompletionJob]):
         state = self.state
         req = await read_body(request, CompletionRequest)
         model = state.model_name(req.model)
+        if req.echo and state.info is not None and state.info.encoder_decoder:
+            raise ApiError(
+                400,
+                "echo is not supported by encoder-decoder models (the prompt is the encoder's "
+                "input, not the start of the answer); leave echo unset",
+                param="echo",
+            )
         prompts = await self._prompts(req.prompt)
         params = [completion_params(req, state.settings.enable_fault_injection) for _ in prompts]
         self.check_logprobs(req.logprobs is not None)

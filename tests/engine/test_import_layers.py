@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.model_runner",
             "engine.runner_factory",
             "engine.description",
+            "engine.encoder_layout",
+            "engine.encdec_runner",
         ),
     ),
     ("requests", ("engine.requests",)),

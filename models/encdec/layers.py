@@ -1,0 +1,81 @@
+"""Layers T5 and BART share: multi-head attention in its three uses (encoder self-attention,
+decoder self-attention on the paged cache, cross-attention over the encoder's paged K/V) and
+the activations their feed-forward layers name.
+
+Contract: `MultiHeadAttention(hidden, heads, head_dim, bias, scale)` holds the projections
+`q`, `k`, `v`, `o` (BART's q_proj / k_proj / v_proj / out_proj load into them by a name map);
+every method takes and returns flat rows [T, hidden] (models/encdec/attention.py has the
+layout of a step). `activation(name)` returns the elementwise function of a config's
+activation name (batch-invariant versions from models/pointwise.py), ValueError otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from models import pointwise
+from models.attention import KVCache
+from models.encdec.attention import BiasFn, SeqSpans, attend_dense, attend_paged, write_paged
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu,
+    "gelu": pointwise.gelu_erf,
+    "gelu_new": pointwise.gelu_tanh,
+    "gelu_pytorch_tanh": pointwise.gelu_tanh,
+    "silu": pointwise.silu,
+    "swish": pointwise.silu,
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in _ACTIVATIONS:
+        supported = ", ".join(sorted(_ACTIVATIONS))
+        raise ValueError(f"unsupported activation {name!r}; supported: {supported}")
+    return _ACTIVATIONS[name]
+
+
+def no_bias(q_len: int, k_len: int) -> None:
+    return None
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, head_dim: int, bias: bool, scale: float) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.scale = heads, head_dim, scale
+        inner = heads * head_dim
+        self.q = nn.Linear(hidden, inner, bias=bias)
+        self.k = nn.Linear(hidden, inner, bias=bias)
+        self.v = nn.Linear(hidden, inner, bias=bias)
+        self.o = nn.Linear(inner, hidden, bias=bias)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1, self.heads, self.head_dim)  # [T, H, D]
+
+    def encoder(self, x: torch.Tensor, seq_lens: Sequence[int], bias_fn: BiasFn) -> torch.Tensor:
+        """Bidirectional attention of each sequence's rows to its own rows."""
+        q, k, v = (self._heads(p(x)) for p in (self.q, self.k, self.v))
+        return self.o(attend_dense(q, k, v, seq_lens, self.scale, bias_fn, causal=False))
+
+    def decoder_self(
+        self, x: torch.Tensor, spans: SeqSpans, cache: KVCache, bias_fn: BiasFn
+    ) -> torch.Tensor:
+        """Writes the new rows' K/V at `spans.slot_mapping`, then attends causally."""
+        q, k, v = (self._heads(p(x)) for p in (self.q, self.k, self.v))
+        if spans.slot_mapping is None:
+            raise ValueError("decoder self-attention needs the slots its new K/V go to")
+        write_paged(cache, k, v, spans.slot_mapping)
+        return self.o(attend_paged(q, cache, spans, self.scale, bias_fn, causal=True))
+
+    def cross(self, x: torch.Tensor, spans: SeqSpans, cache: KVCache) -> torch.Tensor:
+        """Attends to the encoder K/V `write_cross` stored in the sequences' cross blocks."""
+        q = self._heads(self.q(x))
+        return self.o(attend_paged(q, cache, spans, self.scale, no_bias, causal=False))
+
+    def write_cross(self, encoder_out: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> None:
+        """encoder_out [T_enc, hidden] -> this layer's cross K/V at `slots` (done once)."""
+        write_paged(
+            cache, self._heads(self.k(encoder_out)), self._heads(self.v(encoder_out)), slots
+        )
