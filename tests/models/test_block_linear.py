@@ -128,10 +128,11 @@ def test_blocks_with_infinite_or_nan_scales_give_the_dense_kernels_outputs(qtype
             assert same_bits(got[finite], want[finite]), (dtype, float_out)
 
 
-# Row counts: 1..8 take the few-rows pass (blocks dequantised in registers), more the dequantised
-# scratch; 9, 11, 13, 14, 64 and 130 leave every 6-row tile remainder, 130 rows over n = 40 (one
-# group, 3 panels) are split in row chunks across threads.
-ROW_COUNTS = (2, 3, 5, 7, 8, 9, 11, 13, 14, 64, 130)
+# Row counts: 1..8 take the few-rows pass (blocks dequantised in registers; K-quants from 5 rows
+# the group pass), more the dequantised scratch; 9, 11, 13, 14, 64 and 130 leave every 6-row tile
+# remainder, 130 rows over n = 40 (one group, 3 panels) are split across threads, and 300 rows
+# of float32 x at k = 576 fill more than one of the walk's row blocks (512 KiB: 227 rows).
+ROW_COUNTS = (2, 3, 5, 7, 8, 9, 11, 13, 14, 64, 130, 300)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
