@@ -166,6 +166,8 @@ def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
     elif source.hf_folder is None:
         raise BackendUnavailable(f"the transformers backend loads model folders, not {source.path}")
     else:
-        auto_class = AutoModelForSeq2SeqLM if source.config.encoder_decoder else AutoModelForCausalLM
+        auto_class = (
+            AutoModelForSeq2SeqLM if source.config.encoder_decoder else AutoModelForCausalLM
+        )
         model = auto_class.from_pretrained(source.hf_folder, dtype=dtype).to(device)
     return TransformersBackend(model.eval(), options.hf_batch_size, device)
