@@ -30,7 +30,7 @@ gives the bias [H, q_len, k_len] of a sequence whose last query is its last key,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,6 +52,8 @@ class SeqSpans:
     slot_mapping: torch.Tensor | None  # [sum(query_lens)] int64: where new K/V go (None: read)
     block_size: int
     cpu_kernel: bool = False  # unbiased attention may run the C++ paged kernel
+    # per-step index tensors every layer reuses (built by the first layer that needs them)
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -121,19 +123,29 @@ def attend_paged(
     k_cache, v_cache = cache
     if bias_fn is no_bias and spans.cpu_kernel and _kernel_fits(q, k_cache):
         return _attend_paged_kernel(q, cache, spans, scale, causal)
-    starts = _starts(spans.query_lens)
+    if "groups" not in spans.plans:
+        spans.plans["groups"] = _group_plan(spans, q.device)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    for n, context, rows, tables in spans.plans["groups"]:
+        k = k_cache[tables].flatten(1, 2)[:, :context]  # [G, L, H, D]
+        v = v_cache[tables].flatten(1, 2)[:, :context]
+        q_group = q[rows].view(tables.shape[0], n, *q.shape[1:])  # [G, n, H, D]
+        out[rows] = _attend_group(q_group, k, v, scale, bias_fn, causal).flatten(0, 1)
+    return out
+
+
+def _group_plan(spans: SeqSpans, device: torch.device) -> list:
+    """Per shape (query rows n, keys L): n, L, the group's rows in the step [G * n] and its
+    block tables [G, blocks of L]."""
+    starts = _starts(spans.query_lens)
+    plan = []
     shapes = zip(spans.query_lens, spans.context_lens, strict=True)
     for (n, context), members in _same_shape(shapes).items():
         blocks = -(-context // spans.block_size)
-        tables = torch.stack([spans.block_tables[i][:blocks] for i in members])  # [G, nb]
-        k = k_cache[tables].flatten(1, 2)[:, :context]  # [G, L, H, D]
-        v = v_cache[tables].flatten(1, 2)[:, :context]
-        rows = torch.cat([torch.arange(starts[i], starts[i] + n) for i in members])
-        rows = rows.to(q.device)
-        q_group = q[rows].view(len(members), n, *q.shape[1:])  # [G, n, H, D]
-        out[rows] = _attend_group(q_group, k, v, scale, bias_fn, causal).flatten(0, 1)
-    return out
+        tables = torch.stack([spans.block_tables[i][:blocks] for i in members])
+        rows = [r for i in members for r in range(starts[i], starts[i] + n)]
+        plan.append((n, context, torch.tensor(rows, dtype=torch.int64, device=device), tables))
+    return plan
 
 
 def _starts(lens: Sequence[int]) -> list[int]:
@@ -193,17 +205,19 @@ def _attend_paged_kernel(
     """Each query row alone through the C++ kernel: row r of sequence i sees the first
     `context_lens[i]` keys (causal: up to its own position)."""
     k_cache, v_cache = cache
-    widest = max(len(t) for t in spans.block_tables)
-    tables, keys = [], []
-    for n, context, table in zip(
-        spans.query_lens, spans.context_lens, spans.block_tables, strict=True
-    ):
-        padded = torch.nn.functional.pad(table, (0, widest - len(table)))  # unread past context
-        tables.append(padded.expand(n, widest))
-        first = context - n + 1 if causal else context
-        keys.extend(range(first, first + n) if causal else [context] * n)
-    row_tables = torch.cat(tables)  # [T, nb]
-    seq_lens = torch.tensor(keys, dtype=torch.int64)
+    key = ("kernel", causal)
+    if key not in spans.plans:
+        widest = max(len(t) for t in spans.block_tables)
+        tables, keys = [], []
+        for n, context, table in zip(
+            spans.query_lens, spans.context_lens, spans.block_tables, strict=True
+        ):
+            padded = torch.nn.functional.pad(table, (0, widest - len(table)))  # unread past L
+            tables.append(padded.expand(n, widest))
+            first = context - n + 1 if causal else context
+            keys.extend(range(first, first + n) if causal else [context] * n)
+        spans.plans[key] = (torch.cat(tables), torch.tensor(keys, dtype=torch.int64))
+    row_tables, seq_lens = spans.plans[key]  # [T, nb], [T]
     out = paged_attention.paged_decode_attention(
         q, k_cache, v_cache, row_tables, seq_lens, scale
     )  # [T, H, D]
