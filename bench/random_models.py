@@ -8,7 +8,8 @@ hidden sizes, layers, GQA heads, vocabulary, RoPE), so weight bytes per token an
 what the real models cost; the weights (models/random_weights.py, seeded, in `--dtype`) are
 noise, so the output text is meaningless and only speed is measured. No download.
 `tiny-llama` is a Llama 3 structure (GQA, llama3 RoPE) small enough for CPU dry runs (the GPU
-check's `--tiny` mode, tests).
+check's `--tiny` mode, tests). `t5-small` is Google's T5 v1.0 small (an encoder-decoder: the
+prompt is the encoder's input) and `tiny-t5` the same structure, small, for tests.
 """
 
 from __future__ import annotations
@@ -79,6 +80,47 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "bos_token_id": 1,
         "eos_token_id": 2,
+    },
+    # Google's t5-small: 6 + 6 layers of 512, 8 heads of 64, ReLU feed-forward of 2048, head tied
+    # to the embedding: 60,506,624 parameters.
+    "t5-small": {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "d_model": 512,
+        "d_kv": 64,
+        "d_ff": 2048,
+        "num_layers": 6,
+        "num_decoder_layers": 6,
+        "num_heads": 8,
+        "vocab_size": 32128,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "feed_forward_proj": "relu",
+        "layer_norm_epsilon": 1e-6,
+        "tie_word_embeddings": True,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+    },
+    # t5-small's structure, 2 + 2 layers of 64, 4 heads of 16: for tests and dry runs.
+    "tiny-t5": {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "d_model": 64,
+        "d_kv": 16,
+        "d_ff": 128,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 512,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "feed_forward_proj": "relu",
+        "layer_norm_epsilon": 1e-6,
+        "tie_word_embeddings": True,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
     },
 }
 

@@ -12,7 +12,8 @@ then the decoder's tokens. Per step:
 3. one decoder forward over every chunk's decoder rows: self-attention over the blocks after
    the region (positions from the region's end), cross-attention over the region;
 4. logits of the sampled rows, in chunk order.
-Every sequence's attention reads only its own blocks, and the linear layers run the CPU's
+Every sequence's attention reads only its own blocks (cross-attention on the CPU through the
+C++ paged kernel unless `cpu_kernels` is off), and the linear layers run the CPU's
 batch-invariant GEMM (models/linear_backend), so a row never depends on the rest of the batch.
 Prompt logprobs are refused at intake, so `full_logits_for` is always empty.
 """
@@ -69,6 +70,7 @@ class EncoderDecoderRunner:
         dtype: torch.dtype,
         device: torch.device,
         sampleable_vocab: int | None = None,
+        cpu_kernels: bool = True,
     ) -> None:
         self.model, self.config = model, config
         self.block_size, self.device = block_size, device
@@ -78,6 +80,8 @@ class EncoderDecoderRunner:
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
         if device.type == "cpu":
             use_invariant_linears(model)
+        # unbiased attention (cross-attention, BART's) through the C++ paged kernel
+        self.cpu_kernel = cpu_kernels and device.type == "cpu"
         self.forward_path = EncoderDecoderPath()
 
     @property
@@ -104,9 +108,12 @@ class EncoderDecoderRunner:
         if not rows.ids:  # only encoder-region chunks that do not complete it
             return StepLogits(torch.empty(0, vocab, device=self.device), {})
         bs = self.block_size
-        spans = SeqSpans.build(rows.self_tables, rows.self_lens, rows.query_lens, bs, self.device)
+        kernel = self.cpu_kernel
+        spans = SeqSpans.build(
+            rows.self_tables, rows.self_lens, rows.query_lens, bs, self.device, cpu_kernel=kernel
+        )
         cross = SeqSpans.build(
-            rows.cross_tables, rows.cross_lens, rows.query_lens, bs, self.device, writes=False
+            rows.cross_tables, rows.cross_lens, rows.query_lens, bs, self.device, False, kernel
         )
         hidden = self.model(  # [T, hidden]
             to_device(rows.ids, torch.int64, self.device),

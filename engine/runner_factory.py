@@ -111,6 +111,7 @@ def build_runner(
             TORCH_DTYPE_BY_NAME[dtype_name],
             device,
             sampleable_vocab,
+            config.cpu_kernels,
         )
         return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
     if group is not None:

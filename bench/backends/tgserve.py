@@ -122,6 +122,14 @@ def engine_config(source: ModelSource, options: BackendOptions):
     target = (
         {} if options.target_itl_ms is None else {"target_itl_ms": options.target_itl_ms or None}
     )
+    max_model_len = options.max_model_len
+    if source.config.encoder_decoder is not None:
+        from engine.encoder_layout import EncoderLayout
+
+        # the sequence holds the encoder region (the input and its digest, padded to whole
+        # blocks: at most one block more) and the decoder prompt before the output
+        layout = EncoderLayout(source.config, EngineConfig.block_size)
+        max_model_len += layout.block_size + len(layout.decoder_prompt)
     return EngineConfig(
         **target,
         dtype=options.dtype,
@@ -130,7 +138,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
         enable_prefix_caching=options.enable_prefix_caching,
         max_queued_requests=max(256, options.num_requests),
         # the longest request of the run: the KV cache is sized for it, not for the full context
-        max_model_len=min(options.max_model_len, source.config.max_position_embeddings),
+        max_model_len=min(max_model_len, source.config.max_position_embeddings),
         quantization=options.quantization,
         compile=options.compile,
         cpu_kernels=options.cpu_kernels,

@@ -1,13 +1,15 @@
 """transformers `generate` as a benchmark backend: the baseline a user gets without a server.
 
-Contract (see bench.backends): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` in the
+Contract (see bench.backends): the model is `AutoModelForCausalLM.from_pretrained(hf_folder)` (an
+encoder-decoder's, T5 or BART: `AutoModelForSeq2SeqLM`, the prompt is the encoder's input) in the
 bench dtype (for a GGUF, the converted copy in tgserve's cache: the same tensors; for a `random:`
 shape, tgserve's own seeded random weights: hf_random.py), on the device tgserve runs on
 (`options.device`, resolved as the engine resolves it). Greedy, with
 `min_new_tokens = max_new_tokens` so EOS never ends a row early and every backend decodes the same
 counts. Latency: one request, batch 1; a streamer timestamps the first generated token (generate
 hands it the prompt first, then each new token). Throughput: static batches of `hf_batch_size`
-requests in workload order, left-padded with a pad token; a batch decodes as many tokens as its
+requests in workload order, left-padded with a pad token (an encoder's input: right-padded, so
+learned absolute positions stay those of the unpadded input); a batch decodes as many tokens as its
 longest request asks for (the rows that asked for fewer waste the rest: that is static
 batching), and only the asked-for tokens count as output.
 """
@@ -65,6 +67,8 @@ class TransformersBackend:
             else (config.eos_token_id or [0])[0]
         )
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else eos
+        # generate() returns the decoder's tokens alone: its start token, then the new ones
+        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         self.note = f"generate(), {config._attn_implementation} attention" + (
             f", static batches of {batch_size}" if batch_size > 1 else ""
         )
@@ -96,9 +100,13 @@ class TransformersBackend:
             out = self._generate(ids, torch.ones_like(ids), request.output_len, clock)
             self._synchronize()
             end = time.perf_counter()
-        generated = out.shape[1] - ids.shape[1]
+        generated = out.shape[1] - self._output_prefix(ids.shape[1])
         first = clock.first_token_at if clock.first_token_at is not None else end
         return LatencySample(ids.shape[1], generated, first - start, end - first)
+
+    def _output_prefix(self, prompt_width: int) -> int:
+        """Columns of generate()'s output before the new tokens."""
+        return 1 if self.encoder_decoder else prompt_width
 
     def run_throughput(
         self, requests: Sequence[BenchRequest], on_finished: Callable[[int], None]
@@ -111,16 +119,19 @@ class TransformersBackend:
             width = max(len(r.prompt_token_ids) for r in batch)
             ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, r in enumerate(batch):  # left padding: every prompt ends at the last column
+            for row, r in enumerate(batch):
                 n = len(r.prompt_token_ids)
-                ids[row, width - n :] = torch.tensor(r.prompt_token_ids)
-                mask[row, width - n :] = 1
+                # left padding: every prompt ends at the last column (an encoder's: right)
+                cols = slice(0, n) if self.encoder_decoder else slice(width - n, width)
+                ids[row, cols] = torch.tensor(r.prompt_token_ids)
+                mask[row, cols] = 1
             new_tokens = max(r.output_len for r in batch)
             with torch.inference_mode():
                 out = self._generate(ids.to(self.device), mask.to(self.device), new_tokens)
-            if out.shape[1] - width != new_tokens:
+            decoded = out.shape[1] - self._output_prefix(width)
+            if decoded != new_tokens:
                 raise RuntimeError(
-                    f"transformers decoded {out.shape[1] - width} tokens, {new_tokens} were asked for"
+                    f"transformers decoded {decoded} tokens, {new_tokens} were asked for"
                 )
             done += len(batch)
             on_finished(done)
@@ -137,7 +148,7 @@ class TransformersBackend:
 def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
     try:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
     except ImportError as exc:
         raise BackendUnavailable(
             f"the transformers backend needs transformers ({exc}); install it with "
@@ -155,5 +166,8 @@ def load(source: ModelSource, options: BackendOptions) -> TransformersBackend:
     elif source.hf_folder is None:
         raise BackendUnavailable(f"the transformers backend loads model folders, not {source.path}")
     else:
-        model = AutoModelForCausalLM.from_pretrained(source.hf_folder, dtype=dtype).to(device)
+        auto_class = (
+            AutoModelForSeq2SeqLM if source.config.encoder_decoder else AutoModelForCausalLM
+        )
+        model = auto_class.from_pretrained(source.hf_folder, dtype=dtype).to(device)
     return TransformersBackend(model.eval(), options.hf_batch_size, device)

@@ -18,7 +18,14 @@ from torch import nn
 
 from models import pointwise
 from models.attention import KVCache
-from models.encdec.attention import BiasFn, SeqSpans, attend_dense, attend_paged, write_paged
+from models.encdec.attention import (
+    BiasFn,
+    SeqSpans,
+    attend_dense,
+    attend_paged,
+    no_bias,
+    write_paged,
+)
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu,
@@ -35,10 +42,6 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         supported = ", ".join(sorted(_ACTIVATIONS))
         raise ValueError(f"unsupported activation {name!r}; supported: {supported}")
     return _ACTIVATIONS[name]
-
-
-def no_bias(q_len: int, k_len: int) -> None:
-    return None
 
 
 class MultiHeadAttention(nn.Module):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.model_shapes import weight_bytes_per_token
+from bench.model_shapes import flops_per_token, weight_bytes_per_token
 from bench.model_source import resolve_model
 from bench.random_models import RANDOM_SHAPES, random_shape
 from models.checkpoint_shapes import expected_shapes
@@ -34,6 +34,34 @@ def test_shapes_have_the_published_parameter_counts() -> None:
     assert weight_bytes_per_token(llama8b, 2) == 2 * (8_030_261_248 - 525_336_576 - 262_144)
 
 
+def test_t5_small_shape_and_its_flops_per_token_match_transformers_model() -> None:
+    """transformers' own T5 of the shape (on the meta device: no memory) is the oracle: its
+    parameter count is the published t5-small's, and a token's FLOPs are twice the weights of
+    the linear layers it passes through."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    hf_dict = RANDOM_SHAPES["t5-small"]
+    kwargs = {k: v for k, v in hf_dict.items() if k not in ("architectures", "model_type")}
+    with torch.device("meta"):
+        hf = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("t5", **kwargs))
+    assert sum(p.numel() for p in hf.parameters()) == 60_506_624
+
+    def linear_params(module, keep=lambda name: True) -> int:
+        return sum(
+            m.weight.numel()
+            for name, m in module.named_modules()
+            if isinstance(m, torch.nn.Linear) and keep(name)
+        )
+
+    config = resolve_model("random:t5-small").config
+    # an encoder input token: the encoder's linears, and each decoder layer's cross K and V
+    cross_kv = linear_params(hf.decoder, lambda n: "EncDecAttention." in n and n[-1] in "kv")
+    assert flops_per_token(config, with_lm_head=False) == 2 * (linear_params(hf.encoder) + cross_kv)
+    # a generated token: the decoder's linears but the cross K and V, and the LM head
+    decoder = linear_params(hf.decoder) - cross_kv + hf.lm_head.weight.numel()
+    assert flops_per_token(config, with_lm_head=True) == 2 * decoder
+
+
 def test_resolve_model_names_the_random_shapes() -> None:
     source = resolve_model("random:llama3-8b")
     assert source.random_weights == RANDOM_SHAPES["llama3-8b"] and source.hf_folder is None
@@ -51,7 +79,10 @@ def _scaled_down(name: str) -> dict:
     return small
 
 
-@pytest.mark.parametrize("name", sorted(RANDOM_SHAPES))
+LLAMA_SHAPES = sorted(n for n, shape in RANDOM_SHAPES.items() if shape["model_type"] == "llama")
+
+
+@pytest.mark.parametrize("name", LLAMA_SHAPES)
 def test_the_builder_makes_every_checkpoint_tensor_seeded_in_the_dtype(name: str) -> None:
     model, config = random_model(_scaled_down(name), torch.bfloat16, "cpu", seed=3)
     state = model.state_dict()
