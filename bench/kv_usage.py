@@ -17,8 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.model_shapes import kv_bytes_per_token
-
 
 @dataclass(frozen=True)
 class KvCacheFigures:
@@ -55,9 +53,7 @@ class KvPeakTracker:
         waste = [allocated - cached for allocated, cached in self._peak_seqs]
         return KvCacheFigures(
             bytes_per_token=described.kv_bytes_per_token,
-            bytes_per_token_all_heads=kv_bytes_per_token(
-                engine.model_config, described.kv_cache_itemsize, all_heads=True
-            ),
+            bytes_per_token_all_heads=described.kv_bytes_per_token_all_heads,
             block_size=block_size,
             num_blocks=engine.info.kv_blocks_total,
             peak_blocks_used=max(self._peak_blocks, 0),

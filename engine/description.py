@@ -7,7 +7,9 @@ Contract: `describe_runner(runner)` reads a built `ModelRunner` once and returns
 each storage once (tied weights, shared GGUF blocks): the model's weights (parameters, buffers
 and GGUF blocks kept as stored), the KV cache tensors as allocated (the CUDA-graph scratch block
 included), and the packed weight copies the forward path made (the C++ step's, see
-models/cpu_kernels/fused_decoder.py; absent when it made none).
+models/cpu_kernels/fused_decoder.py; absent when it made none). Bytes per token: the cache's
+bytes over its token slots, and beside them what the whole model's cache would take if it
+repeated the KV heads for every query head (the GQA saving).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ class EngineDescription:
     held_bytes: Mapping[str, int]  # "weights", "KV cache", and "packed copies" when there are any
     kv_cache_itemsize: int  # bytes per K or V element in the cache
     kv_bytes_per_token: int  # K and V of one token, all layers: cache bytes / token slots
+    # What a cache repeating the KV heads for every query head (no GQA) would take per token.
+    kv_bytes_per_token_all_heads: int
 
 
 def describe_runner(runner: ModelRunner) -> EngineDescription:
     from models.block_linear import BlockEmbedding, BlockLinear
 
-    model = runner.model
+    model, config = runner.model, runner.config
     blocks = [
         m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)
     ]
@@ -58,4 +62,9 @@ def describe_runner(runner: ModelRunner) -> EngineDescription:
         held_bytes=MappingProxyType(held),
         kv_cache_itemsize=k0.element_size(),
         kv_bytes_per_token=kv_bytes // (k0.shape[0] * k0.shape[1]),
+        kv_bytes_per_token_all_heads=2
+        * config.num_layers
+        * config.num_heads
+        * config.head_dim
+        * k0.element_size(),
     )

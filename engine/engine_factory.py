@@ -118,7 +118,7 @@ def build_runner(
     random_weights: dict[str, Any] | None = None,
 ) -> BuiltRunner:
     """Any rank's model runner (`group`: its tensor-parallel group, None without one;
-    `workers`: on rank 0, the other ranks' processes, stopped by `ModelRunner.close`)."""
+    `workers`: on rank 0, the other ranks' processes, stopped by `ParallelRank.close`)."""
     from models.cpu_features import native_bf16
     from models.loader import TORCH_DTYPE_BY_NAME, load_model
 

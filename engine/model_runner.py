@@ -26,7 +26,6 @@ engine/host_transfer.to_device (no wait for the device); nothing here reads devi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from engine.cuda_graphs.decode_graphs import (
 from engine.host_transfer import to_device
 from engine.kernel_switch import PendingKernelPath
 from engine.parallel.rank import ParallelRank
-from engine.parallel.step_inputs import StepInputs
+from engine.step_inputs import StepInputs
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
 from models.config import ModelConfig
@@ -123,8 +122,6 @@ class ModelRunner:
         # all of them again once the engine has switched (or given up). Set in the stepping
         # thread (execute): torch's intra-op thread count is per thread.
         self._threads = torch.get_num_threads()
-        # True when the C++ kernels serve this runner (read by the benchmark's labels).
-        self.cpu_kernels = self.forward_path.attention_kernel
         self.decode_graphs = self._decode_graphs(graphs, num_blocks)
 
     def _pick_thread_count(self) -> None:
@@ -153,7 +150,6 @@ class ModelRunner:
             "forward steps now: %s (were: %s)", path.description, self.forward_path.description
         )
         self.model, self.forward_path, self.pending_path = model, path, None
-        self.cpu_kernels = path.attention_kernel
         release_freed_memory()  # a dequantised copy the kernels replaced
         return True
 
@@ -221,23 +217,6 @@ class ModelRunner:
             for i in step.full_logits_for
         }
         return StepLogits(sampling=sampling, all_rows=all_rows)
-
-    def watch_failures(self, on_failure: Callable[[str], None]) -> None:
-        """Rank 0 of a tensor-parallel group: `on_failure(reason)` once when another rank's
-        process exits on its own (nothing to watch otherwise)."""
-        if self.parallel is not None and self.parallel.workers is not None:
-            self.parallel.workers.watch(on_failure)
-
-    def close(self) -> None:
-        """Rank 0 of a tensor-parallel group: tell the other ranks to stop, wait for their
-        processes (terminated if they do not exit), leave the group. No-op otherwise."""
-        if self.parallel is None or self.parallel.workers is None:
-            return
-        # A rank may be gone already: the processes are stopped below anyway.
-        with contextlib.suppress(Exception):
-            self.parallel.channel.send_stop()
-        self.parallel.workers.stop(timeout=10.0)
-        self.parallel.group.close()
 
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]

@@ -1,9 +1,9 @@
 """Tensor parallel on the engine floor: rank 0 (the server's process) broadcasts each step's
 inputs to the other ranks, which run the same forward on their shards (models/parallel/).
 
-- `step_inputs.py`: a step's inputs and their packing into one int64 tensor;
-- `step_channel.py`: the one broadcast per step (and the stop message);
-- `rank.py`: a runner's place in the group;
+- `step_channel.py`: the one broadcast per step (engine/step_inputs.py packs it) and the
+  stop message;
+- `rank.py`: a runner's place in the group, and rank 0's lifetime of it (watch, close);
 - `workers.py`: rank 0 starts, watches and stops the other ranks' processes;
 - `worker_main.py`: a rank > 0's process (`python -m engine.parallel.worker_main`).
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.parallel.step_inputs import StepInputs
+from engine.step_inputs import StepInputs
 from models.parallel import ParallelGroup
 
 _STOP = 0  # payload length 0: no more steps

@@ -10,7 +10,7 @@ Contract:
   process exits while it was not asked to stop (rank 0 then fails /health and exits
   non-zero, see AsyncEngine.kill); it notices within `POLL_SECONDS`.
 - `WorkerSet.stop(timeout)`: waits up to `timeout` for the ranks to exit (after the stop
-  message, `ModelRunner.close`), then SIGTERM... SIGKILL what is left: no orphan process.
+  message, `ParallelRank.close`), then SIGTERM... SIGKILL what is left: no orphan process.
 Each rank gets an equal share of the CPU cores as its thread count.
 """
 

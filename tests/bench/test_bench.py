@@ -115,9 +115,12 @@ def test_kv_tracker_counts_waste_at_the_peak_from_block_tables():
             SimpleNamespace(is_finished=False, live_seqs=seqs[rid]) if rid in seqs else None
         ),
         # Engine.describe(): the cache as allocated (checked on a real engine in test_load_memory)
-        describe=lambda: SimpleNamespace(kv_bytes_per_token=fp32_per_token, kv_cache_itemsize=4),
+        describe=lambda: SimpleNamespace(
+            kv_bytes_per_token=fp32_per_token,
+            kv_cache_itemsize=4,
+            kv_bytes_per_token_all_heads=3 * fp32_per_token,  # 6 query heads, no GQA
+        ),
         info=SimpleNamespace(kv_blocks_total=8),
-        model_config=SimpleNamespace(num_layers=3, num_heads=6, num_kv_heads=2, head_dim=4),
     )
     tracker = KvPeakTracker(engine, ["a", "b", "gone"])
     tracker.observe()
@@ -129,7 +132,7 @@ def test_kv_tracker_counts_waste_at_the_peak_from_block_tables():
     assert figures.peak_cached_tokens == 36 and figures.peak_waste_slots == 12
     assert figures.max_waste_slots_per_seq == 12 and figures.waste_within_one_block
     assert figures.bytes_per_token == fp32_per_token and figures.num_blocks == 8
-    assert figures.bytes_per_token_all_heads == 2 * 3 * 6 * 4 * 4  # 6 query heads, no GQA
+    assert figures.bytes_per_token_all_heads == 3 * fp32_per_token
 
 
 # ----- offline benchmarks end to end ---------------------------------------------------------------

@@ -62,6 +62,9 @@ def test_tgserve_holds_the_checkpoints_weights_and_its_kv_cache(tiny_llama, cpu_
         assert held["KV cache"] == slots * per_token
         described = engine.describe()
         assert described.kv_bytes_per_token == per_token and described.kv_cache_itemsize == 4
+        # Without GQA every query head would hold K and V: the saving bench reports.
+        no_gqa = 2 * c.num_layers * c.num_heads * c.head_dim * 4
+        assert described.kv_bytes_per_token_all_heads == no_gqa and c.num_heads > c.num_kv_heads
         assert described.cpu_kernels == cpu_kernels and not described.cuda_graphs  # a CPU
         assert not described.gguf_blocks_as_stored  # a safetensors checkpoint
         step = engine.runner.forward_path.description.startswith("forward steps by tgserve's C++")

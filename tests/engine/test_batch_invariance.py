@@ -122,7 +122,7 @@ def test_every_request_equals_its_solo_run(folder, dtype: str, kernels: bool, ca
         kv_cache_memory_bytes=(need + 1 + case["spare_blocks"]) * block_bytes(dtype, bs),
         batch_invariant=True,  # CUDA: the fixed-tile GEMMs; CPU steps are invariant anyway
     )
-    assert engine.runner.cpu_kernels == kernels
+    assert engine.describe().cpu_kernels == kernels
     got, partial, step = {}, {}, 0
     order = sorted(range(len(reqs)), key=lambda i: reqs[i]["arrive"])
     while order or engine.has_unfinished_requests():

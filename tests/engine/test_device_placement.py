@@ -82,7 +82,7 @@ def test_the_sampler_gives_the_host_answer_with_device_logits() -> None:
 
 def _device_engine(engine: Engine, monkeypatch) -> list[int]:
     """Makes `engine` sample from logits on the other device; returns the per-step op counts."""
-    host_step = engine._sample_and_update
+    host_step = engine.updater.update_from_output
     counts: list[int] = []
 
     def sample_on_device(sched, logits: StepLogits, grammar, *rest):
@@ -95,7 +95,7 @@ def _device_engine(engine: Engine, monkeypatch) -> list[int]:
         counts.append(mode.ops_on_device)
         return result
 
-    monkeypatch.setattr(engine, "_sample_and_update", sample_on_device)
+    monkeypatch.setattr(engine.updater, "update_from_output", sample_on_device)
     return counts
 
 

@@ -33,7 +33,7 @@ def test_greedy_equals_transformers_generate(arch: str, kernel: bool, tmp_path) 
     """Through the C++ decode step and attention kernel (kernel=True) and PyTorch ops only."""
     skip_cpu_kernels_off_cpu(kernel)
     engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32, cpu_kernels=kernel)
-    assert engine.runner.cpu_kernels == kernel
+    assert engine.describe().cpu_kernels == kernel
     hf = make_hf_model(arch)
     prompts = random_prompts(4, (3, 40), seed=1)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

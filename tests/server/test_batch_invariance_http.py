@@ -68,7 +68,7 @@ def test_twelve_concurrent_requests_under_kv_pressure_equal_their_solo_runs(serv
     # default (C++ kernels) path
     want = torch.bfloat16 if native_bf16(torch.device("cpu")) else torch.float32
     assert server.engine.runner.kv_caches[0][0].dtype == want
-    assert server.engine.runner.cpu_kernels
+    assert server.engine.describe().cpu_kernels
     reqs = bodies()
     solo = [_complete(server.url, b) for b in reqs]
     before = metric(httpx.get(server.url + "/metrics").text, "tgserve_num_preemptions_total")

@@ -1,7 +1,7 @@
 """/metrics and /info say which path runs the steps: tgserve's C++ CPU kernels or PyTorch ops
 (while the kernels build in the background, engine/kernel_switch.py, or when turned off).
 
-Oracle: the engine's own forward path (`runner.forward_path`, `runner.cpu_kernels`) of a real
+Oracle: the engine's own forward path (`runner.forward_path` and its `attention_kernel`) of a real
 engine on the tiny model, with the kernels on and off.
 """
 
@@ -22,7 +22,7 @@ def test_metrics_and_info_name_the_path_that_serves(tiny_model_folder, kernels) 
     )
     with LiveServer(lambda: Engine.from_model(str(tiny_model_folder), config)) as live:
         runner = live.state.engine.engine.runner
-        assert runner.cpu_kernels == kernels
+        assert runner.forward_path.attention_kernel == kernels
         text = httpx.get(live.url + "/metrics").text
         assert metric(text, "tgserve_cpu_kernels_active") == float(kernels)
         info = httpx.get(live.url + "/info").json()

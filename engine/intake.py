@@ -1,0 +1,74 @@
+"""RequestIntake: where a request enters the engine, validated once.
+
+Contract: `new_request(request_id, prompt_token_ids, params, arrival_time)` raises
+`InvalidRequest` (a ValueError naming the request field, with a message a user can act on) for a
+request that could never be served — its prompt and token ids, beam rules, a structured output
+that does not compile (compiled and cached now, so a bad one is a 400), its shape against the
+context, `max_num_seqs` and the KV cache — and otherwise returns the `Request`, with
+`max_tokens=None` filled in as the room left in the context. It changes nothing, so any thread
+may call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from engine.api import EngineInfo
+from engine.decoding.beam_search import check_beam_params
+from engine.request_errors import InvalidRequest
+from engine.requests.request import Request
+from engine.sampling.grammar_engine import NO_TOKENIZER, GrammarEngine
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.admission_check import check_admissible, check_request
+from engine.scheduling.block_manager import BlockManager
+
+
+class RequestIntake:
+    def __init__(
+        self,
+        info: EngineInfo,
+        grammars: GrammarEngine | None,
+        max_num_seqs: int,
+        block_manager: BlockManager,
+    ) -> None:
+        self.info = info
+        self.grammars = grammars  # None: no tokenizer, so requests with a grammar are refused
+        self.max_num_seqs = max_num_seqs
+        self.block_manager = block_manager
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Request:
+        info = self.info
+        check_request(prompt_token_ids, params, info.vocab_size, info.tokenizer is not None)
+        if params.use_beam_search:
+            check_beam_params(params)
+        if params.structured_output is not None:
+            self._compile_grammar(params)
+        if params.max_tokens is None:
+            params = dataclasses.replace(
+                params, max_tokens=info.default_max_tokens(len(prompt_token_ids))
+            )
+        check_admissible(
+            len(prompt_token_ids),
+            params,
+            request_id,
+            info.max_model_len,
+            self.max_num_seqs,
+            self.block_manager,
+        )
+        return Request(request_id, tuple(prompt_token_ids), params, arrival_time or time.time())
+
+    def _compile_grammar(self, params: SamplingParams) -> None:
+        if self.grammars is None:
+            raise InvalidRequest("structured_output", f"structured_output: {NO_TOKENIZER}")
+        try:
+            self.grammars.compile(params)
+        except ValueError as exc:  # the server names the API field it came from
+            raise InvalidRequest("structured_output", f"structured_output: {exc}") from None

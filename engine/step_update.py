@@ -1,0 +1,146 @@
+"""StepUpdate: a step's logits become tokens, and tokens become request state (the engine's
+`update_from_output`, as nano-vllm's `scheduler.postprocess` and vLLM v1's are).
+
+Contract: `update_from_output(sched, logits, grammar, scheduled_at)` runs after the forward of
+`sched` and returns the `RequestState`s that moved, in the order they first moved:
+- prompt logprobs of the chunks that asked for every row (`logits.all_rows`);
+- one sampled token per sampled sequence (parallel groups fork on their first token), appended
+  with its logprobs, then detokenized and checked against the stop criteria and the grammar:
+  a sequence that ends is finished in the scheduler (its blocks freed);
+- one beam-search step per beam group (decoding/beam_search.py).
+Row i of `logits.sampling` (and of the grammar masks) belongs to the i-th chunk with
+`sample=True`. `scheduled_at` (when the step was scheduled, before its forward) is a request's
+first-scheduled time. It counts the prompt tokens of requests scheduled for the first time and
+every generated token (`prompt_tokens_total`, `generation_tokens_total`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.decoding.parallel_sampling import SampleTarget, sample_targets
+from engine.decoding.stop_checker import finish_after_token
+from engine.host_transfer import to_device
+from engine.model_runner import StepLogits
+from engine.requests.outputs import TokenLogprob
+from engine.requests.request import TokenSequence
+from engine.requests.request_state import RequestState
+from engine.sampling.sampler import Sampler
+from engine.sampling.sampling_batch import SamplingRow
+from engine.sampling.token_mask import TokenMask
+from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+
+
+class StepUpdate:
+    def __init__(
+        self,
+        states: dict[str, RequestState],
+        scheduler: Scheduler,
+        sampler: Sampler,
+        beam_generator: torch.Generator,
+    ) -> None:
+        self.states = states  # the engine's live requests (shared, not copied)
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.beam_generator = beam_generator  # unseeded beam groups draw from it
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    def update_from_output(
+        self,
+        sched: SchedulerOutput,
+        logits: StepLogits,
+        grammar: TokenMask | None,
+        scheduled_at: float,
+    ) -> list[RequestState]:
+        moved: dict[str, RequestState] = {}
+        for i, rows in logits.all_rows.items():
+            state = self.states[sched.chunks[i].request.request_id]
+            state.record_prompt_logprobs(sched.chunks[i], rows)
+            moved[state.request.request_id] = state
+        targets: list[SampleTarget] = []
+        beam_groups: dict[str, list[tuple[TokenSequence, int]]] = {}
+        for row, chunk in enumerate(c for c in sched.chunks if c.sample):
+            if chunk.request.params.use_beam_search:
+                beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
+            else:
+                targets += sample_targets(self.scheduler, chunk, row)
+        self._sample(targets, logits.sampling, grammar)
+        for rid, group in beam_groups.items():
+            self._beam_step(self.states[rid], group, logits.sampling, grammar)
+        for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
+            state = self.states[chunk.request.request_id]
+            if state.mark_scheduled(scheduled_at):  # counted once, at first scheduling (as vLLM)
+                self.prompt_tokens_total += len(state.request.prompt_token_ids)
+            if chunk.sample:
+                moved[chunk.request.request_id] = state
+        return list(moved.values())
+
+    def _sample(
+        self, targets: list[SampleTarget], logits: torch.Tensor, grammar: TokenMask | None
+    ) -> None:
+        if not targets:
+            return
+        target_rows = [t.row for t in targets]
+        if target_rows != list(range(logits.shape[0])):  # forks reuse a row
+            logits = logits[to_device(target_rows, torch.int64, logits.device)]
+        rows = [self._sampling_row(t) for t in targets]
+        result = self.sampler(
+            logits, rows, grammar.select(target_rows) if grammar is not None else None
+        )
+        for target, token, entry in zip(targets, result.token_ids, result.logprobs, strict=True):
+            self._append(self.states[target.request.request_id], target.seq, token, entry)
+
+    def _sampling_row(self, target: SampleTarget) -> SamplingRow:
+        seq, state = target.seq, self.states[target.request.request_id]
+        params = state.row_params
+        return SamplingRow(
+            params=params,
+            # Only the repetition penalty reads the prompt: skip copying it every step otherwise.
+            prompt_token_ids=seq.prompt_token_ids if params.repetition_penalty != 1.0 else (),
+            output_token_ids=seq.output_view(),
+            generator=state.generator(seq.seq_id),
+        )
+
+    def _append(
+        self, state: RequestState, seq: TokenSequence, token: int, entry: TokenLogprob | None
+    ) -> None:
+        seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
+        self.generation_tokens_total += 1
+        state.mark_token(time.time())
+        finish = finish_after_token(
+            state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens
+        )
+        reason, stop_reason = (finish.reason, finish.stop_reason) if finish else (None, None)
+        # A grammar that is complete and allows nothing more ends the sequence: "stop" (also
+        # when that happens on the last allowed token).
+        if state.grammar is not None and reason in (None, "length") and state.grammar.advance(seq):
+            reason, stop_reason = "stop", None
+        if reason is not None:
+            self.scheduler.finish_seq(state.request, seq, reason, stop_reason)
+            if state.request.is_finished:
+                state.mark_finished(time.time())
+
+    def _beam_step(
+        self,
+        state: RequestState,
+        group: list[tuple[TokenSequence, int]],
+        logits: torch.Tensor,
+        grammar: TokenMask | None,
+    ) -> None:
+        rows = [row for _, row in group]
+        generator = state.generator(0)  # beam sampling draws once per group and step
+        if generator is None:
+            generator = self.beam_generator
+        beams = [seq for seq, _ in group]
+        mask = grammar.select(rows) if grammar is not None else None
+        logits = logits[to_device(rows, torch.int64, logits.device)]
+        moved = state.beam.step(self.scheduler, state.request, beams, logits, generator, mask)
+        if state.grammar is not None:
+            state.grammar.follow_beams(moved, state.request.live_seqs)
+        self.generation_tokens_total += len(group)
+        state.mark_token(time.time())
+        if state.request.is_finished:
+            state.mark_finished(time.time())
