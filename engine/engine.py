@@ -38,7 +38,7 @@ from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
 from engine.requests.outputs import RequestOutput
-from engine.requests.request import Request
+from engine.requests.request import Request, TokenSequence
 from engine.requests.request_state import RequestState
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
@@ -46,6 +46,7 @@ from engine.sampling.sampler import Sampler
 from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from engine.speculative.speculator import Speculator, grammar_jobs
 from engine.stats import EngineStats, StepTimings
 from engine.step_update import StepUpdate
 
@@ -82,12 +83,17 @@ class Engine:
             self.info, self.grammars, config.max_num_seqs, scheduler.block_manager
         )
         self._states: dict[str, RequestState] = {}
+        # Speculative decoding (engine/speculative): decodes carry proposed tokens.
+        self.speculator = Speculator(config.speculative) if config.speculative else None
+        if self.speculator is not None:
+            scheduler.speculate_with(self._propose)
         self.updater = StepUpdate(
             self._states,
             scheduler,
             Sampler(eos_token_ids, seed=config.seed, device=runner.device),
             # Unseeded beam sampling draws from this one (seeded requests own their generator).
             torch.Generator(device=runner.device).manual_seed(config.seed),
+            self.speculator,
         )
         self._num_steps = 0
         self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
@@ -219,11 +225,17 @@ class Engine:
         if self.grammars is None:
             return None
         jobs = []
-        for row, chunk in enumerate(c for c in sched.chunks if c.sample):
+        for row, chunk in sched.sampled_rows():
             matchers = self._states[chunk.request.request_id].grammar
-            if matchers is not None:
-                jobs.append((row, matchers.matcher(chunk.seq)))
+            if matchers is not None:  # a speculated row: one mask per scored position
+                jobs += grammar_jobs(matchers.matcher(chunk.seq), chunk.proposal, row)
         return self.grammars.start_masks(jobs)
+
+    def _propose(self, request: Request, seq: TokenSequence) -> tuple[int, ...]:
+        """The scheduler's proposal for a decode of `seq` (engine/speculative/speculator.py)."""
+        matchers = self._states[request.request_id].grammar
+        matcher = matchers.matcher(seq) if matchers is not None else None
+        return self.speculator.propose(request, seq, matcher)
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
         outputs = [state.output() for state in moved]

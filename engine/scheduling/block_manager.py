@@ -9,7 +9,8 @@ Contract (pure Python, no torch):
   lives in block `block_table[t // block_size]` at offset `t % block_size`.
 - `admit` gives a waiting sequence its table (prefix-cache hit + fresh blocks), `append` grows a
   running one's table for this step's chunk, `fork` shares a table (ref + 1 per block), `free`
-  drops one (ref - 1). Before a sequence writes into a block that others share, `append` gives it
+  drops one (ref - 1), `trim` drops the blocks past a sequence's tokens (rejected speculative
+  tokens'). Before a sequence writes into a block that others share, `append` gives it
   a fresh block and returns the (src, dst) copy the runner must apply before the forward.
   `blocks_to_admit` / `blocks_to_append` count exactly what those calls will take, copies
   included, so the scheduler checks before it acts.
@@ -199,6 +200,15 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         state = self._seqs[parent]
         self._seqs[child] = _SeqState(state.num_registered, state.broken)
+
+    def trim(self, seq: TokenSequence) -> None:
+        """Frees the table's blocks past those the sequence's tokens need (speculative decoding:
+        blocks holding only rejected tokens). They were appended this step, so owned alone."""
+        if seq not in self._seqs:
+            return
+        keep = self.blocks_for(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
 
     def free(self, seq: TokenSequence) -> None:
         """Drops the sequence's blocks, tail first so a chain's tail is evicted before its head."""

@@ -5,6 +5,9 @@ Policy, every `schedule()`:
    in `SchedulerOutput.aborted` and their blocks are freed.
 2. Running decodes first: one token per live sequence, higher priority first (a lower
    `SamplingParams.priority` value runs first, as vLLM's), within `max_num_batched_tokens`.
+   With speculative decoding (`speculate_with(propose)`), a decode also carries the tokens
+   `propose(request, seq)` guesses (cut to the budget left; dropped, before anyone is
+   preempted, when the blocks for them are not free): its chunk then computes 1 + k rows.
 3. Prefill: engine/scheduling/prefill_allotment.py shares the step's remaining budget
    (sized in tokens and time by engine/scheduling/prefill_budget.py) between running partial
    prefills and waiting requests, shortest remaining prefill first, the oldest (the anchor)
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
@@ -48,6 +52,9 @@ from engine.scheduling.step_plan import (
 )
 
 __all__ = ["QueueFullError", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+
+# Speculative decoding: the tokens proposed after a running sequence's last one (may be none).
+Propose = Callable[[Request, TokenSequence], tuple[int, ...]]
 
 
 @dataclass
@@ -93,6 +100,11 @@ class Scheduler:
         self._arrivals = itertools.count()
         self._num_preemptions = 0
         self._prefill_capacity = config.max_num_batched_tokens
+        self._propose: Propose | None = None
+
+    def speculate_with(self, propose: Propose | None) -> None:
+        """Decodes carry `propose(request, seq)`'s tokens from the next step (None: none)."""
+        self._propose = propose
 
     # ----- intake --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -157,19 +169,43 @@ class Scheduler:
             if max(remaining) == 1:
                 sizes = chunk_sizes(remaining, step.budget)
                 if sizes is not None:
-                    self._schedule_running(step, request, sizes)
+                    proposals = self._proposals(request, step.budget - sum(sizes))
+                    self._schedule_running(step, request, sizes, proposals)
                     step.decodes.add(request.request_id)
 
-    def _schedule_running(self, step: _Step, request: Request, sizes: list[int]) -> None:
+    def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
+        """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""
+        if self._propose is None:
+            return None
+        proposals = []
+        for seq in request.live_seqs:
+            proposal = self._propose(request, seq)[: max(spare, 0)]
+            spare -= len(proposal)
+            proposals.append(proposal)
+        return proposals if any(proposals) else None
+
+    def _schedule_running(
+        self,
+        step: _Step,
+        request: Request,
+        sizes: list[int],
+        proposals: list[tuple[int, ...]] | None = None,
+    ) -> None:
         bm = self.block_manager
         chunks = list(zip(request.live_seqs, sizes, strict=True))
+        if proposals is not None:
+            longer = [(s, n + len(p)) for (s, n), p in zip(chunks, proposals, strict=True)]
+            if bm.blocks_to_append(longer) <= bm.num_free_blocks:
+                chunks = longer
+            else:  # speculation is the first thing to give up when blocks run short
+                proposals = None
         while bm.blocks_to_append(chunks) > bm.num_free_blocks:
             victim = self._victim()
             self._preempt(victim, step)
             if victim is request:
                 return
         copies = [c for s, n in chunks if n > 0 for c in bm.append(s, n)]
-        self._add_plan(step, request, chunks, copies)
+        self._add_plan(step, request, chunks, copies, proposals)
 
     def _victim(self) -> Request:
         """The lowest priority (highest value) running request; the latest admitted of those."""
@@ -245,12 +281,19 @@ class Scheduler:
         request: Request,
         chunks: list[tuple[TokenSequence, int]],
         copies: list[tuple[int, int]],
+        proposals: list[tuple[int, ...]] | None = None,
     ) -> None:
+        proposals = proposals or [()] * len(chunks)
         scheduled = [
             ScheduledChunk(
-                request, s, s.num_computed_tokens, n, s.num_computed_tokens + n == s.num_tokens
+                request,
+                s,
+                s.num_computed_tokens,
+                n,
+                s.num_computed_tokens + n - len(p) == s.num_tokens,
+                p,
             )
-            for s, n in chunks
+            for (s, n), p in zip(chunks, proposals, strict=True)
             if n > 0
         ]
         plan = _Plan(scheduled, copies, sum(n for _, n in chunks))
@@ -274,15 +317,30 @@ class Scheduler:
     def on_step_done(self, output: SchedulerOutput) -> None:
         """After the forward: the scheduled tokens are in the KV cache. Advances each chunk's
         `num_computed_tokens` and registers newly full blocks in the prefix cache. Chunks of
-        requests finished in between are skipped."""
+        requests finished in between are skipped. A proposal's rows are not counted: those the
+        verification keeps are, by `accept_proposed`."""
         for chunk in output.chunks:
             seq = chunk.seq
             if chunk.request.status is not RequestStatus.RUNNING or seq.is_finished:
                 continue
             if seq.num_computed_tokens != chunk.start:
                 raise RuntimeError(f"seq {seq.seq_id}: on_step_done called twice for one output?")
-            seq.num_computed_tokens += chunk.num_new_tokens
+            seq.num_computed_tokens += chunk.num_new_tokens - len(chunk.proposal)
             self.block_manager.mark_computed(seq)
+
+    def accept_proposed(self, seq: TokenSequence) -> None:
+        """The last appended token was a kept proposal whose K/V the step computed: it counts
+        as computed (call it before appending the next token)."""
+        if seq.num_computed_tokens != seq.num_tokens - 1:
+            raise RuntimeError(f"seq {seq.seq_id}: no appended token awaits its K/V")
+        seq.num_computed_tokens += 1
+
+    def settle_proposed(self, seq: TokenSequence) -> None:
+        """After a speculating sequence's verification: registers its newly full blocks in the
+        prefix cache and frees the blocks only rejected tokens were written into."""
+        if not seq.is_finished:
+            self.block_manager.mark_computed(seq)
+            self.block_manager.trim(seq)
 
     # ----- endings and forks ---------------------------------------------------------------
     def finish_seq(

@@ -9,8 +9,8 @@ Contract:
   emits (kept proposals + one) never pass max_tokens and their K/V slots stay within what
   admission reserved. Under a grammar (`matcher`, the sequence's llguidance matcher, fed its
   output) the proposal is cut at the first token the grammar refuses.
-- `grammar_jobs(matcher, proposal, first_row)`: the (row, matcher) mask jobs of a speculating
-  row under a grammar: row first_row + i gets a copy of the matcher fed proposal[:i] (the
+- `grammar_jobs(matcher, proposal, first_row)`: the (row, matcher) mask jobs of a sampled
+  chunk under a grammar: row first_row + i gets a copy of the matcher fed proposal[:i] (the
   grammar's state had those tokens been emitted), so every scored position is masked as
   ordinary decoding would mask it.
 - `counters` counts proposals and acceptances (counters.py).
@@ -52,13 +52,14 @@ class Speculator:
             proposal = proposal[: matcher.validate_tokens(list(proposal))]
         return proposal
 
-    @staticmethod
-    def grammar_jobs(
-        matcher: llguidance.LLMatcher, proposal: Sequence[int], first_row: int
-    ) -> list[tuple[int, llguidance.LLMatcher]]:
-        jobs = [(first_row, matcher)]
-        for i in range(1, len(proposal) + 1):
-            ahead = matcher.deep_copy()
-            ahead.consume_tokens(list(proposal[:i]))
-            jobs.append((first_row + i, ahead))
-        return jobs
+
+def grammar_jobs(
+    matcher: llguidance.LLMatcher, proposal: Sequence[int], first_row: int
+) -> list[tuple[int, llguidance.LLMatcher]]:
+    """The mask jobs of a sampled chunk under a grammar (see the module contract)."""
+    jobs = [(first_row, matcher)]
+    for i in range(1, len(proposal) + 1):
+        ahead = matcher.deep_copy()
+        ahead.consume_tokens(list(proposal[:i]))
+        jobs.append((first_row + i, ahead))
+    return jobs
