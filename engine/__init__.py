@@ -28,6 +28,8 @@ from engine.requests.request_stream import RequestStream
 from engine.sampling.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
 from engine.sampling.structured_output import StructuredOutput
 from engine.scheduling.scheduler import QueueFullError
+from engine.speculative.config import SpeculativeConfig, speculative_config
+from engine.speculative.counters import SpeculationStats
 from engine.stats import EngineStats
 
 __all__ = [
@@ -53,11 +55,14 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "SpeculationStats",
+    "SpeculativeConfig",
     "StructuredOutput",
     "TokenLogprob",
     "dtype_bytes",
     "resolve_device",
     "resolve_dtype_name",
+    "speculative_config",
 ]
 
 

@@ -284,6 +284,7 @@ class Engine:
             prefill_chunk_tokens=s.prefill_capacity,
             forward_path=self.runner.forward_path.description,
             cpu_kernels_active=self.runner.forward_path.attention_kernel,
+            speculation=self.speculator.counters.snapshot() if self.speculator else None,
         )
 
     def watch_failures(self, on_failure: Callable[[str], None]) -> None:

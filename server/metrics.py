@@ -42,6 +42,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engine import FINISH_REASONS, RequestOutput
+from server.speculation_metrics import SpeculationCollector
 
 LATENCY_BUCKETS = (
     0.005,
@@ -148,6 +149,7 @@ class ServerMetrics:
         reg.register(_EngineStatsCollector(stats_source))
         reg.register(_SchedulerCollector(stats_source))
         reg.register(_RouterGaugesCollector(stats_source))
+        reg.register(SpeculationCollector(stats_source))  # only while the engine speculates
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, process_open_fds, ...
 
     def bind_model(self, name: str) -> None:

@@ -163,6 +163,16 @@ OPTIONS: tuple[_Option, ...] = (
         flag_is_switch=True,
     ),
     _Option(
+        "speculative",
+        str,
+        "speculative decoding: ngram (prompt lookup: proposes what followed the latest earlier "
+        "occurrence of the output's last tokens; greedy output unchanged) | draft",
+    ),
+    _Option("num_speculative_tokens", int, "tokens proposed per step with --speculative"),
+    _Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram matches"),
+    _Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches"),
+    _Option("speculative_model", str, "the draft model (--speculative draft)"),
+    _Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
@@ -233,6 +243,11 @@ class Settings:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     batch_invariant: bool = False
+    speculative: str | None = None
+    num_speculative_tokens: int | None = None
+    speculative_ngram_min: int | None = None
+    speculative_ngram_max: int | None = None
+    speculative_model: str | None = None
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

@@ -7,6 +7,8 @@ imports from the rest of the engine: engine/config.py holds one of these.
 - method "draft": a smaller model sharing the target's tokenizer, from `model` (a folder or
   .gguf, as --model takes).
 `num_tokens` (k): tokens proposed per sequence and step; a verifying step scores k + 1 rows.
+`speculative_config(method, ...)` builds one from the flags (serve and bench), None without
+`--speculative`, and refuses the other speculative flags then.
 """
 
 from __future__ import annotations
@@ -51,3 +53,31 @@ class SpeculativeConfig:
                 "speculative_model (a draft checkpoint) is needed with speculative 'draft' "
                 "and only there"
             )
+
+
+def speculative_config(
+    method: str | None,
+    num_tokens: int | None = None,
+    ngram_min: int | None = None,
+    ngram_max: int | None = None,
+    model: str | None = None,
+) -> SpeculativeConfig | None:
+    """From the flags (None: not given, the default); None when `method` is None."""
+    given = {
+        "num_speculative_tokens": num_tokens,
+        "speculative_ngram_min": ngram_min,
+        "speculative_ngram_max": ngram_max,
+        "speculative_model": model,
+    }
+    if method is None:
+        stray = [name for name, value in given.items() if value is not None]
+        if stray:
+            raise ValueError(f"{stray[0]} needs speculative (ngram or draft)")
+        return None
+    values = {
+        "num_tokens": num_tokens,
+        "ngram_min": ngram_min,
+        "ngram_max": ngram_max,
+        "model": model,
+    }
+    return SpeculativeConfig(method, **{k: v for k, v in values.items() if v is not None})
