@@ -7,30 +7,36 @@ stays light);
 bytes) for reports; `resolve_device`, `resolve_dtype_name` and `dtype_bytes` are the config's
 own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size.
 `AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
-out as `RequestOutput` deltas (see engine/requests/outputs.py).
+out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_request` returns
+a `Request`, which an engine of one's own (the tests' fake engine) builds too.
 """
 
-from engine.api import EngineCore, EngineInfo, FatalEngineError
-from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
+from engine.api import EngineCore, EngineInfo
+from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, dtype_bytes, resolve_device, resolve_dtype_name
 from engine.description import EngineDescription
-from engine.faults import FaultSpec
-from engine.request_errors import InvalidRequest
+from engine.errors import (
+    EngineUnavailable,
+    FatalEngineError,
+    InvalidRequest,
+    Overloaded,
+    QueueFullError,
+)
+from engine.requests.fault_spec import FaultSpec
 from engine.requests.outputs import (
-    FINISH_REASONS,
     CompletionOutput,
     OutputAccumulator,
     RequestMetrics,
     RequestOutput,
-    TokenLogprob,
 )
+from engine.requests.request import Request
 from engine.requests.request_stream import RequestStream
-from engine.sampling.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
-from engine.sampling.structured_output import StructuredOutput
-from engine.scheduling.scheduler import QueueFullError
+from engine.requests.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
+from engine.requests.structured_output import StructuredOutput
 from engine.speculative.config import SpeculativeConfig, speculative_config
 from engine.speculative.counters import SpeculationStats
 from engine.stats import EngineStats
+from engine.types import FINISH_REASONS, TokenLogprob
 
 __all__ = [
     "FINISH_REASONS",
@@ -51,6 +57,7 @@ __all__ = [
     "OutputAccumulator",
     "Overloaded",
     "QueueFullError",
+    "Request",
     "RequestMetrics",
     "RequestOutput",
     "RequestStream",

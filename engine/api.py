@@ -15,9 +15,7 @@
   - `step()` returns one `RequestOutput` of deltas per request that moved (see outputs.py);
     every admitted request ends with exactly one finished output;
   - `has_unfinished_requests()`, `stats()` (a frozen `EngineStats`), `info`.
-- `Overloaded` and `EngineUnavailable`: why `AsyncEngine.generate` refused a request.
-- `FatalEngineError`: raised by `step()` when the engine cannot go on; `AsyncEngine` stops its
-  loop at once (other exceptions fail the step's requests and the loop retries).
+The errors it raises are in engine/errors.py.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
 
@@ -73,19 +71,3 @@ class EngineCore(Protocol):
     def step(self) -> list[RequestOutput]: ...
 
     def stats(self) -> EngineStats: ...
-
-
-class Overloaded(Exception):
-    """Too many requests are admitted already; retry after `retry_after` seconds."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class EngineUnavailable(Exception):
-    """The engine is shutting down or its loop has died; no new request is taken."""
-
-
-class FatalEngineError(Exception):
-    """The engine cannot go on (e.g. an injected kill, engine/faults.py): the loop must stop."""

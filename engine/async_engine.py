@@ -49,13 +49,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.api import EngineCore, EngineInfo, EngineUnavailable, FatalEngineError, Overloaded
+from engine.api import EngineCore, EngineInfo
 from engine.drain_rate import DrainRate
+from engine.errors import EngineUnavailable, FatalEngineError, Overloaded, QueueFullError
 from engine.requests.outputs import RequestOutput, closing_output
 from engine.requests.request import Request
 from engine.requests.request_stream import OutputSlot, RequestStream
-from engine.sampling.sampling_params import SamplingParams
-from engine.scheduling.scheduler import QueueFullError
+from engine.requests.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)

@@ -37,13 +37,13 @@ from engine.description import EngineDescription, describe_runner
 from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
+from engine.request_state import RequestState
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request, TokenSequence
-from engine.requests.request_state import RequestState
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
-from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.speculator import Speculator, grammar_jobs

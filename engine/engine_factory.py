@@ -1,5 +1,5 @@
-"""Building an Engine from a model path and an EngineConfig: resolve device and dtype, load
-weights and tokenizer, size the KV cache from the memory budget, wire runner and scheduler.
+"""Building an Engine from a model path and an EngineConfig: load the tokenizer, build the
+runner (engine/runner_factory.py: weights, KV cache), wire runner and scheduler.
 
 With `tensor_parallel_size` N > 1 this process is rank 0: it starts ranks 1..N-1
 (engine/parallel/workers.py), joins their process group, and every rank builds its runner the
@@ -12,37 +12,15 @@ the number of blocks is the smallest any rank can hold). Only rank 0 has a sched
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from engine.config import (
-    EngineConfig,
-    dtype_bytes,
-    kv_cache_budget_bytes,
-    num_kv_blocks,
-    resolve_device,
-    resolve_dtype_name,
-    resolve_max_model_len,
-)
-from engine.cuda_graphs.decode_graphs import GraphSettings
-from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
-from engine.model_runner import ModelRunner
+from engine.config import EngineConfig
+from engine.runner_factory import build_runner
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("tgserve.engine")
-
-
-@dataclass(frozen=True)
-class BuiltRunner:
-    runner: ModelRunner
-    model_config: object  # models.config.ModelConfig
-    dtype_name: str
-    max_model_len: int
-    num_blocks: int
 
 
 def build_engine(
@@ -106,140 +84,3 @@ def build_engine(
         runner.description,
     )
     return cls(runner, scheduler, tokenizer, config, name, eos)
-
-
-def build_runner(
-    path: Path,
-    config: EngineConfig,
-    progress: bool,
-    group=None,
-    sampleable_vocab: int | None = None,
-    workers=None,
-    random_weights: dict[str, Any] | None = None,
-) -> BuiltRunner:
-    """Any rank's model runner (`group`: its tensor-parallel group, None without one;
-    `workers`: on rank 0, the other ranks' processes, stopped by `ParallelRank.close`)."""
-    from models.cpu_features import native_bf16
-    from models.loader import TORCH_DTYPE_BY_NAME, load_model
-
-    device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    if group is not None:
-        device = group.device
-    dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
-    # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
-    # parallel and int8 dequantise them first.
-    dequantize = config.dequantize or config.quantization is not None or group is not None
-    # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
-    # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
-    kernels_later = _build_kernels_later(config, device, group)
-    blocks_later = kernels_later and random_weights is None and not dequantize and path.is_file()
-    if random_weights is not None:
-        from models.random_weights import random_model
-
-        model, model_config = random_model(
-            random_weights, TORCH_DTYPE_BY_NAME[dtype_name], device, config.seed
-        )
-    else:
-        model, model_config = load_model(
-            path,
-            dtype_name,
-            device,
-            progress,
-            dequantize=dequantize or blocks_later,
-            use_cache=not blocks_later,  # a copy for the first minute or two: not written out
-        )
-    parallel = None
-    if group is not None:
-        from models.parallel import plan_shards, shard_model
-
-        layout = plan_shards(model_config, group.world, group.rank)
-        shard_model(model, layout, group)
-    if config.quantization == "int8":
-        from models.host_memory import release_freed_memory
-        from models.quantization import quantize_int8_weight_only
-
-        quantize_int8_weight_only(model)
-        release_freed_memory()  # the bf16 matrices the int8 ones replaced
-    if config.compile:
-        from models.compiled_layers import compile_dense_halves
-
-        compile_dense_halves(model)
-    max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
-    kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
-    num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
-    if group is not None:
-        from engine.parallel.rank import ParallelRank
-        from engine.parallel.step_channel import StepChannel, step_capacity
-
-        # Every rank must hold the same block ids: the smallest cache any rank can afford.
-        smallest = group.all_reduce_min(num_blocks)
-        num_blocks = smallest
-        blocks_per_seq = -(-max_model_len // config.block_size) + 1
-        capacity = step_capacity(config.max_num_batched_tokens, config.max_num_seqs, blocks_per_seq)
-        parallel = ParallelRank(group, layout, StepChannel(group, capacity), workers)
-    # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
-    # runner picks its forward path (models/forward_path.py), not at the first step; or, with
-    # cpu_kernels_background and no build yet, in the background (engine/kernel_switch.py).
-    runner = ModelRunner(
-        model,
-        model_config,
-        num_blocks,
-        config.block_size,
-        TORCH_DTYPE_BY_NAME[dtype_name],
-        device,
-        config.cpu_kernels,
-        sampleable_vocab=sampleable_vocab,
-        parallel=parallel,
-        graphs=graph_settings(config, device, max_model_len) if group is None else None,
-        kernels_in_background=kernels_later,
-        batch_invariant=config.batch_invariant,
-        kernel_model=(
-            (lambda: load_model(path, dtype_name, device, False, dequantize=False)[0])
-            if blocks_later
-            else None
-        ),
-    )
-    return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
-
-
-def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:
-    """Serve on PyTorch ops while the C++ kernels build: asked for, on a CPU, without tensor
-    parallel (every rank must run the same path from the same step), and not built yet."""
-    if not (config.cpu_kernels and config.cpu_kernels_background) or device.type != "cpu":
-        return False
-    from models import cpu_kernels
-
-    return group is None and not cpu_kernels.is_built()
-
-
-def graph_settings(
-    config: EngineConfig, device: torch.device, max_model_len: int
-) -> GraphSettings | None:
-    """Decode CUDA graphs on CUDA unless `enforce_eager` (--enforce-eager); never on CPU."""
-    if device.type != "cuda" or config.enforce_eager:
-        return None
-    return GraphSettings(config.max_num_seqs, max_model_len)
-
-
-def _num_blocks(
-    config: EngineConfig,
-    model_config,
-    dtype_name: str,
-    device: torch.device,
-    max_model_len: int,
-    kv_heads: int,
-) -> int:
-    budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
-    if config.kv_cache_memory_bytes is None and device.type == "cpu":
-        budget = min(budget, CPU_DEFAULT_CAP_BYTES)
-    blocks = num_kv_blocks(
-        budget,
-        model_config.num_layers,
-        kv_heads,
-        model_config.head_dim,
-        dtype_bytes(dtype_name),
-        config.block_size,
-    )
-    # More blocks than every running sequence at full length can use is memory wasted.
-    useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
-    return min(blocks, useful)

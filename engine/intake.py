@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from engine.api import EngineInfo
 from engine.decoding.beam_search import check_beam_params
-from engine.request_errors import InvalidRequest
+from engine.errors import InvalidRequest
 from engine.requests.request import Request
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_engine import NO_TOKENIZER, GrammarEngine
-from engine.sampling.sampling_params import SamplingParams
 from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.block_manager import BlockManager
 

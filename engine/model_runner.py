@@ -33,13 +33,13 @@ from typing import Any
 
 import torch
 
-from engine.api import FatalEngineError
 from engine.cuda_graphs.buckets import DecodeRows
 from engine.cuda_graphs.decode_graphs import (
     DecodeGraphs,
     GraphSettings,
     recorder_for,
 )
+from engine.errors import FatalEngineError
 from engine.host_transfer import to_device
 from engine.kernel_switch import PendingKernelPath
 from engine.parallel.rank import ParallelRank

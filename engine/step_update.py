@@ -27,15 +27,15 @@ from engine.decoding.parallel_sampling import SampleTarget, sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.host_transfer import to_device
 from engine.model_runner import StepLogits
-from engine.requests.outputs import TokenLogprob
+from engine.request_state import RequestState
 from engine.requests.request import TokenSequence
-from engine.requests.request_state import RequestState
 from engine.sampling.sampler import Sampler
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.speculator import Speculator
 from engine.speculative.verification import ScoredProposal, commit, position_rows
+from engine.types import TokenLogprob
 
 
 class StepUpdate:

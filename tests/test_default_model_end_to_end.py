@@ -9,7 +9,7 @@ import transformers
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from models.default_model import default_model_path
 from server.cli import main
 

@@ -34,16 +34,16 @@ from dataclasses import dataclass
 import torch
 
 from engine.decoding.stop_checker import StopCriteria, check_stop
+from engine.errors import InvalidRequest
 from engine.host_transfer import to_device
-from engine.request_errors import InvalidRequest
-from engine.requests.outputs import TokenLogprob
 from engine.requests.request import Request, TokenSequence
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.logits_processors import filtered_probs, softmax_rows
 from engine.sampling.sampler import process_logits
 from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
-from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler
+from engine.types import TokenLogprob
 
 EARLY_STOPPING = (False, True, "never")
 

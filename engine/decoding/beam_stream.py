@@ -18,9 +18,10 @@ from __future__ import annotations
 from engine.decoding.beam_search import BeamSearch, Hypothesis
 from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.decoding.stop_checker import StopCriteria, finish_after_token
-from engine.requests.outputs import CompletionOutput, TokenLogprob
+from engine.requests.outputs import CompletionOutput
 from engine.requests.request import Request, TokenSequence
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
+from engine.types import TokenLogprob
 
 
 class BeamStream:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import codecs
 from typing import Protocol
 
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 
 
 class TokenBytes(Protocol):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.requests.outputs import CompletionOutput
 from engine.requests.request import Request, TokenSequence
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.decoding.detokenizer import IncrementalDetokenizer
-from engine.requests.outputs import FINISH_REASONS
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
+from engine.types import FINISH_REASONS
 
 
 @dataclass(frozen=True)

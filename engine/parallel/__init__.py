@@ -7,5 +7,5 @@ inputs to the other ranks, which run the same forward on their shards (models/pa
 - `workers.py`: rank 0 starts, watches and stops the other ranks' processes;
 - `worker_main.py`: a rank > 0's process (`python -m engine.parallel.worker_main`).
 
-Any rank's runner is built from the one set of model files by `engine_factory.build_runner`.
+Any rank's runner is built from the one set of model files by `runner_factory.build_runner`.
 """

@@ -2,7 +2,7 @@
 
 Contract: started by rank 0 (engine/parallel/workers.py) with the model path, the engine
 config as JSON, the group's size and rendezvous port. It joins the group, builds its runner
-exactly as rank 0 does (engine_factory.build_runner: same files, its own shard), then runs
+exactly as rank 0 does (runner_factory.build_runner: same files, its own shard), then runs
 every step rank 0 broadcasts until the stop message; exit code 0 after a stop, 1 on any
 failure (rank 0 sees the closed connection or the exit). SIGINT and SIGTERM are ignored: a
 terminal's Ctrl-C or a signal to the process group reaches rank 0, which drains and then
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.config import EngineConfig, resolve_device
-    from engine.engine_factory import build_runner
+    from engine.runner_factory import build_runner
     from models.parallel import init_group
 
     torch.set_num_threads(args.threads)

@@ -23,14 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # the top-N (token_id, logprob), best first
+from engine.types import TokenLogprob
 
 
 @dataclass(frozen=True)

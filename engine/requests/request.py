@@ -20,8 +20,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from engine.requests.outputs import TokenLogprob
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
+from engine.types import TokenLogprob
 
 
 class RequestStatus(enum.Enum):

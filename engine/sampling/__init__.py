@@ -1,3 +1,4 @@
-"""Sampling: the parameters a request decodes with, and turning a step's logits into tokens
-over the whole batch in tensors (sampler, sampling batch, logits processors, inverse CDF).
+"""Sampling: turning a step's logits into tokens over the whole batch in tensors (sampler,
+sampling batch, logits processors, inverse CDF) and the structured-output grammars that mask
+them. A request's parameters live a floor below, in engine/requests/.
 """

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import llguidance
 
+from engine.requests.structured_output import StructuredOutput
 from engine.sampling.grammar_tokenizer import grammar_tokenizer
-from engine.sampling.structured_output import StructuredOutput
 
 DEFAULT_CACHE_SIZE = 256  # compiled grammars kept (each a few kB to a few MB)
 _JSON_OPTIONS = {

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.host_transfer import fetch, to_device
-from engine.requests.outputs import TokenLogprob
 from engine.sampling.inverse_cdf import sample_inverse_cdf
 from engine.sampling.logits_processors import (
     apply_logit_bias,
@@ -48,6 +47,7 @@ from engine.sampling.logits_processors import (
 )
 from engine.sampling.sampling_batch import SamplingBatch, SamplingFilters, SamplingRow
 from engine.sampling.token_mask import TokenMask
+from engine.types import TokenLogprob
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, index) over seeds
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from engine.host_transfer import to_device
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.logits_processors import FilterPlan
-from engine.sampling.sampling_params import SamplingParams
 from engine.sampling.token_mask import TokenMask
 
 

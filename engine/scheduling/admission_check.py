@@ -2,7 +2,7 @@
 (`Engine.new_request`): `check_request` for its prompt and token ids (beam search adds its own
 rules, decoding/beam_search.py), `check_admissible` for its shape — context, width and
 worst-case KV blocks (after a preemption every sequence recomputes into blocks of its own). Both
-raise `InvalidRequest` naming the field at fault (engine/request_errors.py) with a message a
+raise `InvalidRequest` naming the field at fault (engine/errors.py) with a message a
 user can act on: the prompt when it alone does not fit, else the max_tokens, n or best_of that
 asks for more than there is."""
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.request_errors import PROMPT, InvalidRequest
-from engine.sampling.sampling_params import SamplingParams
+from engine.errors import PROMPT, InvalidRequest
+from engine.requests.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
 
 

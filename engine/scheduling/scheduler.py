@@ -37,21 +37,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.requests.outputs import FINISH_REASONS
+from engine.errors import QueueFullError
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
 from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_prefill
 from engine.scheduling.prefill_budget import PrefillBudget
 from engine.scheduling.step_cost import StepCostModel, chunk_pairs
 from engine.scheduling.step_plan import (
-    QueueFullError,
     ScheduledChunk,
     SchedulerOutput,
     SchedulerStats,
     chunk_sizes,
 )
+from engine.types import FINISH_REASONS
 
-__all__ = ["QueueFullError", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+__all__ = ["ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
 # Speculative decoding: the tokens proposed after a running sequence's last one (may be none).
 Propose = Callable[[Request, TokenSequence], tuple[int, ...]]

@@ -29,10 +29,6 @@ from engine.requests.request import Request, TokenSequence
 from engine.scheduling.block_manager import BlockUsage
 
 
-class QueueFullError(ValueError):
-    """The waiting queue is at max_queued_requests (the server answers 429)."""
-
-
 @dataclass(frozen=True)
 class ScheduledChunk:
     request: Request

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.requests.outputs import TokenLogprob
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.sampling_batch import SamplingRow
 from engine.scheduling.scheduler import Scheduler
 from engine.speculative.acceptance import accept_matching, rewind_draws
+from engine.types import TokenLogprob
 
 
 @dataclass(frozen=True)

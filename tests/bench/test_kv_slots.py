@@ -5,7 +5,7 @@ requests."""
 from __future__ import annotations
 
 from bench.kv_usage import kv_slots
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.engine.engine_fixtures import tiny_engine
 
 

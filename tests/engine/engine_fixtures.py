@@ -9,7 +9,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.outputs import OutputAccumulator
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.checkpoints import VOCAB, save_checkpoint
 from tests.devices import selected_device
 

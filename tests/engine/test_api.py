@@ -1,9 +1,12 @@
 """The engine API: `Engine` and the tests' fake engine both implement `EngineCore` (method for
-method, parameter for parameter), and output deltas merge and add up as outputs.py says."""
+method, parameter for parameter), the fake engine through the front door alone, and output
+deltas merge and add up as outputs.py says."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+from pathlib import Path
 
 from engine import CompletionOutput, Engine, EngineCore, OutputAccumulator, RequestOutput
 from tests.engine.engine_fixtures import tiny_engine
@@ -31,6 +34,26 @@ def test_engine_and_fake_engine_implement_the_protocol(tmp_path) -> None:
             assert _params(getattr(type(impl), name))[: len(expected)] == expected, name
         assert impl.info.max_model_len > 0 and impl.info.kv_tokens > 0
     assert isinstance(tiny_engine(tmp_path), Engine)
+
+
+def engine_modules_imported(source: str) -> set[str]:
+    """The engine modules a source file imports (`engine` alone is the front door)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return {m for m in found if m == "engine" or m.startswith("engine.")}
+
+
+def test_the_fake_engine_imports_only_the_front_door() -> None:
+    """An engine of one's own needs nothing but engine/__init__.py (what a server may import)."""
+    fake = Path(__file__).resolve().parents[1] / "server" / "fake_engine.py"
+    assert engine_modules_imported(fake.read_text()) == {"engine"}
+    # The check sees a reach past the door, at the top or inside a function.
+    behind = "from engine import Request\ndef f():\n    import engine.requests.request\n"
+    assert engine_modules_imported(behind) == {"engine", "engine.requests.request"}
 
 
 def _delta(

@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineUnavailable, Overloaded
+from engine.async_engine import AsyncEngine
+from engine.errors import EngineUnavailable, Overloaded
 from engine.requests.outputs import OutputAccumulator, RequestOutput
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.server.fake_engine import FakeEngine, expected_greedy_text
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

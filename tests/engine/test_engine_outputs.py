@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.checkpoints import make_hf_model
 from tests.devices import skip_cpu_kernels_off_cpu
 from tests.engine.engine_fixtures import (

@@ -3,7 +3,7 @@ hits included, as vLLM counts them); a request aborted while still queued counts
 
 from __future__ import annotations
 
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.engine.engine_fixtures import tiny_engine
 
 

@@ -22,11 +22,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import host_transfer
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling import sampler as sampler_module
 from engine.sampling import sampling_batch
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.sampling_params import SamplingParams
 from models.attention import AttentionKernel
 from models.attention_backend import AttentionBackend, GraphSupport
 

@@ -16,7 +16,7 @@ import time
 from gguf import GGMLQuantizationType as QT
 
 from engine import Engine, EngineConfig, kernel_switch
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from models import cpu_kernels
 from models.block_linear import BlockLinear
 from tests.engine.engine_fixtures import tiny_engine

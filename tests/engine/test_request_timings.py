@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.engine.engine_fixtures import tiny_engine
 
 FORWARD_DELAY = 0.2

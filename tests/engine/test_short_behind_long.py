@@ -12,7 +12,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 
 LONG_LEN = 1536  # 4 of them: 6144 prompt tokens, three 2048-token budgets: two steps leave most
 SHORT_LEN = 5

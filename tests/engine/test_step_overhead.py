@@ -14,7 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import StepLogits
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler
 

@@ -6,7 +6,7 @@ streamed, so a 1 ms target does not cut their chunks."""
 
 from __future__ import annotations
 
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, run_staggered, tiny_engine
 
 

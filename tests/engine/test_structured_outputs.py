@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.sampling.sampling_params import SamplingParams
-from engine.sampling.structured_output import StructuredOutput
+from engine.requests.sampling_params import SamplingParams
+from engine.requests.structured_output import StructuredOutput
 from tests.engine.engine_fixtures import assert_no_leaks, run_staggered
 from tests.property_budget import examples
 from tests.server.tiny_model import make_tiny_model

@@ -24,12 +24,12 @@ from engine import (
     EngineInfo,
     InvalidRequest,
     QueueFullError,
+    Request,
     RequestMetrics,
     RequestOutput,
     SamplingParams,
     TokenLogprob,
 )
-from engine.requests.request import Request
 from tests.server.fake_tokenizer import BOS, EOS, FakeTokenizer, expected_greedy_text, greedy_token
 
 __all__ = ["BOS", "EOS", "FakeEngine", "FakeTokenizer", "expected_greedy_text"]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from engine import Engine, EngineConfig
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.server.live import free_port
 from tests.server.test_shutdown import read_stream, start
 

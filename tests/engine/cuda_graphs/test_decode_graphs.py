@@ -133,7 +133,7 @@ def test_a_path_that_plans_on_the_host_is_never_captured() -> None:
 
 def test_graphs_are_asked_for_on_cuda_unless_enforce_eager() -> None:
     from engine.config import EngineConfig
-    from engine.engine_factory import graph_settings
+    from engine.runner_factory import graph_settings
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert graph_settings(EngineConfig(max_num_seqs=16), cuda, 512) == GraphSettings(16, 512)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from tests.checkpoints import make_hf_model
 from tests.engine.engine_fixtures import (
     assert_no_leaks,

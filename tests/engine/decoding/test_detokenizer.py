@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.decoding.detokenizer import IncrementalDetokenizer
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 
 SPECIAL = b"<|eot|>"
 

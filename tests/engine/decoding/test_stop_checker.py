@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.decoding.stop_checker import Finish, StopCriteria, check_stop, finish_after_token
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 
 EOS = 2
 VOCAB = {

@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.config import EngineConfig
-from engine.engine_factory import build_runner
+from engine.runner_factory import build_runner
 from models.parallel import free_port, init_group
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import models.triton_kernels as kernels_switch
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.sampling_params import SamplingParams
 from tests.devices import selected_device
 
 PARAMS = [

@@ -15,6 +15,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.logits_processors import (
     apply_logit_bias,
     apply_presence_frequency,
@@ -25,7 +26,6 @@ from engine.sampling.logits_processors import (
     mask_top_k_top_p,
 )
 from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
-from engine.sampling.sampling_params import SamplingParams
 
 INF = float("inf")
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from engine.requests.sampling_params import SamplingParams
 from engine.sampling.inverse_cdf import sample_inverse_cdf
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.sampling_params import SamplingParams
 
 EOS = 0
 GREEDY = SamplingParams(temperature=0.0)

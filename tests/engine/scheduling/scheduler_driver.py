@@ -12,7 +12,7 @@ import random
 
 from engine.config import EngineConfig
 from engine.requests.request import Request
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from engine.scheduling.admission_check import check_admissible
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput

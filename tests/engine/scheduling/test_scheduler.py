@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.errors import QueueFullError
 from engine.requests.request import Request
-from engine.sampling.sampling_params import SamplingParams
-from engine.scheduling.scheduler import QueueFullError
+from engine.requests.sampling_params import SamplingParams
 from tests.engine.scheduling.scheduler_driver import Driver, expected, prompt, solo
 
 

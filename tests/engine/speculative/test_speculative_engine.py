@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.requests.outputs import OutputAccumulator
-from engine.sampling.sampling_params import SamplingParams
+from engine.requests.sampling_params import SamplingParams
 from engine.speculative.config import SpeculativeConfig
 from tests.checkpoints import VOCAB
 from tests.devices import skip_cpu_kernels_off_cpu

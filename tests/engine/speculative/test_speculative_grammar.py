@@ -9,8 +9,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.sampling.sampling_params import SamplingParams
-from engine.sampling.structured_output import StructuredOutput
+from engine.requests.sampling_params import SamplingParams
+from engine.requests.structured_output import StructuredOutput
 from engine.speculative.config import SpeculativeConfig
 from engine.speculative.speculator import grammar_jobs
 from tests.engine.engine_fixtures import assert_no_leaks

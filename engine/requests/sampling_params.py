@@ -1,7 +1,7 @@
 """SamplingParams: how one request decodes, and when it stops.
 
 Contract: frozen; construction checks the vocabulary-free rules and `validate_for_vocab(vocab_size)`
-the token ids it names; both raise `InvalidRequest` (engine/request_errors.py) carrying the field
+the token ids it names; both raise `InvalidRequest` (engine/errors.py) carrying the field
 it is about, so the server can turn it into a 400 naming its API field before any work starts. The HTTP schemas are the one place API fields map onto this class.
 Greedy decoding (temperature 0) with n > 1 or best_of > 1 is refused, as vLLM does: every
 sequence would be the same. Beam search is the deterministic way to get several outputs.
@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.request_errors import InvalidRequest
-from engine.sampling.structured_output import StructuredOutput
+from engine.errors import InvalidRequest
+from engine.requests.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
-    from engine.faults import FaultSpec
+    from engine.requests.fault_spec import FaultSpec
 
 MAX_N = 16  # upper bound of n and best_of: each extra sequence costs KV blocks and a batch row
 MAX_LOGPROBS = 20  # OpenAI's own limit of top logprobs
@@ -61,9 +61,9 @@ class SamplingParams:
     # that serve only such requests fill the token budget. Outputs never depend on it.
     streamed: bool = True
     # A grammar the output must follow (JSON schema, regex, choice, Lark); compiled and checked
-    # by the engine at request validation (engine/sampling/structured_output.py).
+    # by the engine at request validation (engine/requests/structured_output.py).
     structured_output: StructuredOutput | None = None
-    # Tests only (engine/faults.py): fail this request or kill the engine after k tokens.
+    # Tests only (engine/requests/fault_spec.py): fail this request or kill the engine after k tokens.
     fault: FaultSpec | None = None
 
     def __post_init__(self) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request_errors import InvalidRequest
-from engine.sampling.sampling_params import SamplingParams
-from engine.sampling.structured_output import StructuredOutput
+from engine.errors import InvalidRequest
+from engine.requests.sampling_params import SamplingParams
+from engine.requests.structured_output import StructuredOutput
 from tests.checkpoints import VOCAB
 from tests.engine.engine_fixtures import tiny_engine
 

@@ -3,7 +3,7 @@ stop criteria, one incremental detokenizer and (for seeded requests) one generat
 sequence, the grammar matchers of a structured-output request, the beam-search state of a
 beam request, prompt logprobs, timings — and how it
 becomes a `RequestOutput` of deltas: one `CompletionOutput` per returned sequence carrying what
-is new since the previous output, with `index` and offsets (see outputs.py, and
+is new since the previous output, with `index` and offsets (see engine/requests/outputs.py, and
 parallel_sampling.select_outputs and beam_stream.BeamStream for n > 1 and beams).
 """
 
@@ -20,11 +20,12 @@ from engine.decoding.grammar_matchers import SequenceMatchers
 from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
 from engine.decoding.stop_checker import StopCriteria
 from engine.host_transfer import fetch, to_device
-from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.grammar_compiler import CompiledGrammar
 from engine.sampling.sampler import gather_logprobs, seeded_generator
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
+from engine.types import TokenLogprob
 
 
 class RequestState:

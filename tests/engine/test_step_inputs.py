@@ -1,0 +1,52 @@
+"""StepInputs (engine/step_inputs.py): a step laid out as the runner runs it, on a hand-worked
+step, and packed into one int64 tensor that unpacks to the same step."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from engine.step_inputs import StepInputs
+
+
+def _chunk(token_ids, block_table, start, num_new_tokens, sample):
+    seq = SimpleNamespace(token_ids=token_ids, block_table=block_table)
+    return SimpleNamespace(
+        seq=seq,
+        start=start,
+        num_new_tokens=num_new_tokens,
+        seq_len=start + num_new_tokens,
+        sample=sample,
+    )
+
+
+# A prefill chunk in the middle of its prompt (tokens 2..4 of 7, samples nothing), then a decode.
+CHUNKS = [
+    _chunk([10, 11, 12, 13, 14, 15, 16], [3, 4], start=2, num_new_tokens=3, sample=False),
+    _chunk([20, 21, 22, 23, 24], [7, 1, 9], start=4, num_new_tokens=1, sample=True),
+]
+
+
+def test_a_step_is_laid_out_chunk_after_chunk() -> None:
+    step = StepInputs.from_chunks(CHUNKS, block_copies=[(5, 6)], full_logits_for=frozenset({0}))
+    assert step.ids == (12, 13, 14, 24)
+    assert step.positions == (2, 3, 4, 4)
+    assert step.tables == ((3, 4), (7, 1, 9))
+    assert step.seq_lens == (5, 5) and step.query_lens == (3, 1)
+    assert step.sample_rows == (3,)  # the decode's only row; the prefill chunk samples nothing
+    assert step.row_starts == [0, 3]
+    assert step.block_copies == ((5, 6),) and step.full_logits_for == (0,)
+
+
+def test_pack_and_unpack_invert_each_other() -> None:
+    for step in (
+        StepInputs.from_chunks(CHUNKS, block_copies=[(5, 6), (8, 2)], full_logits_for={0, 1}),
+        StepInputs.from_chunks(CHUNKS),
+        StepInputs.from_chunks([]),
+    ):
+        packed = step.pack()
+        assert packed.dtype == torch.int64 and packed.dim() == 1
+        assert StepInputs.unpack(packed) == step
+    # The header counts what follows: tokens, chunks, sampled rows, copies, full-logit chunks.
+    assert StepInputs.from_chunks(CHUNKS, [(5, 6)]).pack()[:5].tolist() == [4, 2, 1, 1, 0]
