@@ -46,6 +46,7 @@ from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from engine.speculative.draft import DraftProposer
 from engine.speculative.speculator import Speculator, grammar_jobs
 from engine.stats import EngineStats, StepTimings
 from engine.step_update import StepUpdate
@@ -62,7 +63,9 @@ class Engine:
         config: EngineConfig,
         model_name: str,
         eos_token_ids: tuple[int, ...],
+        draft: DraftProposer | None = None,
     ) -> None:
+        """`draft`: the draft model's proposer with `speculative` method "draft"."""
         self.runner = runner
         self.scheduler = scheduler
         self.tokenizer = tokenizer  # None: the model's vocabulary has no tiktoken form
@@ -84,7 +87,8 @@ class Engine:
         )
         self._states: dict[str, RequestState] = {}
         # Speculative decoding (engine/speculative): decodes carry proposed tokens.
-        self.speculator = Speculator(config.speculative) if config.speculative else None
+        spec = config.speculative
+        self.speculator = Speculator(spec, draft) if spec is not None else None
         if self.speculator is not None:
             scheduler.speculate_with(self._propose)
         self.updater = StepUpdate(

@@ -3,8 +3,8 @@ object; None when `EngineConfig.speculative` is None).
 
 Contract:
 - `propose(request, seq, matcher)` (the scheduler calls it for each running sequence it is
-  about to give a one-token decode): up to k tokens continuing `seq`, or () when the sequence
-  does not speculate. Beam search never does (a beam step compares all beams at one
+  about to give a one-token decode): up to k tokens continuing `seq` (n-gram lookup, or the
+  draft model's greedy continuation), or () when the sequence does not speculate. Beam search never does (a beam step compares all beams at one
   position). At most `max_tokens - num_output - 1` tokens, so the tokens a verification
   emits (kept proposals + one) never pass max_tokens and their K/V slots stay within what
   admission reserved. Under a grammar (`matcher`, the sequence's llguidance matcher, fed its
@@ -25,17 +25,19 @@ import llguidance
 from engine.requests.request import Request, TokenSequence
 from engine.speculative.config import SpeculativeConfig
 from engine.speculative.counters import SpeculationCounters
+from engine.speculative.draft import DraftProposer
 from engine.speculative.ngram import NgramProposer
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
-        if config.method != "ngram":
-            raise ValueError(
-                f"speculative {config.method!r} is not available yet; use speculative 'ngram'"
-            )
+    def __init__(self, config: SpeculativeConfig, draft: DraftProposer | None = None) -> None:
+        """`draft`: the draft model's proposer (engine/speculative/draft.py), needed for and
+        only for method "draft"."""
+        if (config.method == "draft") != (draft is not None):
+            raise ValueError("speculative 'draft' needs the draft model's proposer, and only it")
         self.config = config
-        self.proposer = NgramProposer(config.num_tokens, config.ngram_min, config.ngram_max)
+        self.draft = draft
+        self.ngram = NgramProposer(config.num_tokens, config.ngram_min, config.ngram_max)
         self.counters = SpeculationCounters(config.num_tokens)
 
     def propose(
@@ -47,7 +49,10 @@ class Speculator:
         limit = params.max_tokens - seq.num_output_tokens - 1
         if limit <= 0:
             return ()
-        proposal = self.proposer.propose(seq.token_ids, limit)
+        if self.draft is not None:
+            proposal = self.draft.propose(seq, limit)
+        else:
+            proposal = self.ngram.propose(seq.token_ids, limit)
         if proposal and matcher is not None:
             proposal = proposal[: matcher.validate_tokens(list(proposal))]
         return proposal
