@@ -65,7 +65,6 @@ class Engine:
         eos_token_ids: tuple[int, ...],
         draft: DraftProposer | None = None,
     ) -> None:
-        """`draft`: the draft model's proposer with `speculative` method "draft"."""
         self.runner = runner
         self.scheduler = scheduler
         self.tokenizer = tokenizer  # None: the model's vocabulary has no tiktoken form
@@ -86,11 +85,9 @@ class Engine:
             self.info, self.grammars, config.max_num_seqs, scheduler.block_manager
         )
         self._states: dict[str, RequestState] = {}
-        # Speculative decoding (engine/speculative): decodes carry proposed tokens.
-        spec = config.speculative
-        self.speculator = Speculator(spec, draft) if spec is not None else None
-        if self.speculator is not None:
-            scheduler.speculate_with(self._propose)
+        # Speculative decoding (engine/speculative; `draft`: the draft model's proposer).
+        self.speculator = Speculator(config.speculative, draft) if config.speculative else None
+        scheduler.speculate_with(self._propose if self.speculator is not None else None)
         self.updater = StepUpdate(
             self._states,
             scheduler,
@@ -238,8 +235,7 @@ class Engine:
     def _propose(self, request: Request, seq: TokenSequence) -> tuple[int, ...]:
         """The scheduler's proposal for a decode of `seq` (engine/speculative/speculator.py)."""
         matchers = self._states[request.request_id].grammar
-        matcher = matchers.matcher(seq) if matchers is not None else None
-        return self.speculator.propose(request, seq, matcher)
+        return self.speculator.propose(request, seq, matchers and matchers.matcher(seq))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
         outputs = [state.output() for state in moved]

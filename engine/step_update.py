@@ -12,9 +12,10 @@ Contract: `update_from_output(sched, logits, grammar, scheduled_at)` runs after 
   are sampled in the same sampler call as the other rows, then verified and committed token by
   token (engine/speculative/verification.py), and counted in `speculator.counters`.
 Rows of `logits.sampling` (and of the grammar masks) follow the chunks with `sample=True` in
-order, `chunk.num_sampled_rows` each (`SchedulerOutput.sampled_rows`). `scheduled_at` (when the step was scheduled, before its forward) is a request's
-first-scheduled time. It counts the prompt tokens of requests scheduled for the first time and
-every generated token (`prompt_tokens_total`, `generation_tokens_total`).
+order, `chunk.num_sampled_rows` each (`SchedulerOutput.sampled_rows`). `scheduled_at` (when
+the step was scheduled, before its forward) is a request's first-scheduled time. It counts
+the prompt tokens of requests scheduled for the first time and every generated token
+(`prompt_tokens_total`, `generation_tokens_total`).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ Policy, every `schedule()`:
    (sized in tokens and time by engine/scheduling/prefill_budget.py) between running partial
    prefills and waiting requests, shortest remaining prefill first, the oldest (the anchor)
    always progressing, and a short prompt's first token never waiting for the middle of long
-   prompts, whatever their `stream` setting; this module then places the running chunks and
-   admits the waiting requests in that order, the anchor first; when one finds no blocks, nobody behind it is
-   admitted in that step. A prompt longer than its share is chunked across steps. A sequence
-   group (n > 1, beams) is scheduled as one unit and its sequences reach their sampling step
-   together.
+   prompts, whatever their `stream` setting; step_builder.py then places the running chunks
+   and admits the waiting requests in that order, the anchor first; when one finds no blocks,
+   nobody behind it is admitted in that step. A prompt longer than its share is chunked across
+   steps. A sequence group (n > 1, beams) is scheduled as one unit and its sequences reach
+   their sampling step together.
 4. When a running request needs blocks and none are left, the running request with the lowest
    priority (the most recently admitted among equals) is preempted by recompute (blocks freed,
    `num_computed_tokens = 0` for all its sequences, back to waiting with its original arrival
@@ -27,51 +27,23 @@ Policy, every `schedule()`:
    beyond it. AsyncEngine applies the same bound before queueing, so a server never meets it.
 
 The update protocol between `schedule()` and the next one is in engine/scheduling/step_plan.py.
+Here: the intake, the aborts, the endings and forks of sequences, and the stats; the queues are
+request_queues.py, and items 2 to 4 of each step are step_builder.py.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 from engine.config import EngineConfig
 from engine.errors import QueueFullError
 from engine.requests.request import Request, RequestStatus, TokenSequence
-from engine.scheduling.block_manager import BlockManager, PrefixMatch
-from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_prefill
-from engine.scheduling.prefill_budget import PrefillBudget
-from engine.scheduling.step_cost import StepCostModel, chunk_pairs
-from engine.scheduling.step_plan import (
-    ScheduledChunk,
-    SchedulerOutput,
-    SchedulerStats,
-    chunk_sizes,
-)
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request_queues import RequestQueues
+from engine.scheduling.step_builder import StepBuilder
+from engine.scheduling.step_cost import StepCostModel
+from engine.scheduling.step_plan import Propose, ScheduledChunk, SchedulerOutput, SchedulerStats
 from engine.types import FINISH_REASONS
 
 __all__ = ["ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
-
-# Speculative decoding: the tokens proposed after a running sequence's last one (may be none).
-Propose = Callable[[Request, TokenSequence], tuple[int, ...]]
-
-
-@dataclass
-class _Plan:
-    """What one request got in the step being built (undone if it is preempted later)."""
-
-    chunks: list[ScheduledChunk]
-    copies: list[tuple[int, int]]
-    num_tokens: int
-
-
-@dataclass
-class _Step:
-    budget: int
-    plans: dict[str, _Plan] = field(default_factory=dict)
-    preempted: list[str] = field(default_factory=list)
-    decodes: set[str] = field(default_factory=set)  # request ids placed by the decode pass
 
 
 class Scheduler:
@@ -92,13 +64,9 @@ class Scheduler:
         # The step cost model the engine feeds with timed steps (None: no time target).
         self.cost_model = cost_model if cost_model is not None else StepCostModel()
         self._target_s = config.target_itl_ms / 1000 if config.target_itl_ms else None
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # admission order: among equals the last is preempted
         # No id registry here: the engine holds the one (request id -> its state and Request).
+        self._queues = RequestQueues()
         self._pending_aborts: list[Request] = []
-        self._arrival: dict[Request, int] = {}  # arrival order, kept across preemptions
-        self._arrivals = itertools.count()
-        self._num_preemptions = 0
         self._prefill_capacity = config.max_num_batched_tokens
         self._propose: Propose | None = None
 
@@ -114,205 +82,34 @@ class Scheduler:
         if request.status is not RequestStatus.WAITING or request.seqs[0].num_computed_tokens:
             raise ValueError(f"request {rid!r} is not a fresh request")
         limit = self.config.max_in_flight
-        if len(self._waiting) + len(self._running) >= limit:
+        if len(self._queues) >= limit:
             raise QueueFullError(
                 f"the server has {limit} requests in flight (max_num_seqs "
                 f"{self.config.max_num_seqs} + max_queued_requests "
                 f"{self.config.max_queued_requests}); retry later"
             )
-        self._waiting.append(request)
-        self._arrival[request] = next(self._arrivals)
+        self._queues.add(request)
 
     def abort(self, request: Request) -> None:
         """Aborts at the next `schedule()`; finished or unknown requests are ignored."""
         self._pending_aborts.append(request)
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running or self._pending_aborts)
+        return bool(len(self._queues) or self._pending_aborts)
 
     # ----- the step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        aborted = self._apply_aborts()
-        step = _Step(budget=self.config.max_num_batched_tokens)
-        self._schedule_decodes(step)
-        budget = self._prefill_budget(step)
-        # the gauge: a prompt's chunk now, at least the anchor's floor
-        left = budget.tokens_left
-        self._prefill_capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
-        self._schedule_prefills(step, budget)
-        chunks = tuple(c for p in step.plans.values() for c in p.chunks)
-        return SchedulerOutput(
-            chunks=chunks,
-            block_copies=tuple(c for p in step.plans.values() for c in p.copies),
-            preempted=tuple(step.preempted),
-            aborted=tuple(aborted),
-            num_batched_tokens=sum(c.num_new_tokens for c in chunks),
-            num_pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in chunks),
-            num_prefill_tokens=sum(
-                p.num_tokens for rid, p in step.plans.items() if rid not in step.decodes
-            ),
-        )
-
-    def _by_priority(self) -> list[Request]:
-        return sorted(self._running, key=lambda r: r.params.priority)  # stable: admission order
-
-    def _schedule_decodes(self, step: _Step) -> None:
-        for request in self._by_priority():
-            if request.status is not RequestStatus.RUNNING or request.request_id in step.plans:
-                continue
-            remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
-            if min(remaining) < 1:
-                raise RuntimeError(
-                    f"request {request.request_id!r} has a sequence with nothing to compute: "
-                    "append the sampled token or finish the sequence before schedule()"
-                )
-            if max(remaining) == 1:
-                sizes = chunk_sizes(remaining, step.budget)
-                if sizes is not None:
-                    proposals = self._proposals(request, step.budget - sum(sizes))
-                    self._schedule_running(step, request, sizes, proposals)
-                    step.decodes.add(request.request_id)
-
-    def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
-        """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""
-        if self._propose is None:
-            return None
-        proposals = []
-        for seq in request.live_seqs:
-            proposal = self._propose(request, seq)[: max(spare, 0)]
-            spare -= len(proposal)
-            proposals.append(proposal)
-        return proposals if any(proposals) else None
-
-    def _schedule_running(
-        self,
-        step: _Step,
-        request: Request,
-        sizes: list[int],
-        proposals: list[tuple[int, ...]] | None = None,
-    ) -> None:
-        bm = self.block_manager
-        chunks = list(zip(request.live_seqs, sizes, strict=True))
-        if proposals is not None:
-            longer = [(s, n + len(p)) for (s, n), p in zip(chunks, proposals, strict=True)]
-            if bm.blocks_to_append(longer) <= bm.num_free_blocks:
-                chunks = longer
-            else:  # speculation is the first thing to give up when blocks run short
-                proposals = None
-        while bm.blocks_to_append(chunks) > bm.num_free_blocks:
-            victim = self._victim()
-            self._preempt(victim, step)
-            if victim is request:
-                return
-        copies = [c for s, n in chunks if n > 0 for c in bm.append(s, n)]
-        self._add_plan(step, request, chunks, copies, proposals)
-
-    def _victim(self) -> Request:
-        """The lowest priority (highest value) running request; the latest admitted of those."""
-        return max(reversed(self._running), key=lambda r: r.params.priority)
-
-    def _prefill_budget(self, step: _Step) -> PrefillBudget:
-        placed = [c for p in step.plans.values() for c in p.chunks]
-        return PrefillBudget(
-            tokens_left=step.budget,
-            target_s=self._target_s,
-            cost=self.cost_model,
-            rows=sum(c.num_new_tokens for c in placed),
-            pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in placed),
-            delivers=any(c.sample and c.request.params.streamed for c in placed),
-        )
-
-    def _schedule_prefills(self, step: _Step, budget: PrefillBudget) -> None:
-        partials = [
-            r
-            for r in self._running
-            if r.status is RequestStatus.RUNNING and r.request_id not in step.plans
-        ]
-        candidates = PrefillCandidates(
-            partials=partials,
-            waiting=[] if step.preempted else list(self._waiting),  # freed blocks: running first
-            arrival=self._arrival,
-            free_seats=self.config.max_num_seqs - sum(r.num_seq_slots for r in self._running),
-            prefix_match=self._prefix_match,
-        )
-        allots = allot_prefill(candidates, budget)
-        for allot in allots:
-            if allot.matches is None and allot.request.status is RequestStatus.RUNNING:
-                self._schedule_running(step, allot.request, allot.sizes)
-        if step.preempted:
-            return
-        admits = [a for a in allots if a.matches is not None]
-        admits.sort(key=lambda a: not a.is_anchor)  # the anchor picks blocks first
-        for allot in admits:
-            if not self._admit(step, allot):
-                return  # nobody overtakes a request that waits for blocks
-
-    def _admit(self, step: _Step, allot: Allot) -> bool:
-        bm, request = self.block_manager, allot.request
-        seqs = request.live_seqs
-        # Matched again: the running chunks placed since phase 1 may have evicted cached blocks.
-        matches = [self._prefix_match(request, s) for s in seqs]
-        remaining = [s.num_tokens - m.num_tokens for s, m in zip(seqs, matches, strict=True)]
-        sizes = chunk_sizes(remaining, sum(allot.sizes))
-        if sizes is None:
-            return False
-        totals = [m.num_tokens + n for m, n in zip(matches, sizes, strict=True)]
-        if bm.blocks_to_admit(matches, totals) > bm.num_free_blocks:
-            return False
-        bm.admit(seqs, matches, totals)
-        for seq, match in zip(seqs, matches, strict=True):
-            seq.num_computed_tokens = match.num_tokens
-        if request.num_preemptions == 0:
-            request.num_cached_prompt_tokens = min(m.num_tokens for m in matches)
-        self._waiting.remove(request)
-        request.status = RequestStatus.RUNNING
-        self._running.append(request)
-        self._add_plan(step, request, list(zip(seqs, sizes, strict=True)), [])
-        return True
-
-    def _prefix_match(self, request: Request, seq: TokenSequence) -> PrefixMatch:
-        if request.params.prompt_logprobs is not None:  # every prompt row's logits are wanted
-            return PrefixMatch((), 0, seq.num_tokens)
-        return self.block_manager.match_prefix(seq.token_ids)
-
-    def _add_plan(
-        self,
-        step: _Step,
-        request: Request,
-        chunks: list[tuple[TokenSequence, int]],
-        copies: list[tuple[int, int]],
-        proposals: list[tuple[int, ...]] | None = None,
-    ) -> None:
-        proposals = proposals or [()] * len(chunks)
-        scheduled = [
-            ScheduledChunk(
-                request,
-                s,
-                s.num_computed_tokens,
-                n,
-                s.num_computed_tokens + n - len(p) == s.num_tokens,
-                p,
-            )
-            for (s, n), p in zip(chunks, proposals, strict=True)
-            if n > 0
-        ]
-        plan = _Plan(scheduled, copies, sum(n for _, n in chunks))
-        step.plans[request.request_id] = plan
-        step.budget -= plan.num_tokens
-
-    def _preempt(self, victim: Request, step: _Step) -> None:
-        plan = step.plans.pop(victim.request_id, None)
-        if plan is not None:  # scheduled earlier in this step: its tokens go back to the budget
-            step.budget += plan.num_tokens
-        for seq in victim.live_seqs:
-            self.block_manager.free(seq)
-            seq.num_computed_tokens = 0
-        self._running.remove(victim)
-        victim.status = RequestStatus.WAITING
-        victim.num_preemptions += 1
-        self._num_preemptions += 1
-        self._waiting.appendleft(victim)
-        step.preempted.append(victim.request_id)
+        aborted = tuple(self._apply_aborts())
+        step = StepBuilder(
+            self._queues,
+            self.block_manager,
+            self.config,
+            self.cost_model,
+            self._target_s,
+            self._propose,
+        ).build(aborted)
+        self._prefill_capacity = step.prefill_capacity
+        return step.output
 
     def on_step_done(self, output: SchedulerOutput) -> None:
         """After the forward: the scheduled tokens are in the KV cache. Advances each chunk's
@@ -340,7 +137,7 @@ class Scheduler:
         prefix cache and frees the blocks only rejected tokens were written into."""
         if not seq.is_finished:
             self.block_manager.mark_computed(seq)
-            self.block_manager.trim(seq)
+            self.block_manager.free(seq, keep=self.block_manager.blocks_for(seq.num_tokens))
 
     # ----- endings and forks ---------------------------------------------------------------
     def finish_seq(
@@ -356,24 +153,20 @@ class Scheduler:
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         self.block_manager.free(seq)
         if not request.live_seqs:
-            self._retire(request)
+            self._queues.retire(request)
 
     def finish(self, request: Request, reason: str) -> bool:
         """Ends every live sequence of a waiting or running request (e.g. "error"); False if
         it is already finished or was never added."""
         if reason not in FINISH_REASONS:
             raise ValueError(f"finish reason must be one of {FINISH_REASONS}, got {reason!r}")
-        if request.is_finished or not self._holds(request):
+        if request.is_finished or not self._queues.holds(request):
             return False
         for seq in request.live_seqs:
             seq.finish_reason = reason
             self.block_manager.free(seq)
-        self._retire(request)
+        self._queues.retire(request)
         return True
-
-    def _holds(self, request: Request) -> bool:
-        queue = self._running if request.status is RequestStatus.RUNNING else self._waiting
-        return any(r is request for r in queue)  # identity: O(queue), aborts are rare
 
     def fork_seq(self, request: Request, parent: TokenSequence) -> TokenSequence:
         """A new live sequence sharing the parent's tokens and blocks (n > 1, beams). Call it
@@ -392,15 +185,7 @@ class Scheduler:
         self.block_manager.free(seq)
         request.seqs.remove(seq)
         if not request.live_seqs:
-            self._retire(request)
-
-    def _retire(self, request: Request) -> None:
-        if request.status is RequestStatus.RUNNING:
-            self._running.remove(request)
-        elif request.status is RequestStatus.WAITING:
-            self._waiting.remove(request)
-        self._arrival.pop(request, None)
-        request.status = RequestStatus.FINISHED
+            self._queues.retire(request)
 
     def _apply_aborts(self) -> list[str]:
         aborted = []
@@ -413,9 +198,9 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         usage = self.block_manager.usage()
         return SchedulerStats(
-            num_running=len(self._running),
-            num_waiting=len(self._waiting),
-            num_preemptions=self._num_preemptions,
+            num_running=len(self._queues.running),
+            num_waiting=len(self._queues.waiting),
+            num_preemptions=self._queues.num_preemptions,
             blocks=usage,
             prefill_capacity=self._prefill_capacity,
         )

@@ -22,11 +22,14 @@ was appended or the sequence was finished/removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine.requests.request import Request, TokenSequence
 from engine.scheduling.block_manager import BlockUsage
+
+# Speculative decoding: the tokens proposed after a running sequence's last one (may be none).
+Propose = Callable[[Request, TokenSequence], tuple[int, ...]]
 
 
 @dataclass(frozen=True)

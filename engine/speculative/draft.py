@@ -77,7 +77,7 @@ class DraftProposer:
             agree += 1
         draft.token_ids = list(seq.token_ids)
         draft.num_computed_tokens = agree
-        self.blocks.trim(draft)
+        self.blocks.free(draft, keep=self.blocks.blocks_for(draft.num_tokens))
         self._mirrors[seq] = draft
         return draft
 

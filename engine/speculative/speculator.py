@@ -4,11 +4,12 @@ object; None when `EngineConfig.speculative` is None).
 Contract:
 - `propose(request, seq, matcher)` (the scheduler calls it for each running sequence it is
   about to give a one-token decode): up to k tokens continuing `seq` (n-gram lookup, or the
-  draft model's greedy continuation), or () when the sequence does not speculate. Beam search never does (a beam step compares all beams at one
-  position). At most `max_tokens - num_output - 1` tokens, so the tokens a verification
-  emits (kept proposals + one) never pass max_tokens and their K/V slots stay within what
-  admission reserved. Under a grammar (`matcher`, the sequence's llguidance matcher, fed its
-  output) the proposal is cut at the first token the grammar refuses.
+  draft model's greedy continuation), or () when the sequence does not speculate. Beam
+  search never does (a beam step compares all beams at one position). At most
+  `max_tokens - num_output - 1` tokens, so the tokens a verification emits (kept proposals +
+  one) never pass max_tokens and their K/V slots stay within what admission reserved. Under a
+  grammar (`matcher`, the sequence's llguidance matcher, fed its output) the proposal is cut
+  at the first token the grammar refuses.
 - `grammar_jobs(matcher, proposal, first_row)`: the (row, matcher) mask jobs of a sampled
   chunk under a grammar: row first_row + i gets a copy of the matcher fed proposal[:i] (the
   grammar's state had those tokens been emitted), so every scored position is masked as

@@ -64,6 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.engine",
             "engine.engine_factory",
             "engine.drain_rate",
+            "engine.engine_inbox",
+            "engine.engine_loop",
             "engine.async_engine",
         ),
     ),

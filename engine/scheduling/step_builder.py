@@ -1,0 +1,226 @@
+"""StepBuilder: one `schedule()`'s work after the aborts, placing chunks into a token budget
+(pure Python; the policy is the scheduler's docstring, items 2 to 4).
+
+Contract: `StepBuilder(queues, block_manager, config, cost_model, target_s).build(aborted)`
+places running decodes first (higher priority first), then the prefill chunks the allotment
+(prefill_allotment.py, sized by prefill_budget.py) gives running partial prefills and waiting
+requests, admitting waiting requests in that order, the anchor first, until one finds no
+blocks. Blocks are appended or admitted as chunks are placed (copy-on-write pairs collected);
+a request that needs blocks none can give preempts the lowest-priority running request by
+recompute, repeatedly, until it fits or is itself the victim, and no waiting request is
+admitted in a step that preempted. It returns a `StepResult`: the `SchedulerOutput` (with the
+ids the scheduler `aborted` before) and the prefill chunk a prompt could get now (a gauge).
+A builder serves one step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.requests.request import Request, RequestStatus, TokenSequence
+from engine.scheduling.block_manager import BlockManager, PrefixMatch
+from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_prefill
+from engine.scheduling.prefill_budget import PrefillBudget
+from engine.scheduling.request_queues import RequestQueues
+from engine.scheduling.step_cost import StepCostModel, chunk_pairs
+from engine.scheduling.step_plan import Propose, ScheduledChunk, SchedulerOutput, chunk_sizes
+
+
+@dataclass
+class _Plan:
+    """What one request got in the step being built (undone if it is preempted later)."""
+
+    chunks: list[ScheduledChunk]
+    copies: list[tuple[int, int]]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    output: SchedulerOutput
+    prefill_capacity: int  # tokens a prompt's chunk could get now, at least the anchor's floor
+
+
+@dataclass
+class StepBuilder:
+    queues: RequestQueues
+    block_manager: BlockManager
+    config: EngineConfig
+    cost_model: StepCostModel
+    target_s: float | None  # the step-time target (None: budget in tokens only)
+    propose: Propose | None = None  # speculative decoding's proposals for decodes
+    budget: int = field(init=False)
+    plans: dict[str, _Plan] = field(default_factory=dict, init=False)
+    preempted: list[str] = field(default_factory=list, init=False)
+    decodes: set[str] = field(default_factory=set, init=False)  # placed by the decode pass
+
+    def __post_init__(self) -> None:
+        self.budget = self.config.max_num_batched_tokens
+
+    def build(self, aborted: tuple[str, ...]) -> StepResult:
+        self._schedule_decodes()
+        budget = self._prefill_budget()
+        left = budget.tokens_left
+        capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
+        self._schedule_prefills(budget)
+        chunks = tuple(c for p in self.plans.values() for c in p.chunks)
+        output = SchedulerOutput(
+            chunks=chunks,
+            block_copies=tuple(c for p in self.plans.values() for c in p.copies),
+            preempted=tuple(self.preempted),
+            aborted=aborted,
+            num_batched_tokens=sum(c.num_new_tokens for c in chunks),
+            num_pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in chunks),
+            num_prefill_tokens=sum(
+                p.num_tokens for rid, p in self.plans.items() if rid not in self.decodes
+            ),
+        )
+        return StepResult(output, capacity)
+
+    def _schedule_decodes(self) -> None:
+        for request in self.queues.by_priority():
+            if request.status is not RequestStatus.RUNNING or request.request_id in self.plans:
+                continue
+            remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
+            if min(remaining) < 1:
+                raise RuntimeError(
+                    f"request {request.request_id!r} has a sequence with nothing to compute: "
+                    "append the sampled token or finish the sequence before schedule()"
+                )
+            if max(remaining) == 1:
+                sizes = chunk_sizes(remaining, self.budget)
+                if sizes is not None:
+                    proposals = self._proposals(request, self.budget - sum(sizes))
+                    self._schedule_running(request, sizes, proposals)
+                    self.decodes.add(request.request_id)
+
+    def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
+        """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""
+        if self.propose is None:
+            return None
+        proposals = []
+        for seq in request.live_seqs:
+            proposal = self.propose(request, seq)[: max(spare, 0)]
+            spare -= len(proposal)
+            proposals.append(proposal)
+        return proposals if any(proposals) else None
+
+    def _schedule_running(
+        self,
+        request: Request,
+        sizes: list[int],
+        proposals: list[tuple[int, ...]] | None = None,
+    ) -> None:
+        bm = self.block_manager
+        chunks = list(zip(request.live_seqs, sizes, strict=True))
+        if proposals is not None:
+            longer = [(s, n + len(p)) for (s, n), p in zip(chunks, proposals, strict=True)]
+            if bm.blocks_to_append(longer) <= bm.num_free_blocks:
+                chunks = longer
+            else:  # speculation is the first thing to give up when blocks run short
+                proposals = None
+        while bm.blocks_to_append(chunks) > bm.num_free_blocks:
+            victim = self.queues.victim()
+            self._preempt(victim)
+            if victim is request:
+                return
+        copies = [c for s, n in chunks if n > 0 for c in bm.append(s, n)]
+        self._add_plan(request, chunks, copies, proposals)
+
+    def _prefill_budget(self) -> PrefillBudget:
+        placed = [c for p in self.plans.values() for c in p.chunks]
+        return PrefillBudget(
+            tokens_left=self.budget,
+            target_s=self.target_s,
+            cost=self.cost_model,
+            rows=sum(c.num_new_tokens for c in placed),
+            pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in placed),
+            delivers=any(c.sample and c.request.params.streamed for c in placed),
+        )
+
+    def _schedule_prefills(self, budget: PrefillBudget) -> None:
+        queues = self.queues
+        partials = [
+            r
+            for r in queues.running
+            if r.status is RequestStatus.RUNNING and r.request_id not in self.plans
+        ]
+        candidates = PrefillCandidates(
+            partials=partials,
+            waiting=[] if self.preempted else list(queues.waiting),  # freed blocks: running first
+            arrival=queues.arrival,
+            free_seats=self.config.max_num_seqs - queues.running_seq_slots,
+            prefix_match=self._prefix_match,
+        )
+        allots = allot_prefill(candidates, budget)
+        for allot in allots:
+            if allot.matches is None and allot.request.status is RequestStatus.RUNNING:
+                self._schedule_running(allot.request, allot.sizes)
+        if self.preempted:
+            return
+        admits = [a for a in allots if a.matches is not None]
+        admits.sort(key=lambda a: not a.is_anchor)  # the anchor picks blocks first
+        for allot in admits:
+            if not self._admit(allot):
+                return  # nobody overtakes a request that waits for blocks
+
+    def _admit(self, allot: Allot) -> bool:
+        bm, request = self.block_manager, allot.request
+        seqs = request.live_seqs
+        # Matched again: the running chunks placed since phase 1 may have evicted cached blocks.
+        matches = [self._prefix_match(request, s) for s in seqs]
+        remaining = [s.num_tokens - m.num_tokens for s, m in zip(seqs, matches, strict=True)]
+        sizes = chunk_sizes(remaining, sum(allot.sizes))
+        if sizes is None:
+            return False
+        totals = [m.num_tokens + n for m, n in zip(matches, sizes, strict=True)]
+        if bm.blocks_to_admit(matches, totals) > bm.num_free_blocks:
+            return False
+        bm.admit(seqs, matches, totals)
+        for seq, match in zip(seqs, matches, strict=True):
+            seq.num_computed_tokens = match.num_tokens
+        if request.num_preemptions == 0:
+            request.num_cached_prompt_tokens = min(m.num_tokens for m in matches)
+        self.queues.start(request)
+        self._add_plan(request, list(zip(seqs, sizes, strict=True)), [])
+        return True
+
+    def _prefix_match(self, request: Request, seq: TokenSequence) -> PrefixMatch:
+        if request.params.prompt_logprobs is not None:  # every prompt row's logits are wanted
+            return PrefixMatch((), 0, seq.num_tokens)
+        return self.block_manager.match_prefix(seq.token_ids)
+
+    def _add_plan(
+        self,
+        request: Request,
+        chunks: list[tuple[TokenSequence, int]],
+        copies: list[tuple[int, int]],
+        proposals: list[tuple[int, ...]] | None = None,
+    ) -> None:
+        proposals = proposals or [()] * len(chunks)
+        scheduled = [
+            ScheduledChunk(
+                request,
+                s,
+                s.num_computed_tokens,
+                n,
+                s.num_computed_tokens + n - len(p) == s.num_tokens,
+                p,
+            )
+            for (s, n), p in zip(chunks, proposals, strict=True)
+            if n > 0
+        ]
+        plan = _Plan(scheduled, copies, sum(n for _, n in chunks))
+        self.plans[request.request_id] = plan
+        self.budget -= plan.num_tokens
+
+    def _preempt(self, victim: Request) -> None:
+        plan = self.plans.pop(victim.request_id, None)
+        if plan is not None:  # scheduled earlier in this step: its tokens go back to the budget
+            self.budget += plan.num_tokens
+        for seq in victim.live_seqs:
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+        self.queues.preempt(victim)
+        self.preempted.append(victim.request_id)
