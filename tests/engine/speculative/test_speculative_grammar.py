@@ -5,6 +5,8 @@ on an engine that does not speculate; tiny random Llama with a trained byte-leve
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.config import EngineConfig
@@ -63,9 +65,12 @@ def test_constrained_requests_return_what_they_return_without_speculation(folder
         )
         for so, seed in CASES
     ]
+    # a stop string inside kept proposals: the sequence ends there, the rest is dropped
+    params.append(dataclasses.replace(params[0], stop=("world hello",)))
     plain = _answers(_engine(folder, None), params)
     spec_engine = _engine(folder, SpeculativeConfig(num_tokens=4))
     assert _answers(spec_engine, params) == plain
+    assert plain[-1][0][2] == "stop" and plain[-1][0][1] == "hello "  # the stop string ended it
     stats = spec_engine.stats().speculation
     assert stats.num_accepted_tokens > 0  # the first regex's copies were proposed and kept
     assert_no_leaks(spec_engine)
