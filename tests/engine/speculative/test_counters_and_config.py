@@ -54,3 +54,11 @@ def test_config_defaults_are_valid():
         4,
     )
     assert SpeculativeConfig(method="draft", model="/draft").model == "/draft"
+
+
+def test_engine_config_takes_a_speculative_config_only():
+    from engine.config import EngineConfig
+
+    assert EngineConfig(speculative=SpeculativeConfig()).speculative.method == "ngram"
+    with pytest.raises(ValueError, match="speculative must be a SpeculativeConfig"):
+        EngineConfig(speculative="ngram")
