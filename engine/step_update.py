@@ -21,6 +21,7 @@ the prompt tokens of requests scheduled for the first time and every generated t
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -118,11 +119,8 @@ class StepUpdate:
             self._append(self.states[target.request.request_id], target.seq, token, entry)
         start = len(targets)
         for s, rewind_from in zip(scored, rewinds, strict=True):
-            state, end = self.states[s.request.request_id], start + len(s.rows)
-
-            def append(token: int, entry: TokenLogprob | None, state=state, seq=s.seq) -> None:
-                self._append(state, seq, token, entry)
-
+            end = start + len(s.rows)
+            append = partial(self._append, self.states[s.request.request_id], s.seq)
             counts = commit(
                 s, tokens[start:end], entries[start:end], self.scheduler, append, rewind_from
             )
