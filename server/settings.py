@@ -165,12 +165,13 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "speculative",
         str,
-        "speculative decoding: ngram (prompt lookup: proposes what followed the latest earlier "
-        "occurrence of the output's last tokens; greedy output unchanged) | draft",
+        "speculative decoding, outputs unchanged: ngram (prompt lookup: what followed the "
+        "latest earlier occurrence of the last tokens) | draft (a smaller model's greedy "
+        "continuation, --speculative-model)",
     ),
-    _Option("num_speculative_tokens", int, "tokens proposed per step with --speculative"),
-    _Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram matches"),
-    _Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches"),
+    _Option("num_speculative_tokens", int, "tokens proposed per step with --speculative (4)"),
+    _Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram matches (1)"),
+    _Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches (4)"),
     _Option("speculative_model", str, "the draft model (--speculative draft)"),
     _Option(
         "shutdown_timeout",
