@@ -51,6 +51,8 @@ def describe_runner(runner: ModelRunner) -> EngineDescription:
     k0 = runner.kv_caches[0][0]  # [num_blocks, block_size, kv_heads, head_dim]
     kv_bytes = sum(k.nbytes + v.nbytes for k, v in runner.kv_caches)
     held = {"weights": sum(storages.values()), "KV cache": kv_bytes}
+    # K and V per layer for every query head of the whole model (not this rank's shard).
+    no_gqa_bytes = 2 * config.num_layers * config.num_heads * config.head_dim * k0.element_size()
     packed = getattr(runner.forward_path, "packed_bytes", 0)  # only the C++ step packs copies
     if packed:
         held["packed copies"] = packed
@@ -62,9 +64,5 @@ def describe_runner(runner: ModelRunner) -> EngineDescription:
         held_bytes=MappingProxyType(held),
         kv_cache_itemsize=k0.element_size(),
         kv_bytes_per_token=kv_bytes // (k0.shape[0] * k0.shape[1]),
-        kv_bytes_per_token_all_heads=2
-        * config.num_layers
-        * config.num_heads
-        * config.head_dim
-        * k0.element_size(),
+        kv_bytes_per_token_all_heads=no_gqa_bytes,
     )

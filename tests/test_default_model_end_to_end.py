@@ -30,7 +30,9 @@ def test_greedy_tokens_equal_transformers_for_32_steps(engine: Engine) -> None:
     prompt = engine.tokenizer.encode(
         engine.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}])
     )
-    ours = engine.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))[0]
+    ours = engine.generate(
+        [prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    )[0]
     path = default_model_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32

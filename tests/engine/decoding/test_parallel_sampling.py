@@ -91,7 +91,9 @@ def test_best_of_keeps_the_n_highest_logprob_samples(tmp_path) -> None:
 def test_preempted_sample_group_equals_uninterrupted_run(tmp_path) -> None:
     prompt = random_prompts(1, (24, 24), seed=26)[0]
     params = sampled(n=4, seed=8, max_tokens=20)
-    final, preemptions, small = run_beside_a_long_request(tmp_path / "m", "n4", prompt, params, seed=25)
+    final, preemptions, small = run_beside_a_long_request(
+        tmp_path / "m", "n4", prompt, params, seed=25
+    )
     assert preemptions >= 1, "the group was never preempted; shrink the cache"
     alone = tiny_engine(tmp_path / "m").generate([prompt], params)[0]
     assert token_ids(final) == token_ids(alone)
