@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _lengths(latency)
     latency.add_argument("--runs", type=int, default=3, help="timed runs (the median is reported)")
     latency.add_argument("--warmup-runs", type=int, default=1)
+    latency.add_argument(
+        "--workload",
+        default="random",
+        choices=["random", "edit"],
+        help="random: seeded random token ids; edit: prompts asking to rewrite a passage they "
+        "hold with one edit (bench/edit_workload.py; input-grounded, where --speculative ngram "
+        "helps)",
+    )
     _plot_arg(latency, "bars of prefill and decode tok/s per backend, with the machine bounds")
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
     throughput.add_argument("--runs", type=int, default=1, help="timed runs per backend (median)")
@@ -284,6 +292,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tgserve on CUDA: every step eager (no decode CUDA graphs; the CPU never captures)",
     )
+    _speculative_args(p)
     p.add_argument(
         "--baseline-tree",
         default=None,
@@ -312,6 +321,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "outputs; bench/schemas/records.json cannot end early, so counts match tgserve's)",
     )
     _output_args(p)
+
+
+def _speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        default=None,
+        help="tgserve: speculative decoding (ngram: prompt lookup); the report adds how many "
+        "proposed tokens were accepted, per position",
+    )
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help="tgserve: k")
+    p.add_argument("--speculative-ngram-min", type=int, default=None)
+    p.add_argument("--speculative-ngram-max", type=int, default=None)
+    p.add_argument("--speculative-model", default=None, help="tgserve: the draft model")
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:

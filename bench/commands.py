@@ -33,6 +33,7 @@ from bench.serve_metrics import ServeResult, summarize_run
 from bench.sweep import parse_sweep, run_sweep
 from bench.throughput import ThroughputResult, decode_batch, run_throughput_bench
 from bench.workload import WorkloadSpec, make_workload
+from engine import speculative_config
 
 if TYPE_CHECKING:
     from models.tokenizer import Tokenizer
@@ -115,7 +116,14 @@ def _run_offline(
         spec = None
         num_requests, max_len, batched_tokens = 1, args.input_len + 1, args.max_num_batched_tokens
     elif args.bench_command == "latency":
-        spec = LatencySpec(args.input_len, args.output_len, args.runs, args.warmup_runs, args.seed)
+        spec = LatencySpec(
+            args.input_len,
+            args.output_len,
+            args.runs,
+            args.warmup_runs,
+            args.seed,
+            args.workload,
+        )
         num_requests, max_len = 1, args.input_len + args.output_len
         batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step
     else:
@@ -142,6 +150,13 @@ def _run_offline(
         target_itl_ms=args.target_itl_ms,
         json_schema=json_schema,
         device=args.device,
+        speculative=speculative_config(
+            args.speculative,
+            args.num_speculative_tokens,
+            args.speculative_ngram_min,
+            args.speculative_ngram_max,
+            args.speculative_model,
+        ),
     )
     limits = None
     if grammar:

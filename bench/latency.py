@@ -10,6 +10,10 @@ as stored when tgserve keeps its blocks; plus the K and V of the mean context of
 input_len + output_len / 2 tokens) and prefill with the matmul bound at M = input_len (the
 model-shape rate, or on a GPU the peak square product's when faster). Ratios are against the first backend named. Load averages are taken just before
 and after each backend's timed runs: figures from a busy machine say so.
+`workload` "random" (seeded random token ids) or "edit" (bench/edit_workload.py: prompts asking
+to rewrite a passage they hold; needs the model's tokenizer). A backend that speculates
+(tgserve with --speculative) adds its counters over the timed runs (`speculation`: proposed and
+accepted tokens, per position).
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import statistics
 from dataclasses import dataclass, replace
 
 from bench.backends import BackendOptions, LatencySample, load_backend, report_note
+from bench.edit_workload import edit_requests
 from bench.machine_limits import MachineLimits, decode_bytes_per_token
 from bench.model_shapes import flops_per_token
 from bench.model_source import ModelSource
 from bench.progress import ProgressBar
-from bench.workload import WorkloadSpec, make_workload
-from engine import dtype_bytes
+from bench.workload import BenchRequest, WorkloadSpec, make_workload
+from engine import SpeculationStats, dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -34,8 +39,11 @@ class LatencySpec:
     runs: int = 3
     warmup_runs: int = 1
     seed: int = 0
+    workload: str = "random"  # "random" | "edit"
 
     def __post_init__(self) -> None:
+        if self.workload not in ("random", "edit"):
+            raise ValueError(f"--workload must be random or edit, got {self.workload!r}")
         if self.runs < 1 or self.warmup_runs < 0:
             raise ValueError(
                 f"--runs must be >= 1 and --warmup-runs >= 0, got {self.runs}, {self.warmup_runs}"
@@ -70,6 +78,8 @@ class LatencyResult:
     note: str
     host: str = ""  # the CPU's ISA or the GPU's name (bench/host_label.py)
     dtype_auto: bool = False  # `dtype` is what --dtype auto resolved to
+    workload: str = "random"
+    speculation: SpeculationStats | None = None  # over the timed runs; None: no speculation
 
 
 def run_latency_bench(
@@ -80,10 +90,7 @@ def run_latency_bench(
     limits: MachineLimits | None,
     show_progress: bool,
 ) -> list[LatencyResult]:
-    workload = WorkloadSpec(
-        spec.warmup_runs + spec.runs, spec.input_len, spec.output_len, "fixed", spec.seed
-    )
-    requests = make_workload(workload, source.config.vocab_size)
+    requests = _requests(source, spec)
     warmup, timed = requests[: spec.warmup_runs], requests[spec.warmup_runs :]
     results: list[LatencyResult] = []
     for name in names:
@@ -94,22 +101,28 @@ def run_latency_bench(
                     backend.run_latency(request)
                     bar.update(i + 1)
                 load_before = os.getloadavg()
+                counted_before = _speculation(backend)
                 samples = []
                 for request in timed:
                     samples.append(backend.run_latency(request))
                     bar.update(len(warmup) + len(samples))
                 load_after = os.getloadavg()
+                speculation = _since(counted_before, _speculation(backend))
             results.append(
-                _result(
-                    backend.name,
-                    source,
-                    options,
-                    spec,
-                    samples,
-                    limits,
-                    load_before,
-                    load_after,
-                    report_note(backend),
+                replace(
+                    _result(
+                        backend.name,
+                        source,
+                        options,
+                        spec,
+                        samples,
+                        limits,
+                        load_before,
+                        load_after,
+                        report_note(backend),
+                    ),
+                    workload=spec.workload,
+                    speculation=speculation,
                 )
             )
         finally:
@@ -123,6 +136,41 @@ def run_latency_bench(
         )
         for r in results
     ]
+
+
+def _requests(source: ModelSource, spec: LatencySpec) -> list[BenchRequest]:
+    count = spec.warmup_runs + spec.runs
+    if spec.workload == "edit":
+        from models.tokenizer import load_tokenizer
+
+        tokenizer = None if source.random_weights is not None else load_tokenizer(source.path)
+        return edit_requests(count, spec.input_len, spec.output_len, spec.seed, tokenizer)
+    workload = WorkloadSpec(count, spec.input_len, spec.output_len, "fixed", spec.seed)
+    return make_workload(workload, source.config.vocab_size)
+
+
+def _speculation(backend) -> SpeculationStats | None:
+    reader = getattr(backend, "speculation", None)
+    return reader() if reader is not None else None
+
+
+def _since(before: SpeculationStats | None, after: SpeculationStats | None):
+    """The counters' growth between two snapshots (None without speculation)."""
+    if before is None or after is None:
+        return after
+    return SpeculationStats(
+        num_proposals=after.num_proposals - before.num_proposals,
+        num_proposed_tokens=after.num_proposed_tokens - before.num_proposed_tokens,
+        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
+        proposed_per_position=tuple(
+            a - b
+            for a, b in zip(after.proposed_per_position, before.proposed_per_position, strict=True)
+        ),
+        accepted_per_position=tuple(
+            a - b
+            for a, b in zip(after.accepted_per_position, before.accepted_per_position, strict=True)
+        ),
+    )
 
 
 def _result(

@@ -140,7 +140,19 @@ def format_latency(results: Sequence[LatencyResult]) -> str:
         ]
         for r in results
     ]
-    return title + "\n" + _table(headers, rows)
+    lines = [_speculation_line(r) for r in results if r.speculation is not None]
+    return "\n".join([title, _table(headers, rows), *lines])
+
+
+def _speculation_line(r: LatencyResult) -> str:
+    """Proposed / accepted tokens over the timed runs, and the acceptance rate per position."""
+    s = r.speculation
+    rates = ", ".join(_pct(s.acceptance_rate_at(i)) for i in range(len(s.proposed_per_position)))
+    return (
+        f"{r.backend} speculation ({r.workload} prompts): {s.num_accepted_tokens} of "
+        f"{s.num_proposed_tokens} proposed tokens accepted ({_pct(s.acceptance_rate)}) in "
+        f"{s.num_proposals} proposals; acceptance by position: {rates}"
+    )
 
 
 def format_throughput(results: Sequence[ThroughputResult]) -> str:

@@ -33,6 +33,8 @@ from engine.requests.request import Request
 from engine.requests.request_stream import RequestStream
 from engine.requests.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
 from engine.requests.structured_output import StructuredOutput
+from engine.speculative.config import SpeculativeConfig, speculative_config
+from engine.speculative.counters import SpeculationStats
 from engine.stats import EngineStats
 from engine.types import FINISH_REASONS, TokenLogprob
 
@@ -60,11 +62,14 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "SpeculationStats",
+    "SpeculativeConfig",
     "StructuredOutput",
     "TokenLogprob",
     "dtype_bytes",
     "resolve_device",
     "resolve_dtype_name",
+    "speculative_config",
 ]
 
 

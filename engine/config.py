@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.speculative.config import SpeculativeConfig
+
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
 DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
@@ -69,6 +71,8 @@ class EngineConfig:
     # depend on the batch (cuBLAS picks kernels by batch size); costs the tuned GEMMs. CPU paths
     # are batch-invariant by default, so there it changes nothing.
     batch_invariant: bool = False
+    # Speculative decoding (engine/speculative/config.py): None decodes one token per step.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -150,6 +154,8 @@ class EngineConfig:
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         positive_int("tensor_parallel_size", self.tensor_parallel_size, "1 runs in one process")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
         if self.tensor_parallel_size > 1 and (self.quantization or self.compile):
             raise ValueError(
                 "tensor_parallel_size > 1 runs unquantized, uncompiled layers; drop "

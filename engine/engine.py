@@ -40,13 +40,15 @@ from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
 from engine.request_state import RequestState
 from engine.requests.outputs import RequestOutput
-from engine.requests.request import Request
+from engine.requests.request import Request, TokenSequence
 from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from engine.speculative.draft import DraftProposer
+from engine.speculative.speculator import Speculator, grammar_jobs
 from engine.stats import EngineStats, StepTimings
 from engine.step_update import StepUpdate
 
@@ -62,6 +64,7 @@ class Engine:
         config: EngineConfig,
         model_name: str,
         eos_token_ids: tuple[int, ...],
+        draft: DraftProposer | None = None,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
@@ -90,12 +93,16 @@ class Engine:
             self.info, self.grammars, config.max_num_seqs, scheduler.block_manager, layout
         )
         self._states: dict[str, RequestState] = {}
+        # Speculative decoding (engine/speculative; `draft`: the draft model's proposer).
+        self.speculator = Speculator(config.speculative, draft) if config.speculative else None
+        scheduler.speculate_with(self._propose if self.speculator is not None else None)
         self.updater = StepUpdate(
             self._states,
             scheduler,
             Sampler(eos_token_ids, seed=config.seed, device=runner.device),
             # Unseeded beam sampling draws from this one (seeded requests own their generator).
             torch.Generator(device=runner.device).manual_seed(config.seed),
+            self.speculator,
         )
         self._num_steps = 0
         self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
@@ -227,11 +234,16 @@ class Engine:
         if self.grammars is None:
             return None
         jobs = []
-        for row, chunk in enumerate(c for c in sched.chunks if c.sample):
+        for row, chunk in sched.sampled_rows():
             matchers = self._states[chunk.request.request_id].grammar
-            if matchers is not None:
-                jobs.append((row, matchers.matcher(chunk.seq)))
+            if matchers is not None:  # a speculated row: one mask per scored position
+                jobs += grammar_jobs(matchers.matcher(chunk.seq), chunk.proposal, row)
         return self.grammars.start_masks(jobs)
+
+    def _propose(self, request: Request, seq: TokenSequence) -> tuple[int, ...]:
+        """The scheduler's proposal for a decode of `seq` (engine/speculative/speculator.py)."""
+        matchers = self._states[request.request_id].grammar
+        return self.speculator.propose(request, seq, matchers and matchers.matcher(seq))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
         outputs = [state.output() for state in moved]
@@ -280,6 +292,7 @@ class Engine:
             prefill_chunk_tokens=s.prefill_capacity,
             forward_path=self.runner.forward_path.description,
             cpu_kernels_active=self.runner.forward_path.attention_kernel,
+            speculation=self.speculator.counters.snapshot() if self.speculator else None,
         )
 
     def watch_failures(self, on_failure: Callable[[str], None]) -> None:

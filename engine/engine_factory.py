@@ -83,4 +83,9 @@ def build_engine(
         built.max_model_len,
         runner.description,
     )
-    return cls(runner, scheduler, tokenizer, config, name, eos)
+    draft = None
+    if config.speculative is not None and config.speculative.method == "draft":
+        from engine.speculative.draft import build_draft
+
+        draft = build_draft(config, runner.sampleable_vocab or model_config.vocab_size)
+    return cls(runner, scheduler, tokenizer, config, name, eos, draft=draft)

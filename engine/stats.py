@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.scheduling.step_cost import StepCostModel
 from engine.scheduling.step_plan import SchedulerOutput
+from engine.speculative.counters import SpeculationStats
 
 STEP_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFILL_TOKENS_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -96,6 +97,8 @@ class EngineStats:
     # kernels serve them (False on PyTorch ops, e.g. while they build: engine/kernel_switch.py).
     forward_path: str = ""
     cpu_kernels_active: bool = False
+    # Speculative decoding: proposals, proposed / accepted tokens, per position (None: off).
+    speculation: SpeculationStats | None = None
 
     @property
     def kv_cache_usage(self) -> float:

@@ -43,11 +43,10 @@ class StepInputs:
         positions: list[int] = []
         sample_rows: list[int] = []
         for chunk in chunks:
-            start, end = chunk.start, chunk.seq_len
-            ids.extend(chunk.seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            if chunk.sample:
-                sample_rows.append(len(ids) - 1)
+            ids.extend(chunk.input_ids)
+            positions.extend(range(chunk.start, chunk.seq_len))
+            # the last row, or with a speculative proposal the last 1 + len(proposal) rows
+            sample_rows.extend(range(len(ids) - chunk.num_sampled_rows, len(ids)))
         return cls(
             ids=tuple(ids),
             positions=tuple(positions),

@@ -7,16 +7,21 @@ Contract: `update_from_output(sched, logits, grammar, scheduled_at)` runs after 
 - one sampled token per sampled sequence (parallel groups fork on their first token), appended
   with its logprobs, then detokenized and checked against the stop criteria and the grammar:
   a sequence that ends is finished in the scheduler (its blocks freed);
-- one beam-search step per beam group (decoding/beam_search.py).
-Row i of `logits.sampling` (and of the grammar masks) belongs to the i-th chunk with
-`sample=True`. `scheduled_at` (when the step was scheduled, before its forward) is a request's
-first-scheduled time. It counts the prompt tokens of requests scheduled for the first time and
-every generated token (`prompt_tokens_total`, `generation_tokens_total`).
+- one beam-search step per beam group (decoding/beam_search.py);
+- speculative decoding: a chunk with a proposal has one row per scored position; all of them
+  are sampled in the same sampler call as the other rows, then verified and committed token by
+  token (engine/speculative/verification.py), and counted in `speculator.counters`.
+Rows of `logits.sampling` (and of the grammar masks) follow the chunks with `sample=True` in
+order, `chunk.num_sampled_rows` each (`SchedulerOutput.sampled_rows`). `scheduled_at` (when
+the step was scheduled, before its forward) is a request's first-scheduled time. It counts
+the prompt tokens of requests scheduled for the first time and every generated token
+(`prompt_tokens_total`, `generation_tokens_total`).
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -30,6 +35,8 @@ from engine.sampling.sampler import Sampler
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.token_mask import TokenMask
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from engine.speculative.speculator import Speculator
+from engine.speculative.verification import ScoredProposal, commit, position_rows
 from engine.types import TokenLogprob
 
 
@@ -40,11 +47,13 @@ class StepUpdate:
         scheduler: Scheduler,
         sampler: Sampler,
         beam_generator: torch.Generator,
+        speculator: Speculator | None = None,
     ) -> None:
         self.states = states  # the engine's live requests (shared, not copied)
         self.scheduler = scheduler
         self.sampler = sampler
         self.beam_generator = beam_generator  # unseeded beam groups draw from it
+        self.speculator = speculator
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -61,13 +70,16 @@ class StepUpdate:
             state.record_prompt_logprobs(sched.chunks[i], rows)
             moved[state.request.request_id] = state
         targets: list[SampleTarget] = []
+        scored: list[ScoredProposal] = []
         beam_groups: dict[str, list[tuple[TokenSequence, int]]] = {}
-        for row, chunk in enumerate(c for c in sched.chunks if c.sample):
+        for row, chunk in sched.sampled_rows():
             if chunk.request.params.use_beam_search:
                 beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
+            elif chunk.proposal:
+                scored.append(ScoredProposal(chunk.request, chunk.seq, row, chunk.proposal))
             else:
                 targets += sample_targets(self.scheduler, chunk, row)
-        self._sample(targets, logits.sampling, grammar)
+        self._sample(targets, scored, logits.sampling, grammar)
         for rid, group in beam_groups.items():
             self._beam_step(self.states[rid], group, logits.sampling, grammar)
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
@@ -79,19 +91,41 @@ class StepUpdate:
         return list(moved.values())
 
     def _sample(
-        self, targets: list[SampleTarget], logits: torch.Tensor, grammar: TokenMask | None
+        self,
+        targets: list[SampleTarget],
+        scored: list[ScoredProposal],
+        logits: torch.Tensor,
+        grammar: TokenMask | None,
     ) -> None:
-        if not targets:
+        """One sampler call for the ordinary targets and every speculated position."""
+        if not targets and not scored:
             return
         target_rows = [t.row for t in targets]
+        rows = [self._sampling_row(t) for t in targets]
+        rewinds: list[tuple[torch.Generator, torch.Tensor] | None] = []
+        for s in scored:
+            row = self._sampling_row(SampleTarget(s.request, s.seq, s.first_row))
+            target_rows += s.rows
+            rows += position_rows(row, s.proposal)
+            drawn = row.generator is not None and not row.params.greedy
+            rewinds.append((row.generator, row.generator.get_state()) if drawn else None)
         if target_rows != list(range(logits.shape[0])):  # forks reuse a row
             logits = logits[to_device(target_rows, torch.int64, logits.device)]
-        rows = [self._sampling_row(t) for t in targets]
         result = self.sampler(
             logits, rows, grammar.select(target_rows) if grammar is not None else None
         )
-        for target, token, entry in zip(targets, result.token_ids, result.logprobs, strict=True):
+        tokens, entries = result.token_ids, result.logprobs
+        for target, token, entry in zip(targets, tokens, entries, strict=False):
             self._append(self.states[target.request.request_id], target.seq, token, entry)
+        start = len(targets)
+        for s, rewind_from in zip(scored, rewinds, strict=True):
+            end = start + len(s.rows)
+            append = partial(self._append, self.states[s.request.request_id], s.seq)
+            counts = commit(
+                s, tokens[start:end], entries[start:end], self.scheduler, append, rewind_from
+            )
+            self.speculator.counters.record(*counts)
+            start = end
 
     def _sampling_row(self, target: SampleTarget) -> SamplingRow:
         seq, state = target.seq, self.states[target.request.request_id]

@@ -164,6 +164,17 @@ OPTIONS: tuple[Option, ...] = (
         flag_is_switch=True,
     ),
     Option(
+        "speculative",
+        str,
+        "speculative decoding, outputs unchanged: ngram (prompt lookup: what followed the "
+        "latest earlier occurrence of the last tokens) | draft (a smaller model's greedy "
+        "continuation, --speculative-model)",
+    ),
+    Option("num_speculative_tokens", int, "tokens proposed per step with --speculative (4)"),
+    Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram matches (1)"),
+    Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches (4)"),
+    Option("speculative_model", str, "the draft model (--speculative draft)"),
+    Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import EngineConfig  # pure Python; the model code (torch) loads lazily
+    from engine import EngineConfig, speculative_config  # pure Python; torch loads lazily
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
@@ -69,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,
         "batch_invariant": settings.batch_invariant,
+        "speculative": speculative_config(
+            settings.speculative,
+            settings.num_speculative_tokens,
+            settings.speculative_ngram_min,
+            settings.speculative_ngram_max,
+            settings.speculative_model,
+        ),
     }
     values = {k: v for k, v in values.items() if v is not None}
     if settings.target_itl_ms == 0:  # off: steps sized by the token budget alone

@@ -41,6 +41,11 @@ class Settings:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     batch_invariant: bool = False
+    speculative: str | None = None
+    num_speculative_tokens: int | None = None
+    speculative_ngram_min: int | None = None
+    speculative_ngram_max: int | None = None
+    speculative_model: str | None = None
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

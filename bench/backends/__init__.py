@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from bench.kv_usage import KvCacheFigures
 from bench.load_memory import LoadMemory, measure_load, render
@@ -63,6 +63,7 @@ class BackendOptions:
     device: str = (
         "auto"  # tgserve and transformers: "auto" (CUDA when present) | "cpu" | "cuda[:N]"
     )
+    speculative: Any = None  # tgserve: an engine SpeculativeConfig (None: no speculation)
 
 
 @dataclass(frozen=True)

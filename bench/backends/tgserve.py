@@ -35,6 +35,7 @@ class TgserveBackend:
             + (", C++ CPU kernels" if described.cpu_kernels else "")
             + (", CUDA graphs" if described.cuda_graphs else "")
             + (", GGUF blocks as stored" if described.gguf_blocks_as_stored else "")
+            + _speculative_note(engine.config.speculative)
         )
         self.held = dict(described.held_bytes)  # report_note splits the RSS growth at load with it
         self._ids = count()
@@ -99,9 +100,21 @@ class TgserveBackend:
             len(requests), prompt_tokens, output_tokens, elapsed, tracker.figures()
         )
 
+    def speculation(self):
+        """The engine's speculative decoding counters so far (None: it does not speculate)."""
+        return self.engine.stats().speculation
+
     def close(self) -> None:
         self.engine = None
         gc.collect()
+
+
+def _speculative_note(config) -> str:
+    if config is None:
+        return ""
+    if config.method == "ngram":
+        return f", speculative ngram k={config.num_tokens} n={config.ngram_min}..{config.ngram_max}"
+    return f", speculative draft k={config.num_tokens}"
 
 
 def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
@@ -145,4 +158,5 @@ def engine_config(source: ModelSource, options: BackendOptions):
         dequantize=options.dequantize,
         enforce_eager=options.enforce_eager,
         device=options.device,
+        speculative=options.speculative,
     )

@@ -9,10 +9,10 @@ Contract (pure Python, no torch):
   lives in block `block_table[t // block_size]` at offset `t % block_size`.
 - `admit` gives a waiting sequence its table (prefix-cache hit + fresh blocks), `append` grows a
   running one's table for this step's chunk, `fork` shares a table (ref + 1 per block), `free`
-  drops one (ref - 1). Before a sequence writes into a block that others share, `append` gives it
-  a fresh block and returns the (src, dst) copy the runner must apply before the forward.
-  `blocks_to_admit` / `blocks_to_append` count exactly what those calls will take, copies
-  included, so the scheduler checks before it acts.
+  drops one (ref - 1; with `keep`, only past its first blocks: rejected speculative tokens').
+  Before a sequence writes into a block that others share, `append` gives it a fresh block and
+  returns the (src, dst) copy the runner must apply before the forward. `blocks_to_admit` /
+  `blocks_to_append` count exactly what those calls will take (copies included): checked first.
 - Prefix caching: `mark_computed(seq)` registers the sequence's full, computed blocks
   (hash of parent hash + block tokens; see prefix_cache.py). If an equal block is already
   registered the sequence switches to it and its own copy is released (dedup). `match_prefix`
@@ -200,13 +200,13 @@ class BlockManager:
         state = self._seqs[parent]
         self._seqs[child] = _SeqState(state.num_registered, state.broken)
 
-    def free(self, seq: TokenSequence) -> None:
-        """Drops the sequence's blocks, tail first so a chain's tail is evicted before its head."""
-        if self._seqs.pop(seq, None) is None:
-            return
-        for b in reversed(seq.block_table):
-            self._release(b)
-        seq.block_table = []
+    def free(self, seq: TokenSequence, keep: int = 0) -> None:
+        """Drops its blocks past the first `keep` (0: all), tail first (tails are evicted first)."""
+        if seq in self._seqs:
+            while len(seq.block_table) > keep:
+                self._release(seq.block_table.pop())
+            if not keep:
+                del self._seqs[seq]
 
     def mark_computed(self, seq: TokenSequence) -> None:
         """Registers the sequence's full computed blocks in the prefix cache (after a step)."""

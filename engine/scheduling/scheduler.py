@@ -5,6 +5,9 @@ Policy, every `schedule()`:
    in `SchedulerOutput.aborted` and their blocks are freed.
 2. Running decodes first: one token per live sequence, higher priority first (a lower
    `SamplingParams.priority` value runs first, as vLLM's), within `max_num_batched_tokens`.
+   With speculative decoding (`speculate_with(propose)`), a decode also carries the tokens
+   `propose(request, seq)` guesses (cut to the budget left; dropped, before anyone is
+   preempted, when the blocks for them are not free): its chunk then computes 1 + k rows.
 3. Prefill: engine/scheduling/prefill_allotment.py shares the step's remaining budget
    (sized in tokens and time by engine/scheduling/prefill_budget.py) between running partial
    prefills and waiting requests, shortest remaining prefill first, the oldest (the anchor)
@@ -37,7 +40,7 @@ from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.request_queues import RequestQueues
 from engine.scheduling.step_builder import StepBuilder
 from engine.scheduling.step_cost import StepCostModel
-from engine.scheduling.step_plan import ScheduledChunk, SchedulerOutput, SchedulerStats
+from engine.scheduling.step_plan import Propose, ScheduledChunk, SchedulerOutput, SchedulerStats
 from engine.types import FINISH_REASONS
 
 __all__ = ["ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
@@ -65,6 +68,11 @@ class Scheduler:
         self._queues = RequestQueues()
         self._pending_aborts: list[Request] = []
         self._prefill_capacity = config.max_num_batched_tokens
+        self._propose: Propose | None = None
+
+    def speculate_with(self, propose: Propose | None) -> None:
+        """Decodes carry `propose(request, seq)`'s tokens from the next step (None: none)."""
+        self._propose = propose
 
     # ----- intake --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -93,7 +101,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         aborted = tuple(self._apply_aborts())
         step = StepBuilder(
-            self._queues, self.block_manager, self.config, self.cost_model, self._target_s
+            self._queues,
+            self.block_manager,
+            self.config,
+            self.cost_model,
+            self._target_s,
+            self._propose,
         ).build(aborted)
         self._prefill_capacity = step.prefill_capacity
         return step.output
@@ -101,15 +114,30 @@ class Scheduler:
     def on_step_done(self, output: SchedulerOutput) -> None:
         """After the forward: the scheduled tokens are in the KV cache. Advances each chunk's
         `num_computed_tokens` and registers newly full blocks in the prefix cache. Chunks of
-        requests finished in between are skipped."""
+        requests finished in between are skipped. A proposal's rows are not counted: those the
+        verification keeps are, by `accept_proposed`."""
         for chunk in output.chunks:
             seq = chunk.seq
             if chunk.request.status is not RequestStatus.RUNNING or seq.is_finished:
                 continue
             if seq.num_computed_tokens != chunk.start:
                 raise RuntimeError(f"seq {seq.seq_id}: on_step_done called twice for one output?")
-            seq.num_computed_tokens += chunk.num_new_tokens
+            seq.num_computed_tokens += chunk.num_new_tokens - len(chunk.proposal)
             self.block_manager.mark_computed(seq)
+
+    def accept_proposed(self, seq: TokenSequence) -> None:
+        """The last appended token was a kept proposal whose K/V the step computed: it counts
+        as computed (call it before appending the next token)."""
+        if seq.num_computed_tokens != seq.num_tokens - 1:
+            raise RuntimeError(f"seq {seq.seq_id}: no appended token awaits its K/V")
+        seq.num_computed_tokens += 1
+
+    def settle_proposed(self, seq: TokenSequence) -> None:
+        """After a speculating sequence's verification: registers its newly full blocks in the
+        prefix cache and frees the blocks only rejected tokens were written into."""
+        if not seq.is_finished:
+            self.block_manager.mark_computed(seq)
+            self.block_manager.free(seq, keep=self.block_manager.blocks_for(seq.num_tokens))
 
     # ----- endings and forks ---------------------------------------------------------------
     def finish_seq(

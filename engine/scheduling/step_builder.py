@@ -24,7 +24,7 @@ from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_
 from engine.scheduling.prefill_budget import PrefillBudget
 from engine.scheduling.request_queues import RequestQueues
 from engine.scheduling.step_cost import StepCostModel, chunk_pairs
-from engine.scheduling.step_plan import ScheduledChunk, SchedulerOutput, chunk_sizes
+from engine.scheduling.step_plan import Propose, ScheduledChunk, SchedulerOutput, chunk_sizes
 
 
 @dataclass
@@ -49,6 +49,7 @@ class StepBuilder:
     config: EngineConfig
     cost_model: StepCostModel
     target_s: float | None  # the step-time target (None: budget in tokens only)
+    propose: Propose | None = None  # speculative decoding's proposals for decodes
     budget: int = field(init=False)
     plans: dict[str, _Plan] = field(default_factory=dict, init=False)
     preempted: list[str] = field(default_factory=list, init=False)
@@ -90,19 +91,42 @@ class StepBuilder:
             if max(remaining) == 1:
                 sizes = chunk_sizes(remaining, self.budget)
                 if sizes is not None:
-                    self._schedule_running(request, sizes)
+                    proposals = self._proposals(request, self.budget - sum(sizes))
+                    self._schedule_running(request, sizes, proposals)
                     self.decodes.add(request.request_id)
 
-    def _schedule_running(self, request: Request, sizes: list[int]) -> None:
+    def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
+        """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""
+        if self.propose is None:
+            return None
+        proposals = []
+        for seq in request.live_seqs:
+            proposal = self.propose(request, seq)[: max(spare, 0)]
+            spare -= len(proposal)
+            proposals.append(proposal)
+        return proposals if any(proposals) else None
+
+    def _schedule_running(
+        self,
+        request: Request,
+        sizes: list[int],
+        proposals: list[tuple[int, ...]] | None = None,
+    ) -> None:
         bm = self.block_manager
         chunks = list(zip(request.live_seqs, sizes, strict=True))
+        if proposals is not None:
+            longer = [(s, n + len(p)) for (s, n), p in zip(chunks, proposals, strict=True)]
+            if bm.blocks_to_append(longer) <= bm.num_free_blocks:
+                chunks = longer
+            else:  # speculation is the first thing to give up when blocks run short
+                proposals = None
         while bm.blocks_to_append(chunks) > bm.num_free_blocks:
             victim = self.queues.victim()
             self._preempt(victim)
             if victim is request:
                 return
         copies = [c for s, n in chunks if n > 0 for c in bm.append(s, n)]
-        self._add_plan(request, chunks, copies)
+        self._add_plan(request, chunks, copies, proposals)
 
     def _prefill_budget(self) -> PrefillBudget:
         placed = [c for p in self.plans.values() for c in p.chunks]
@@ -175,12 +199,19 @@ class StepBuilder:
         request: Request,
         chunks: list[tuple[TokenSequence, int]],
         copies: list[tuple[int, int]],
+        proposals: list[tuple[int, ...]] | None = None,
     ) -> None:
+        proposals = proposals or [()] * len(chunks)
         scheduled = [
             ScheduledChunk(
-                request, s, s.num_computed_tokens, n, s.num_computed_tokens + n == s.num_tokens
+                request,
+                s,
+                s.num_computed_tokens,
+                n,
+                s.num_computed_tokens + n - len(p) == s.num_tokens,
+                p,
             )
-            for s, n in chunks
+            for (s, n), p in zip(chunks, proposals, strict=True)
             if n > 0
         ]
         plan = _Plan(scheduled, copies, sum(n for _, n in chunks))

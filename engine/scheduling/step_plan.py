@@ -5,8 +5,11 @@ Update protocol (what `Engine.step()` does with a `SchedulerOutput`):
     runner: apply `out.block_copies` (copy block src -> dst in every layer's K and V),
         then one forward over `out.chunks`; a chunk computes tokens
         `seq.token_ids[start:start + num_new_tokens]` at positions start.. with
-        `seq.block_table`; rows of chunks with `sample=True` produce logits (their last row).
+        `seq.block_table`; rows of chunks with `sample=True` produce logits (their last row;
+        a chunk with a `proposal` feeds it after its known tokens, and its last
+        1 + len(proposal) rows produce logits: engine/speculative/).
     scheduler.on_step_done(out)       # advances num_computed_tokens, registers cached blocks
+                                      # (a proposal's rows are committed by verification)
     for each chunk with sample=True:  # in this order, per sampled sequence:
         seq.append_token(token, logprob)          # after on_step_done, never before
         if it stops: scheduler.finish_seq(request, seq, reason, stop_reason)
@@ -19,10 +22,14 @@ was appended or the sequence was finished/removed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine.requests.request import Request, TokenSequence
 from engine.scheduling.block_manager import BlockUsage
+
+# Speculative decoding: the tokens proposed after a running sequence's last one (may be none).
+Propose = Callable[[Request, TokenSequence], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -30,13 +37,28 @@ class ScheduledChunk:
     request: Request
     seq: TokenSequence
     start: int  # num_computed_tokens before this step = position of the first new token
-    num_new_tokens: int
+    num_new_tokens: int  # rows the forward computes, proposed tokens included
     sample: bool  # reaches the end of the known tokens: the runner returns its last row's logits
+    # Speculative decoding: tokens proposed after the sequence's last one (engine/speculative).
+    # They follow the known tokens in this chunk's rows, are never in `seq.token_ids`, and every
+    # one of the last 1 + len(proposal) rows is sampled (the target's verdict on each).
+    proposal: tuple[int, ...] = ()
 
     @property
     def seq_len(self) -> int:
         """Context length once this chunk is in the cache (what attention looks at)."""
         return self.start + self.num_new_tokens
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The token ids of this chunk's rows: known tokens, then the proposal."""
+        known = self.seq.token_ids[self.start : self.seq_len - len(self.proposal)]
+        return known + list(self.proposal) if self.proposal else known
+
+    @property
+    def num_sampled_rows(self) -> int:
+        """Rows whose logits are sampled: its last one, or all the speculated ones."""
+        return 1 + len(self.proposal) if self.sample else 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,14 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+    def sampled_rows(self) -> Iterator[tuple[int, ScheduledChunk]]:
+        """(first sampling-logits row, chunk) of each chunk with `sample=True`, in order."""
+        row = 0
+        for chunk in self.chunks:
+            if chunk.sample:
+                yield row, chunk
+                row += chunk.num_sampled_rows
 
 
 @dataclass(frozen=True)

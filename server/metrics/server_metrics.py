@@ -29,6 +29,7 @@ from engine import FINISH_REASONS
 from server.metrics.engine_collectors import EngineStatsCollector, SchedulerCollector
 from server.metrics.request_timer import RequestFamilies, RequestTimer
 from server.metrics.router_gauges import RouterGaugesCollector
+from server.metrics.speculation import SpeculationCollector
 
 
 class ServerMetrics:
@@ -46,6 +47,7 @@ class ServerMetrics:
         self.registry.register(SchedulerCollector(stats_source))
         if vllm_compatible:
             self.registry.register(RouterGaugesCollector(stats_source))
+        self.registry.register(SpeculationCollector(stats_source))  # only while speculating
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...
 
     def bind_model(self, name: str) -> None:

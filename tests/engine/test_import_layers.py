@@ -21,7 +21,16 @@ ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
 # Bottom to top. A name covers that module and, when it is a package, everything under it;
 # the longest name that covers a module places it ("engine" alone is only the front door).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("types", ("engine.types", "engine.errors", "engine.config", "engine.host_transfer")),
+    (
+        "types",
+        (
+            "engine.types",
+            "engine.errors",
+            "engine.config",
+            "engine.speculative.config",  # held by EngineConfig
+            "engine.host_transfer",
+        ),
+    ),
     # The runner and what it runs on: knows chunks by their shape, never requests.
     (
         "execution",
@@ -42,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sampling", ("engine.sampling",)),
     ("scheduling", ("engine.scheduling",)),
     ("decoding", ("engine.decoding",)),
+    ("speculation", ("engine.speculative",)),  # proposers, verification (issue #29)
     (
         "engine",
         (

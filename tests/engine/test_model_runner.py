@@ -4,10 +4,12 @@ beyond what the tokenizer can decode."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from engine.model_runner import ModelRunner
+from engine.scheduling.step_plan import ScheduledChunk
 from models import build_model
 from models.config import ModelConfig
 from tests.checkpoints import make_hf_model
@@ -19,16 +21,8 @@ class _Seq:
     block_table: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
 
 
-@dataclass
-class _Chunk:
-    seq: _Seq
-    start: int
-    num_new_tokens: int
-    sample: bool
-
-    @property
-    def seq_len(self) -> int:  # as ScheduledChunk's
-        return self.start + self.num_new_tokens
+# The scheduler's chunk of a fake sequence, without a request: _Chunk(seq, start, n, sample).
+_Chunk = partial(ScheduledChunk, None)
 
 
 def _runner(

@@ -7,18 +7,14 @@ from types import SimpleNamespace
 
 import torch
 
+from engine.scheduling.step_plan import ScheduledChunk
 from engine.step_inputs import StepInputs
 
 
-def _chunk(token_ids, block_table, start, num_new_tokens, sample):
+def _chunk(token_ids, block_table, start, num_new_tokens, sample, proposal=()):
+    """The scheduler's chunk over a bare sequence (no request)."""
     seq = SimpleNamespace(token_ids=token_ids, block_table=block_table)
-    return SimpleNamespace(
-        seq=seq,
-        start=start,
-        num_new_tokens=num_new_tokens,
-        seq_len=start + num_new_tokens,
-        sample=sample,
-    )
+    return ScheduledChunk(None, seq, start, num_new_tokens, sample, tuple(proposal))
 
 
 # A prefill chunk in the middle of its prompt (tokens 2..4 of 7, samples nothing), then a decode.
@@ -37,6 +33,18 @@ def test_a_step_is_laid_out_chunk_after_chunk() -> None:
     assert step.sample_rows == (3,)  # the decode's only row; the prefill chunk samples nothing
     assert step.row_starts == [0, 3]
     assert step.block_copies == ((5, 6),) and step.full_logits_for == (0,)
+
+
+def test_a_speculating_decode_feeds_its_proposal_and_samples_every_scored_row() -> None:
+    # Known tokens end at 32 (position 2); proposed 40, 41 follow at positions 3, 4.
+    speculating = _chunk(
+        [30, 31, 32], [2], start=2, num_new_tokens=3, sample=True, proposal=[40, 41]
+    )
+    step = StepInputs.from_chunks([CHUNKS[0], speculating, CHUNKS[1]])
+    assert step.ids == (12, 13, 14, 32, 40, 41, 24)
+    assert step.positions == (2, 3, 4, 2, 3, 4, 4)
+    assert step.seq_lens == (5, 5, 5) and step.query_lens == (3, 3, 1)
+    assert step.sample_rows == (3, 4, 5, 6)
 
 
 def test_pack_and_unpack_invert_each_other() -> None:

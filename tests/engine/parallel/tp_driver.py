@@ -8,6 +8,7 @@ both, a copy-on-write block copy, and a step asking for every row's logits (prom
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ import torch.multiprocessing as mp
 
 from engine.config import EngineConfig
 from engine.runner_factory import build_runner
+from engine.scheduling.step_plan import ScheduledChunk
 from models.parallel import exit_rank, free_port, init_group
 
 
@@ -24,16 +26,8 @@ class _Seq:
     block_table: list[int] = field(default_factory=list)
 
 
-@dataclass
-class _Chunk:
-    seq: _Seq
-    start: int
-    num_new_tokens: int
-    sample: bool
-
-    @property
-    def seq_len(self) -> int:
-        return self.start + self.num_new_tokens
+# The scheduler's chunk of a bare sequence, without a request: _Chunk(seq, start, n, sample).
+_Chunk = partial(ScheduledChunk, None)
 
 
 def _script() -> list[tuple[list[_Chunk], list[tuple[int, int]], frozenset[int]]]:

@@ -1,0 +1,71 @@
+"""Speculator: who speculates, how far, and what it proposes (the engine's one speculative
+object; None when `EngineConfig.speculative` is None).
+
+Contract:
+- `propose(request, seq, matcher)` (the scheduler calls it for each running sequence it is
+  about to give a one-token decode): up to k tokens continuing `seq` (n-gram lookup, or the
+  draft model's greedy continuation), or () when the sequence does not speculate. Beam
+  search never does (a beam step compares all beams at one position). At most
+  `max_tokens - num_output - 1` tokens, so the tokens a verification emits (kept proposals +
+  one) never pass max_tokens and their K/V slots stay within what admission reserved. Under a
+  grammar (`matcher`, the sequence's llguidance matcher, fed its output) the proposal is cut
+  at the first token the grammar refuses.
+- `grammar_jobs(matcher, proposal, first_row)`: the (row, matcher) mask jobs of a sampled
+  chunk under a grammar: row first_row + i gets a copy of the matcher fed proposal[:i] (the
+  grammar's state had those tokens been emitted), so every scored position is masked as
+  ordinary decoding would mask it.
+- `counters` counts proposals and acceptances (counters.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+
+from engine.requests.request import Request, TokenSequence
+from engine.speculative.config import SpeculativeConfig
+from engine.speculative.counters import SpeculationCounters
+from engine.speculative.draft import DraftProposer
+from engine.speculative.ngram import NgramProposer
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, draft: DraftProposer | None = None) -> None:
+        """`draft`: the draft model's proposer (engine/speculative/draft.py), needed for and
+        only for method "draft"."""
+        if (config.method == "draft") != (draft is not None):
+            raise ValueError("speculative 'draft' needs the draft model's proposer, and only it")
+        self.config = config
+        self.draft = draft
+        self.ngram = NgramProposer(config.num_tokens, config.ngram_min, config.ngram_max)
+        self.counters = SpeculationCounters(config.num_tokens)
+
+    def propose(
+        self, request: Request, seq: TokenSequence, matcher: llguidance.LLMatcher | None = None
+    ) -> tuple[int, ...]:
+        params = request.params
+        if params.use_beam_search or params.max_tokens is None:
+            return ()
+        limit = params.max_tokens - seq.num_output_tokens - 1
+        if limit <= 0:
+            return ()
+        if self.draft is not None:
+            proposal = self.draft.propose(seq, limit)
+        else:
+            proposal = self.ngram.propose(seq.token_ids, limit)
+        if proposal and matcher is not None:
+            proposal = proposal[: matcher.validate_tokens(list(proposal))]
+        return proposal
+
+
+def grammar_jobs(
+    matcher: llguidance.LLMatcher, proposal: Sequence[int], first_row: int
+) -> list[tuple[int, llguidance.LLMatcher]]:
+    """The mask jobs of a sampled chunk under a grammar (see the module contract)."""
+    jobs = [(first_row, matcher)]
+    for i in range(1, len(proposal) + 1):
+        ahead = matcher.deep_copy()
+        ahead.consume_tokens(list(proposal[:i]))
+        jobs.append((first_row + i, ahead))
+    return jobs

@@ -1,0 +1,68 @@
+"""The draft-model proposer: its greedy continuation, verified by the target, returns the tokens
+of ordinary decoding (greedy and seeded requests, oracle: the same requests without
+speculation); a draft identical to the target has every proposal accepted; its own block
+manager stays consistent; a draft with another vocabulary is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.requests.sampling_params import SamplingParams
+from engine.speculative.config import SpeculativeConfig
+from tests.checkpoints import save_checkpoint
+from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, tiny_engine
+from tests.engine.speculative.test_speculative_engine import answers
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("draft")
+    target = save_checkpoint("llama", root / "target", seed=0)
+    other = save_checkpoint("llama", root / "other", seed=1)  # same shape, other weights
+    return target, other
+
+
+def _draft(path, k: int = 3) -> SpeculativeConfig:
+    return SpeculativeConfig(method="draft", num_tokens=k, model=str(path))
+
+
+PARAMS = [
+    SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1),
+    SamplingParams(max_tokens=18, temperature=0.9, top_p=0.9, seed=5, ignore_eos=True),
+    SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+]
+
+
+def test_the_target_as_its_own_draft_has_every_greedy_proposal_accepted(folders):
+    target, _ = folders
+    prompts = random_prompts(1, (10, 10), seed=1)
+    plain = tiny_engine(target)
+    spec = tiny_engine(target, speculative=_draft(target, k=4))
+    params = PARAMS[:1]
+    assert answers(spec, prompts, params) == answers(plain, prompts, params)
+    stats = spec.stats().speculation
+    assert stats.num_proposed_tokens > 0
+    assert stats.num_accepted_tokens == stats.num_proposed_tokens  # the same logits, bit for bit
+    assert_no_leaks(spec)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["pytorch", "cpp"])
+def test_another_draft_leaves_the_outputs_unchanged(folders, kernels):
+    target, other = folders
+    prompts = random_prompts(3, (4, 20), seed=2)
+    plain = tiny_engine(target, cpu_kernels=kernels)
+    spec = tiny_engine(target, cpu_kernels=kernels, speculative=_draft(other))
+    assert answers(spec, prompts, PARAMS, arrive_every=2) == answers(
+        plain, prompts, PARAMS, arrive_every=2
+    )
+    stats = spec.stats().speculation
+    assert stats.num_proposed_tokens > stats.num_accepted_tokens  # a different model: refusals
+    spec.speculator.draft.blocks.check_invariants()
+    assert_no_leaks(spec)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(folders, tmp_path):
+    target, _ = folders
+    small = save_checkpoint("llama", tmp_path / "small-vocab", vocab_size=256)
+    with pytest.raises(ValueError, match="speculative_model"):
+        tiny_engine(target, speculative=_draft(small))
