@@ -13,7 +13,8 @@ after it, with decoder positions counted from the region's end.
 Contract: `EncoderLayout(model_config, block_size)`: `region(num_encoder_tokens)` is the padded
 length; `prompt(encoder_ids)` the token list a `Request` starts with (the digest, the encoder
 ids, REGION_PAD, then the decoder prompt: decoder_start_token_id, and forced_bos_token_id when
-the config sets one). The region's token ids are bookkeeping only: the encoder reads
+the config sets one); `layout_for(model_config, block_size)` is one, or None for a decoder-only
+model. The region's token ids are bookkeeping only: the encoder reads
 `Request.encoder_token_ids`, and slot j of the region holds encoder position j's cross K/V.
 RequestIntake (engine/intake.py) lays requests out so (`Request.decoder_start`, copied to each
 sequence, is the region's length: the runner and sampling's repetition penalty read the decoder's
@@ -60,3 +61,8 @@ class EncoderLayout:
     def prompt(self, encoder_ids: Sequence[int]) -> tuple[int, ...]:
         padding = (REGION_PAD,) * (self.region(len(encoder_ids)) - len(encoder_ids) - 1)
         return (input_digest(encoder_ids), *encoder_ids, *padding, *self.decoder_prompt)
+
+
+def layout_for(model_config, block_size: int) -> EncoderLayout | None:
+    """The request layout of an encoder-decoder model (T5 / BART); None for a decoder-only one."""
+    return EncoderLayout(model_config, block_size) if model_config.is_encoder_decoder else None

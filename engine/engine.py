@@ -34,7 +34,7 @@ from engine import offline
 from engine.api import EngineInfo
 from engine.config import EngineConfig
 from engine.description import EngineDescription, describe_runner
-from engine.encoder_layout import EncoderLayout
+from engine.encoder_layout import layout_for
 from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
@@ -84,11 +84,7 @@ class Engine:
         # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
         self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)
         # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_layout.py says.
-        layout = (
-            EncoderLayout(runner.config, config.block_size)
-            if runner.config.is_encoder_decoder
-            else None
-        )
+        layout = layout_for(runner.config, config.block_size)
         self.intake = RequestIntake(
             self.info, self.grammars, config.max_num_seqs, scheduler.block_manager, layout
         )
@@ -200,10 +196,9 @@ class Engine:
         return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
 
     def _switch_forward_path_between_requests(self) -> None:
-        """The C++ kernels built in the background (engine/kernel_switch.py) serve from this
-        step on, if ready. Only where no live request has K/V in the cache or tokens out
-        (preempted ones too): the paths agree to rounding, not bit for bit, so cached prefixes
-        (K/V of the old path) are dropped too."""
+        """The C++ kernels built in the background (engine/kernel_switch.py) serve from here, if
+        ready and no live request (preempted too) has K/V cached or tokens out: the paths agree
+        to rounding, not bit for bit, so cached prefixes (the old path's K/V) go too."""
         if self.runner.pending_path is None:
             return
         started = any(
@@ -246,11 +241,10 @@ class Engine:
         return self.speculator.propose(request, seq, matchers and matchers.matcher(seq))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
-        outputs = [state.output() for state in moved]
-        for state in moved:
+        for state in moved:  # a finished request's state leaves; its output is its own
             if state.request.is_finished:
                 del self._states[state.request.request_id]
-        return outputs
+        return [state.output() for state in moved]
 
     def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []

@@ -252,3 +252,13 @@ def test_type_checking_and_function_level_imports_are_arrows() -> None:
     assert imported_modules(source, modules) == modules - {"engine"}
     graph = {"engine.sampling.sampler": imported_modules(source, modules)}
     assert len(upward_arrows(graph)) == 3  # offline, request_state and the scheduler
+
+
+def test_no_engine_module_is_over_300_lines() -> None:
+    """One job per module (issue 28): a module past 300 lines holds more than one."""
+    long = {
+        str(path.relative_to(ENGINE_DIR)): n
+        for path in sorted(ENGINE_DIR.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 300
+    }
+    assert not long, f"engine modules over 300 lines: {long}"
