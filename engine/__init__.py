@@ -8,13 +8,15 @@ bytes) for reports; `resolve_device`, `resolve_dtype_name` and `dtype_bytes` are
 own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size.
 `AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
 out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_request` returns
-a `Request`, which an engine of one's own (the tests' fake engine) builds too.
+a `Request`, which an engine of one's own (the tests' fake engine) builds too. `EncoderLayout`
+says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold).
 """
 
 from engine.api import EngineCore, EngineInfo
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, dtype_bytes, resolve_device, resolve_dtype_name
 from engine.description import EngineDescription
+from engine.encoder_layout import EncoderLayout
 from engine.errors import (
     EngineUnavailable,
     FatalEngineError,
@@ -47,6 +49,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineCore",
+    "EncoderLayout",
     "EngineDescription",
     "EngineInfo",
     "EngineStats",

@@ -137,7 +137,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
     )
     max_model_len = options.max_model_len
     if source.config.encoder_decoder is not None:
-        from engine.encoder_layout import EncoderLayout
+        from engine import EncoderLayout
 
         # the sequence holds the encoder region (the input and its digest, padded to whole
         # blocks: at most one block more) and the decoder prompt before the output
