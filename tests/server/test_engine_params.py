@@ -1,0 +1,38 @@
+"""to_api_error: an engine refusal becomes a 400 that names the API's field once, in the API's
+own spelling (the engine's messages open with the engine's field name)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import InvalidRequest
+from server.engine_params import build_params, to_api_error
+from server.errors import ApiError
+
+
+def test_the_api_name_replaces_the_engine_name_that_opens_the_message() -> None:
+    error = to_api_error(
+        InvalidRequest("max_tokens", "max_tokens must be at least 1, got 0"),
+        {"max_tokens": "max_new_tokens"},
+    )
+    assert (error.status, error.param) == (400, "max_new_tokens")
+    assert error.message == "max_new_tokens must be at least 1, got 0"
+
+
+def test_a_message_not_opening_with_its_field_is_prefixed_by_it() -> None:
+    error = to_api_error(InvalidRequest("prompt", "the prompt holds no token"))
+    assert (error.param, error.message) == ("prompt", "prompt: the prompt holds no token")
+
+
+def test_a_field_name_that_only_prefixes_a_longer_word_is_not_replaced() -> None:
+    error = to_api_error(InvalidRequest("n", "needs at least one sequence"))
+    assert error.message == "n: needs at least one sequence"
+
+
+def test_the_real_check_names_its_field_once() -> None:
+    with pytest.raises(ApiError) as caught:
+        build_params({}, max_tokens=2, min_tokens=5)
+    error = caught.value
+    assert error.param == "min_tokens"
+    assert error.message.startswith("min_tokens ")
+    assert error.message.count("min_tokens") == 1, error.message
