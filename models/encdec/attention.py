@@ -82,13 +82,6 @@ class SeqSpans:
         )
 
 
-def write_paged(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """k, v [T, H, D] into the cache's flat slots."""
-    k_cache, v_cache = cache
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
-
-
 def attend_dense(
     q: torch.Tensor,
     k: torch.Tensor,

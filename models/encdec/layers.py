@@ -17,14 +17,13 @@ import torch
 from torch import nn
 
 from models import pointwise
-from models.attention import KVCache
+from models.attention import KVCache, write_kv
 from models.encdec.attention import (
     BiasFn,
     SeqSpans,
     attend_dense,
     attend_paged,
     no_bias,
-    write_paged,
 )
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -69,7 +68,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = (self._heads(p(x)) for p in (self.q, self.k, self.v))
         if spans.slot_mapping is None:
             raise ValueError("decoder self-attention needs the slots its new K/V go to")
-        write_paged(cache, k, v, spans.slot_mapping)
+        write_kv(cache, k, v, spans.slot_mapping)
         return self.o(attend_paged(q, cache, spans, self.scale, bias_fn, causal=True))
 
     def cross(self, x: torch.Tensor, spans: SeqSpans, cache: KVCache) -> torch.Tensor:
@@ -79,6 +78,4 @@ class MultiHeadAttention(nn.Module):
 
     def write_cross(self, encoder_out: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> None:
         """encoder_out [T_enc, hidden] -> this layer's cross K/V at `slots` (done once)."""
-        write_paged(
-            cache, self._heads(self.k(encoder_out)), self._heads(self.v(encoder_out)), slots
-        )
+        write_kv(cache, self._heads(self.k(encoder_out)), self._heads(self.v(encoder_out)), slots)
