@@ -43,12 +43,16 @@ class RequestState:
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
         self.beam: BeamSearch | None = None
+        # An encoder-decoder's answer continues no text: its first space goes as decode drops it.
+        self._without_context = bool(request.encoder_token_ids)
         # Structured outputs: one grammar matcher per sequence (grammar_matchers.py).
         self.grammar = SequenceMatchers(grammar) if grammar is not None else None
         self._beam_stream: BeamStream | None = None
         if request.params.use_beam_search:
             self.beam = BeamSearch(request.params, self.criteria, eos_token_ids)
-            self._beam_stream = BeamStream(request.params, self.criteria, tokenizer)
+            self._beam_stream = BeamStream(
+                request.params, self.criteria, tokenizer, without_context=self._without_context
+            )
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}
         self._generators: dict[int, torch.Generator] = {}
         # Position p -> logprob of prompt token p given tokens < p (p >= 1).
@@ -65,7 +69,7 @@ class RequestState:
             return None
         if seq_id not in self._detokenizers:
             self._detokenizers[seq_id] = IncrementalDetokenizer.from_params(
-                self.tokenizer, self.request.params
+                self.tokenizer, self.request.params, without_context=self._without_context
             )
         return self._detokenizers[seq_id]
 

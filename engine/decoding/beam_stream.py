@@ -25,13 +25,21 @@ from engine.types import TokenLogprob
 
 
 class BeamStream:
-    def __init__(self, params: SamplingParams, criteria: StopCriteria, tokenizer) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        criteria: StopCriteria,
+        tokenizer,
+        *,
+        without_context: bool = False,
+    ) -> None:
         self.params = params
         self.criteria = criteria
         self._tokenizer = tokenizer
+        self._without_context = without_context  # see IncrementalDetokenizer.from_params
         self._agreed: list[int] = []
         self._agreed_logprobs: list[TokenLogprob] = []
-        self._detok = IncrementalDetokenizer.from_params(tokenizer, params) if tokenizer else None
+        self._detok = self._new_detokenizer() if tokenizer else None
         self._final: tuple[CompletionOutput, ...] | None = None
         self._sent_tokens = 0  # agreed tokens already reported
         self._sent_chars = 0
@@ -85,10 +93,15 @@ class BeamStream:
                 self._detok.add(token)
             n += 1
 
+    def _new_detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer.from_params(
+            self._tokenizer, self.params, without_context=self._without_context
+        )
+
     def _whole(self, index: int, hyp: Hypothesis) -> CompletionOutput:
         text = ""
         if self._tokenizer is not None:
-            detok = IncrementalDetokenizer.from_params(self._tokenizer, self.params)
+            detok = self._new_detokenizer()
             for k, token in enumerate(hyp.token_ids, start=1):
                 finish_after_token(self.criteria, detok, token, k)
             text = detok.finish()

@@ -19,6 +19,10 @@ text, and `text` equals it afterwards. Guarantees:
 - Any tail of the text that could still grow into a stop string is held back until it
   cannot; `finish()` releases it.
 - With `skip_special_tokens`, special tokens add no text (they still count for min_tokens).
+- With `strip_first_space` (an output that starts without context, as an encoder-decoder's
+  does, on a tokenizer whose `decode` drops the first piece's space: SentencePiece), the one
+  space the first text-bearing token opens with is dropped, as `tokenizer.decode` of the whole
+  output does.
 Per-token cost is O(token bytes * number of stop strings), independent of the text so far:
 each stop string runs a Knuth-Morris-Pratt automaton over the characters.
 """
@@ -93,6 +97,7 @@ class IncrementalDetokenizer:
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
         min_tokens: int = 0,
+        strip_first_space: bool = False,
     ) -> None:
         if min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
@@ -107,16 +112,21 @@ class IncrementalDetokenizer:
         self._held = ""  # decoded text not yet emitted: a possible start of a stop string
         self._num_tokens = 0
         self._done = False
+        self._strip_pending = strip_first_space  # until the first text-bearing token
         self.stop_string: str | None = None  # the stop string that ended the text, if any
 
     @classmethod
-    def from_params(cls, tokenizer: TokenBytes, params: SamplingParams) -> IncrementalDetokenizer:
+    def from_params(
+        cls, tokenizer: TokenBytes, params: SamplingParams, *, without_context: bool = False
+    ) -> IncrementalDetokenizer:
+        """`without_context`: the output is not a continuation of text (an encoder-decoder's)."""
         return cls(
             tokenizer,
             stop=params.stop,
             include_stop_str_in_output=params.include_stop_str_in_output,
             skip_special_tokens=params.skip_special_tokens,
             min_tokens=params.min_tokens,
+            strip_first_space=without_context and getattr(tokenizer, "strips_first_space", False),
         )
 
     @property
@@ -143,6 +153,9 @@ class IncrementalDetokenizer:
         if self._skip_special and self._tokenizer.is_special(token_id):
             return
         chunk = self._decoder.decode(self._tokenizer.token_bytes(token_id))
+        if chunk and self._strip_pending:
+            self._strip_pending = False
+            chunk = chunk.removeprefix(" ")
         if chunk:
             self._consume(chunk)
 

@@ -9,7 +9,8 @@ tokenizer (transformers wraps the same library): `encode(..., add_special_tokens
 the post-processor says, `decode` applies the file's decoder (which may strip the first
 space). `token_bytes` gives a piece's raw bytes as a stream shows them: "▁" is a space, a
 byte-fallback piece `<0xNN>` is that byte, an added token is its text; so the bytes of a
-sequence's tokens, joined, are its text with the space SentencePiece puts before it;
+sequence's tokens, joined, are its text with the space SentencePiece puts before it
+(`strips_first_space` says whether `decode` drops that space);
 `encode_continuation` tokenizes text that continues other text (no such space). Invalid
 ids and non-text input raise ValueError. Immutable and thread-safe (the library's encode and
 decode are).
@@ -51,6 +52,7 @@ class SentencePieceTokenizer(TokenizerBase):
         ]
         special = frozenset(i for i, token in added.items() if token.special)
         super().__init__(specials, special, chat_template)
+        self.strips_first_space = self._decoder_strips_first_space(added)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
@@ -73,6 +75,16 @@ class SentencePieceTokenizer(TokenizerBase):
             if not isinstance(i, int) or not 0 <= i < self.vocab_size:
                 raise ValueError(f"{i!r} is not a token id of this vocabulary")
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _decoder_strips_first_space(self, added: dict) -> bool:
+        """Asks the file's decoder: does a lone piece that opens with a space decode without it?
+        (Metaspace with a prepend scheme and `Strip` decoders do; a piece's bytes keep it.)"""
+        for i, raw in enumerate(self._bytes):
+            if i not in added and len(raw) > 1 and raw.startswith(b" ") and raw[1:2] != b" ":
+                return self._backend.decode([i], skip_special_tokens=False) == raw[1:].decode(
+                    "utf-8", errors="replace"
+                )
+        return False
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (a byte-fallback piece may be part of a character)."""

@@ -50,6 +50,10 @@ class TokenizerBase:
         self.bos_token_id: int | None = specials.bos_token_id
         self.eos_token_ids: tuple[int, ...] = specials.eos_token_ids
         self.special_token_ids: frozenset[int] = special_ids
+        # True when `decode` drops the space the first token's bytes open with (SentencePiece's
+        # Metaspace / Strip decoders): text that starts without context, an encoder-decoder's
+        # answer, then opens without it. Byte-level BPE keeps every byte.
+        self.strips_first_space: bool = False
         names = dict(specials.names)
         self._chat_template = ChatTemplate(chat_template, names) if chat_template else None
 

@@ -90,6 +90,9 @@ def test_ids_and_text_match_transformers_on_random_text(pairs, style, text):
 @given(text=text_strategy())
 def test_llama2_pieces_spell_the_text_byte_for_byte(pairs, text):
     assume(not any(special in text for special in SPECIALS))  # those are matched whole
+    # SentencePiece writes a space as "▁": a literal "▁" in the text reads back as a space (the
+    # library's own decode says so too), so the text cannot hold one and be spelled back.
+    assume("\u2581" not in text)
     ours, _ = pairs["llama2"]
     ids = ours.encode(text)
     spelled = b"".join(ours.token_bytes(i) for i in ids)
