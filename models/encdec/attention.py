@@ -20,9 +20,10 @@ with `SeqSpans.cpu_kernel` runs the C++ paged kernel (models/cpu_kernels/paged_a
 one query per row over its own sequence's blocks read in place (no gathered copy of the
 encoder's K/V), each row alone, so also batch-invariant.
 
-Contract: `attend_dense(q, k, v, seq_lens, scale, bias_fn, causal)` and
-`attend_paged(q, cache, spans, scale, bias_fn, causal)` take q [T, H, D] (k, v [T, H, D] or the
-cache (k, v) [num_blocks, block_size, H, D]) and return [T, H * D]. `bias_fn(q_len, k_len)`
+Contract: `attend_rows(q, k, v, scale, bias)` (the encoder: some rows of one sequence over all
+its keys, models/encdec/staged_encoder.py) and `attend_paged(q, cache, spans, scale, bias_fn,
+causal)` take q [T, H, D] (k, v [L, H, D] or the cache (k, v) [num_blocks, block_size, H, D])
+and return [T, H * D]. `bias_fn(q_len, k_len)`
 gives the bias [H, q_len, k_len] of a sequence whose last query is its last key, or None;
 `no_bias` is the one that always gives None (and lets the C++ kernel take the attention).
 """
@@ -33,9 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from models.attention import KVCache
 from models.cpu_kernels import paged_attention
+from models.linear_backend import ROW_QUANTUM
 
 BiasFn = Callable[[int, int], torch.Tensor | None]
 
@@ -82,26 +85,28 @@ class SeqSpans:
         )
 
 
-def attend_dense(
+def attend_rows(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    seq_lens: Sequence[int],
     scale: float,
-    bias_fn: BiasFn,
-    causal: bool,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Each sequence's rows attend to its own rows (the encoder: causal False)."""
-    starts = _starts(seq_lens)
-    out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
-    for n, members in _same_shape(zip(seq_lens, seq_lens, strict=True)).items():
-        rows = torch.cat([torch.arange(starts[i], starts[i] + n[0]) for i in members])
-        rows = rows.to(q.device)
-        shape = (len(members), n[0], *q.shape[1:])  # [G, n, H, D]
-        k_group, v_group = k[rows].view(shape), v[rows].view(shape)
-        attended = _attend_group(q[rows].view(shape), k_group, v_group, scale, bias_fn, causal)
-        out[rows] = attended.flatten(0, 1)
-    return out
+    """Rows q [M, H, D] of one sequence attend to all its keys k, v [L, H, D] (the encoder: no
+    mask); `bias` [H, M, L] or None. The rows are padded with zero rows to a multiple of
+    ROW_QUANTUM, so a row's bits do not depend on which other rows of the sequence come along
+    (models/linear_backend.py: the GEMMs sum a row in one order from 8 rows on)."""
+    rows = q.shape[0]
+    pad = -rows % ROW_QUANTUM
+    q_heads = F.pad(q.transpose(0, 1), (0, 0, 0, pad))  # [H, M + pad, D]
+    scores = torch.matmul(q_heads, k.permute(1, 2, 0)).float()  # [H, M + pad, L]
+    if scale != 1.0:
+        scores = scores * scale
+    if bias is not None:
+        scores = scores + F.pad(bias.float(), (0, 0, 0, pad))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v.transpose(0, 1))  # [H, M + pad, D]
+    return out[:, :rows].transpose(0, 1).reshape(rows, -1)
 
 
 def attend_paged(
