@@ -125,8 +125,7 @@ def attend_paged(
         spans.plans["groups"] = _group_plan(spans, q.device)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for n, context, rows, tables in spans.plans["groups"]:
-        k = k_cache[tables].flatten(1, 2)[:, :context]  # [G, L, H, D]
-        v = v_cache[tables].flatten(1, 2)[:, :context]
+        k, v = _gather(k_cache, tables, context), _gather(v_cache, tables, context)
         q_group = q[rows].view(tables.shape[0], n, *q.shape[1:])  # [G, n, H, D]
         out[rows] = _attend_group(q_group, k, v, scale, bias_fn, causal).flatten(0, 1)
     return out
@@ -162,6 +161,15 @@ def _same_shape(shapes) -> dict[tuple[int, int], list[int]]:
     return groups
 
 
+def _gather(cache: torch.Tensor, tables: torch.Tensor, context: int) -> torch.Tensor:
+    """The first `context` positions of each sequence of a group, [G, L, H, D], from its block
+    tables [G, blocks]: whole blocks by `index_select` (several times faster on the CPU than
+    indexing the cache with the tables)."""
+    groups, blocks = tables.shape
+    picked = cache.view(cache.shape[0], -1).index_select(0, tables.flatten())
+    return picked.view(groups, blocks * cache.shape[1], *cache.shape[2:])[:, :context]
+
+
 def _attend_group(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -172,8 +180,12 @@ def _attend_group(
 ) -> torch.Tensor:
     """q [G, Q, H, D] (the last Q of L positions of each of G sequences), k, v [G, L, H, D]
     -> [G, Q, H * D]."""
-    groups, q_len, k_len = q.shape[0], q.shape[1], k.shape[1]
-    scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).float()  # [G, H, Q, L]
+    groups, q_len, heads, dim = q.shape
+    k_len = k.shape[1]
+    # One bmm over G * H matrices (what torch.matmul of the 4-d views runs, in fewer copies).
+    q_heads = q.transpose(1, 2).reshape(groups * heads, q_len, dim)
+    k_heads = k.permute(0, 2, 3, 1).reshape(groups * heads, dim, k_len)
+    scores = torch.bmm(q_heads, k_heads).view(groups, heads, q_len, k_len).float()
     if scale != 1.0:
         scores = scores * scale
     bias = bias_fn(q_len, k_len)  # [H, Q, L], the same for every sequence of the group
@@ -183,8 +195,9 @@ def _attend_group(
         query_pos = torch.arange(k_len - q_len, k_len, device=q.device)[:, None]
         key_pos = torch.arange(k_len, device=q.device)[None, :]
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v.transpose(1, 2))  # [G, H, Q, D]
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(groups * heads, q_len, k_len)
+    v_heads = v.transpose(1, 2).reshape(groups * heads, k_len, dim)
+    out = torch.bmm(probs, v_heads).view(groups, heads, q_len, dim)
     return out.transpose(1, 2).reshape(groups, q_len, -1)
 
 
