@@ -35,7 +35,9 @@ from engine.model_runner import StepLogits, copy_blocks
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
 from models.config import ModelConfig
+from models.cpu_kernels import extension as kernel_extension
 from models.encdec.attention import SeqSpans
+from models.encdec.packed_linears import pack_decoder_linears
 from models.encdec.staged_encoder import EncoderPass, advance
 from models.linear_backend import use_invariant_linears
 
@@ -85,8 +87,11 @@ class EncoderDecoderRunner:
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
         if device.type == "cpu":
             use_invariant_linears(model)
-        # unbiased attention (cross-attention, BART's) through the C++ paged kernel
+        # unbiased attention (cross-attention, BART's) through the C++ paged kernel, and the
+        # decode rows' linears through the C++ packed one (models/encdec/packed_linears.py)
         self.cpu_kernel = cpu_kernels and device.type == "cpu"
+        ext = kernel_extension() if self.cpu_kernel else None
+        self.packed_bytes = pack_decoder_linears(model, ext) if ext is not None else 0
         self.forward_path = EncoderDecoderPath()
         # Requests whose encoder is under way: their pass and their preemption count then.
         self._passes: dict[Any, tuple[EncoderPass, int]] = {}

@@ -19,7 +19,7 @@ from torch import nn
 from models.attention import KVCache
 from models.config import ModelConfig
 from models.encdec.attention import SeqSpans
-from models.encdec.layers import MultiHeadAttention, activation, no_bias
+from models.encdec.layers import MultiHeadAttention, activation, no_bias, row_linears
 from models.encdec.staged_encoder import encode_whole, split_inputs, write_cross_kv
 from models.layers import embedding
 from models.weights import WeightLoader
@@ -142,6 +142,10 @@ class BartForConditionalGeneration(nn.Module):
     def cross_kv(self, encoder_out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         attns = (layer.encoder_attn for layer in self.model.decoder.layers)
         return [tuple(a.project(encoder_out, "kv")) for a in attns]
+
+    def decoder_row_linears(self) -> list[nn.Linear]:
+        cross = [layer.encoder_attn for layer in self.model.decoder.layers]
+        return row_linears(self.model.decoder, cross, self.lm_head)
 
     def encode(
         self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]

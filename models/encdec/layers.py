@@ -12,7 +12,7 @@ function of a config's activation name (batch-invariant versions from models/poi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -29,6 +29,16 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": pointwise.silu,
     "swish": pointwise.silu,
 }
+
+
+def row_linears(
+    decoder: nn.Module, cross: Iterable[MultiHeadAttention], head: nn.Linear
+) -> list[nn.Linear]:
+    """The linears a decode step's rows go through: every linear of the `decoder` stack but the
+    `cross` attentions' k and v (they project the encoder's output once), then the `head`."""
+    encoder_side = {id(p) for attn in cross for p in (attn.k, attn.v)}
+    layers = [m for m in decoder.modules() if isinstance(m, nn.Linear)]
+    return [m for m in layers if id(m) not in encoder_side] + [head]
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:

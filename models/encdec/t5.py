@@ -28,7 +28,7 @@ from torch import nn
 from models.attention import KVCache
 from models.config import ModelConfig
 from models.encdec.attention import BiasFn, SeqSpans
-from models.encdec.layers import MultiHeadAttention, activation
+from models.encdec.layers import MultiHeadAttention, activation, row_linears
 from models.encdec.staged_encoder import encode_whole, split_inputs, write_cross_kv
 from models.layers import RMSNorm, embedding
 from models.weights import WeightLoader
@@ -208,6 +208,10 @@ class T5ForConditionalGeneration(nn.Module):
     def cross_kv(self, encoder_out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         attns = (block.cross_attn.EncDecAttention for block in self.decoder.block)
         return [tuple(a.project(encoder_out, "kv")) for a in attns]
+
+    def decoder_row_linears(self) -> list[nn.Linear]:
+        cross = [block.cross_attn.EncDecAttention for block in self.decoder.block]
+        return row_linears(self.decoder, cross, self.lm_head)
 
     def encode(
         self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
