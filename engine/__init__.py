@@ -9,7 +9,8 @@ own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size.
 `AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
 out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_request` returns
 a `Request`, which an engine of one's own (the tests' fake engine) builds too. `EncoderLayout`
-says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold).
+says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold);
+`GenerationDefaults` what a model folder's generation_config.json asks of unset fields.
 """
 
 from engine.api import EngineCore, EngineInfo
@@ -25,6 +26,7 @@ from engine.errors import (
     QueueFullError,
 )
 from engine.requests.fault_spec import FaultSpec
+from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import (
     CompletionOutput,
     OutputAccumulator,
@@ -56,6 +58,7 @@ __all__ = [
     "EngineUnavailable",
     "FatalEngineError",
     "FaultSpec",
+    "GenerationDefaults",
     "InvalidRequest",
     "OutputAccumulator",
     "Overloaded",

@@ -21,9 +21,10 @@ The errors it raises are in engine/errors.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
@@ -39,6 +40,8 @@ class EngineInfo:
     kv_block_size: int
     vocab_size: int  # token ids a prompt may hold
     encoder_decoder: bool = False  # T5 / BART: the prompt is the encoder's input
+    # What the folder's generation_config.json asks of requests that leave fields unset.
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     @property
     def kv_tokens(self) -> int:
@@ -49,9 +52,15 @@ class EngineInfo:
         """What one request can fill: the context, or the whole KV cache if that is smaller."""
         return min(self.max_model_len, self.kv_tokens)
 
-    def default_max_tokens(self, prompt_len: int) -> int:
-        """max_tokens of a request that leaves it out: the room left after its prompt."""
-        return max(1, self.context_tokens - prompt_len)
+    def default_max_tokens(self, prompt_len: int, decoder_prompt_len: int | None = None) -> int:
+        """max_tokens of a request that leaves it out: the room left after its prompt, within
+        generation_config.json's bound (`decoder_prompt_len`: the decoder's part of the prompt,
+        when it is not the whole)."""
+        room = max(1, self.context_tokens - prompt_len)
+        bound = self.generation.max_tokens(
+            prompt_len if decoder_prompt_len is None else decoder_prompt_len
+        )
+        return room if bound is None else min(room, bound)
 
 
 @runtime_checkable

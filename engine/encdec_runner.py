@@ -5,10 +5,14 @@ full_logits_for) -> StepLogits`).
 Each sequence is laid out as engine/encoder_layout.py says: an encoder region of whole blocks,
 then the decoder's tokens. Per step:
 1. copy-on-write copies (decoder blocks only: the region's blocks are never written twice);
-2. the encoder runs once per request whose chunk completes its region this step (earlier
-   chunks inside the region compute nothing: a bidirectional encoder needs its whole input),
-   one flat batch over those requests; its output's cross K/V go into the region's slots of
-   every such sequence of the request (one, or after a preemption each live beam);
+2. the encoder runs once per request, as its prefill, chunked like any prefill: a chunk of the
+   region pays for its share of the request's `EncoderPass` (models/encdec/staged_encoder.py:
+   the encoder layer-major, a tile of rows through one layer per unit; slots s..e of a region
+   of R slots run units up to e * num_units // R), so a step's encoder work follows the step's
+   token budget, exceeding a chunk's share by less than one unit (TILE rows through one layer)
+   per request; the passes of a step run together; the pass's staged cross K/V go into the
+   region's slots of each sequence whose chunk completes the region (one, or after a
+   preemption each live beam), and the pass is dropped once every live sequence has them;
 3. one decoder forward over every chunk's decoder rows: self-attention over the blocks after
    the region (positions from the region's end), cross-attention over the region;
 4. logits of the sampled rows, in chunk order.
@@ -31,7 +35,10 @@ from engine.model_runner import StepLogits, copy_blocks
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
 from models.config import ModelConfig
+from models.cpu_kernels import extension as kernel_extension
 from models.encdec.attention import SeqSpans
+from models.encdec.packed_linears import pack_decoder_linears
+from models.encdec.staged_encoder import EncoderPass, advance
 from models.linear_backend import use_invariant_linears
 
 
@@ -80,9 +87,14 @@ class EncoderDecoderRunner:
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
         if device.type == "cpu":
             use_invariant_linears(model)
-        # unbiased attention (cross-attention, BART's) through the C++ paged kernel
+        # unbiased attention (cross-attention, BART's) through the C++ paged kernel, and the
+        # decode rows' linears through the C++ packed one (models/encdec/packed_linears.py)
         self.cpu_kernel = cpu_kernels and device.type == "cpu"
+        ext = kernel_extension() if self.cpu_kernel else None
+        self.packed_bytes = pack_decoder_linears(model, ext) if ext is not None else 0
         self.forward_path = EncoderDecoderPath()
+        # Requests whose encoder is under way: their pass and their preemption count then.
+        self._passes: dict[Any, tuple[EncoderPass, int]] = {}
 
     @property
     def description(self) -> str:
@@ -126,36 +138,38 @@ class EncoderDecoderRunner:
         return StepLogits(self.model.compute_logits(picked)[:, :vocab], {})
 
     def _run_encoders(self, chunks: Sequence[Any]) -> None:
-        """Encodes each request whose region a chunk completes; writes the cross K/V."""
-        by_request: dict[int, tuple[list[int], list[list[int]]]] = {}
+        """Advances the encoder pass of each request with a chunk in its region by the units
+        the chunk's region slots pay for; writes the cross K/V of each sequence whose chunk
+        completes its region; drops the passes nobody needs any more."""
+        for request in [r for r, (_, gen) in self._passes.items() if _stale(r, gen)]:
+            del self._passes[request]  # finished, aborted, or preempted (recomputed from 0)
+        targets: dict[Any, int] = {}
+        completing: list[tuple[EncoderPass, list[int]]] = []
         for chunk in chunks:
-            region = chunk.seq.decoder_start
-            if chunk.start < region <= chunk.seq_len:
-                ids, tables = by_request.setdefault(
-                    id(chunk.request), (list(chunk.request.encoder_token_ids), [])
+            region, request = chunk.seq.decoder_start, chunk.request
+            if chunk.start >= region:
+                continue
+            if request not in self._passes:
+                layers = self.model.encoder_num_layers
+                self._passes[request] = (
+                    EncoderPass(request.encoder_token_ids, layers),
+                    request.num_preemptions,
                 )
-                tables.append(chunk.seq.block_table[: region // self.block_size])
-        if not by_request:
-            return
-        inputs = [ids for ids, _ in by_request.values()]
-        lens = [len(ids) for ids in inputs]
-        encoded = self.model.encode(  # [sum(lens), hidden]
-            to_device([t for ids in inputs for t in ids], torch.int64, self.device),
-            to_device([p for n in lens for p in range(n)], torch.int64, self.device),
-            lens,
-        )
-        rows, tables, write_lens = [], [], []
-        start = 0
-        for n, (_, seq_tables) in zip(lens, by_request.values(), strict=True):
-            for table in seq_tables:  # one sequence; several only after a preemption
-                rows.extend(range(start, start + n))
-                tables.append(table)
-                write_lens.append(n)
-            start += n
-        slots = SeqSpans.build(tables, write_lens, write_lens, self.block_size, self.device)
-        if len(rows) != encoded.shape[0]:
-            encoded = encoded[to_device(rows, torch.int64, self.device)]
-        self.model.write_cross_kv(encoded, slots.slot_mapping, self.kv_caches)
+            encoder = self._passes[request][0]
+            due = encoder.units_at(chunk.seq_len, region)
+            targets[request] = max(targets.get(request, 0), due)
+            if chunk.seq_len >= region:
+                completing.append((encoder, chunk.seq.block_table[: region // self.block_size]))
+        advance(self.model, [(self._passes[r][0], t) for r, t in targets.items()])
+        for encoder, table in completing:  # one sequence; several only after a preemption
+            n = encoder.length
+            slots = SeqSpans.build([table], [n], [n], self.block_size, self.device).slot_mapping
+            encoder.write_cross(slots, self.kv_caches)
+        done = {id(chunk.seq) for chunk in chunks if chunk.seq_len >= chunk.seq.decoder_start}
+        for request in targets:
+            if all(s.num_computed_tokens >= s.decoder_start or id(s) in done
+                   for s in request.live_seqs):  # fmt: skip
+                del self._passes[request]
 
     def _decoder_rows(self, chunks: Sequence[Any]) -> _DecoderRows:
         rows = _DecoderRows([], [], [], [], [], [], [], [])
@@ -175,3 +189,9 @@ class EncoderDecoderRunner:
             if chunk.sample:
                 rows.sample_rows.append(len(rows.ids) - 1)
         return rows
+
+
+def _stale(request: Any, generation: int) -> bool:
+    """A pass no step will advance: its request has finished (or was aborted), or was
+    preempted since the pass began (it recomputes its encoder from the first unit)."""
+    return request.is_finished or request.num_preemptions != generation

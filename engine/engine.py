@@ -9,16 +9,14 @@ Contract:
 - `step()` returns one `RequestOutput` of deltas (outputs.py) per request that moved (new
   tokens, finished, aborted, failed). Every admitted request ends with exactly one finished
   output. A failed forward ends that step's requests with "error", never the engine.
-- `generate(prompts, params)` runs an offline batch to completion and returns whole outputs
-  (offline.py).
+- `generate(prompts, params)` runs an offline batch to completion: whole outputs (offline.py).
 - One request -> `n` `CompletionOutput`s with `index`: n > 1 / best_of sample independent
   sequences forked from the prompt (parallel_sampling.py); `use_beam_search` runs best_of (or n)
   beams and returns the n best hypotheses (beam_search.py). Both share KV blocks by fork.
 - `describe()` and `stats()` are what reports and metrics read; `watch_failures` and `close`
   are the tensor-parallel group's lifetime (engine/parallel/rank.py; no-ops without TP).
-Per-request text state (detokenizer, stop criteria, seeded generators, beam state) lives in
-`RequestState`s, updated by step_update.py; the token and block bookkeeping lives in the
-scheduler.
+Per-request text state (detokenizer, stop criteria, seeded generators, beams) lives in
+`RequestState`s (updated by step_update.py), the token and block bookkeeping in the scheduler.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.model_runner import ModelRunner, StepLogits
 from engine.request_state import RequestState
+from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request, TokenSequence
 from engine.requests.sampling_params import SamplingParams
@@ -80,6 +79,7 @@ class Engine:
             # Ids past the tokenizer (padded embedding rows) are nothing a prompt can hold.
             vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
             encoder_decoder=runner.config.is_encoder_decoder,
+            generation=GenerationDefaults.from_file(runner.config.generation),
         )
         # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
         self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.requests.generation_defaults import GenerationDefaults
 from engine.runner_factory import build_runner
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler
@@ -83,6 +84,9 @@ def build_engine(
         built.max_model_len,
         runner.description,
     )
+    not_honoured = GenerationDefaults.from_file(model_config.generation).ignored
+    if not_honoured:  # settings that change outputs, which no tgserve request can apply
+        log.warning("generation_config.json sets what tgserve does not apply: %s", not_honoured)
     draft = None
     if config.speculative is not None and config.speculative.method == "draft":
         from engine.speculative.draft import build_draft

@@ -63,9 +63,9 @@ class RequestIntake:
         if params.structured_output is not None:
             self._compile_grammar(params)
         if params.max_tokens is None:
-            params = dataclasses.replace(
-                params, max_tokens=info.default_max_tokens(len(prompt_token_ids))
-            )
+            decoder_prompt = len(prompt_token_ids) - decoder_start
+            max_tokens = info.default_max_tokens(len(prompt_token_ids), decoder_prompt)
+            params = dataclasses.replace(params, max_tokens=max_tokens)
         check_admissible(
             len(prompt_token_ids),
             params,

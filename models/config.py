@@ -60,6 +60,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     encoder_decoder: EncoderDecoderConfig | None = None  # T5 / BART: the encoder and generation
+    # generation_config.json as the folder ships it (models/generation_config.py); {}: none
+    generation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_encoder_decoder(self) -> bool:

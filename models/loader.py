@@ -7,7 +7,8 @@ Contract:
   or a sharded model.safetensors.index.json, or a .gguf file (F32/F16/BF16 kept, Q8_0/Q4_0/Q4_1/
   Q5_0/Q5_1/Q4_K/Q5_K/Q6_K dequantised to float32, llama.cpp's Q/K row permutation undone). With tied embeddings the
   result has no `lm_head.weight`, as in the saved files. Every tensor the config implies is
-  checked for presence and shape.
+  checked for presence and shape. A folder's generation_config.json (models/generation_config.py)
+  gives the config its token ids and is kept on `ModelConfig.generation`.
 - A GGUF file is converted once into a cache folder (models/gguf/cache.py) and later loads read
   that folder; `cache_dir` overrides the location, `use_cache=False` skips it. If the cache is not
   writable the GGUF is still loaded (with a warning).
@@ -22,6 +23,7 @@ naming the file (and the tensor when one is at fault).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -35,6 +37,7 @@ from tqdm import tqdm
 
 from models.checkpoint_shapes import check_checkpoint
 from models.config import ModelConfig
+from models.generation_config import read_generation_config, with_generation_token_ids
 from models.gguf.cache import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -158,7 +161,9 @@ def _load_hf_folder(folder: Path) -> tuple[ModelConfig, Tensors]:
         )
     try:
         hf_config = json.loads(config_file.read_text())
-        config = ModelConfig.from_hf_dict(hf_config)
+        generation = read_generation_config(folder)
+        config = ModelConfig.from_hf_dict(with_generation_token_ids(hf_config, generation))
+        config = dataclasses.replace(config, generation=generation)
     except (ValueError, KeyError) as exc:
         raise ValueError(f"{config_file}: {exc}") from exc
     tensors, origin = _read_safetensors(folder)

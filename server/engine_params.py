@@ -1,8 +1,9 @@
 """What both APIs share in turning a request into SamplingParams, and the engine's refusals
 into 400s naming the API's field.
 
-Contract: `build_params(api_fields, max_tokens=..., **values)` is SamplingParams from the values
-given (None: the engine's default; `max_tokens=None`: the engine fills the context), or the
+Contract: `build_params(api_fields, max_tokens=..., defaults=..., **values)` is SamplingParams
+from the values given (None: generation_config.json's default where `defaults` has one, else
+the engine's; `max_tokens=None`: the engine fills the context), or the
 engine's refusal as `to_api_error`. `to_api_error(exc, api_fields)`: an `InvalidRequest` becomes
 an `ApiError(400)` whose `param` is the API's name for the engine's `InvalidRequest.field`
 (`api_fields`: engine field -> this route's, unlisted names are the same) and whose message
@@ -19,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from engine import FaultSpec, InvalidRequest, SamplingParams
+from engine import FaultSpec, GenerationDefaults, InvalidRequest, SamplingParams
 from server.errors import ApiError
 
 
@@ -46,10 +47,17 @@ def to_api_error(exc: ValueError, api_fields: Mapping[str, str] | None = None) -
 
 
 def build_params(
-    api_fields: Mapping[str, str], *, max_tokens: int | None, **values: Any
+    api_fields: Mapping[str, str],
+    *,
+    max_tokens: int | None,
+    defaults: GenerationDefaults | None = None,
+    **values: Any,
 ) -> SamplingParams:
-    """SamplingParams from the values given (None: the default), max_tokens as it is (None:
-    the engine fills the context)."""
+    """SamplingParams from the values given (None: the model folder's `defaults` if it has
+    one, else SamplingParams' default), max_tokens as it is (None: the engine fills the
+    context, within the folder's bound)."""
+    if defaults is not None:
+        values = defaults.fill(values)
     try:
         given = {k: v for k, v in values.items() if v is not None}
         return SamplingParams(max_tokens=max_tokens, **given)

@@ -20,9 +20,10 @@ with `SeqSpans.cpu_kernel` runs the C++ paged kernel (models/cpu_kernels/paged_a
 one query per row over its own sequence's blocks read in place (no gathered copy of the
 encoder's K/V), each row alone, so also batch-invariant.
 
-Contract: `attend_dense(q, k, v, seq_lens, scale, bias_fn, causal)` and
-`attend_paged(q, cache, spans, scale, bias_fn, causal)` take q [T, H, D] (k, v [T, H, D] or the
-cache (k, v) [num_blocks, block_size, H, D]) and return [T, H * D]. `bias_fn(q_len, k_len)`
+Contract: `attend_rows(q, k, v, scale, bias)` (the encoder: some rows of one sequence over all
+its keys, models/encdec/staged_encoder.py) and `attend_paged(q, cache, spans, scale, bias_fn,
+causal)` take q [T, H, D] (k, v [L, H, D] or the cache (k, v) [num_blocks, block_size, H, D])
+and return [T, H * D]. `bias_fn(q_len, k_len)`
 gives the bias [H, q_len, k_len] of a sequence whose last query is its last key, or None;
 `no_bias` is the one that always gives None (and lets the C++ kernel take the attention).
 """
@@ -33,9 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from models.attention import KVCache
 from models.cpu_kernels import paged_attention
+from models.linear_backend import ROW_QUANTUM
 
 BiasFn = Callable[[int, int], torch.Tensor | None]
 
@@ -82,26 +85,28 @@ class SeqSpans:
         )
 
 
-def attend_dense(
+def attend_rows(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    seq_lens: Sequence[int],
     scale: float,
-    bias_fn: BiasFn,
-    causal: bool,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Each sequence's rows attend to its own rows (the encoder: causal False)."""
-    starts = _starts(seq_lens)
-    out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
-    for n, members in _same_shape(zip(seq_lens, seq_lens, strict=True)).items():
-        rows = torch.cat([torch.arange(starts[i], starts[i] + n[0]) for i in members])
-        rows = rows.to(q.device)
-        shape = (len(members), n[0], *q.shape[1:])  # [G, n, H, D]
-        k_group, v_group = k[rows].view(shape), v[rows].view(shape)
-        attended = _attend_group(q[rows].view(shape), k_group, v_group, scale, bias_fn, causal)
-        out[rows] = attended.flatten(0, 1)
-    return out
+    """Rows q [M, H, D] of one sequence attend to all its keys k, v [L, H, D] (the encoder: no
+    mask); `bias` [H, M, L] or None. The rows are padded with zero rows to a multiple of
+    ROW_QUANTUM, so a row's bits do not depend on which other rows of the sequence come along
+    (models/linear_backend.py: the GEMMs sum a row in one order from 8 rows on)."""
+    rows = q.shape[0]
+    pad = -rows % ROW_QUANTUM
+    q_heads = F.pad(q.transpose(0, 1), (0, 0, 0, pad))  # [H, M + pad, D]
+    scores = torch.matmul(q_heads, k.permute(1, 2, 0)).float()  # [H, M + pad, L]
+    if scale != 1.0:
+        scores = scores * scale
+    if bias is not None:
+        scores = scores + F.pad(bias.float(), (0, 0, 0, pad))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v.transpose(0, 1))  # [H, M + pad, D]
+    return out[:, :rows].transpose(0, 1).reshape(rows, -1)
 
 
 def attend_paged(
@@ -120,8 +125,7 @@ def attend_paged(
         spans.plans["groups"] = _group_plan(spans, q.device)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for n, context, rows, tables in spans.plans["groups"]:
-        k = k_cache[tables].flatten(1, 2)[:, :context]  # [G, L, H, D]
-        v = v_cache[tables].flatten(1, 2)[:, :context]
+        k, v = _gather(k_cache, tables, context), _gather(v_cache, tables, context)
         q_group = q[rows].view(tables.shape[0], n, *q.shape[1:])  # [G, n, H, D]
         out[rows] = _attend_group(q_group, k, v, scale, bias_fn, causal).flatten(0, 1)
     return out
@@ -157,6 +161,15 @@ def _same_shape(shapes) -> dict[tuple[int, int], list[int]]:
     return groups
 
 
+def _gather(cache: torch.Tensor, tables: torch.Tensor, context: int) -> torch.Tensor:
+    """The first `context` positions of each sequence of a group, [G, L, H, D], from its block
+    tables [G, blocks]: whole blocks by `index_select` (several times faster on the CPU than
+    indexing the cache with the tables)."""
+    groups, blocks = tables.shape
+    picked = cache.view(cache.shape[0], -1).index_select(0, tables.flatten())
+    return picked.view(groups, blocks * cache.shape[1], *cache.shape[2:])[:, :context]
+
+
 def _attend_group(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -167,8 +180,12 @@ def _attend_group(
 ) -> torch.Tensor:
     """q [G, Q, H, D] (the last Q of L positions of each of G sequences), k, v [G, L, H, D]
     -> [G, Q, H * D]."""
-    groups, q_len, k_len = q.shape[0], q.shape[1], k.shape[1]
-    scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).float()  # [G, H, Q, L]
+    groups, q_len, heads, dim = q.shape
+    k_len = k.shape[1]
+    # One bmm over G * H matrices (what torch.matmul of the 4-d views runs, in fewer copies).
+    q_heads = q.transpose(1, 2).reshape(groups * heads, q_len, dim)
+    k_heads = k.permute(0, 2, 3, 1).reshape(groups * heads, dim, k_len)
+    scores = torch.bmm(q_heads, k_heads).view(groups, heads, q_len, k_len).float()
     if scale != 1.0:
         scores = scores * scale
     bias = bias_fn(q_len, k_len)  # [H, Q, L], the same for every sequence of the group
@@ -178,8 +195,9 @@ def _attend_group(
         query_pos = torch.arange(k_len - q_len, k_len, device=q.device)[:, None]
         key_pos = torch.arange(k_len, device=q.device)[None, :]
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v.transpose(1, 2))  # [G, H, Q, D]
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(groups * heads, q_len, k_len)
+    v_heads = v.transpose(1, 2).reshape(groups * heads, k_len, dim)
+    out = torch.bmm(probs, v_heads).view(groups, heads, q_len, dim)
     return out.transpose(1, 2).reshape(groups, q_len, -1)
 
 

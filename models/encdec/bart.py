@@ -19,7 +19,8 @@ from torch import nn
 from models.attention import KVCache
 from models.config import ModelConfig
 from models.encdec.attention import SeqSpans
-from models.encdec.layers import MultiHeadAttention, activation, no_bias
+from models.encdec.layers import MultiHeadAttention, activation, no_bias, row_linears
+from models.encdec.staged_encoder import encode_whole, split_inputs, write_cross_kv
 from models.layers import embedding
 from models.weights import WeightLoader
 
@@ -106,25 +107,55 @@ class BartForConditionalGeneration(nn.Module):
         x = self.model.shared(input_ids)  # [T, hidden]
         return x if self.embed_scale == 1.0 else x * self.embed_scale
 
+    # ----- the encoder, as models/encdec/staged_encoder.py runs it -------------------------
+    @property
+    def encoder_num_layers(self) -> int:
+        return len(self.model.encoder.layers)
+
+    @property
+    def encoder_device(self) -> torch.device:
+        return self.model.shared.weight.device
+
+    def encoder_embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.encoder.embed(self._tokens(ids), positions)
+
+    def encoder_qkv(self, layer: int, x: torch.Tensor, parts: str) -> list[torch.Tensor]:
+        block = self.model.encoder.layers[layer]
+        h = block.self_attn_layer_norm(x) if block.pre_norm else x
+        return block.self_attn.project(h, parts)
+
+    def encoder_bias(self, first: int, q_len: int, k_len: int) -> None:
+        return None  # learned absolute positions, in the embedding
+
+    def encoder_scale(self) -> float:
+        return self.model.encoder.layers[0].self_attn.scale
+
+    def encoder_finish(self, layer: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        block = self.model.encoder.layers[layer]
+        out = block.self_attn.o(attended)
+        x = x + out if block.pre_norm else block.self_attn_layer_norm(x + out)
+        return block.feed_forward(x)
+
+    def encoder_final(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.encoder.final(x)
+
+    def cross_kv(self, encoder_out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        attns = (layer.encoder_attn for layer in self.model.decoder.layers)
+        return [tuple(a.project(encoder_out, "kv")) for a in attns]
+
+    def decoder_row_linears(self) -> list[nn.Linear]:
+        cross = [layer.encoder_attn for layer in self.model.decoder.layers]
+        return row_linears(self.model.decoder, cross, self.lm_head)
+
     def encode(
         self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
     ) -> torch.Tensor:
-        stack = self.model.encoder
-        x = stack.embed(self._tokens(input_ids), positions)
-        for layer in stack.layers:
-            x = layer.residual(
-                x,
-                layer.self_attn_layer_norm,
-                lambda h, a=layer.self_attn: a.encoder(h, seq_lens, no_bias),
-            )
-            x = layer.feed_forward(x)
-        return stack.final(x)
+        return encode_whole(self, split_inputs(input_ids, seq_lens))
 
     def write_cross_kv(
         self, encoder_out: torch.Tensor, slots: torch.Tensor, kv_caches: list[KVCache]
     ) -> None:
-        for layer, cache in zip(self.model.decoder.layers, kv_caches, strict=True):
-            layer.encoder_attn.write_cross(encoder_out, slots, cache)
+        write_cross_kv(self.cross_kv(encoder_out), slots, kv_caches)
 
     def forward(
         self,

@@ -4,27 +4,22 @@ the activations their feed-forward layers name.
 
 Contract: `MultiHeadAttention(hidden, heads, head_dim, bias, scale)` holds the projections
 `q`, `k`, `v`, `o` (BART's q_proj / k_proj / v_proj / out_proj load into them by a name map);
-every method takes and returns flat rows [T, hidden] (models/encdec/attention.py has the
-layout of a step). `activation(name)` returns the elementwise function of a config's
-activation name (batch-invariant versions from models/pointwise.py), ValueError otherwise.
+the decoder's methods take and return flat rows [T, hidden] (models/encdec/attention.py has
+the layout of a step); the encoder's self-attention is `project` then the staged pass's
+attention (models/encdec/staged_encoder.py). `activation(name)` returns the elementwise
+function of a config's activation name (batch-invariant versions from models/pointwise.py), ValueError otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from models import pointwise
 from models.attention import KVCache, write_kv
-from models.encdec.attention import (
-    BiasFn,
-    SeqSpans,
-    attend_dense,
-    attend_paged,
-    no_bias,
-)
+from models.encdec.attention import BiasFn, SeqSpans, attend_paged, no_bias
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu,
@@ -34,6 +29,16 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": pointwise.silu,
     "swish": pointwise.silu,
 }
+
+
+def row_linears(
+    decoder: nn.Module, cross: Iterable[MultiHeadAttention], head: nn.Linear
+) -> list[nn.Linear]:
+    """The linears a decode step's rows go through: every linear of the `decoder` stack but the
+    `cross` attentions' k and v (they project the encoder's output once), then the `head`."""
+    encoder_side = {id(p) for attn in cross for p in (attn.k, attn.v)}
+    layers = [m for m in decoder.modules() if isinstance(m, nn.Linear)]
+    return [m for m in layers if id(m) not in encoder_side] + [head]
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -56,10 +61,10 @@ class MultiHeadAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(-1, self.heads, self.head_dim)  # [T, H, D]
 
-    def encoder(self, x: torch.Tensor, seq_lens: Sequence[int], bias_fn: BiasFn) -> torch.Tensor:
-        """Bidirectional attention of each sequence's rows to its own rows."""
-        q, k, v = (self._heads(p(x)) for p in (self.q, self.k, self.v))
-        return self.o(attend_dense(q, k, v, seq_lens, self.scale, bias_fn, causal=False))
+    def project(self, x: torch.Tensor, parts: str) -> list[torch.Tensor]:
+        """The encoder's projections of rows x: "q" -> [q], "kv" -> [k, v], each [T, H, D]
+        (models/encdec/staged_encoder.py attends them)."""
+        return [self._heads(getattr(self, name)(x)) for name in parts]
 
     def decoder_self(
         self, x: torch.Tensor, spans: SeqSpans, cache: KVCache, bias_fn: BiasFn
@@ -72,10 +77,6 @@ class MultiHeadAttention(nn.Module):
         return self.o(attend_paged(q, cache, spans, self.scale, bias_fn, causal=True))
 
     def cross(self, x: torch.Tensor, spans: SeqSpans, cache: KVCache) -> torch.Tensor:
-        """Attends to the encoder K/V `write_cross` stored in the sequences' cross blocks."""
+        """Attends to the encoder K/V the encoder pass stored in the sequences' cross blocks."""
         q = self._heads(self.q(x))
         return self.o(attend_paged(q, cache, spans, self.scale, no_bias, causal=False))
-
-    def write_cross(self, encoder_out: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> None:
-        """encoder_out [T_enc, hidden] -> this layer's cross K/V at `slots` (done once)."""
-        write_kv(cache, self._heads(self.k(encoder_out)), self._heads(self.v(encoder_out)), slots)

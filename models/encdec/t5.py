@@ -12,7 +12,9 @@ Contract (every encoder-decoder model, models/encdec/__init__.py):
 - `forward(input_ids [T], positions [T], spans, kv_caches, cross) -> [T, hidden]`: decoder
   rows, self-attention over `spans` (writing their K/V), cross-attention over `cross`;
 - `compute_logits(hidden [R, hidden]) -> [R, vocab]` float32; `load_weights(pairs)` takes
-  transformers' names (the module names here are the checkpoint's).
+  transformers' names (the module names here are the checkpoint's);
+- the `EncoderStack` methods (`encoder_*`, `cross_kv`) through which
+  models/encdec/staged_encoder.py runs the encoder a unit at a time (`encode` runs it whole).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from torch import nn
 from models.attention import KVCache
 from models.config import ModelConfig
 from models.encdec.attention import BiasFn, SeqSpans
-from models.encdec.layers import MultiHeadAttention, activation
+from models.encdec.layers import MultiHeadAttention, activation, row_linears
+from models.encdec.staged_encoder import encode_whole, split_inputs, write_cross_kv
 from models.layers import RMSNorm, embedding
 from models.weights import WeightLoader
 
@@ -59,21 +62,24 @@ class T5Attention(MultiHeadAttention):
             embedding(self.num_buckets, config.num_heads) if has_relative_bias else None
         )
 
+    def bias_rows(self, first: int, q_len: int, k_len: int, bidirectional: bool) -> torch.Tensor:
+        """The position bias [H, q_len, k_len] of queries at positions first.. over keys 0.."""
+        device = self.relative_attention_bias.weight.device
+        query = torch.arange(first, first + q_len, device=device)[:, None]
+        key = torch.arange(k_len, device=device)[None, :]
+        buckets = relative_position_bucket(
+            key - query, bidirectional, self.num_buckets, self.max_distance
+        )
+        return self.relative_attention_bias(buckets).permute(2, 0, 1)
+
     def bias_fn(self, bidirectional: bool) -> BiasFn:
         """The stack's position bias [H, Q, K] for a sequence whose last query is its last key,
         computed once per shape in a forward and shared by the stack's layers."""
-        table = self.relative_attention_bias
         memo: dict[tuple[int, int], torch.Tensor] = {}
 
         def bias(q_len: int, k_len: int) -> torch.Tensor:
             if (q_len, k_len) not in memo:
-                device = table.weight.device
-                query = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-                key = torch.arange(k_len, device=device)[None, :]
-                buckets = relative_position_bucket(
-                    key - query, bidirectional, self.num_buckets, self.max_distance
-                )
-                memo[(q_len, k_len)] = table(buckets).permute(2, 0, 1)  # [H, Q, K]
+                memo[(q_len, k_len)] = self.bias_rows(k_len - q_len, q_len, k_len, bidirectional)
             return memo[(q_len, k_len)]
 
         return bias
@@ -169,22 +175,53 @@ class T5ForConditionalGeneration(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.shared.weight
 
+    # ----- the encoder, as models/encdec/staged_encoder.py runs it -------------------------
+    @property
+    def encoder_num_layers(self) -> int:
+        return len(self.encoder.block)
+
+    @property
+    def encoder_device(self) -> torch.device:
+        return self.shared.weight.device
+
+    def encoder_embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.shared(ids)  # [M, hidden]: relative positions enter as the bias
+
+    def encoder_qkv(self, layer: int, x: torch.Tensor, parts: str) -> list[torch.Tensor]:
+        attn = self.encoder.block[layer].self_attn
+        return attn.SelfAttention.project(attn.layer_norm(x), parts)
+
+    def encoder_bias(self, first: int, q_len: int, k_len: int) -> torch.Tensor:
+        attn = self.encoder.block[0].self_attn.SelfAttention
+        return attn.bias_rows(first, q_len, k_len, bidirectional=True)
+
+    def encoder_scale(self) -> float:
+        return 1.0  # T5 folds the scale into its initialisation
+
+    def encoder_finish(self, layer: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        block = self.encoder.block[layer]
+        return block.layer[-1](x + block.self_attn.SelfAttention.o(attended))
+
+    def encoder_final(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder.final_layer_norm(x)
+
+    def cross_kv(self, encoder_out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        attns = (block.cross_attn.EncDecAttention for block in self.decoder.block)
+        return [tuple(a.project(encoder_out, "kv")) for a in attns]
+
+    def decoder_row_linears(self) -> list[nn.Linear]:
+        cross = [block.cross_attn.EncDecAttention for block in self.decoder.block]
+        return row_linears(self.decoder, cross, self.lm_head)
+
     def encode(
         self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
     ) -> torch.Tensor:
-        x = self.shared(input_ids)  # [T, hidden]
-        bias = self.encoder.bias_fn(bidirectional=True)
-        for block in self.encoder.block:
-            attn = block.self_attn
-            x = x + attn.SelfAttention.encoder(attn.layer_norm(x), seq_lens, bias)
-            x = block.layer[-1](x)
-        return self.encoder.final_layer_norm(x)
+        return encode_whole(self, split_inputs(input_ids, seq_lens))
 
     def write_cross_kv(
         self, encoder_out: torch.Tensor, slots: torch.Tensor, kv_caches: list[KVCache]
     ) -> None:
-        for block, cache in zip(self.decoder.block, kv_caches, strict=True):
-            block.cross_attn.EncDecAttention.write_cross(encoder_out, slots, cache)
+        write_cross_kv(self.cross_kv(encoder_out), slots, kv_caches)
 
     def forward(
         self,

@@ -7,7 +7,8 @@ in SamplingParams; only rules that exist at the HTTP edge (options we refuse, op
 combinations, structured-output fields given twice) are checked here. A request without
 `max_tokens` fills the context, as vLLM does: `max_tokens=None` goes to the engine, which turns
 it into the room left after the prompt in the context and the KV cache
-(`EngineInfo.default_max_tokens`, so it always fits).
+(`EngineInfo.default_max_tokens`, so it always fits). Fields a request leaves unset take the
+model folder's generation_config.json defaults (engine/requests/generation_defaults.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine import SamplingParams, StructuredOutput
+from engine import GenerationDefaults, SamplingParams, StructuredOutput
 from server.engine_params import build_params, fault_spec, schema_text
 from server.errors import ApiError
 from server.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -147,13 +148,19 @@ def _shared(req: SamplingFields, allow_faults: bool) -> dict[str, Any]:
     }
 
 
-def completion_params(req: CompletionRequest, allow_faults: bool = False) -> SamplingParams:
+def completion_params(
+    req: CompletionRequest,
+    allow_faults: bool = False,
+    defaults: GenerationDefaults | None = None,
+) -> SamplingParams:
+    """`defaults`: the model folder's generation_config.json (EngineInfo.generation)."""
     if req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     return build_params(
         api_fields(req),
         max_tokens=req.max_tokens,
+        defaults=defaults,
         logprobs=req.logprobs,
         prompt_logprobs=echo_logprobs,
         **_shared(req, allow_faults),
@@ -165,8 +172,9 @@ def chat_params(
     allow_faults: bool = False,
     tool_grammar: str | None = None,
     keep_special_tokens: bool = False,
+    defaults: GenerationDefaults | None = None,
 ) -> SamplingParams:
-    """`tool_grammar`: the grammar `tool_choice` holds the output to (server/openai/tool_calls/);
+    """`defaults`: as `completion_params`'; `tool_grammar`: the grammar `tool_choice` holds the output to (server/openai/tool_calls/);
     `keep_special_tokens`: the tool-call format writes special tokens, which the text must
     keep unless the request says otherwise."""
     if req.top_logprobs is not None and not req.logprobs:
@@ -191,6 +199,7 @@ def chat_params(
     return build_params(
         api_fields(req),
         max_tokens=max_tokens,
+        defaults=defaults,
         logprobs=logprobs,
         **shared,
     )

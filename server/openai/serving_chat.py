@@ -78,6 +78,7 @@ class ChatServing(OpenAIServing[ChatJob]):
             state.settings.enable_fault_injection,
             tool_grammar=grammar,
             keep_special_tokens=bool(output_format.tools and output_format.tools.markers),
+            defaults=state.info.generation if state.info is not None else None,
         )
         self.check_logprobs(bool(req.logprobs))
         job = ChatJob(

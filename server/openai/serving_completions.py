@@ -46,7 +46,9 @@ class CompletionServing(OpenAIServing[CompletionJob]):
                 param="echo",
             )
         prompts = await self._prompts(req.prompt)
-        params = [completion_params(req, state.settings.enable_fault_injection) for _ in prompts]
+        defaults = state.info.generation if state.info is not None else None
+        allow_faults = state.settings.enable_fault_injection
+        params = [completion_params(req, allow_faults, defaults) for _ in prompts]
         self.check_logprobs(req.logprobs is not None)
         job = CompletionJob(
             model,

@@ -83,8 +83,8 @@ def _check_greedy(folder) -> None:
     assert [list(t) for t in batched] == want
     assert [list(staggered[i].outputs[0].token_ids) for i in range(len(prompts))] == want
     assert_no_leaks(engine)
-    # 5 tokens a step: long encoder inputs arrive over several prefill chunks, the encoder runs
-    # at the one that completes them, beside other requests' decodes.
+    # 5 tokens a step: long encoder inputs arrive over several prefill chunks, each running its
+    # share of the encoder (tests/engine/test_encoder_chunking.py), beside other decodes.
     chunked = _engine(folder, max_num_batched_tokens=5, max_num_seqs=4, target_itl_ms=None)
     outs = run_staggered(chunked, prompts, [greedy] * len(prompts), arrive_every=1)
     assert [list(outs[i].outputs[0].token_ids) for i in range(len(prompts))] == want

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.encdec.attention import SeqSpans, attend_dense, attend_paged, no_bias
+from models.encdec.attention import SeqSpans, attend_paged, attend_rows, no_bias
 
 HEADS, DIM, BLOCK = 4, 16, 4
 # (new query rows, keys): two sequences share (1, 9) and two (3, 3); the rest are alone
@@ -99,17 +99,19 @@ def test_paged_attention_equals_each_sequence_alone_and_the_float64_reference(
         start += n
 
 
-def test_dense_attention_equals_each_sequence_alone_and_the_float64_reference():
+def test_row_attention_equals_the_float64_reference_and_any_split_of_the_rows():
+    """The encoder's attention (rows of one sequence over all its keys, a bias per row) equals
+    the float64 reference, and a row's bits do not depend on which rows come with it."""
     gen = torch.Generator().manual_seed(1)
-    lens = [5, 8, 5, 1, 8, 8]
-    total = sum(lens)
-    q, k, v = (torch.randn(total, HEADS, DIM, generator=gen) for _ in range(3))
-    out = attend_dense(q, k, v, lens, 1.0, _bias_fn, causal=False)
-    start = 0
-    for n in lens:
-        rows = slice(start, start + n)
-        expected = _reference(q[rows], k[rows], v[rows], 1.0, _bias_fn(n, n), causal=False)
-        torch.testing.assert_close(out[rows].double(), expected, atol=2e-5, rtol=0)
-        alone = attend_dense(q[rows], k[rows], v[rows], [n], 1.0, _bias_fn, causal=False)
-        assert torch.equal(out[rows], alone)
-        start += n
+    for n in (1, 5, 8, 19, 40):
+        q, k, v = (torch.randn(n, HEADS, DIM, generator=gen) for _ in range(3))
+        bias = _bias_fn(n, n)
+        out = attend_rows(q, k, v, 0.5, bias)
+        expected = _reference(q, k, v, 0.5, bias, causal=False)
+        torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=0)
+        for first, last in ((0, 1), (n // 3, n), (n // 2, n // 2 + 1), (1, max(2, n - 1))):
+            last = min(last, n)
+            if first >= last:
+                continue
+            part = attend_rows(q[first:last], k, v, 0.5, bias[:, first:last])
+            assert torch.equal(part, out[first:last]), (n, first, last)

@@ -1,7 +1,7 @@
 """T5 and BART served over HTTP: /v1/completions and TGI /generate and /generate_stream answer
 with the text of transformers' greedy `generate` on the same folder (tiny random model, its
-tokenizer trained here), decoded by transformers' tokenizer; `echo` is a 400 naming the field
-and /v1/chat/completions a 400 naming `messages` (these folders have no chat template)."""
+tokenizer trained here), decoded by transformers' tokenizer; `echo` and TGI's
+`decoder_input_details` (prompt logprobs) are a 400 naming the field, and /v1/chat/completions a 400 naming `messages` (these folders have no chat template)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,16 @@ def test_echo_is_refused_naming_the_field(server):
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "echo"
     assert "encoder-decoder" in r.json()["error"]["message"]
+
+
+def test_tgi_decoder_input_details_are_refused_naming_the_field(server):
+    params = {"max_new_tokens": 2, "details": True, "decoder_input_details": True}
+    r = httpx.post(
+        server.url + "/generate", json={"inputs": PROMPTS[0], "parameters": params}, timeout=60
+    )
+    assert r.status_code in (400, 422), r.text  # TGI answers its validation errors with 422
+    assert "decoder_input_details" in r.json()["error"]
+    assert "encoder input" in r.json()["error"]
 
 
 def test_chat_without_a_template_is_a_clear_400(server):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import InvalidRequest
+from engine import GenerationDefaults, InvalidRequest
 from server.engine_params import build_params, to_api_error
 from server.errors import ApiError
 
@@ -36,3 +36,26 @@ def test_the_real_check_names_its_field_once() -> None:
     assert error.param == "min_tokens"
     assert error.message.startswith("min_tokens ")
     assert error.message.count("min_tokens") == 1, error.message
+
+
+def test_unset_fields_take_the_model_folders_generation_defaults() -> None:
+    from server.openai.params import chat_params, completion_params
+    from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+    defaults = GenerationDefaults.from_file(
+        {"do_sample": False, "repetition_penalty": 1.3, "num_beams": 3, "length_penalty": 0.5}
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    plain = chat_params(ChatCompletionRequest(model="m", messages=messages), defaults=defaults)
+    assert (plain.temperature, plain.repetition_penalty) == (0.0, 1.3)
+    assert not plain.use_beam_search  # beam search stays the request's choice
+    beams = completion_params(
+        CompletionRequest(model="m", prompt="x", use_beam_search=True), defaults=defaults
+    )
+    assert (beams.best_of, beams.length_penalty) == (3, 0.5)
+    own = completion_params(
+        CompletionRequest(model="m", prompt="x", temperature=0.8, repetition_penalty=1.0),
+        defaults=defaults,
+    )
+    assert (own.temperature, own.repetition_penalty) == (0.8, 1.0)  # the request's own values
+    assert completion_params(CompletionRequest(model="m", prompt="x")).temperature == 1.0
