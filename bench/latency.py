@@ -11,7 +11,11 @@ input_len + output_len / 2 tokens) and prefill with the matmul bound at M = inpu
 model-shape rate, or on a GPU the peak square product's when faster). Ratios are against the first backend named. Load averages are taken just before
 and after each backend's timed runs: figures from a busy machine say so.
 `workload` "random" (seeded random token ids) or "edit" (bench/edit_workload.py: prompts asking
-to rewrite a passage they hold; needs the model's tokenizer). A backend that speculates
+to rewrite a passage they hold; needs the model's tokenizer). `temperature` > 0 samples every
+request at that temperature with its own seed (`seed + i` for request i: the same tokens on
+every run, with or without speculation; only backends with `samples_seeded`, tgserve's): on
+random prompts at temperature 1 the output rarely repeats itself, so n-gram proposals are mostly
+refused, the workload that shows what refused proposals cost. A backend that speculates
 (tgserve with --speculative) adds its counters over the timed runs (`speculation`: proposed and
 accepted tokens, per position).
 """
@@ -40,8 +44,11 @@ class LatencySpec:
     warmup_runs: int = 1
     seed: int = 0
     workload: str = "random"  # "random" | "edit"
+    temperature: float = 0.0  # > 0: requests sampled, request i seeded with seed + i
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"--temperature must be in [0, 2], got {self.temperature}")
         if self.workload not in ("random", "edit"):
             raise ValueError(f"--workload must be random or edit, got {self.workload!r}")
         if self.runs < 1 or self.warmup_runs < 0:
@@ -80,6 +87,7 @@ class LatencyResult:
     dtype_auto: bool = False  # `dtype` is what --dtype auto resolved to
     workload: str = "random"
     speculation: SpeculationStats | None = None  # over the timed runs; None: no speculation
+    temperature: float = 0.0  # 0: greedy requests
 
 
 def run_latency_bench(
@@ -90,12 +98,17 @@ def run_latency_bench(
     limits: MachineLimits | None,
     show_progress: bool,
 ) -> list[LatencyResult]:
-    requests = _requests(source, spec)
+    requests = latency_requests(source, spec)
     warmup, timed = requests[: spec.warmup_runs], requests[spec.warmup_runs :]
     results: list[LatencyResult] = []
     for name in names:
         backend = load_backend(name, source, options)
         try:
+            if spec.temperature > 0 and not getattr(backend, "samples_seeded", False):
+                raise ValueError(
+                    f"--temperature needs a backend that samples seeded requests (tgserve); "
+                    f"{name} decodes greedily"
+                )
             with ProgressBar(f"latency {name}", len(requests), show_progress) as bar:
                 for i, request in enumerate(warmup):
                     backend.run_latency(request)
@@ -123,6 +136,7 @@ def run_latency_bench(
                     ),
                     workload=spec.workload,
                     speculation=speculation,
+                    temperature=spec.temperature,
                 )
             )
         finally:
@@ -138,15 +152,24 @@ def run_latency_bench(
     ]
 
 
-def _requests(source: ModelSource, spec: LatencySpec) -> list[BenchRequest]:
+def latency_requests(source: ModelSource, spec: LatencySpec) -> list[BenchRequest]:
+    """The warm-up then timed requests of `spec` (a pure function of the spec and the model's
+    vocabulary / tokenizer); sampled with seed `spec.seed + i` when `spec.temperature` > 0."""
     count = spec.warmup_runs + spec.runs
     if spec.workload == "edit":
         from models.tokenizer import load_tokenizer
 
         tokenizer = None if source.random_weights is not None else load_tokenizer(source.path)
-        return edit_requests(count, spec.input_len, spec.output_len, spec.seed, tokenizer)
-    workload = WorkloadSpec(count, spec.input_len, spec.output_len, "fixed", spec.seed)
-    return make_workload(workload, source.config.vocab_size)
+        requests = edit_requests(count, spec.input_len, spec.output_len, spec.seed, tokenizer)
+    else:
+        workload = WorkloadSpec(count, spec.input_len, spec.output_len, "fixed", spec.seed)
+        requests = make_workload(workload, source.config.vocab_size)
+    if spec.temperature > 0:
+        requests = [
+            replace(r, temperature=spec.temperature, seed=spec.seed + i)
+            for i, r in enumerate(requests)
+        ]
+    return requests
 
 
 def _speculation(backend) -> SpeculationStats | None:

@@ -110,8 +110,9 @@ def _host(r: LatencyResult | ThroughputResult) -> str:
 def format_latency(results: Sequence[LatencyResult]) -> str:
     r0 = results[0]
     title = (
-        f"Latency, batch 1: {r0.model} {_dtype(r0)}, {r0.input_len} in / {r0.output_len} out, "
-        f"median of {r0.runs} runs{_host(r0)}"
+        f"Latency, batch 1: {r0.model} {_dtype(r0)}, {r0.input_len} in / {r0.output_len} out"
+        + (f", sampled at temperature {r0.temperature:g} (seeded)" if r0.temperature else "")
+        + f", median of {r0.runs} runs{_host(r0)}"
     )
     headers = [
         "backend",

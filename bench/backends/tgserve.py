@@ -1,7 +1,8 @@
 """tgserve's own engine as a benchmark backend.
 
 Contract (see bench.backends): requests go through `Engine.add_request` / `step()` exactly as the
-server drives them, greedy, `ignore_eos=True` and `max_tokens = output_len`, so every request
+server drives them, greedy (latency: sampled at the request's temperature and seed when it has
+one), `ignore_eos=True` and `max_tokens = output_len`, so every request
 decodes its full count. Latency times engine steps directly: prefill is submission until the step
 that samples the first token, decode is the remaining steps. Throughput submits every request at
 once and steps until all finish (what `Engine.generate` does, stepped here so the block manager
@@ -11,6 +12,7 @@ as `Engine.generate`'s: no stream's inter-token latency holds the steps back).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +26,7 @@ from bench.workload import BenchRequest
 
 class TgserveBackend:
     name = "tgserve"
+    samples_seeded = True  # run_latency honours a request's temperature and seed
 
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -49,10 +52,11 @@ class TgserveBackend:
 
     def run_latency(self, request: BenchRequest) -> LatencySample:
         engine = self.engine
+        params = self._params(request.output_len)
+        if request.temperature > 0:  # a seeded sampled request: the same tokens on every run
+            params = dataclasses.replace(params, temperature=request.temperature, seed=request.seed)
         start = time.perf_counter()
-        engine.add_request(
-            f"bench-{next(self._ids)}", request.prompt_token_ids, self._params(request.output_len)
-        )
+        engine.add_request(f"bench-{next(self._ids)}", request.prompt_token_ids, params)
         first = None
         final = None
         while engine.has_unfinished_requests():
