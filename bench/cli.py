@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tgserve: sample every request at this temperature, seeded (seed + i), instead of "
         "greedy; random prompts at 1.0 show what refused n-gram proposals cost",
     )
+    latency.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "process"],
+        help="tgserve: time with the wall clock, or the process's CPU time (a shared machine: "
+        "with OMP_NUM_THREADS=1 it counts the work, not the wait for a core)",
+    )
     _plot_arg(latency, "bars of prefill and decode tok/s per backend, with the machine bounds")
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
     throughput.add_argument("--runs", type=int, default=1, help="timed runs per backend (median)")

@@ -130,6 +130,7 @@ def _run_offline(
             args.seed,
             args.workload,
             args.temperature,
+            args.clock,
         )
         num_requests, max_len = 1, args.input_len + args.output_len
         batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step

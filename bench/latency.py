@@ -15,7 +15,9 @@ to rewrite a passage they hold; needs the model's tokenizer). `temperature` > 0 
 request at that temperature with its own seed (`seed + i` for request i: the same tokens on
 every run, with or without speculation; only backends with `samples_seeded`, tgserve's): on
 random prompts at temperature 1 the output rarely repeats itself, so n-gram proposals are mostly
-refused, the workload that shows what refused proposals cost. A backend that speculates
+refused, the workload that shows what refused proposals cost. `clock` "process" times tgserve
+with the process's CPU time instead of the wall clock: on a shared machine, run with
+OMP_NUM_THREADS=1 and it counts the work done, not the time spent waiting for a core. A backend that speculates
 (tgserve with --speculative) adds its counters over the timed runs (`speculation`: proposed and
 accepted tokens, per position).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import dataclass, replace
 
 from bench.backends import BackendOptions, LatencySample, load_backend, report_note
@@ -35,6 +38,8 @@ from bench.progress import ProgressBar
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from engine import SpeculationStats, dtype_bytes
 
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
 
 @dataclass(frozen=True)
 class LatencySpec:
@@ -45,8 +50,11 @@ class LatencySpec:
     seed: int = 0
     workload: str = "random"  # "random" | "edit"
     temperature: float = 0.0  # > 0: requests sampled, request i seeded with seed + i
+    clock: str = "wall"  # "wall" | "process": the process's CPU time (a shared machine)
 
     def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"--temperature must be in [0, 2], got {self.temperature}")
         if self.workload not in ("random", "edit"):
@@ -88,6 +96,7 @@ class LatencyResult:
     workload: str = "random"
     speculation: SpeculationStats | None = None  # over the timed runs; None: no speculation
     temperature: float = 0.0  # 0: greedy requests
+    clock: str = "wall"  # "process": CPU time of the process
 
 
 def run_latency_bench(
@@ -109,6 +118,10 @@ def run_latency_bench(
                     f"--temperature needs a backend that samples seeded requests (tgserve); "
                     f"{name} decodes greedily"
                 )
+            if spec.clock != "wall":
+                if not hasattr(backend, "clock"):
+                    raise ValueError(f"--clock {spec.clock} needs the tgserve backend, not {name}")
+                backend.clock = CLOCKS[spec.clock]
             with ProgressBar(f"latency {name}", len(requests), show_progress) as bar:
                 for i, request in enumerate(warmup):
                     backend.run_latency(request)
@@ -137,6 +150,7 @@ def run_latency_bench(
                     workload=spec.workload,
                     speculation=speculation,
                     temperature=spec.temperature,
+                    clock=spec.clock,
                 )
             )
         finally:
@@ -193,6 +207,8 @@ def _since(before: SpeculationStats | None, after: SpeculationStats | None):
             a - b
             for a, b in zip(after.accepted_per_position, before.accepted_per_position, strict=True)
         ),
+        draft_forwards=after.draft_forwards - before.draft_forwards,
+        draft_seconds=after.draft_seconds - before.draft_seconds,
     )
 
 

@@ -14,7 +14,8 @@ position for all of them. Each sequence's proposal is kept, stamped with its len
 out when the scheduler asks for that sequence (cut to its `limit`); a sequence that has grown
 since has a stale proposal, drafted again. So with B sequences speculating, a step runs k draft
 forwards of B rows each, not B * k forwards of one row; only a sequence's first proposal (its
-prompt's catch-up) may run in a batch of its own. `num_forwards` counts the draft forwards.
+prompt's catch-up) may run in a batch of its own. `num_forwards` counts the draft forwards;
+`on_forward(seconds)`, when set, hears each one's wall time (the Speculator's counters).
 
 Each forward: a sequence's first chunk catches its draft cache up with the committed tokens
 (those it has not computed, or those after the first one that differs from what it computed
@@ -36,7 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -58,10 +61,12 @@ class DraftProposer:
         self.max_model_len = max_model_len  # the draft's context: it proposes within it
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.num_forwards = 0  # draft forwards run (a batch of sequences counts once)
+        self.on_forward: Callable[[float], None] | None = None
         # target sequence -> its draft mirror, least recently proposed first
         self._mirrors: OrderedDict[TokenSequence, TokenSequence] = OrderedDict()
         # target sequence -> (its num_tokens when drafted, the proposal): handed out once
         self._fresh: dict[TokenSequence, tuple[int, tuple[int, ...]]] = {}
+        self._copied: dict[TokenSequence, int] = {}  # target sequence -> tokens its mirror copied
 
     def propose(self, seq: TokenSequence, limit: int) -> tuple[int, ...]:
         self._forget_finished()
@@ -97,9 +102,13 @@ class DraftProposer:
                 ScheduledChunk(None, d, d.num_computed_tokens, d.num_uncomputed_tokens, True)
                 for d in (drafts[seq] for seq in rows)
             ]
+            started = time.perf_counter()
             logits = self.runner.execute(chunks).sampling  # [len(rows), V], in chunk order
+            tokens = logits.argmax(dim=-1).tolist()  # waits for the device
             self.num_forwards += 1
-            for seq, chunk, token in zip(rows, chunks, logits.argmax(dim=-1).tolist(), strict=True):
+            if self.on_forward is not None:
+                self.on_forward(time.perf_counter() - started)
+            for seq, chunk, token in zip(rows, chunks, tokens, strict=True):
                 chunk.seq.num_computed_tokens += chunk.num_new_tokens
                 chunk.seq.token_ids.append(token)
                 proposals[seq].append(token)
@@ -113,11 +122,16 @@ class DraftProposer:
         if draft is None:
             draft = TokenSequence(0, [], seq.num_prompt_tokens)
             self.blocks.admit([draft], [PrefixMatch((), 0, 0)], [0])
-        agree = 0
+            self._copied[seq] = 0
+        # the tokens copied from `seq` last time are committed ones, unchanged since: the first
+        # difference (from the draft's own proposals) lies after them
         limit = min(draft.num_computed_tokens, seq.num_tokens - 1)  # >= 1 token to compute
+        agree = min(self._copied[seq], limit)
         while agree < limit and draft.token_ids[agree] == seq.token_ids[agree]:
             agree += 1
-        draft.token_ids = list(seq.token_ids)
+        del draft.token_ids[agree:]
+        draft.token_ids.extend(seq.token_ids[agree:])
+        self._copied[seq] = seq.num_tokens
         draft.num_computed_tokens = agree
         self.blocks.free(draft, keep=self.blocks.blocks_for(draft.num_tokens))
         self._mirrors[seq] = draft
@@ -138,6 +152,7 @@ class DraftProposer:
     def _drop(self, seq: TokenSequence) -> None:
         self.blocks.free(self._mirrors.pop(seq))
         self._fresh.pop(seq, None)
+        self._copied.pop(seq, None)
 
     def _forget_finished(self) -> None:
         for seq in [s for s in self._mirrors if s.is_finished]:

@@ -77,11 +77,14 @@ def test_sampled_latency_requests_are_deterministic_and_seeded(tiny_model_folder
 def test_sampled_latency_runs_seeded_requests_on_tgserve_only(tiny_model_folder, capsys):
     args = (
         "bench latency --dtype float32 --input-len 32 --output-len 12 --runs 1 --skip-limits "
-        "--temperature 1 --speculative ngram"
+        "--temperature 1 --speculative ngram --clock process"
     )
     assert main([*args.split(), "--model", str(tiny_model_folder)]) == 0
     out = capsys.readouterr().out
     assert "sampled at temperature 1 (seeded)" in out and "tgserve speculation" in out
+    assert "timed in process CPU time" in out
+    with pytest.raises(ValueError, match="--clock"):
+        LatencySpec(32, 8, clock="cycles")
     source = resolve_model(tiny_model_folder)
     spec = LatencySpec(32, 12, runs=1, warmup_runs=0, seed=3, temperature=0.7)
     options = BackendOptions("float32", 4, 256, 1, False, 64, 1)

@@ -93,6 +93,7 @@ def test_alone_the_draft_runs_one_forward_per_proposed_token(folders):
     # was proposed: as many forwards as proposed tokens, each of one sequence
     assert spec.speculator.draft.num_forwards == len(rows) == stats.num_proposed_tokens
     assert set(rows) == {1}
+    assert stats.draft_forwards == len(rows) and stats.draft_seconds > 0  # timed, each one
 
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["pytorch", "cpp"])
