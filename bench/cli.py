@@ -24,7 +24,11 @@ import math
 from pathlib import Path
 
 from bench.backends import BACKENDS
-from bench.cli_tools import add_soak_arguments, add_write_gguf_arguments
+from bench.cli_tools import (
+    add_grow_model_arguments,
+    add_soak_arguments,
+    add_write_gguf_arguments,
+)
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 
@@ -43,6 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random: seeded random token ids; edit: prompts asking to rewrite a passage they "
         "hold with one edit (bench/edit_workload.py; input-grounded, where --speculative ngram "
         "helps)",
+    )
+    latency.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="tgserve: sample every request at this temperature, seeded (seed + i), instead of "
+        "greedy; random prompts at 1.0 show what refused n-gram proposals cost",
+    )
+    latency.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "process"],
+        help="tgserve: time with the wall clock, or the process's CPU time (a shared machine: "
+        "with OMP_NUM_THREADS=1 it counts the work, not the wait for a core)",
     )
     _plot_arg(latency, "bars of prefill and decode tok/s per backend, with the machine bounds")
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
@@ -141,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_parser(
             "write-gguf",
             help="a GGUF with random weights in a real model's shape (bench/random_gguf.py)",
+        )
+    )
+    add_grow_model_arguments(
+        sub.add_parser(
+            "grow-model",
+            help="the default model grown deeper, agreeing with it often (a target for "
+            "--speculative draft; bench/grown_model.py)",
         )
     )
     from bench.gpu_check.main import add_arguments as gpu_check_arguments

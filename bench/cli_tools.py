@@ -25,6 +25,19 @@ def add_write_gguf_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def add_grow_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="the .gguf file to write")
+    p.add_argument("--extra-layers", type=int, default=60, help="layers added between the source's")
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.01,
+        help="std of the new layers' output projections (0: the source's function exactly)",
+    )
+    p.add_argument("--source", type=Path, default=None, help="Llama GGUF to grow (default model's)")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def add_soak_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     p.add_argument("--duration", type=float, default=600.0, help="seconds of load")

@@ -51,6 +51,12 @@ def run_command(args: argparse.Namespace) -> int:
         path = write_random_gguf(args.out, args.type, args.shape, args.vocab_from, args.seed)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
         return 0
+    if args.bench_command == "grow-model":
+        from bench.grown_model import write_grown_gguf
+
+        path = write_grown_gguf(args.out, args.extra_layers, args.noise, args.source, args.seed)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+        return 0
     if args.bench_command == "soak":
         return _run_soak(args)
     if args.bench_command == "gpu-check":
@@ -123,6 +129,8 @@ def _run_offline(
             args.warmup_runs,
             args.seed,
             args.workload,
+            args.temperature,
+            args.clock,
         )
         num_requests, max_len = 1, args.input_len + args.output_len
         batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step

@@ -11,7 +11,13 @@ input_len + output_len / 2 tokens) and prefill with the matmul bound at M = inpu
 model-shape rate, or on a GPU the peak square product's when faster). Ratios are against the first backend named. Load averages are taken just before
 and after each backend's timed runs: figures from a busy machine say so.
 `workload` "random" (seeded random token ids) or "edit" (bench/edit_workload.py: prompts asking
-to rewrite a passage they hold; needs the model's tokenizer). A backend that speculates
+to rewrite a passage they hold; needs the model's tokenizer). `temperature` > 0 samples every
+request at that temperature with its own seed (`seed + i` for request i: the same tokens on
+every run, with or without speculation; only backends with `samples_seeded`, tgserve's): on
+random prompts at temperature 1 the output rarely repeats itself, so n-gram proposals are mostly
+refused, the workload that shows what refused proposals cost. `clock` "process" times tgserve
+with the process's CPU time instead of the wall clock: on a shared machine, run with
+OMP_NUM_THREADS=1 and it counts the work done, not the time spent waiting for a core. A backend that speculates
 (tgserve with --speculative) adds its counters over the timed runs (`speculation`: proposed and
 accepted tokens, per position).
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import dataclass, replace
 
 from bench.backends import BackendOptions, LatencySample, load_backend, report_note
@@ -31,6 +38,8 @@ from bench.progress import ProgressBar
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from engine import SpeculationStats, dtype_bytes
 
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
 
 @dataclass(frozen=True)
 class LatencySpec:
@@ -40,8 +49,14 @@ class LatencySpec:
     warmup_runs: int = 1
     seed: int = 0
     workload: str = "random"  # "random" | "edit"
+    temperature: float = 0.0  # > 0: requests sampled, request i seeded with seed + i
+    clock: str = "wall"  # "wall" | "process": the process's CPU time (a shared machine)
 
     def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"--temperature must be in [0, 2], got {self.temperature}")
         if self.workload not in ("random", "edit"):
             raise ValueError(f"--workload must be random or edit, got {self.workload!r}")
         if self.runs < 1 or self.warmup_runs < 0:
@@ -80,6 +95,8 @@ class LatencyResult:
     dtype_auto: bool = False  # `dtype` is what --dtype auto resolved to
     workload: str = "random"
     speculation: SpeculationStats | None = None  # over the timed runs; None: no speculation
+    temperature: float = 0.0  # 0: greedy requests
+    clock: str = "wall"  # "process": CPU time of the process
 
 
 def run_latency_bench(
@@ -90,12 +107,21 @@ def run_latency_bench(
     limits: MachineLimits | None,
     show_progress: bool,
 ) -> list[LatencyResult]:
-    requests = _requests(source, spec)
+    requests = latency_requests(source, spec)
     warmup, timed = requests[: spec.warmup_runs], requests[spec.warmup_runs :]
     results: list[LatencyResult] = []
     for name in names:
         backend = load_backend(name, source, options)
         try:
+            if spec.temperature > 0 and not getattr(backend, "samples_seeded", False):
+                raise ValueError(
+                    f"--temperature needs a backend that samples seeded requests (tgserve); "
+                    f"{name} decodes greedily"
+                )
+            if spec.clock != "wall":
+                if not hasattr(backend, "clock"):
+                    raise ValueError(f"--clock {spec.clock} needs the tgserve backend, not {name}")
+                backend.clock = CLOCKS[spec.clock]
             with ProgressBar(f"latency {name}", len(requests), show_progress) as bar:
                 for i, request in enumerate(warmup):
                     backend.run_latency(request)
@@ -123,6 +149,8 @@ def run_latency_bench(
                     ),
                     workload=spec.workload,
                     speculation=speculation,
+                    temperature=spec.temperature,
+                    clock=spec.clock,
                 )
             )
         finally:
@@ -138,15 +166,24 @@ def run_latency_bench(
     ]
 
 
-def _requests(source: ModelSource, spec: LatencySpec) -> list[BenchRequest]:
+def latency_requests(source: ModelSource, spec: LatencySpec) -> list[BenchRequest]:
+    """The warm-up then timed requests of `spec` (a pure function of the spec and the model's
+    vocabulary / tokenizer); sampled with seed `spec.seed + i` when `spec.temperature` > 0."""
     count = spec.warmup_runs + spec.runs
     if spec.workload == "edit":
         from models.tokenizer import load_tokenizer
 
         tokenizer = None if source.random_weights is not None else load_tokenizer(source.path)
-        return edit_requests(count, spec.input_len, spec.output_len, spec.seed, tokenizer)
-    workload = WorkloadSpec(count, spec.input_len, spec.output_len, "fixed", spec.seed)
-    return make_workload(workload, source.config.vocab_size)
+        requests = edit_requests(count, spec.input_len, spec.output_len, spec.seed, tokenizer)
+    else:
+        workload = WorkloadSpec(count, spec.input_len, spec.output_len, "fixed", spec.seed)
+        requests = make_workload(workload, source.config.vocab_size)
+    if spec.temperature > 0:
+        requests = [
+            replace(r, temperature=spec.temperature, seed=spec.seed + i)
+            for i, r in enumerate(requests)
+        ]
+    return requests
 
 
 def _speculation(backend) -> SpeculationStats | None:
@@ -170,6 +207,8 @@ def _since(before: SpeculationStats | None, after: SpeculationStats | None):
             a - b
             for a, b in zip(after.accepted_per_position, before.accepted_per_position, strict=True)
         ),
+        draft_forwards=after.draft_forwards - before.draft_forwards,
+        draft_seconds=after.draft_seconds - before.draft_seconds,
     )
 
 

@@ -110,8 +110,10 @@ def _host(r: LatencyResult | ThroughputResult) -> str:
 def format_latency(results: Sequence[LatencyResult]) -> str:
     r0 = results[0]
     title = (
-        f"Latency, batch 1: {r0.model} {_dtype(r0)}, {r0.input_len} in / {r0.output_len} out, "
-        f"median of {r0.runs} runs{_host(r0)}"
+        f"Latency, batch 1: {r0.model} {_dtype(r0)}, {r0.input_len} in / {r0.output_len} out"
+        + (f", sampled at temperature {r0.temperature:g} (seeded)" if r0.temperature else "")
+        + (", timed in process CPU time" if r0.clock == "process" else "")
+        + f", median of {r0.runs} runs{_host(r0)}"
     )
     headers = [
         "backend",
@@ -152,6 +154,12 @@ def _speculation_line(r: LatencyResult) -> str:
         f"{r.backend} speculation ({r.workload} prompts): {s.num_accepted_tokens} of "
         f"{s.num_proposed_tokens} proposed tokens accepted ({_pct(s.acceptance_rate)}) in "
         f"{s.num_proposals} proposals; acceptance by position: {rates}"
+        + (
+            f"; draft model: {s.draft_forwards} forwards, "
+            f"{1000 * s.draft_seconds / s.draft_forwards:.2f} ms each"
+            if s.draft_forwards
+            else ""
+        )
     )
 
 

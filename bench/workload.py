@@ -35,6 +35,8 @@ class BenchRequest:
     prompt_token_ids: tuple[int, ...]
     output_len: int  # tokens every backend decodes (EOS ignored)
     prompt_text: str | None = None  # the text behind the ids, for text data sets
+    temperature: float = 0.0  # 0: greedy; > 0 sampled, seeded (`bench latency --temperature`)
+    seed: int | None = None  # the request's own seed when sampled
 
 
 @dataclass(frozen=True)

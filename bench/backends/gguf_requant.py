@@ -81,16 +81,8 @@ def write_requantized(source: str | Path, dest: str | Path, dtype: str) -> None:
     if arch_field is None:
         raise ValueError(f"{source}: no general.architecture field; is it a model GGUF?")
     writer = GGUFWriter(dest, arch=str(arch_field.contents()))
-    for field in reader.fields.values():
-        # GGUF.* are the reader's header pseudo-fields; the writer adds the architecture itself.
-        if field.name.startswith("GGUF.") or field.name == Keys.General.ARCHITECTURE:
-            continue
-        if field.name == Keys.General.FILE_TYPE:
-            writer.add_file_type(_FILE_TYPES[qtype])
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
+    copy_fields(reader, writer, skip={Keys.General.FILE_TYPE})
+    writer.add_file_type(_FILE_TYPES[qtype])
     # Infos first (the header precedes the data), then one tensor converted at a time.
     plans = [_plan(t, qtype) for t in reader.tensors]
     for tensor, (shape, stored_as) in zip(reader.tensors, plans, strict=True):
@@ -103,6 +95,19 @@ def write_requantized(source: str | Path, dest: str | Path, dtype: str) -> None:
     for tensor, (_, stored_as) in zip(reader.tensors, plans, strict=True):
         writer.write_tensor_data(_convert(tensor.data, tensor.tensor_type, qtype, stored_as))
     writer.close()
+
+
+def copy_fields(reader: GGUFReader, writer: GGUFWriter, skip: set[str] = frozenset()) -> None:
+    """Every metadata field of `reader` as read, into `writer`, but those named in `skip`."""
+    for field in reader.fields.values():
+        # GGUF.* are the reader's header pseudo-fields; the writer adds the architecture itself.
+        if field.name.startswith("GGUF.") or field.name == Keys.General.ARCHITECTURE:
+            continue
+        if field.name in skip:
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub_type)
 
 
 def requantized_gguf(source: str | Path, dtype: str, cache_dir: str | Path | None = None) -> Path:

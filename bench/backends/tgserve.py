@@ -1,7 +1,9 @@
 """tgserve's own engine as a benchmark backend.
 
 Contract (see bench.backends): requests go through `Engine.add_request` / `step()` exactly as the
-server drives them, greedy, `ignore_eos=True` and `max_tokens = output_len`, so every request
+server drives them, greedy (latency: sampled at the request's temperature and seed when it has
+one; timed with `clock`, the wall clock unless bench latency sets the process's CPU clock),
+`ignore_eos=True` and `max_tokens = output_len`, so every request
 decodes its full count. Latency times engine steps directly: prefill is submission until the step
 that samples the first token, decode is the remaining steps. Throughput submits every request at
 once and steps until all finish (what `Engine.generate` does, stepped here so the block manager
@@ -11,6 +13,7 @@ as `Engine.generate`'s: no stream's inter-token latency holds the steps back).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +27,8 @@ from bench.workload import BenchRequest
 
 class TgserveBackend:
     name = "tgserve"
+    samples_seeded = True  # run_latency honours a request's temperature and seed
+    clock = staticmethod(time.perf_counter)  # run_latency's clock (bench latency --clock)
 
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -49,19 +54,20 @@ class TgserveBackend:
 
     def run_latency(self, request: BenchRequest) -> LatencySample:
         engine = self.engine
-        start = time.perf_counter()
-        engine.add_request(
-            f"bench-{next(self._ids)}", request.prompt_token_ids, self._params(request.output_len)
-        )
+        params = self._params(request.output_len)
+        if request.temperature > 0:  # a seeded sampled request: the same tokens on every run
+            params = dataclasses.replace(params, temperature=request.temperature, seed=request.seed)
+        start = self.clock()
+        engine.add_request(f"bench-{next(self._ids)}", request.prompt_token_ids, params)
         first = None
         final = None
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if first is None and out.outputs[0].token_ids:
-                    first = time.perf_counter()
+                    first = self.clock()
                 if out.finished:
                     final = out
-        end = time.perf_counter()
+        end = self.clock()
         generated = final.outputs[0].num_tokens if final is not None else 0
         if final is None or final.error or first is None:
             raise RuntimeError(

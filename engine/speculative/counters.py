@@ -5,6 +5,8 @@ Contract: `SpeculationCounters.record(num_proposed, num_accepted)` once per veri
 so position i (0-based) was accepted iff `num_accepted > i`. `snapshot()` is a frozen copy for
 `EngineStats` / Prometheus: proposals, proposed and accepted tokens, and per position how
 often it was proposed and accepted (the acceptance rate per position is their ratio).
+`record_draft(seconds)` once per draft-model forward (one batch of sequences): how many there
+were and the seconds they took, what a draft model's proposals cost.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class SpeculationStats:
     num_accepted_tokens: int = 0
     proposed_per_position: tuple[int, ...] = ()  # [k] times position i was proposed
     accepted_per_position: tuple[int, ...] = ()  # [k] times position i was accepted
+    draft_forwards: int = 0  # draft-model forwards run (0 with n-gram proposals)
+    draft_seconds: float = 0.0  # their wall time
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -40,6 +44,8 @@ class SpeculationCounters:
     _proposals: int = 0
     _proposed: list[int] = field(default_factory=list)
     _accepted: list[int] = field(default_factory=list)
+    _draft_forwards: int = 0
+    _draft_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self._proposed = [0] * self.num_speculative_tokens
@@ -59,6 +65,10 @@ class SpeculationCounters:
         for i in range(num_accepted):
             self._accepted[i] += 1
 
+    def record_draft(self, seconds: float) -> None:
+        self._draft_forwards += 1
+        self._draft_seconds += seconds
+
     def snapshot(self) -> SpeculationStats:
         return SpeculationStats(
             num_proposals=self._proposals,
@@ -66,4 +76,6 @@ class SpeculationCounters:
             num_accepted_tokens=sum(self._accepted),
             proposed_per_position=tuple(self._proposed),
             accepted_per_position=tuple(self._accepted),
+            draft_forwards=self._draft_forwards,
+            draft_seconds=self._draft_seconds,
         )

@@ -1,13 +1,26 @@
 """The draft-model proposer: a smaller model sharing the target's tokenizer proposes its own
-greedy continuation of each sequence.
+greedy continuation of each sequence, for all the step's decoding sequences in one batch.
 
 Contract: `build_draft(config, vocab_size)` loads `config.speculative.model` as a runner of its
 own (engine/runner_factory.py, with the target's device, dtype, block size and CPU kernels; no
 decode graphs, no tensor parallel) with its own paged KV cache and block manager (no prefix
-caching). `DraftProposer.propose(seq, limit)` returns up to min(k, limit) tokens: the draft
-first catches its cache up with the sequence's committed tokens (one chunk: the tokens it has
-not computed, or those after the first one that differs from what it computed last time, i.e.
-its own rejected proposals), then decodes greedily one token per forward.
+caching). `DraftProposer.propose(seq, limit)` returns up to min(k, limit) tokens.
+
+Batching: the scheduler asks for one sequence at a time, but the draft decodes a *batch*: the
+first call that finds no fresh proposal for its sequence drafts for that sequence and for every
+other sequence the draft knows (it proposed for it before) that waits for a decode (unfinished,
+exactly its last token uncomputed) and has no fresh proposal: one draft forward per proposed
+position for all of them. Each sequence's proposal is kept, stamped with its length, and handed
+out when the scheduler asks for that sequence (cut to its `limit`); a sequence that has grown
+since has a stale proposal, drafted again. So with B sequences speculating, a step runs k draft
+forwards of B rows each, not B * k forwards of one row; only a sequence's first proposal (its
+prompt's catch-up) may run in a batch of its own. `num_forwards` counts the draft forwards;
+`on_forward(seconds)`, when set, hears each one's wall time (the Speculator's counters).
+
+Each forward: a sequence's first chunk catches its draft cache up with the committed tokens
+(those it has not computed, or those after the first one that differs from what it computed
+last time, i.e. its own rejected proposals: 1 token, 2 when every proposal was kept), then one
+token per forward; each proposed token is the draft's argmax.
 
 Why greedy: a proposal that does not depend on random draws is a point mass, so the target
 verifies it with the same rule as an n-gram proposal (acceptance.accept_matching): greedy
@@ -16,15 +29,17 @@ exact tokens. Sampling the draft (and the rejection rule with its q) would raise
 sampled requests at the cost of that; not done.
 
 Blocks: a sequence's draft state is dropped when its sequence has finished (checked at every
-call) or, least recently proposed first, when the draft cache runs out of blocks; a sequence
-whose state cannot get blocks gets no proposal.
+call) or, least recently proposed first, when the draft cache runs out of blocks (never one of
+the batch being drafted); a sequence whose state cannot get blocks stops its proposal there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -45,25 +60,61 @@ class DraftProposer:
         self.num_tokens = k
         self.max_model_len = max_model_len  # the draft's context: it proposes within it
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.num_forwards = 0  # draft forwards run (a batch of sequences counts once)
+        self.on_forward: Callable[[float], None] | None = None
         # target sequence -> its draft mirror, least recently proposed first
         self._mirrors: OrderedDict[TokenSequence, TokenSequence] = OrderedDict()
+        # target sequence -> (its num_tokens when drafted, the proposal): handed out once
+        self._fresh: dict[TokenSequence, tuple[int, tuple[int, ...]]] = {}
+        self._copied: dict[TokenSequence, int] = {}  # target sequence -> tokens its mirror copied
 
     def propose(self, seq: TokenSequence, limit: int) -> tuple[int, ...]:
         self._forget_finished()
-        draft = self._mirror(seq)
-        proposal: list[int] = []
-        room = self.max_model_len - seq.num_tokens  # positions the draft can still compute
-        for _ in range(min(self.num_tokens, limit, room)):
-            new = draft.num_uncomputed_tokens
-            if not self._reserve(draft, new):
+        fresh = self._fresh.pop(seq, None)
+        if fresh is None or fresh[0] != seq.num_tokens:
+            steps = {seq: min(limit, self.num_tokens)}
+            for other in self._mirrors:
+                if other is not seq and self._awaits_proposal(other):
+                    steps[other] = self.num_tokens  # its limit is cut when it is handed out
+            self._draft_batch(steps)
+            fresh = self._fresh.pop(seq)
+        return fresh[1][: max(limit, 0)]
+
+    def _awaits_proposal(self, seq: TokenSequence) -> bool:
+        """Waits for a decode step and has no proposal drafted for its current length."""
+        fresh = self._fresh.get(seq)
+        stale = fresh is None or fresh[0] != seq.num_tokens
+        return stale and not seq.is_finished and seq.num_uncomputed_tokens == 1
+
+    def _draft_batch(self, steps: dict[TokenSequence, int]) -> None:
+        """Drafts up to `steps[seq]` tokens for each sequence, all of them in each forward."""
+        drafts = {seq: self._mirror(seq) for seq in steps}
+        proposals: dict[TokenSequence, list[int]] = {seq: [] for seq in steps}
+        for seq in steps:  # within the draft's context
+            steps[seq] = min(steps[seq], self.max_model_len - seq.num_tokens)
+        active = [seq for seq in steps if steps[seq] > 0]
+        batch = set(drafts.values())
+        while active:
+            rows = [seq for seq in active if self._reserve(drafts[seq], batch)]
+            if not rows:
                 break
-            chunk = ScheduledChunk(None, draft, draft.num_computed_tokens, new, True)
-            logits = self.runner.execute([chunk]).sampling  # [1, V]
-            draft.num_computed_tokens += new
-            token = int(logits[0].argmax())
-            draft.token_ids.append(token)
-            proposal.append(token)
-        return tuple(proposal)
+            chunks = [
+                ScheduledChunk(None, d, d.num_computed_tokens, d.num_uncomputed_tokens, True)
+                for d in (drafts[seq] for seq in rows)
+            ]
+            started = time.perf_counter()
+            logits = self.runner.execute(chunks).sampling  # [len(rows), V], in chunk order
+            tokens = logits.argmax(dim=-1).tolist()  # waits for the device
+            self.num_forwards += 1
+            if self.on_forward is not None:
+                self.on_forward(time.perf_counter() - started)
+            for seq, chunk, token in zip(rows, chunks, tokens, strict=True):
+                chunk.seq.num_computed_tokens += chunk.num_new_tokens
+                chunk.seq.token_ids.append(token)
+                proposals[seq].append(token)
+            active = [seq for seq in rows if len(proposals[seq]) < steps[seq]]
+        for seq, proposal in proposals.items():
+            self._fresh[seq] = (seq.num_tokens, tuple(proposal))
 
     def _mirror(self, seq: TokenSequence) -> TokenSequence:
         """The draft's copy of `seq`: its tokens, computed as far as the cache still agrees."""
@@ -71,29 +122,41 @@ class DraftProposer:
         if draft is None:
             draft = TokenSequence(0, [], seq.num_prompt_tokens)
             self.blocks.admit([draft], [PrefixMatch((), 0, 0)], [0])
-        agree = 0
+            self._copied[seq] = 0
+        # the tokens copied from `seq` last time are committed ones, unchanged since: the first
+        # difference (from the draft's own proposals) lies after them
         limit = min(draft.num_computed_tokens, seq.num_tokens - 1)  # >= 1 token to compute
+        agree = min(self._copied[seq], limit)
         while agree < limit and draft.token_ids[agree] == seq.token_ids[agree]:
             agree += 1
-        draft.token_ids = list(seq.token_ids)
+        del draft.token_ids[agree:]
+        draft.token_ids.extend(seq.token_ids[agree:])
+        self._copied[seq] = seq.num_tokens
         draft.num_computed_tokens = agree
         self.blocks.free(draft, keep=self.blocks.blocks_for(draft.num_tokens))
         self._mirrors[seq] = draft
         return draft
 
-    def _reserve(self, draft: TokenSequence, new: int) -> bool:
-        """Blocks for `new` more tokens of `draft`, evicting other sequences' states."""
+    def _reserve(self, draft: TokenSequence, protected: set[TokenSequence]) -> bool:
+        """Blocks for `draft`'s uncomputed tokens, evicting the states of sequences outside
+        the batch (`protected`: its drafts), least recently proposed first."""
+        new = draft.num_uncomputed_tokens
         while self.blocks.blocks_to_append([(draft, new)]) > self.blocks.num_free_blocks:
-            victim = next((s for s in self._mirrors if self._mirrors[s] is not draft), None)
+            victim = next((s for s, d in self._mirrors.items() if d not in protected), None)
             if victim is None:
                 return False
-            self.blocks.free(self._mirrors.pop(victim))
+            self._drop(victim)
         self.blocks.append(draft, new)
         return True
 
+    def _drop(self, seq: TokenSequence) -> None:
+        self.blocks.free(self._mirrors.pop(seq))
+        self._fresh.pop(seq, None)
+        self._copied.pop(seq, None)
+
     def _forget_finished(self) -> None:
         for seq in [s for s in self._mirrors if s.is_finished]:
-            self.blocks.free(self._mirrors.pop(seq))
+            self._drop(seq)
 
 
 def build_draft(config: EngineConfig, vocab_size: int) -> DraftProposer:
@@ -103,7 +166,7 @@ def build_draft(config: EngineConfig, vocab_size: int) -> DraftProposer:
         config,
         speculative=None,
         tensor_parallel_size=1,
-        enforce_eager=True,  # its steps are single sequences, verified by the target
+        enforce_eager=True,  # its steps are proposals, verified by the target
         cpu_kernels_background=False,
     )
     built = build_runner(Path(spec.model), draft_config, False, sampleable_vocab=vocab_size)

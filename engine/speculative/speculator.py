@@ -4,8 +4,10 @@ object; None when `EngineConfig.speculative` is None).
 Contract:
 - `propose(request, seq, matcher)` (the scheduler calls it for each running sequence it is
   about to give a one-token decode): up to k tokens continuing `seq` (n-gram lookup, or the
-  draft model's greedy continuation), or () when the sequence does not speculate. Beam
-  search never does (a beam step compares all beams at one position). At most
+  draft model's greedy continuation), or () when the sequence does not speculate. n-gram
+  proposals are cut to the length `gate` (gate.py) finds pays for its rows, from how often
+  the sequence's proposals were kept (none when they mostly are not); a draft model's are not
+  (its cost is the draft's forwards, paid before the gate could cut). Beam search never does (a beam step compares all beams at one position). At most
   `max_tokens - num_output - 1` tokens, so the tokens a verification emits (kept proposals +
   one) never pass max_tokens and their K/V slots stay within what admission reserved. Under a
   grammar (`matcher`, the sequence's llguidance matcher, fed its output) the proposal is cut
@@ -27,6 +29,7 @@ from engine.requests.request import Request, TokenSequence
 from engine.speculative.config import SpeculativeConfig
 from engine.speculative.counters import SpeculationCounters
 from engine.speculative.draft import DraftProposer
+from engine.speculative.gate import ProposalGate
 from engine.speculative.ngram import NgramProposer
 
 
@@ -39,7 +42,10 @@ class Speculator:
         self.config = config
         self.draft = draft
         self.ngram = NgramProposer(config.num_tokens, config.ngram_min, config.ngram_max)
+        self.gate = ProposalGate()  # n-gram proposals: sent as far as they pay (gate.py)
         self.counters = SpeculationCounters(config.num_tokens)
+        if draft is not None:
+            draft.on_forward = self.counters.record_draft
 
     def propose(
         self, request: Request, seq: TokenSequence, matcher: llguidance.LLMatcher | None = None
@@ -54,6 +60,7 @@ class Speculator:
             proposal = self.draft.propose(seq, limit)
         else:
             proposal = self.ngram.propose(seq.token_ids, limit)
+            proposal = proposal[: self.gate.length(seq, proposal)]
         if proposal and matcher is not None:
             proposal = proposal[: matcher.validate_tokens(list(proposal))]
         return proposal

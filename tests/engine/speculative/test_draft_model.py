@@ -66,3 +66,58 @@ def test_a_draft_with_another_vocabulary_is_refused(folders, tmp_path):
     small = save_checkpoint("llama", tmp_path / "small-vocab", vocab_size=256)
     with pytest.raises(ValueError, match="speculative_model"):
         tiny_engine(target, speculative=_draft(small))
+
+
+def _count_rows(draft) -> list[int]:
+    """Records the rows (sequences) of each draft forward."""
+    rows: list[int] = []
+    execute = draft.runner.execute
+
+    def counting(chunks, *args, **kwargs):
+        rows.append(len(chunks))
+        return execute(chunks, *args, **kwargs)
+
+    draft.runner.execute = counting
+    return rows
+
+
+def test_alone_the_draft_runs_one_forward_per_proposed_token(folders):
+    target, other = folders
+    prompts = random_prompts(1, (12, 12), seed=3)
+    params = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)]
+    spec = tiny_engine(target, speculative=_draft(other, k=3))
+    rows = _count_rows(spec.speculator.draft)
+    assert answers(spec, prompts, params) == answers(tiny_engine(target), prompts, params)
+    stats = spec.stats().speculation
+    # no proposal was cut after drafting (the limit reaches the draft), so each drafted token
+    # was proposed: as many forwards as proposed tokens, each of one sequence
+    assert spec.speculator.draft.num_forwards == len(rows) == stats.num_proposed_tokens
+    assert set(rows) == {1}
+    assert stats.draft_forwards == len(rows) and stats.draft_seconds > 0  # timed, each one
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["pytorch", "cpp"])
+def test_speculating_sequences_draft_together_and_keep_their_tokens(folders, kernels):
+    target, other = folders
+    k, prompts = 3, random_prompts(4, (5, 16), seed=4)
+    params = [
+        SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=22, temperature=0.8, seed=11, ignore_eos=True),
+        SamplingParams(max_tokens=26, temperature=0.7, seed=3, ignore_eos=True, n=2),
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
+    ]
+    plain = tiny_engine(target, cpu_kernels=kernels)
+    spec = tiny_engine(target, cpu_kernels=kernels, speculative=_draft(other, k=k))
+    rows = _count_rows(spec.speculator.draft)
+    steps = []
+    step = spec.step
+    spec.step = lambda: steps.append(1) or step()
+    # the oracle: the same requests, same arrivals, decoded without speculation
+    assert answers(spec, prompts, params) == answers(plain, prompts, params)
+    # 5 sequences decode side by side: their drafts share forwards (one sequence alone would
+    # need k forwards for each of its steps, 5 sequences 5 * k)
+    assert max(rows) == 5
+    assert spec.speculator.draft.num_forwards <= k * len(steps) + 4 * k  # + first proposals
+    spec.speculator.draft.blocks.check_invariants()
+    assert_no_leaks(spec)
+    assert not spec.speculator.draft._fresh  # finished sequences' proposals are dropped
