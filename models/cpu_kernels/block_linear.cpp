@@ -180,13 +180,12 @@ inline void spread(__m512 v, __m512& lo, __m512& hi) {
   hi = _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), v);
 }
 
-// 16 float32 q values -> d * q (+ m) with gguf's roundings (d * q is exact; the explicit
-// rounding intrinsics are never contracted into an fma).
+// 16 float32 q values -> d * q (+ m) with gguf's roundings: d * q is exact (an 11-bit d times
+// a q of at most 8 bits), so fl(fl(d q) + m) is one fma's single rounding.
 template <bool MIN>
 inline __m512 scale(__m512 q, __m512 d, __m512 mn) {
-  const __m512 v = _mm512_mul_round_ps(q, d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  if constexpr (MIN) return _mm512_add_round_ps(v, mn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return v;
+  if constexpr (MIN) return _mm512_fmadd_ps(q, d, mn);
+  return _mm512_mul_ps(q, d);
 }
 
 // A packed block's d (and m) spread over a step's two halves (see spread).
