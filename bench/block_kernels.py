@@ -1,23 +1,26 @@
 """GGUF blocks as stored against the dense kernel, one linear layer at a time, in one process.
 
-`python -m bench.block_kernels [--rows 1,8,32,64,128] [--dtype float32,bfloat16]
+`python -m bench.block_kernels [--rows 1,2,4,5,8,32,64,128] [--dtype float32,bfloat16]
 [--types Q4_1,Q8_0,Q4_K,Q6_K] [--runs 7] [--threads N] [--march haswell]` times, for each of
 SmolLM2-135M's linear shapes (qkv 960x576, gate-up 3072x576, down 576x1536, o 576x576;
 `--lm-head` adds the tied head 49152x576, float32 out, up to 512 rows) stored in each type, the
 C++ block kernel (`block_linear`, what weights kept as stored run) and the dense packed kernel
 over the same weights dequantised to the activations' dtype (`linear`, what `--dequantize`
 runs), on the same activations, in the native build or the one `--march` names (every ISA
-build a CPU can run, on one host: the same sources, `models.cpu_kernels.build(march)`). The two
-kernels alternate call by call inside each run (a busy machine slows both alike); a run times
-`--calls` calls of each and the figure is the median of `--runs` runs.
+build a CPU can run, on one host: the same sources, `models.cpu_kernels.build(march)`). The
+kernels alternate call by call inside each run (a busy machine slows all alike): the R-row
+calls of both and, for R > 1, the same layer's one-row calls of both; a run times `--calls`
+calls of each and the figure is the median of `--runs` runs.
 
 Prints one JSON line per (dtype, type, rows, layer): GFLOP/s of each kernel from the median
 run (`blocks_gflops`, `dense_gflops`) and from the best single call (`*_best_gflops`: a call
-no other process preempted, the steadier figure on a shared machine) and `blocks_over_dense`
+no other process preempted, the steadier figure on a shared machine), `blocks_over_dense`
 (`_best`): the blocks' rate as a fraction of the dense kernel's (>= 1.0: at least the dense
-rate); then one line per (dtype, type, rows) over the four layer shapes together (`layer:
-"all"`), each with the 1-minute load average at its start (compare the ratios of one
-process). Weights: seeded N(0, 0.02), quantised by the gguf package (K-quants by
+rate), and `blocks_over_one_row` / `dense_over_one_row`: the time of one call of R rows over
+one call of one row (a speculative verify of k + 1 rows costs that many decode steps' worth of
+this layer; 1.0 would be free rows); then one line per (dtype, type, rows) over the four layer
+shapes together (`layer: "all"`), each with the 1-minute load average at its start (compare the
+ratios of one process). Weights: seeded N(0, 0.02), quantised by the gguf package (K-quants by
 bench/kquantize.py, K rounded up to whole 256-wide super-blocks: 576 -> 768).
 """
 
@@ -53,43 +56,47 @@ def quantized(values: torch.Tensor, qtype: QT):
     return quantize_k(array, qtype) if qtype in KQUANTS else quantize(array, qtype)
 
 
-def time_pair_us(
-    blocks: Callable[[], object], dense: Callable[[], object], runs: int, calls: int
+def time_interleaved_us(
+    fns: dict[str, Callable[[], object]], runs: int, calls: int
 ) -> dict[str, float]:
-    """Microseconds per call of each, the calls alternating: the median over `runs` of each
-    run's mean, and the best single call (a call no other process preempted)."""
-    blocks(), dense()  # warm: caches, the OpenMP pool
-    means: list[tuple[float, float]] = []
-    best = [float("inf"), float("inf")]
+    """Microseconds per call of each of `fns`, the calls alternating: the median over `runs`
+    of each run's mean (`name`), and the best single call (`name_best`: a call no other
+    process preempted)."""
+    for fn in fns.values():
+        fn()  # warm: caches, the OpenMP pool
+    means: dict[str, list[float]] = {name: [] for name in fns}
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(runs):
-        spent = [0.0, 0.0]
+        spent = dict.fromkeys(fns, 0.0)
         for _ in range(calls):
-            for i, fn in enumerate((blocks, dense)):
+            for name, fn in fns.items():
                 start = time.perf_counter()
                 fn()
                 took = time.perf_counter() - start
-                spent[i] += took
-                best[i] = min(best[i], took)
-        means.append((spent[0] / calls * 1e6, spent[1] / calls * 1e6))
-    return {
-        "blocks": statistics.median(r[0] for r in means),
-        "dense": statistics.median(r[1] for r in means),
-        "blocks_best": best[0] * 1e6,
-        "dense_best": best[1] * 1e6,
-    }
+                spent[name] += took
+                best[name] = min(best[name], took)
+        for name in fns:
+            means[name].append(spent[name] / calls * 1e6)
+    out = {name: statistics.median(values) for name, values in means.items()}
+    return out | {f"{name}_best": t * 1e6 for name, t in best.items()}
 
 
 def rates(flop: float, us: dict[str, float]) -> dict[str, float]:
-    """GFLOP/s of each kernel (median and best) and the blocks' rate over the dense one's."""
-    out = {f"{key}_gflops": round(flop / t / 1e3, 1) for key, t in us.items()}
+    """GFLOP/s of each kernel (median and best), the blocks' rate over the dense one's, and
+    (where the one-row calls were timed) each kernel's R-row call over its one-row call."""
+    keys = ("blocks", "dense", "blocks_best", "dense_best")
+    out = {f"{key}_gflops": round(flop / us[key] / 1e3, 1) for key in keys}
     out["blocks_over_dense"] = round(us["dense"] / us["blocks"], 3)
     out["blocks_over_dense_best"] = round(us["dense_best"] / us["blocks_best"], 3)
+    for kernel in ("blocks", "dense"):
+        if f"{kernel}_1" in us:
+            out[f"{kernel}_over_one_row"] = round(us[kernel] / us[f"{kernel}_1"], 3)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1,8,32,64,128", help="comma-separated M values")
+    parser.add_argument("--rows", default="1,2,4,5,8,32,64,128", help="comma-separated M values")
     parser.add_argument("--dtype", default="float32,bfloat16", help="activation dtypes")
     parser.add_argument("--types", default="Q4_1,Q4_0,Q8_0,Q4_K,Q6_K", help="GGML types")
     parser.add_argument("--lm-head", action="store_true", help="also the 49152x576 LM head")
@@ -121,9 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                 values = torch.from_numpy(dequantize(raw, qtype)).to(dtype).contiguous()
                 weights.append((name, n, k, packed, ext.pack_linear(values)))
             for m in (int(v) for v in args.rows.split(",")):
-                totals = dict.fromkeys(
-                    ("flop", "blocks", "dense", "blocks_best", "dense_best"), 0.0
-                )
+                totals: dict[str, float] = {"flop": 0.0}
                 load = round(os.getloadavg()[0], 2)
                 for name, n, k, packed, dense in weights:
                     float_out = name == "lm_head"
@@ -131,19 +136,25 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     x = torch.randn(m, k, generator=gen).to(dtype)
                     calls = args.calls or max(1, int(4e8 / (2 * m * n * k + 4e6)))
-                    times = time_pair_us(
-                        partial(ext.block_linear, x, packed, int(qtype), n, None, float_out),
-                        partial(ext.linear, x, dense, None, n, float_out),
-                        args.runs,
-                        calls,
-                    )
+                    fns = {
+                        "blocks": partial(
+                            ext.block_linear, x, packed, int(qtype), n, None, float_out
+                        ),
+                        "dense": partial(ext.linear, x, dense, None, n, float_out),
+                    }
+                    if m > 1:  # the same layer's one-row calls, interleaved with these
+                        fns["blocks_1"] = partial(
+                            ext.block_linear, x[:1], packed, int(qtype), n, None, float_out
+                        )
+                        fns["dense_1"] = partial(ext.linear, x[:1], dense, None, n, float_out)
+                    times = time_interleaved_us(fns, args.runs, calls)
                     row = {"dtype": dtype_name, "type": qtype.name, "rows": m, "layer": name}
                     row |= {"n": n, "k": k} | rates(2 * m * n * k, times) | {"load": load}
                     print(json.dumps(row), flush=True)
                     if not float_out:
                         totals["flop"] += 2 * m * n * k
                         for key, us in times.items():
-                            totals[key] += us
+                            totals[key] = totals.get(key, 0.0) + us
                 row = {"dtype": dtype_name, "type": qtype.name, "rows": m, "layer": "all"}
                 row |= rates(totals.pop("flop"), totals)
                 row |= {"load": load, "threads": torch.get_num_threads(), "march": args.march}

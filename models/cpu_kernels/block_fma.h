@@ -95,34 +95,50 @@ inline void dequant_block(const uint8_t* blk, int64_t scales_bytes, float* w) {
   }
 }
 
-// Whether finite float32 Q4 blocks fold the nibble's shift into d (see row_block): AVX-512
+// Whether finite float32 Q4 blocks fold the nibble's shift into d (see rows_block): AVX-512
 // only; with two ymm per vector the 4 scaled d per panel spill (a -march=haswell build
 // measured 2.57 ms against 2.42 without it).
 template <int TYPE>
 constexpr bool kFoldQ4 = TYPE != 2 && TGSERVE_SIMD16 == 512;
 
-// One row (decode) over NR panels, dequantising in registers: no w buffer. For each block,
-// each element e in order, each panel: acc = fma(x[e], w, acc), as `pass` does.
-template <int TYPE, bool kRoundBf16, bool kFinite, int NR>
-[[gnu::always_inline]] inline void row_block(const float* xf, const uint8_t* const* blk,
-                                             int64_t scales_bytes, VF* acc) {
+// Few rows (decode, a speculative verify): up to kFewRows rows over NR panels, dequantising in
+// registers, each weight once for all the pass's rows: no w buffer, no accumulator traffic.
+// Panels per pass for mr rows: mr x NR accumulators beside NR weights and the panels' scales
+// (AVX-512: 32 zmm; AVX2: 16 ymm, two per vector, so rows go 4 at a time over one panel).
+constexpr int kFewRows = 8;
+constexpr int kFewRowsPerPass = TGSERVE_SIMD16 == 512 ? kFewRows : 4;
+constexpr int few_rows_panels(int mr) {
+  if constexpr (TGSERVE_SIMD16 != 512) return mr <= 1 ? 4 : mr <= 2 ? 2 : 1;
+  return mr <= 2 ? 4 : mr <= 4 ? 3 : 2;
+}
+
+// Rows x[0 .. MR) (element e of row m at xf[m * ldx + e]) over one block of NR panels:
+// for each element e in order, each panel: w = the weight, then acc[m][j] = fma(x[m][e], w,
+// acc[m][j]) for every row: each lane runs `pass`'s portable order.
+template <int TYPE, bool kRoundBf16, bool kFinite, int MR, int NR>
+[[gnu::always_inline]] inline void rows_block(const float* xf, int64_t ldx,
+                                              const uint8_t* const* blk, int64_t scales_bytes,
+                                              VF (&acc)[MR][NR]) {
   VF d[NR], mn[NR];
   for (int j = 0; j < NR; ++j) {
     d[j] = v::load_halves(blk[j]);
     mn[j] = TYPE == 1 ? v::load_halves(blk[j] + 32) : v::zerof();
   }
-  const auto fmas = [&](int e, const VI* qi) {
-    const VF xv = v::set1f(xf[e]);
-    for (int j = 0; j < NR; ++j)
-      acc[j] = v::fmadd(xv, weight<TYPE, kRoundBf16, kFinite>(qi[j], d[j], mn[j]), acc[j]);
+  const auto fmas = [&](int e, const VF* w) {
+    for (int m = 0; m < MR; ++m) {
+      const VF xv = v::set1f(xf[m * ldx + e]);
+      for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, w[j], acc[m][j]);
+    }
   };
   for (int c = 0; c < (TYPE == 2 ? 16 : 8); ++c) {  // 32-byte chunks of quants
-    VI words[NR], q[NR];
+    VI words[NR];
+    VF w[NR];
     for (int j = 0; j < NR; ++j) words[j] = v::load_u16(blk[j] + scales_bytes + 32 * c);
     if constexpr (TYPE == 2) {
       for (int i = 0; i < 2; ++i) {
-        for (int j = 0; j < NR; ++j) q[j] = q8_at(words[j], i);
-        fmas(2 * c + i, q);
+        for (int j = 0; j < NR; ++j)
+          w[j] = weight<TYPE, kRoundBf16, kFinite>(q8_at(words[j], i), d[j], mn[j]);
+        fmas(2 * c + i, w);
       }
     } else if constexpr (kFinite && !kRoundBf16 && kFoldQ4<TYPE>) {
       // Finite float32 Q4: w = fma(q * 2^s, d * 2^-s, m) with q * 2^s the nibble left in place
@@ -132,17 +148,17 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int NR>
       for (int u = 0; u < 4; ++u) {
         const VI mask = v::set1i(0xF << kQ4Shift[u]);
         const VF scale = v::set1f(1.0f / static_cast<float>(1 << kQ4Shift[u]));
-        const VF xv = v::set1f(xf[4 * c + u]);
         for (int j = 0; j < NR; ++j) {
           const VF base = TYPE == 1 ? mn[j] : v::mul(d[j], v::set1f(-8.0f));
-          const VF w = v::fmadd(v::to_float(v::and_(words[j], mask)), v::mul(d[j], scale), base);
-          acc[j] = v::fmadd(xv, w, acc[j]);
+          w[j] = v::fmadd(v::to_float(v::and_(words[j], mask)), v::mul(d[j], scale), base);
         }
+        fmas(4 * c + u, w);
       }
     } else {
       for (int u = 0; u < 4; ++u) {
-        for (int j = 0; j < NR; ++j) q[j] = q4_at<TYPE>(words[j], u);
-        fmas(4 * c + u, q);
+        for (int j = 0; j < NR; ++j)
+          w[j] = weight<TYPE, kRoundBf16, kFinite>(q4_at<TYPE>(words[j], u), d[j], mn[j]);
+        fmas(4 * c + u, w);
       }
     }
   }
@@ -155,16 +171,30 @@ inline bool finite_halves(const uint8_t* p) {
   return _mm256_movemask_epi8(_mm256_cmpeq_epi16(e, _mm256_set1_epi16(0x7C00))) == 0;
 }
 
-template <int TYPE, typename T, int NR>
-void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
-             int64_t scales_bytes, float* out) {
+// out [m][j] (16 lanes at out + (m * max_nr + j) * 16) = rows x[0 .. MR) (row stride K) over
+// panels [0 .. NR) of Wp, block after block (bf16 x: each block's 32 k as float32, exact).
+template <int TYPE, typename T, int MR, int NR>
+void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
+              int64_t scales_bytes, int max_nr, float* out) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;
-  alignas(64) float xf[kBlockK];
-  VF acc[NR];
-  for (int j = 0; j < NR; ++j) acc[j] = v::zerof();
+  alignas(64) float xb[kBf16 ? MR * kBlockK : 1];
+  VF acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = v::zerof();
   for (int64_t b = 0; b < nb; ++b) {
-    for (int e = 0; e < kBlockK; ++e) xf[e] = static_cast<float>(x[b * kBlockK + e]);
+    const float* xf;
+    int64_t ldx;
+    if constexpr (kBf16) {
+      for (int m = 0; m < MR; ++m)
+        for (int e = 0; e < kBlockK; ++e)
+          xb[m * kBlockK + e] = static_cast<float>(x[m * K + b * kBlockK + e]);
+      xf = xb;
+      ldx = kBlockK;
+    } else {
+      xf = x + b * kBlockK;
+      ldx = K;
+    }
     const uint8_t* blk[NR];
     bool finite = true;
     for (int j = 0; j < NR; ++j) {
@@ -173,61 +203,33 @@ void one_row(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int6
                                                   (TYPE != 1 || finite_halves(blk[j] + 32));
     }
     if (finite)
-      row_block<TYPE, kBf16, true, NR>(xf, blk, scales_bytes, acc);
+      rows_block<TYPE, kBf16, true, MR, NR>(xf, ldx, blk, scales_bytes, acc);
     else
-      row_block<TYPE, kBf16, false, NR>(xf, blk, scales_bytes, acc);
-  }
-  for (int j = 0; j < NR; ++j) v::storef(out + j * kLanes, acc[j]);
-}
-
-// For MR rows m (x at xf + 32 m) and NR panels j: acc[m][j] (16 lanes, stored at acc_mem +
-// (m * row_stride + j) * 16) = fma(x[m][e], w[j][e], acc[m][j]) for e = 0 .. 31, in order.
-template <int MR, int NR>
-inline void block_fmas(const float* xf, const float* w, float* acc_mem, int row_stride) {
-  VF acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) acc[m][j] = v::loadf(acc_mem + (m * row_stride + j) * kLanes);
-  for (int e = 0; e < kBlockK; ++e) {
-    VF wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = v::loadf(w + (j * kBlockK + e) * kLanes);
-    for (int m = 0; m < MR; ++m) {
-      const VF xv = v::set1f(xf[m * kBlockK + e]);
-      for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, wv[j], acc[m][j]);
-    }
+      rows_block<TYPE, kBf16, false, MR, NR>(xf, ldx, blk, scales_bytes, acc);
   }
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) v::storef(acc_mem + (m * row_stride + j) * kLanes, acc[m][j]);
+    for (int j = 0; j < NR; ++j) v::storef(out + (m * max_nr + j) * kLanes, acc[m][j]);
 }
 
-// block_fmas for mr (1 .. 2) rows and nr (1 .. 4) panels.
-inline void block_fmas_any(int mr, int nr, const float* xf, const float* w, float* acc,
-                           int row_stride) {
-  const auto one = [&](auto rows) {
-    constexpr int R = decltype(rows)::value;
-    switch (nr) {
-      case 1: return block_fmas<R, 1>(xf, w, acc, row_stride);
-      case 2: return block_fmas<R, 2>(xf, w, acc, row_stride);
-      case 3: return block_fmas<R, 3>(xf, w, acc, row_stride);
-      default: return block_fmas<R, 4>(xf, w, acc, row_stride);
-    }
+// few_rows for mr (1 .. kFewRowsPerPass) rows and nr (1 .. few_rows_panels(mr)) panels.
+template <int TYPE, typename T, int MR = kFewRowsPerPass>
+void few_rows_any(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
+                  int64_t file_block, int64_t scales_bytes, int mr, int nr, int max_nr,
+                  float* out) {
+  if constexpr (MR > 1)
+    if (mr < MR)
+      return few_rows_any<TYPE, T, MR - 1>(x, K, Wp, panel_bytes, file_block, scales_bytes, mr,
+                                           nr, max_nr, out);
+  const auto run = [&](auto panels) {
+    constexpr int NR = decltype(panels)::value;
+    if constexpr (NR <= few_rows_panels(MR))
+      few_rows<TYPE, T, MR, NR>(x, K, Wp, panel_bytes, file_block, scales_bytes, max_nr, out);
   };
-  if (mr == 1)
-    one(std::integral_constant<int, 1>{});
-  else
-    one(std::integral_constant<int, 2>{});
-}
-
-// Rows x[0 .. mr) over block b's dequantised w [nr][32][16]: out's sums go on.
-template <typename T>
-inline void rows_over_block(const T* x, int64_t K, int64_t b, const float* w, int mr, int nr,
-                            int max_nr, float* out) {
-  alignas(64) float xf[2 * kBlockK];
-  for (int m = 0; m < mr; m += 2) {  // two rows at a time: 2 x nr independent fma chains
-    const int rows = std::min(2, mr - m);
-    for (int r = 0; r < rows; ++r)
-      for (int e = 0; e < kBlockK; ++e)
-        xf[r * kBlockK + e] = static_cast<float>(x[(m + r) * K + b * kBlockK + e]);
-    block_fmas_any(rows, nr, xf, w, out + m * max_nr * kLanes, max_nr);
+  switch (nr) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
   }
 }
 
@@ -296,28 +298,15 @@ inline void dense_rows(const float* x, int64_t ldx, int64_t K, const float* w, i
 }
 
 // The portable pass's contract: out [max_mr][max_nr][16] float32 sums of rows x[0 .. mr)
-// (row stride K) over panels [0 .. nr) of Wp (panel stride panel_bytes).
+// (row stride K, mr <= kFewRows) over panels [0 .. nr) of Wp (panel stride panel_bytes,
+// nr <= few_rows_panels(min(mr, kFewRowsPerPass))).
 template <int TYPE, typename T>
 void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
           int64_t scales_bytes, int mr, int nr, int max_nr, float* out) {
-  constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
-  if (mr == 1) {  // decode: dequantise in registers
-    switch (nr) {
-      case 1: return one_row<TYPE, T, 1>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
-      case 2: return one_row<TYPE, T, 2>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
-      case 3: return one_row<TYPE, T, 3>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
-      default: return one_row<TYPE, T, 4>(x, K, Wp, panel_bytes, file_block, scales_bytes, out);
-    }
-  }
-  const int64_t bb = file_block * kLanes, nb = K / kBlockK;
-  alignas(64) float w[4 * kBlockK * kLanes];  // nr <= 4 panels of one block
-  for (int m = 0; m < mr; ++m) std::memset(out + m * max_nr * kLanes, 0, nr * kLanes * 4);
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int j = 0; j < nr; ++j)
-      dequant_block<TYPE, kBf16>(Wp + j * panel_bytes + b * bb, scales_bytes,
-                                 w + j * kBlockK * kLanes);
-    rows_over_block(x, K, b, w, mr, nr, max_nr, out);
-  }
+  for (int m0 = 0; m0 < mr; m0 += kFewRowsPerPass)
+    few_rows_any<TYPE, T>(x + m0 * K, K, Wp, panel_bytes, file_block, scales_bytes,
+                          std::min(kFewRowsPerPass, mr - m0), nr, max_nr,
+                          out + m0 * max_nr * kLanes);
 }
 
 }  // namespace tgserve::block_fma

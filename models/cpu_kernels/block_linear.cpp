@@ -25,9 +25,12 @@
 // the thread and the other rows change which lanes run together, never a lane's sequence:
 // batch invariance (issue #14) holds as for linear.cpp.
 //
-// Two SIMD paths, one order. Few rows (M <= 8, decode): a pass dequantises each pair of steps
-// of its panels in registers and runs all its rows (up to 8) over them (the weights are read
-// once; dequantising costs ALU work next to streaming a third of the dense bytes). Many rows:
+// Two SIMD paths, one order. Few rows (M <= 8: decode, a speculative verify): a pass
+// dequantises each pair of steps of its panels in registers and runs all its rows (up to 8)
+// over them (the weights are read once; dequantising costs ALU work next to streaming a third
+// of the dense bytes); bf16 activations run each vdpbf16ps as its two fmas where this CPU's
+// instruction gives their bits (bf16_pairs.h: half the cost per row), float32 ones a register
+// tile of rows x panels per block (block_fma.h). Many rows:
 // a thread dequantises a group of 4 panels once into a scratch (L2-sized) and runs the dense
 // kernel's 6-row register tiles over it: the dense kernel's work plus the amortised
 // dequantising. bf16 with AVX512-BF16: a bf16 scratch, 6 x 4 vdpbf16ps tiles (many_rows);
@@ -38,11 +41,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <omp.h>
 
 #include "kernels.h"
+#include "bf16_pairs.h"
 #include "block_fma.h"
 #include "group_walk.h"
 
@@ -175,13 +180,12 @@ inline void spread(__m512 v, __m512& lo, __m512& hi) {
   hi = _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), v);
 }
 
-// 16 float32 q values -> d * q (+ m) with gguf's roundings (d * q is exact; the explicit
-// rounding intrinsics are never contracted into an fma).
+// 16 float32 q values -> d * q (+ m) with gguf's roundings: d * q is exact (an 11-bit d times
+// a q of at most 8 bits), so fl(fl(d q) + m) is one fma's single rounding.
 template <bool MIN>
 inline __m512 scale(__m512 q, __m512 d, __m512 mn) {
-  const __m512 v = _mm512_mul_round_ps(q, d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  if constexpr (MIN) return _mm512_add_round_ps(v, mn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return v;
+  if constexpr (MIN) return _mm512_fmadd_ps(q, d, mn);
+  return _mm512_mul_ps(q, d);
 }
 
 // A packed block's d (and m) spread over a step's two halves (see spread).
@@ -241,29 +245,48 @@ inline void dequant_block(const uint8_t* blk, __m512i* w, int64_t stride) {
 }
 
 // Few rows: rows x[0 .. MR) against panels [0 .. NR) from `Wp` (panel stride `panel_bytes`);
-// each pair of steps of the NR panels is dequantised in registers once for all MR rows.
-template <int MR, int NR, int TYPE>
-void simd_pass(const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
-               float* out) {
+// each pair of steps of the NR panels is dequantised in registers once for all MR rows. XT =
+// bf16: vdpbf16ps on x's pairs; XT = float (x rounded from bf16, exact): the same pairs as two
+// fmas each, odd element first, under DAZ + FTZ (bf16_pairs.h: the same bits, used where this
+// CPU's vdpbf16ps is checked to give them).
+template <int MR, int NR, int TYPE, typename XT>
+void simd_pass(const XT* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, float* out) {
   constexpr Format f = kFormat<TYPE>;
   constexpr int64_t bb = f.file_block * kPanel;
+  constexpr bool kFmas = std::is_same_v<XT, float>;
   const int64_t nb = K / kBlock;
+  std::optional<bf16_pairs::FlushDenormals> flush;
+  if constexpr (kFmas) flush.emplace();
   __m512 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     BlockScales sc[NR];
     for (int j = 0; j < NR; ++j) sc[j] = load_scales<TYPE>(Wp + j * panel_bytes + b * bb);
-    const c10::BFloat16* xb = x + b * kBlock;
+    const XT* xb = x + b * kBlock;
     for (int t = 0; t < 8; ++t) {
       __m512bh w0[NR], w1[NR];
       for (int j = 0; j < NR; ++j)
         dequant_steps<TYPE>(Wp + j * panel_bytes + b * bb + f.scales, t, sc[j], w0[j], w1[j]);
-      for (int m = 0; m < MR; ++m) {
-        const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
-        for (int j = 0; j < NR; ++j) {
-          acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x0, w0[j]);
-          acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x1, w1[j]);
+      if constexpr (kFmas) {
+        for (int s = 0; s < 2; ++s) {  // step 2t + s: k = 4t + 2s (even), 4t + 2s + 1 (odd)
+          __m512 we[NR], wo[NR];
+          for (int j = 0; j < NR; ++j)
+            bf16_pairs::split_pairs((__m512i)(s ? w1[j] : w0[j]), we[j], wo[j]);
+          for (int m = 0; m < MR; ++m) {
+            const float* xk = xb + m * K + 4 * t + 2 * s;
+            const __m512 xe = _mm512_set1_ps(xk[0]), xo = _mm512_set1_ps(xk[1]);
+            for (int j = 0; j < NR; ++j)
+              acc[m][j] = bf16_pairs::pair_fmas(acc[m][j], xe, xo, we[j], wo[j]);
+          }
+        }
+      } else {
+        for (int m = 0; m < MR; ++m) {
+          const __m512bh x0 = x_pair(xb + m * K + 4 * t), x1 = x_pair(xb + m * K + 4 * t + 2);
+          for (int j = 0; j < NR; ++j) {
+            acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x0, w0[j]);
+            acc[m][j] = _mm512_dpbf16_ps(acc[m][j], x1, w1[j]);
+          }
         }
       }
     }
@@ -272,9 +295,8 @@ void simd_pass(const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t pan
     for (int j = 0; j < NR; ++j) _mm512_storeu_ps(out + (m * kMaxNR + j) * kPanel, acc[m][j]);
 }
 
-template <int MR, int NR>
-void simd_type(int type, const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t pb,
-               float* out) {
+template <int MR, int NR, typename XT>
+void simd_type(int type, const XT* x, int64_t K, const uint8_t* Wp, int64_t pb, float* out) {
   switch (type) {
     case kQ4_0: simd_pass<MR, NR, kQ4_0>(x, K, Wp, pb, out); break;
     case kQ4_1: simd_pass<MR, NR, kQ4_1>(x, K, Wp, pb, out); break;
@@ -283,9 +305,9 @@ void simd_type(int type, const c10::BFloat16* x, int64_t K, const uint8_t* Wp, i
 }
 
 // MR = mr (1 .. R) rows; NR = nr panels (1 .. 4 for up to 2 rows, else 1 .. 2).
-template <int R>
-void simd_rows(int type, const c10::BFloat16* x, int64_t K, const uint8_t* Wp, int64_t pb,
-               int mr, int nr, float* out) {
+template <int R, typename XT>
+void simd_rows(int type, const XT* x, int64_t K, const uint8_t* Wp, int64_t pb, int mr, int nr,
+               float* out) {
   if constexpr (R > 1)
     if (mr < R) return simd_rows<R - 1>(type, x, K, Wp, pb, mr, nr, out);
   if constexpr (R <= 2) {
@@ -301,10 +323,17 @@ void simd_rows(int type, const c10::BFloat16* x, int64_t K, const uint8_t* Wp, i
   }
 }
 
+// The few-rows pass for bf16 x: the pair fmas over `x32` (x as float32) where this CPU's
+// vdpbf16ps matches them, else vdpbf16ps over x.
 template <typename T>
-void simd_any(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pb, int mr, int nr,
-              float* out) {
-  if constexpr (kHasSimd<T>) simd_rows<kMaxMR>(type, x, K, Wp, pb, mr, nr, out);
+void simd_any(int type, const T* x, const float* x32, int64_t K, const uint8_t* Wp, int64_t pb,
+              int mr, int nr, float* out) {
+  if constexpr (kHasSimd<T>) {
+    if (x32)
+      simd_rows<kMaxMR>(type, x32, K, Wp, pb, mr, nr, out);
+    else
+      simd_rows<kMaxMR>(type, x, K, Wp, pb, mr, nr, out);
+  }
 }
 
 // Many rows (M > kFewRows): a thread dequantises a group of kGroupPanels panels once into a
@@ -426,7 +455,7 @@ void many_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* Wp, 
 template <typename T>
 constexpr bool kHasSimd = false;
 template <typename T>
-void simd_any(int, const T*, int64_t, const uint8_t*, int64_t, int, int, float*) {}
+void simd_any(int, const T*, const float*, int64_t, const uint8_t*, int64_t, int, int, float*) {}
 #endif
 
 // float32 activations (and bf16 on CPUs without AVX512-BF16): each block of the nr panels is
@@ -496,6 +525,8 @@ void store_tile(const float* out, int mr, int64_t nn, const T* bias, OutT* y, in
 }
 
 #if defined(TGSERVE_BLOCK_FMA)
+static_assert(kMaxMR == block_fma::kFewRows);
+
 // Many rows without the bf16 dot product (float32 activations; bf16 on CPUs without
 // AVX512-BF16): each thread dequantises a group of 4 panels into float32 in linear.cpp's
 // layout (block_fma::dequant_panels; bf16 activations: the weights rounded to bf16 first) and
@@ -608,9 +639,22 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     if (M > kMaxMR) return many_rows_fma<T, OutT>(x, M, K, Wp, type, bias, y, N);
   }
 #endif
-  // Few rows (decode), or no SIMD: fewer rows -> more panels per pass.
-  const int nr_max = M <= 2 ? kMaxNR : 2;
+  // Few rows (decode, a speculative verify), or no SIMD: fewer rows -> more panels per pass.
+  int nr_max = M <= 2 ? kMaxNR : 2;
+#if defined(TGSERVE_BLOCK_FMA)
+  if constexpr (!kHasSimd<T>)
+    nr_max = block_fma::few_rows_panels(
+        static_cast<int>(std::min<int64_t>(M, block_fma::kFewRowsPerPass)));
+#endif
   const int64_t groups = (panels + nr_max - 1) / nr_max;
+  // bf16 x as float32 (exact) for the pair fmas, where this CPU's vdpbf16ps is two fmas.
+  std::vector<float> x32;
+#if defined(TGSERVE_BF16_PAIRS)
+  if (kHasSimd<T> && bf16_pairs::fmas_match_dpbf16()) {
+    x32.resize(M * K);
+    for (int64_t i = 0; i < M * K; ++i) x32[i] = static_cast<float>(x[i]);
+  }
+#endif
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t p0 = g * nr_max;
@@ -620,7 +664,8 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
       if constexpr (kHasSimd<T>)
-        simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
+        simd_any<T>(type, x + m0 * K, x32.empty() ? nullptr : x32.data() + m0 * K, K,
+                    Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       else
         order_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       store_tile<T, OutT>(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * N + n0, N);

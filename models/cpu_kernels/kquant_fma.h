@@ -83,44 +83,92 @@ inline void unpack_sub(const uint8_t* blk, int j, float* q) {
   }
 }
 
-// The portable pass's contract: out [mr][max_nr][16] = rows x[0 .. mr) (row stride K) over
-// panels [0 .. nr) of Wp; xsum [mr][K / 32] the rows' 32-wide sums (types with a min).
-template <int KIND, int W, int SUB, int SCALES, int HBITS, int OFFSET, typename T>
-void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
-          const float* xsum, int mr, int nr, int max_nr, float* out) {
+// Few rows (decode, a speculative verify): rows x[0 .. MR) over NR panels, each sub-block of
+// the panels unpacked once (into q, L1) for all the rows: for each element e, the NR q vectors
+// are loaded once and every row's dot chains take them (MR x NR chains in registers); the
+// running sums stay in `out` (one load, fma, store per sub-block). AVX2: rows 4 at a time.
+constexpr int kFewRowsPerPass = TGSERVE_SIMD16 == 512 ? 8 : 4;
+constexpr int few_rows_panels(int mr) {
+  if constexpr (TGSERVE_SIMD16 != 512) return mr <= 1 ? 4 : mr <= 2 ? 2 : 1;
+  return mr <= 2 ? 4 : 2;
+}
+
+// out [m][n] (16 lanes at out + (m * max_nr + n) * 16) = rows x[0 .. MR) (row stride K) over
+// panels [0 .. NR) of Wp; xsum [MR][K / 32] the rows' 32-wide sums (types with a min).
+template <int KIND, int W, int SUB, int SCALES, int HBITS, int OFFSET, typename T, int MR, int NR>
+void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
+              const float* xsum, int max_nr, float* out) {
   constexpr int kSubs = W / SUB;
   const int64_t bb = file_block * kLanes, nb = K / W, ns = K / 32;
-  alignas(64) float q[4][SUB * kLanes];  // nr <= 4 panels of one sub-block
-  alignas(64) float xf[SUB];
-  for (int m = 0; m < mr; ++m) std::memset(out + m * max_nr * kLanes, 0, nr * kLanes * 4);
+  alignas(64) float q[NR][SUB * kLanes];
+  alignas(64) float xf[MR][SUB];
+  for (int m = 0; m < MR; ++m) std::memset(out + m * max_nr * kLanes, 0, NR * kLanes * 4);
   for (int64_t b = 0; b < nb; ++b)
     for (int j = 0; j < kSubs; ++j) {
-      VF s[4], mt[4];
-      for (int n = 0; n < nr; ++n) {
+      VF s[NR], mt[NR];
+      for (int n = 0; n < NR; ++n) {
         const uint8_t* blk = Wp + n * panel_bytes + b * bb;
         unpack_sub<W, SUB, SCALES, HBITS, OFFSET>(blk, j, q[n]);
         scales<KIND>(blk, j, &s[n], &mt[n]);
       }
       const int64_t e0 = b * W + j * SUB;
-      for (int m = 0; m < mr; ++m) {
-        for (int e = 0; e < SUB; ++e) xf[e] = static_cast<float>(x[m * K + e0 + e]);
-        VF dot[4] = {v::zerof(), v::zerof(), v::zerof(), v::zerof()};
-        for (int e = 0; e < SUB; ++e) {
-          const VF xv = v::set1f(xf[e]);
-          for (int n = 0; n < 4; ++n)
-            if (n < nr) dot[n] = v::fmadd(xv, v::loadf(q[n] + e * kLanes), dot[n]);
+      for (int m = 0; m < MR; ++m)
+        for (int e = 0; e < SUB; ++e) xf[m][e] = static_cast<float>(x[m * K + e0 + e]);
+      VF dot[MR][NR];
+      for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < NR; ++n) dot[m][n] = v::zerof();
+      for (int e = 0; e < SUB; ++e) {
+        VF qv[NR];
+        for (int n = 0; n < NR; ++n) qv[n] = v::loadf(q[n] + e * kLanes);
+        for (int m = 0; m < MR; ++m) {
+          const VF xv = v::set1f(xf[m][e]);
+          for (int n = 0; n < NR; ++n) dot[m][n] = v::fmadd(xv, qv[n], dot[m][n]);
         }
-        for (int n = 0; n < nr; ++n) {
+      }
+      for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < NR; ++n) {
           float* a = out + (m * max_nr + n) * kLanes;
-          VF acc = v::fmadd(s[n], dot[n], v::loadf(a));
+          VF acc = v::fmadd(s[n], dot[m][n], v::loadf(a));
           if constexpr (KIND == kDMin)
             acc = v::fmadd(mt[n], v::set1f(xsum[m * ns + e0 / 32]), acc);
           else if constexpr (KIND == kSixBit)
             acc = v::fnmadd(mt[n], v::set1f(xsum[m * ns + e0 / 32]), acc);
           v::storef(a, acc);
         }
-      }
     }
+}
+
+// The portable pass's contract: out [mr][max_nr][16] = rows x[0 .. mr) (row stride K, mr <=
+// 8) over panels [0 .. nr) of Wp (nr <= few_rows_panels(min(mr, kFewRowsPerPass))); xsum
+// [mr][K / 32] the rows' 32-wide sums (types with a min). A lane's operations: dot = 0, dot =
+// fma(x[e], q[e], dot) over a sub-block's elements in order, then the scale and min terms.
+template <int KIND, int W, int SUB, int SCALES, int HBITS, int OFFSET, typename T, int MR = 1>
+void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
+          const float* xsum, int mr, int nr, int max_nr, float* out) {
+  if constexpr (MR < kFewRowsPerPass) {
+    if (mr > MR)
+      return pass<KIND, W, SUB, SCALES, HBITS, OFFSET, T, MR + 1>(
+          x, K, Wp, panel_bytes, file_block, xsum, mr, nr, max_nr, out);
+  } else if (mr > MR) {  // AVX2: more rows than a pass holds
+    pass<KIND, W, SUB, SCALES, HBITS, OFFSET, T, MR>(x, K, Wp, panel_bytes, file_block, xsum, MR,
+                                                     nr, max_nr, out);
+    const int64_t ns = K / 32;
+    return pass<KIND, W, SUB, SCALES, HBITS, OFFSET, T, 1>(
+        x + MR * K, K, Wp, panel_bytes, file_block, xsum ? xsum + MR * ns : nullptr, mr - MR, nr,
+        max_nr, out + MR * max_nr * kLanes);
+  }
+  const auto run = [&](auto panels) {
+    constexpr int NR = decltype(panels)::value;
+    if constexpr (NR <= few_rows_panels(MR))
+      few_rows<KIND, W, SUB, SCALES, HBITS, OFFSET, T, MR, NR>(x, K, Wp, panel_bytes, file_block,
+                                                               xsum, max_nr, out);
+  };
+  switch (nr) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
+  }
 }
 
 // Many rows (prefill, batched decode): a group of nr panels unpacked once (`unpack_panels`)

@@ -55,6 +55,9 @@ constexpr int kMaxNR = 4;
 // More rows than this: unpack a group once per call (wide_linear, wide_fma). One thread, 960 x
 // 768 Q4_K / Q6_K: the register passes ran 45-57 GFLOP/s at 4-8 rows, the group pass 59-68 at 9.
 constexpr int64_t kWideM = 4;
+// The same for float32 activations (and bf16 without AVX512-BF16): their few-rows passes run a
+// register tile of up to 8 rows over each unpacked sub-block (kquant_fma::few_rows).
+constexpr int kWideFmaM = 8;
 // Few rows: each panel stream prefetches (into L2) the block this many bytes ahead, rounded up
 // to whole blocks. Measured with bench.decode_layers on the 1B Q4_K_M file (quiet machine): the
 // matrices of a token 35 -> 24-28 ms, the Q6_K LM head 11 -> 5.5-7 ms.
@@ -695,22 +698,27 @@ void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int t
   if (f.has_min) sub_sums(x, M, K, xsum.data());
   if (kHasSimd<T> && M > kWideM)
     return wide_any<T, OutT>(type, x, M, K, Wp, bias, y, N, ldy, f.has_min ? xsum.data() : nullptr);
-#if defined(TGSERVE_KQUANT_FMA)
-  if (!kHasSimd<T> && M > kWideM)
-    return wide_fma_any<T, OutT>(type, x, M, K, Wp, bias, y, N, ldy,
-                                 f.has_min ? xsum.data() : nullptr);
-#endif
   // Tile: few rows -> more panels per pass (independent chains); many rows -> more rows.
-  const int nr_max = M <= 2 ? kMaxNR : 2;
+  int rows_per_pass = kMaxMR, nr_max = M <= 2 ? kMaxNR : 2;
+#if defined(TGSERVE_KQUANT_FMA)
+  if (!kHasSimd<T>) {
+    if (M > kWideFmaM)
+      return wide_fma_any<T, OutT>(type, x, M, K, Wp, bias, y, N, ldy,
+                                   f.has_min ? xsum.data() : nullptr);
+    rows_per_pass = kWideFmaM;
+    nr_max = kquant_fma::few_rows_panels(
+        static_cast<int>(std::min<int64_t>(M, kquant_fma::kFewRowsPerPass)));
+  }
+#endif
   const int64_t groups = (panels + nr_max - 1) / nr_max;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t p0 = g * nr_max;
     const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
     const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
-    alignas(64) float out[kMaxMR * kMaxNR * kPanel];
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+    alignas(64) float out[kWideFmaM * kMaxNR * kPanel];
+    for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
+      const int mr = static_cast<int>(std::min<int64_t>(rows_per_pass, M - m0));
       const float* xs = f.has_min ? xsum.data() + m0 * ns : nullptr;
       if constexpr (kHasSimd<T>)
         simd_any<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, xs, mr, nr, out);

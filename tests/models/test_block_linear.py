@@ -196,3 +196,29 @@ def test_rows_of_blocks_that_do_not_hold_k_weights_are_refused() -> None:
     raw = torch.zeros(4, 20, dtype=torch.uint8)  # one Q4_1 block per row: 32 weights, not 64
     with pytest.raises(RuntimeError, match="do not hold 64 weights"):
         BlockWeight.pack(raw, QT.Q4_1, 64)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_activations_in_the_underflow_range_give_the_dense_kernels_bits(qtype, m) -> None:
+    """Products and sums below float32's normal range: with bf16 activations on an AVX512-BF16
+    CPU the dense kernel's vdpbf16ps reads denormal inputs as zero and flushes denormal sums,
+    and the few-rows passes, which run its pairs as two fmas, must do the same (every lane,
+    every row count up to a speculative verify's); float32 activations keep denormals on both
+    paths. Activations from 2^-149 (bf16 denormals included) to 2^-100, weights around 2^-20:
+    most products and partial sums are denormal."""
+    gen = torch.Generator().manual_seed(int(qtype) * 10 + m)
+    n, k = 75, 320
+    raw = quantize((torch.randn(n, k, generator=gen) * 2.0**-20).numpy(), qtype)
+    exponents = torch.randint(-149, -100, (m, k), generator=gen).float()
+    x32 = torch.randn(m, k, generator=gen).sign() * torch.exp2(exponents)
+    x32[:, ::7] = torch.randn(m, k // 7 + 1, generator=gen)[:, : x32[:, ::7].shape[1]] * 1e-37
+    ext = cpu_kernels.extension()
+    for dtype in DTYPES:
+        x = x32.to(dtype)
+        assert bool((x != 0).any())
+        dense = ext.pack_linear(torch.from_numpy(dequantize(raw, qtype)).to(dtype).contiguous())
+        layer = BlockLinear(packed(raw, qtype, k), None)
+        got = layer.apply(x, float_out=True)
+        want = ext.linear(x, dense, None, n, True)
+        assert same_bits(got, want), (dtype, float((got - want).abs().max()))

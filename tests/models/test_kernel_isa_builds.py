@@ -111,3 +111,24 @@ def test_the_dense_float32_kernel_gives_the_native_bits(march) -> None:
         assert same_bits(
             other.linear(x, packed, bias, n, True), native.linear(x, packed, bias, n, True)
         ), m
+
+
+@pytest.mark.parametrize("march", ISAS)
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
+def test_few_rows_passes_give_the_native_bits_at_every_row_count(march, qtype) -> None:
+    """2..8 rows (a speculative verify) run one register tile per pass whose shape depends on
+    the rows and the ISA (AVX2: 4 rows at a time): float32 against the native build, bf16
+    against the scalar build (where the native build has no AVX512-BF16 of its own: every
+    build then runs the portable order)."""
+    n, k = 200, 512
+    w = block_weight(qtype, n, k, seed=int(qtype) + 1)
+    gen = torch.Generator().manual_seed(int(qtype) + 1)
+    native, other, scalar = cpu_kernels.extension(), isa_build(march), isa_build("x86-64-v2")
+    for m in range(2, 9):
+        for dtype, reference in ((torch.float32, native), (torch.bfloat16, scalar)):
+            if dtype == torch.bfloat16 and march == "x86-64-v2":
+                continue  # the scalar build is the reference itself
+            x = torch.randn(m, k, generator=gen).to(dtype)
+            want = reference.block_linear(x, w.packed, w.type_id, n, None, True)
+            got = other.block_linear(x, w.packed, w.type_id, n, None, True)
+            assert same_bits(got, want), (m, dtype)
