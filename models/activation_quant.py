@@ -86,7 +86,9 @@ class Q8Weight:
             nib = q.to(torch.uint8).reshape(*q.shape[:3], 2, 4, 4)  # [P, nb, l, half, g, j]
             quants = (nib[:, :, :, 0] | (nib[:, :, :, 1] << 4)).transpose(2, 3)
         scales = [d] if m is None else [d, m]
-        parts = [_padded(s, rows).reshape(rows // _PANEL, _PANEL, nb).transpose(1, 2) for s in scales]
+        parts = [
+            _padded(s, rows).reshape(rows // _PANEL, _PANEL, nb).transpose(1, 2) for s in scales
+        ]
         blob = torch.cat([_as_bytes(p.float()) for p in parts] + [_as_bytes(quants)], dim=2)
         return cls(blob.reshape(rows // _PANEL, -1).contiguous(), qtype, n, k)
 
@@ -98,14 +100,19 @@ class Q8Weight:
         bytes [32t, 32t + 32), step 2t + 1 in the high ones)."""
         qtype = weight.qtype
         if qtype not in Q8_KINDS:
-            raise ValueError(f"int8 activations need Q4_0 / Q4_1 / Q8_0 blocks, not {weight.type_name}")
+            raise ValueError(
+                f"int8 activations need Q4_0 / Q4_1 / Q8_0 blocks, not {weight.type_name}"
+            )
         n, k = weight.out_features, weight.in_features
         nb, panels = k // _BLOCK, weight.packed.shape[0]
         blocks = weight.packed.reshape(panels, nb, -1)  # [P, nb, 16 * file block bytes]
-        scale_bytes = 64 if qtype == QT.Q4_1 else 32
-        d = blocks[:, :, :32].contiguous().view(torch.float16).float()  # [P, nb, 16]
-        m = blocks[:, :, 32:64].contiguous().view(torch.float16).float() if scale_bytes == 64 else None
-        raw = blocks[:, :, scale_bytes:]
+        has_min = qtype == QT.Q4_1
+
+        def halves(start: int) -> torch.Tensor:  # 16 fp16 scales -> float32 [P, nb, 16]
+            return blocks[:, :, start : start + 32].contiguous().view(torch.float16).float()
+
+        d, m = halves(0), halves(32) if has_min else None
+        raw = blocks[:, :, 64 if has_min else 32 :]
         if qtype == QT.Q8_0:  # [P, nb, step s, lane, i] -> k = 2s + i
             q = raw.view(torch.int8).reshape(panels, nb, 16, 16, 2).permute(0, 3, 1, 2, 4)
         else:  # [P, nb, t, lane, i]: k = 4t + i (low nibble), 4t + 2 + i (high)
@@ -186,7 +193,9 @@ class Q8Linear(nn.Module):
         return f"in_features={w.in_features}, out_features={w.out_features}, q8 x {w.qtype.name}"
 
 
-def int8_dot_product_refusal(device: torch.device | str, flags: tuple[str, ...] | None = None) -> str | None:
+def int8_dot_product_refusal(
+    device: torch.device | str, flags: tuple[str, ...] | None = None
+) -> str | None:
     """Why `--activation-quantization int8` cannot run on `device` (None: it can). `flags`: the
     CPU's (read from /proc/cpuinfo when None)."""
     device = torch.device(device)
@@ -198,6 +207,8 @@ def int8_dot_product_refusal(device: torch.device | str, flags: tuple[str, ...] 
             "activation_quantization 'int8' needs a CPU with AVX512-VNNI, AVX-VNNI or AVX2 "
             "(integer dot products); this one has none of them"
         )
+    if cpu_kernels.extension() is None:
+        return "activation_quantization 'int8' needs tgserve's C++ CPU kernels, which did not build"
     return None
 
 
