@@ -301,6 +301,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="off by default: measure compute, not cache hits",
     )
     p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
+    p.add_argument(
+        "--activation-quantization",
+        choices=["int8"],
+        default=None,
+        help="tgserve: int8 activations, integer dot products (CPU)",
+    )
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(
         "--dequantize",

@@ -150,6 +150,7 @@ def _run_offline(
         max_model_len=max_len,
         num_requests=num_requests,
         quantization=args.quantization,
+        activation_quantization=args.activation_quantization,
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
         dequantize=args.dequantize,

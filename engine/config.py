@@ -54,6 +54,9 @@ class EngineConfig:
     max_queued_requests: int = 256
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
+    # None, or "int8": activations quantised per row and block of 32 for integer dot products
+    # against GGUF Q4_0 / Q4_1 / Q8_0 blocks and int8 weights (models/activation_quant.py; CPU).
+    activation_quantization: str | None = None
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
     # On CPU, when the kernels are not built yet: serve on PyTorch ops at once while they build,
@@ -151,15 +154,21 @@ class EngineConfig:
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.activation_quantization not in (None, "int8"):
+            raise ValueError(
+                "activation_quantization must be None or 'int8', got "
+                f"{self.activation_quantization!r}"
+            )
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         positive_int("tensor_parallel_size", self.tensor_parallel_size, "1 runs in one process")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
-        if self.tensor_parallel_size > 1 and (self.quantization or self.compile):
+        quantized = self.quantization or self.activation_quantization
+        if self.tensor_parallel_size > 1 and (quantized or self.compile):
             raise ValueError(
                 "tensor_parallel_size > 1 runs unquantized, uncompiled layers; drop "
-                "quantization / compile, or use tensor_parallel_size 1"
+                "quantization / activation_quantization / compile, or use tensor_parallel_size 1"
             )
 
     @property

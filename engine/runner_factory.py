@@ -59,6 +59,11 @@ def build_runner(
     if group is not None:
         device = group.device
     dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
+    if config.activation_quantization == "int8":
+        from models.activation_quant import int8_dot_product_refusal
+
+        if refusal := int8_dot_product_refusal(device):
+            raise ValueError(refusal)
     # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
     # parallel and int8 dequantise them first.
     dequantize = config.dequantize or config.quantization is not None or group is not None
@@ -93,6 +98,14 @@ def build_runner(
 
         quantize_int8_weight_only(model)
         release_freed_memory()  # the bf16 matrices the int8 ones replaced
+    if config.activation_quantization == "int8":
+        from models.activation_quant import quantize_activations_int8
+
+        if quantize_activations_int8(model) == 0:
+            raise ValueError(
+                "activation_quantization 'int8' found no layer to run: it needs GGUF Q4_0 / Q4_1 "
+                "/ Q8_0 matrices kept as stored (no --dequantize) or quantization 'int8'"
+            )
     if config.compile:
         from models.compiled_layers import compile_dense_halves
 
@@ -153,6 +166,8 @@ def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> b
     """Serve on PyTorch ops while the C++ kernels build: asked for, on a CPU, without tensor
     parallel (every rank must run the same path from the same step), and not built yet."""
     if not (config.cpu_kernels and config.cpu_kernels_background) or device.type != "cpu":
+        return False
+    if config.activation_quantization:  # its layers exist only in the kernels' layout
         return False
     from models import cpu_kernels
 

@@ -102,6 +102,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("dtype", str, "auto | float32 | bfloat16 | float16"),
     Option("device", str, "auto | cpu | cuda | cuda:N"),
     Option("quantization", str, "none | int8 (weight-only int8 linears, opt-in)"),
+    Option("activation_quantization", str, "none | int8 (int8 activations, CPU, opt-in)"),
     Option("max_model_len", int, "context length admitted (default: the model's)"),
     Option("block_size", int, "tokens per KV cache block"),
     Option("max_num_seqs", int, "sequences running at once"),

@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         "dtype": settings.dtype,
         "device": settings.device,
         "quantization": None if settings.quantization in (None, "none") else settings.quantization,
+        "activation_quantization": None
+        if settings.activation_quantization in (None, "none")
+        else settings.activation_quantization,
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
         "target_itl_ms": settings.target_itl_ms,

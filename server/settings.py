@@ -28,6 +28,7 @@ class Settings:
     dtype: str = "auto"
     device: str = "auto"
     quantization: str | None = None
+    activation_quantization: str | None = None
     max_model_len: int | None = None
     block_size: int | None = None
     max_num_seqs: int | None = None

@@ -53,6 +53,7 @@ class BackendOptions:
     max_model_len: int  # the longest request (prompt + output) this run holds
     num_requests: int  # so queues are sized for the whole run
     quantization: str | None = None  # tgserve: None | "int8"
+    activation_quantization: str | None = None  # tgserve: None | "int8"
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
     dequantize: bool = False  # tgserve: a GGUF dequantised to dtype (default: blocks as stored)

@@ -36,6 +36,7 @@ class TgserveBackend:
         self.note = (
             f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
+            + (", int8 activations" if engine.config.activation_quantization else "")
             + (", compiled" if engine.config.compile else "")
             + (", C++ CPU kernels" if described.cpu_kernels else "")
             + (", CUDA graphs" if described.cuda_graphs else "")
@@ -159,6 +160,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
         # the longest request of the run: the KV cache is sized for it, not for the full context
         max_model_len=min(max_model_len, source.config.max_position_embeddings),
         quantization=options.quantization,
+        activation_quantization=options.activation_quantization,
         compile=options.compile,
         cpu_kernels=options.cpu_kernels,
         dequantize=options.dequantize,

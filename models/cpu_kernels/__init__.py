@@ -6,6 +6,8 @@
 - `pack_blocks`, `block_linear`, `block_rows` (block_linear.cpp: GGUF Q4_0 / Q4_1 / Q8_0;
   kquant_linear.cpp: Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K; mixed_blocks.cpp: layers whose row
   segments mix those): weights kept as stored, unpacked in registers (models/block_linear.py).
+- `q8_quantize`, `q8_linear`, `q8_isa` (q8_linear.cpp): int8 activations against Q8 panels
+  (`--activation-quantization int8`, models/activation_quant.py).
 - `read_probe` (read_probe.cpp): one pass of the bench's memory read probe
   (bench/machine_limits.py); a tool, no kernel uses it.
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
@@ -48,6 +50,7 @@ _SOURCES = (
     "block_linear.cpp",
     "kquant_linear.cpp",
     "mixed_blocks.cpp",
+    "q8_linear.cpp",
     "decoder.cpp",
     "read_probe.cpp",
     "bindings.cpp",
@@ -64,6 +67,8 @@ _HEADERS = (
     "bf16_pairs.h",
     "kquant_fma.h",
     "group_walk.h",
+    "q8_linear.h",
+    "q8_dot.h",
 )
 
 

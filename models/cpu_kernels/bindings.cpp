@@ -4,6 +4,7 @@
 
 #include "decoder.h"
 #include "kernels.h"
+#include "q8_linear.h"
 
 namespace {
 
@@ -206,4 +207,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("read_probe", &read_probe, "one pass of the bench's memory read probe (see kernels.h)",
         py::arg("buffer"), py::arg("streams"), py::arg("prefetch"));
   tgserve::bind_decoder(m);
+  tgserve::bind_q8_linear(m);
 }

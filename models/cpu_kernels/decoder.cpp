@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "q8_linear.h"
 #include "vec_math.h"
 
 namespace tgserve {
@@ -73,6 +74,11 @@ class LlamaDecoder {
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* bias = w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
+    if (is_q8_kind(static_cast<int>(w.block_type))) {  // int8 activations (q8_linear.cpp)
+      q8_linear<T, T>(xp, x.size(0), x.size(1), w.packed.data_ptr<uint8_t>(),
+                      static_cast<int>(w.block_type), bias, yp, N);
+      return y;
+    }
     if (w.block_type) {  // GGUF blocks as stored (block_linear.cpp)
       block_linear<T, T>(xp, x.size(0), x.size(1), w.packed.data_ptr<uint8_t>(),
                          static_cast<int>(w.block_type), bias, yp, N);
@@ -185,7 +191,9 @@ void bind_decoder(pybind11::module& m) {
                              (!scales || (scales->scalar_type() == at::kFloat &&
                                           scales->numel() == weight.size(0))),
                          "LinearWeights: int8 weights come with float32 scales [N], only they");
-             TORCH_CHECK(!block_type || (block_width(static_cast<int>(block_type)) > 0 &&
+             const bool known = block_width(static_cast<int>(block_type)) > 0 ||
+                                is_q8_kind(static_cast<int>(block_type));
+             TORCH_CHECK(!block_type || (known &&
                                          packed.scalar_type() == at::kByte && out_features > 0),
                          "LinearWeights: GGUF blocks need a supported type, uint8 packed "
                          "blocks and out_features");

@@ -23,7 +23,8 @@ through the forward-path seam (models/forward_path.py). A tensor-parallel shard
 all-reduce after the o and down projections, and `logits` gathers the vocabulary shards. The
 packed copies of the weights add the linear layers' bytes once more to memory, except GGUF
 blocks kept as stored (models/block_linear.py): their packed blocks are the only copy, run by
-block_linear.cpp (never sharded: tensor parallel dequantises them at load).
+block_linear.cpp (never sharded: tensor parallel dequantises them at load), and int8-activation
+layers (models/activation_quant.py: Q8 panels, the only copy, run by q8_linear.cpp).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from models import cpu_kernels
+from models.activation_quant import Q8Linear
 from models.attention import AttentionMetadata, KVCache
 from models.block_linear import BlockLinear
 from models.quantization import Int8Linear
@@ -46,10 +48,11 @@ class FusedDecoder:
 
         def linear(layer: nn.Module):
             bias = None if layer.bias is None else layer.bias.detach()
-            if isinstance(layer, BlockLinear):  # GGUF blocks: already packed, the only copy
-                w = layer.block_weight
+            if isinstance(layer, BlockLinear | Q8Linear):  # already packed, the only copy
+                w = layer.block_weight if isinstance(layer, BlockLinear) else layer.q8_weight
+                kind = w.type_id if isinstance(layer, BlockLinear) else w.kind
                 return ext.LinearWeights(
-                    weight=w.packed, packed=w.packed, bias=bias, block_type=w.type_id,
+                    weight=w.packed, packed=w.packed, bias=bias, block_type=kind,
                     out_features=w.out_features,
                 )  # fmt: skip
             weight, scales = _weight_and_scales(layer)
@@ -77,7 +80,8 @@ class FusedDecoder:
         self._gather = getattr(model.lm_head, "gather", None)
         group = getattr(model.lm_head, "group", None)
         attn = inner.layers[0].self_attn
-        self._lm_head_blocks = model.lm_head if isinstance(model.lm_head, BlockLinear) else None
+        packed_head = isinstance(model.lm_head, BlockLinear | Q8Linear)
+        self._lm_head_blocks = model.lm_head if packed_head else None
         if self._lm_head_blocks is None:
             lm_head, self._lm_head_scales = _weight_and_scales(model.lm_head)
             self._vocab_size = lm_head.shape[0]
@@ -168,10 +172,14 @@ def _linears_it_runs(model: nn.Module, dtype: torch.dtype) -> bool:
     its path."""
     from models.parallel.layers import RowParallelLinear
 
-    layers = [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear | BlockLinear)]
+    packed = BlockLinear | Q8Linear  # GGUF blocks, or int8 activations (models/activation_quant)
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear | packed)]
     if model.model.norm.weight.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     plain = (nn.Linear, RowParallelLinear)
-    if all(type(layer) in plain or isinstance(layer, BlockLinear) for layer in layers):
+    if all(type(layer) in plain or isinstance(layer, packed) for layer in layers):
         return True
-    return all(isinstance(layer, Int8Linear) for layer in layers) and dtype == torch.bfloat16
+    return (
+        all(isinstance(layer, Int8Linear | Q8Linear) for layer in layers)
+        and dtype == torch.bfloat16
+    )

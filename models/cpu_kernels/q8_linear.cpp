@@ -1,0 +1,272 @@
+// Linear layers with int8 activations over Q8 panels (the contract and the layout: q8_linear.h;
+// the integer sums per ISA: q8_dot.h). The activations are quantised once per call into a
+// scratch ([M, K] int8 + a scale and a sum per block of 32); a pass then runs up to kRows rows
+// against kPanels panels block by block: the integer sums of the block (q8_dot.h), then the
+// float32 epilogue, lane-wise and IEEE (simd16.h: one zmm, two ymm, or the scalar loop: the
+// same bits). Threads split the panel pairs (each row's order is the same whoever runs it).
+#include "q8_linear.h"
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels.h"
+#include "q8_dot.h"
+#include "simd16.h"
+
+namespace tgserve {
+namespace {
+
+constexpr int64_t kPanel = 16;
+constexpr int64_t kBlock = 32;
+constexpr int kRows = 4;    // rows per pass
+constexpr int kPanels = 2;  // panels per pass (a thread's unit of work)
+
+// Where d, m and the quants of a panel's block start, by kind.
+struct Layout {
+  int64_t bytes;  // one panel's block
+  int64_t quants;  // offset of the quants
+  bool q4, has_min, offset8;  // nibbles; Q4_1's min; Q4_0's nibble - 8
+};
+
+Layout layout_of(int kind) {
+  switch (kind - kQ8Activations) {
+    case kQ4_0: return {64 + 256, 64, true, false, true};
+    case kQ4_1: return {64 + 64 + 256, 128, true, true, false};
+    case kQ8_0: return {64 + 512, 64, false, false, false};
+    default: return {0, 0, false, false, false};
+  }
+}
+
+// acc [MR][NR][16] += the block's terms (q8_linear.h's order), from isum [MR][NR][16].
+template <int MR, int NR>
+inline void epilogue(const Layout& f, const uint8_t* const* blk, const float* dx,
+                     const int32_t* sx, int64_t nb, const int32_t* isum, float* acc) {
+  for (int m = 0; m < MR; ++m) {
+    const float d_x = dx[m * nb];
+    const int32_t s_x = sx[m * nb];
+    const int32_t off = f.offset8 ? 8 * s_x : 0;
+    for (int j = 0; j < NR; ++j) {
+      const float* d_w = reinterpret_cast<const float*>(blk[j]);
+      const float* m_w = reinterpret_cast<const float*>(blk[j] + 64);
+      const int32_t* is = isum + (m * NR + j) * kPanel;
+      float* a = acc + (m * NR + j) * kPanel;
+#if defined(TGSERVE_SIMD16)
+      using namespace simd16;
+      const VF dxv = set1f(d_x);
+      const VI sums = subi(as_int(loadf(reinterpret_cast<const float*>(is))), set1i(off));
+      VF v = fmadd(mul(loadf(d_w), dxv), to_float(sums), loadf(a));
+      if (f.has_min) v = fmadd(mul(loadf(m_w), dxv), set1f(static_cast<float>(s_x)), v);
+      storef(a, v);
+#else
+      for (int l = 0; l < kPanel; ++l) {
+        const float scale = d_w[l] * d_x;  // rounded: a multiplicand of the fma, never fused
+        float v = std::fma(scale, static_cast<float>(is[l] - off), a[l]);
+        if (f.has_min) v = std::fma(m_w[l] * d_x, static_cast<float>(s_x), v);
+        a[l] = v;
+      }
+#endif
+    }
+  }
+}
+
+// Rows xq[0 .. MR) (K apart) against panels Wp[0 .. NR) (panel_bytes apart) -> acc
+// [MR][NR][16], the float32 sums before the bias.
+template <bool Q4, int MR, int NR>
+void pass(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t K,
+          const uint8_t* Wp, int64_t panel_bytes, float* acc) {
+  const int64_t nb = K / kBlock;
+  std::fill(acc, acc + MR * NR * kPanel, 0.0f);
+  alignas(64) int32_t isum[MR * NR * kPanel];
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* x[MR];
+    const uint8_t* blk[NR];
+    const uint8_t* w[NR];
+    for (int m = 0; m < MR; ++m) x[m] = xq + m * K + b * kBlock;
+    for (int j = 0; j < NR; ++j) {
+      blk[j] = Wp + j * panel_bytes + b * f.bytes;
+      w[j] = blk[j] + f.quants;
+    }
+    q8_dot::block_sums<Q4, MR, NR>(x, w, isum);
+    epilogue<MR, NR>(f, blk, dx + b, sx + b, nb, isum, acc);
+  }
+}
+
+template <bool Q4, int NR>
+void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
+               int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
+  switch (mr) {
+    case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+  }
+}
+
+}  // namespace
+
+bool is_q8_kind(int kind) { return layout_of(kind).bytes > 0; }
+
+int64_t q8_block_bytes(int kind) { return layout_of(kind).bytes; }
+
+template <typename T>
+void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, int32_t* sx) {
+  const int64_t nb = K / kBlock;
+#pragma omp parallel for schedule(static) if (M * K >= 65536)
+  for (int64_t i = 0; i < M * nb; ++i) {
+    const T* src = x + i * kBlock;  // row i / nb, block i % nb: rows are K = nb * 32 apart
+    float v[kBlock], amax = 0.0f;
+    for (int e = 0; e < kBlock; ++e) {
+      v[e] = static_cast<float>(src[e]);
+      amax = std::max(amax, std::fabs(v[e]));
+    }
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < kBlock; ++e) {
+      // nearbyint: to nearest even (the default rounding mode), as vcvtps2dq
+      const int q = static_cast<int>(std::nearbyint(v[e] * inv));
+      const int8_t c = static_cast<int8_t>(std::clamp(q, -127, 127));
+      xq[i * kBlock + e] = c;
+      sum += c;
+    }
+    dx[i] = d;
+    sx[i] = sum;
+  }
+}
+
+template <typename T, typename OutT>
+void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, const T* bias,
+               OutT* y, int64_t N) {
+  const Layout f = layout_of(kind);
+  const int64_t nb = K / kBlock, panel_bytes = nb * f.bytes;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> dx(M * nb);
+  std::vector<int32_t> sx(M * nb);
+  q8_quantize_rows(x, M, K, xq.data(), dx.data(), sx.data());
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t groups = (panels + kPanels - 1) / kPanels;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t p0 = g * kPanels;
+    const int nr = static_cast<int>(std::min<int64_t>(kPanels, panels - p0));
+    const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
+    alignas(64) float acc[kRows * kPanels * kPanel];
+    for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m0));
+      const int8_t* xr = xq.data() + m0 * K;
+      const float* dr = dx.data() + m0 * nb;
+      const int32_t* sr = sx.data() + m0 * nb;
+      const uint8_t* wp = Wp + p0 * panel_bytes;
+      if (f.q4)
+        nr == kPanels ? pass_rows<true, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
+                      : pass_rows<true, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
+      else
+        nr == kPanels ? pass_rows<false, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
+                      : pass_rows<false, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
+      for (int m = 0; m < mr; ++m)
+        for (int64_t c = 0; c < nn; ++c) {
+          const float v = acc[(m * nr + c / kPanel) * kPanel + c % kPanel];
+          y[(m0 + m) * N + n0 + c] =
+              static_cast<OutT>(v + (bias ? static_cast<float>(bias[n0 + c]) : 0.0f));
+        }
+    }
+  }
+}
+
+template void q8_quantize_rows<float>(const float*, int64_t, int64_t, int8_t*, float*, int32_t*);
+template void q8_quantize_rows<c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t, int8_t*,
+                                              float*, int32_t*);
+#define TGSERVE_INSTANTIATE(T, OutT)                                                          \
+  template void q8_linear<T, OutT>(const T*, int64_t, int64_t, const uint8_t*, int, const T*, \
+                                   OutT*, int64_t);
+TGSERVE_INSTANTIATE(float, float)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::BFloat16, float)
+#undef TGSERVE_INSTANTIATE
+
+// Python bindings (models/activation_quant.py wraps them with the shape checks).
+namespace {
+
+torch::Tensor checked_rows(const torch::Tensor& x, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), what, ": x must be a contiguous [M, K] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, what,
+              ": x must be float32 or bfloat16");
+  TORCH_CHECK(x.size(1) % kBlock == 0, what, ": K must be a multiple of 32, got ", x.size(1));
+  return x;
+}
+
+// x [M, K] -> (xq [M, K] int8, dx [M, K / 32] float32, sx [M, K / 32] int32).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize(torch::Tensor x) {
+  checked_rows(x, "q8_quantize");
+  const int64_t M = x.size(0), K = x.size(1);
+  auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));
+  auto dx = torch::empty({M, K / kBlock}, x.options().dtype(at::kFloat));
+  auto sx = torch::empty({M, K / kBlock}, x.options().dtype(at::kInt));
+  if (x.scalar_type() == at::kFloat)
+    q8_quantize_rows(x.data_ptr<float>(), M, K, xq.data_ptr<int8_t>(), dx.data_ptr<float>(),
+                     sx.data_ptr<int32_t>());
+  else
+    q8_quantize_rows(static_cast<const c10::BFloat16*>(x.data_ptr()), M, K,
+                     xq.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<int32_t>());
+  return {xq, dx, sx};
+}
+
+// x [M, K] @ W^T (+ bias) from Q8 panels -> [M, N] float32 (float_out) or in x's dtype.
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t N,
+                     c10::optional<torch::Tensor> bias, bool float_out) {
+  checked_rows(x, "q8_linear");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(is_q8_kind(static_cast<int>(kind)), "q8_linear: unknown kind ", kind);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+                  packed.size(0) == (N + kPanel - 1) / kPanel &&
+                  packed.size(1) == K / kBlock * q8_block_bytes(static_cast<int>(kind)),
+              "q8_linear: the packed weight does not match N = ", N, " and K = ", K);
+  TORCH_CHECK(!bias || (bias->scalar_type() == x.scalar_type() && bias->numel() == N &&
+                        bias->is_contiguous()),
+              "q8_linear: bias must be [N] in x's dtype");
+  auto y = torch::empty({M, N}, x.options().dtype(float_out ? at::kFloat : x.scalar_type()));
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const int t = static_cast<int>(kind);
+  if (x.scalar_type() == at::kFloat) {
+    const float* b = bias ? bias->data_ptr<float>() : nullptr;
+    q8_linear<float, float>(x.data_ptr<float>(), M, K, wp, t, b, y.data_ptr<float>(), N);
+    return y;
+  }
+  using BF = c10::BFloat16;
+  const BF* xp = static_cast<const BF*>(x.data_ptr());
+  const BF* b = bias ? static_cast<const BF*>(bias->data_ptr()) : nullptr;
+  if (float_out)
+    q8_linear<BF, float>(xp, M, K, wp, t, b, y.data_ptr<float>(), N);
+  else
+    q8_linear<BF, BF>(xp, M, K, wp, t, b, static_cast<BF*>(y.data_ptr()), N);
+  return y;
+}
+
+// The integer path this build runs (for the tests and the startup log).
+std::string isa() {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return "avx512_vnni";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace
+
+void bind_q8_linear(pybind11::module& m) {
+  namespace py = pybind11;
+  m.def("q8_quantize", &quantize, "int8 activations per block of 32 (see q8_linear.h)",
+        py::arg("x"));
+  m.def("q8_linear", &linear, "linear layer with int8 activations (see q8_linear.h)",
+        py::arg("x"), py::arg("packed"), py::arg("kind"), py::arg("n"), py::arg("bias"),
+        py::arg("float_out"));
+  m.def("q8_isa", &isa, "the integer dot product this build runs: avx512_vnni, avx2, scalar");
+}
+
+}  // namespace tgserve

@@ -1,0 +1,51 @@
+// Linear layers with int8 activations (`--activation-quantization int8`, q8_linear.cpp): the
+// activations are quantised per row and per block of 32 k (llama.cpp's Q8_0 activations), the
+// weights are int8 / 4-bit integers with float32 scales, and each block's dot product is an
+// exact integer sum (AVX512-VNNI vpdpbusd; AVX2 vpmaddubsw; scalar loops: the same integers).
+//
+// Weight layout (`Q8 panels`, packed in Python by models/activation_quant.py): rows in panels of
+// 16 (zero rows pad the last), a panel's blocks of 32 k in K order, each block:
+//   d [16 lanes] float32 (the row's block scale), Q4_1 only: m [16] float32 (its min), then the
+//   quants in groups of 4 k, lane-major inside a group (the vpdpbusd operand: lane l's 32-bit
+//   word holds 4 consecutive k):
+//   Q8 kind (Q8_0, and `--quantization int8` weights with d = the row's scale): 8 groups of 64
+//     int8 bytes, group g: byte 4l + j = q[l][4g + j];
+//   Q4 kinds (Q4_0 / Q4_1): 4 groups of 64 bytes, byte 4l + j of group g holds the nibble of
+//     k = 4g + j in its low half and of k = 16 + 4g + j in its high half (the file's order).
+// A weight is d * (nibble - 8) (Q4_0), d * nibble + m (Q4_1) or d * q (Q8).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+
+namespace tgserve {
+
+// Kinds of Q8 panels: kQ8Activations + the GGML type id of the weights' format (kernels.h's
+// kQ4_0, kQ4_1, kQ8_0). The fused decoder's LinearWeights carry them as their block_type.
+constexpr int kQ8Activations = 2000;
+bool is_q8_kind(int kind);
+// Bytes of one panel's block of 32 k (0: not a kind).
+int64_t q8_block_bytes(int kind);
+
+// x [M, K] (K a multiple of 32) -> xq [M, K] int8, dx [M, K / 32] float32, sx [M, K / 32] int32:
+// per block of 32, d = amax / 127, q = round-to-nearest-even(x * (1 / d)) (0 where d = 0),
+// sx = sum of q. Same bits on every ISA (one IEEE operation per step).
+template <typename T>
+void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, int32_t* sx);
+
+// y [M, N] = the quantised x [M, K] @ W^T (+ bias [N]) from Q8 panels Wp of `kind`. Per output
+// y[m, n], in block order b = 0 .. K / 32 - 1 from acc = 0 (float32):
+//   isum = sum over the block of xq * wq (exact int32; Q4_0: wq = nibble - 8);
+//   acc = fma(d[n, b] * dx[m, b], (float)isum, acc);
+//   Q4_1 only: acc = fma(m[n, b] * dx[m, b], (float)sx[m, b], acc);
+// then y = round(acc + bias[n]) to OutT. The order depends on K alone: a row's bits do not
+// depend on M, the other rows, the thread count or the ISA build.
+template <typename T, typename OutT>
+void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, const T* bias,
+               OutT* y, int64_t N);
+
+// q8_quantize, q8_linear and q8_isa (the integer path of this build) on the extension module.
+void bind_q8_linear(pybind11::module& m);
+
+}  // namespace tgserve

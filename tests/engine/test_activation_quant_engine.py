@@ -1,0 +1,68 @@
+"""The engine with `activation_quantization="int8"` on the default model (Q4_1 layers, a Q8_0
+tied LM head): every linear runs int8 activations inside the C++ step, a greedy request returns
+the tokens and logprobs of its solo run while other requests come and go, and the option is
+refused, naming itself, where it has nothing to run."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from models import cpu_kernels
+from models.activation_quant import Q8Linear
+from tests.engine.engine_fixtures import assert_no_leaks, run_staggered
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
+)
+PROMPTS = [
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "The three primary colours are",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "Water boils at",
+]
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def engine(request) -> Engine:
+    config = EngineConfig(
+        max_model_len=256, dtype=request.param, activation_quantization="int8", max_num_seqs=8
+    )
+    return Engine.from_model(None, config)
+
+
+def test_every_linear_runs_int8_activations_in_the_cpp_step(engine: Engine) -> None:
+    model = engine.runner.model
+    linears = [m for m in model.modules() if hasattr(m, "in_features")]
+    assert linears and all(isinstance(m, Q8Linear) for m in linears)
+    assert engine.describe().cpu_kernels
+
+
+def test_greedy_requests_equal_their_solo_runs_beside_traffic(engine: Engine) -> None:
+    params = [
+        SamplingParams(max_tokens=12 + 3 * i, temperature=0.0, logprobs=2, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    solo = [engine.generate([p], q)[0].outputs[0] for p, q in zip(prompts, params, strict=True)]
+    together = run_staggered(engine, prompts, params, arrive_every=2)
+    for i, alone in enumerate(solo):
+        got = together[i].outputs[0]
+        assert got.token_ids == alone.token_ids, i
+        assert got.logprobs == alone.logprobs, i
+    assert_no_leaks(engine)
+    assert "Paris" in solo[0].text  # the quantised model still knows
+
+
+def test_config_refuses_an_unknown_activation_quantization() -> None:
+    with pytest.raises(ValueError, match="activation_quantization must be None or 'int8'"):
+        EngineConfig(activation_quantization="int4")
+    with pytest.raises(ValueError, match="activation_quantization"):
+        EngineConfig(activation_quantization="int8", tensor_parallel_size=2)
+
+
+def test_dequantized_weights_leave_it_nothing_to_run() -> None:
+    config = EngineConfig(max_model_len=64, activation_quantization="int8", dequantize=True)
+    with pytest.raises(ValueError, match="activation_quantization 'int8' found no layer"):
+        Engine.from_model(None, config)
