@@ -31,7 +31,7 @@ def add_grow_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--noise",
         type=float,
-        default=0.01,
+        default=0.03,
         help="std of the new layers' output projections (0: the source's function exactly)",
     )
     p.add_argument("--source", type=Path, default=None, help="Llama GGUF to grow (default model's)")

@@ -26,7 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, Keys
 
 from bench.backends.gguf_requant import copy_fields
-from bench.random_gguf import _stored
+from bench.random_gguf import stored_values
 
 OUTPUT_PROJECTIONS = ("attn_output", "ffn_down")  # a layer's writes into the residual stream
 
@@ -69,7 +69,7 @@ def write_grown_gguf(
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))
         values = rng.standard_normal(shape, dtype=np.float32) * np.float32(noise)
-        writer.write_tensor_data(_stored(values, GGMLQuantizationType(tensor.tensor_type)))
+        writer.write_tensor_data(stored_values(values, GGMLQuantizationType(tensor.tensor_type)))
     writer.close()
     return Path(dest)
 

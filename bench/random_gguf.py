@@ -110,7 +110,7 @@ def write_random_gguf(
             writer.write_tensor_data(np.ones(rows_cols, dtype=np.float32))
             continue
         values = (rng.standard_normal(rows_cols, dtype=np.float32) * 0.02).astype(np.float32)
-        writer.write_tensor_data(_stored(values, types[name]))
+        writer.write_tensor_data(stored_values(values, types[name]))
     writer.close()
     return Path(dest)
 
@@ -149,7 +149,8 @@ def mix_type(qtype: str, name: str, layers: int) -> GGMLQuantizationType:
     return GGMLQuantizationType.Q4_K
 
 
-def _stored(values: np.ndarray, qt: GGMLQuantizationType) -> np.ndarray:
+def stored_values(values: np.ndarray, qt: GGMLQuantizationType) -> np.ndarray:
+    """float32 values as a GGUF stores them in type `qt` (quantised blocks, F32, F16, BF16)."""
     if qt in KQUANT_TYPES:
         return quantize_k(values, qt)
     if qt == GGMLQuantizationType.F32:

@@ -18,7 +18,8 @@ saw last time for `seq` with the tokens `seq` got since (a refused token is the 
 differs; tokens beyond the ones since are not judged), then remembers the whole `proposal`,
 also when it sends fewer tokens or none: the n-gram proposal costs no forward, so a gated
 sequence keeps learning from the proposals it did not send and opens again when they would
-have been kept. States of finished sequences are dropped at every call.
+have been kept. States of finished sequences are dropped whenever the states have doubled
+since the last sweep (amortised O(1) a call, not a scan of every sequence at every call).
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ class ProposalGate:
         self.row_cost = row_cost
         self.decay = decay
         self._records: dict[TokenSequence, _Record] = {}
+        self._sweep_at = 16  # sweep finished sequences' states when there are this many
 
     def length(self, seq: TokenSequence, proposal: tuple[int, ...]) -> int:
         """How many of `proposal`'s tokens to send (see the module contract)."""
-        for done in [s for s in self._records if s.is_finished]:
-            del self._records[done]
+        if len(self._records) >= self._sweep_at:
+            for done in [s for s in self._records if s.is_finished]:
+                del self._records[done]
+            self._sweep_at = max(16, 2 * len(self._records))
         record = self._records.setdefault(seq, _Record())
         self._learn(record, seq)
         record.proposal, record.at = proposal, seq.num_tokens
