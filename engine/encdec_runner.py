@@ -166,9 +166,9 @@ class EncoderDecoderRunner:
             slots = SeqSpans.build([table], [n], [n], self.block_size, self.device).slot_mapping
             encoder.write_cross(slots, self.kv_caches)
         done = {id(chunk.seq) for chunk in chunks if chunk.seq_len >= chunk.seq.decoder_start}
-        for request in targets:
-            if all(s.num_computed_tokens >= s.decoder_start or id(s) in done
-                   for s in request.live_seqs):  # fmt: skip
+        for request in targets:  # every live sequence holds its cross K/V: the pass is spent
+            waiting = [s for s in request.live_seqs if s.num_computed_tokens < s.decoder_start]
+            if all(id(s) in done for s in waiting):
                 del self._passes[request]
 
     def _decoder_rows(self, chunks: Sequence[Any]) -> _DecoderRows:

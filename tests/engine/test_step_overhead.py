@@ -37,7 +37,7 @@ class ByteTokenizer:
 class CyclingRunner:
     """Logits that make greedy decoding cycle through the vocabulary: cheap and deterministic."""
 
-    config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False)
+    config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False, generation={})
     device = torch.device("cpu")
     sampleable_vocab = None
     pending_path = None  # no C++ kernel build to switch to (engine/kernel_switch.py)
