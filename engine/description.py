@@ -37,12 +37,14 @@ class EngineDescription:
 
 
 def describe_runner(runner: ModelRunner) -> EngineDescription:
+    from models.activation_quant import Q8Linear
     from models.block_linear import BlockEmbedding, BlockLinear
 
     model, config = runner.model, runner.config
     blocks = [
         m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)
     ]
+    blocks += [m.q8_weight for m in model.modules() if isinstance(m, Q8Linear)]  # int8 activations
     storages: dict[int, int] = {}
     for t in (*model.parameters(), *model.buffers()):
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()

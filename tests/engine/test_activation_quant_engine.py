@@ -36,7 +36,10 @@ def test_every_linear_runs_int8_activations_in_the_cpp_step(engine: Engine) -> N
     model = engine.runner.model
     linears = [m for m in model.modules() if hasattr(m, "in_features")]
     assert linears and all(isinstance(m, Q8Linear) for m in linears)
-    assert engine.describe().cpu_kernels
+    described = engine.describe()
+    assert described.cpu_kernels
+    q8_bytes = sum(m.q8_weight.nbytes for m in linears)  # counted as weights held
+    assert described.held_bytes["weights"] >= q8_bytes
 
 
 def test_greedy_requests_equal_their_solo_runs_beside_traffic(engine: Engine) -> None:
