@@ -11,7 +11,7 @@ MultiHeadAttention's q / k / v / o.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from models.attention import KVCache
 from models.config import ModelConfig
 from models.encdec.attention import SeqSpans
 from models.encdec.layers import MultiHeadAttention, activation, no_bias, row_linears
-from models.encdec.staged_encoder import encode_whole, split_inputs, write_cross_kv
+from models.encdec.staged_encoder import WholeEncoderMethods
 from models.layers import embedding
 from models.weights import WeightLoader
 
@@ -85,7 +85,7 @@ class BartModel(nn.Module):
         )
 
 
-class BartForConditionalGeneration(nn.Module):
+class BartForConditionalGeneration(WholeEncoderMethods, nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         encdec = config.encoder_decoder
@@ -146,16 +146,6 @@ class BartForConditionalGeneration(nn.Module):
     def decoder_row_linears(self) -> list[nn.Linear]:
         cross = [layer.encoder_attn for layer in self.model.decoder.layers]
         return row_linears(self.model.decoder, cross, self.lm_head)
-
-    def encode(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
-    ) -> torch.Tensor:
-        return encode_whole(self, split_inputs(input_ids, seq_lens))
-
-    def write_cross_kv(
-        self, encoder_out: torch.Tensor, slots: torch.Tensor, kv_caches: list[KVCache]
-    ) -> None:
-        write_cross_kv(self.cross_kv(encoder_out), slots, kv_caches)
 
     def forward(
         self,

@@ -175,6 +175,24 @@ def _stage_cross(model: EncoderStack, batch) -> None:
             p.x, p.kv = None, []
 
 
+class WholeEncoderMethods:
+    """The encoder-decoder model's `encode` / `write_cross_kv` on its `EncoderStack` methods
+    (T5 and BART mix it in)."""
+
+    def encode(
+        self: EncoderStack,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: Sequence[int],
+    ) -> torch.Tensor:
+        return encode_whole(self, split_inputs(input_ids, seq_lens))
+
+    def write_cross_kv(
+        self: EncoderStack, encoder_out: torch.Tensor, slots: torch.Tensor, kv_caches: list[KVCache]
+    ) -> None:
+        write_cross_kv(self.cross_kv(encoder_out), slots, kv_caches)
+
+
 def split_inputs(input_ids: torch.Tensor, seq_lens: Sequence[int]) -> list[list[int]]:
     """A flat batch of whole inputs [T] back into one id list per input."""
     return [part.tolist() for part in input_ids.cpu().split(list(seq_lens))]

@@ -20,7 +20,7 @@ Contract (every encoder-decoder model, models/encdec/__init__.py):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from models.attention import KVCache
 from models.config import ModelConfig
 from models.encdec.attention import BiasFn, SeqSpans
 from models.encdec.layers import MultiHeadAttention, activation, row_linears
-from models.encdec.staged_encoder import encode_whole, split_inputs, write_cross_kv
+from models.encdec.staged_encoder import WholeEncoderMethods
 from models.layers import RMSNorm, embedding
 from models.weights import WeightLoader
 
@@ -157,7 +157,7 @@ class T5Stack(nn.Module):
         return self.block[0].self_attn.SelfAttention.bias_fn(bidirectional)
 
 
-class T5ForConditionalGeneration(nn.Module):
+class T5ForConditionalGeneration(WholeEncoderMethods, nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         encdec = config.encoder_decoder
@@ -212,16 +212,6 @@ class T5ForConditionalGeneration(nn.Module):
     def decoder_row_linears(self) -> list[nn.Linear]:
         cross = [block.cross_attn.EncDecAttention for block in self.decoder.block]
         return row_linears(self.decoder, cross, self.lm_head)
-
-    def encode(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
-    ) -> torch.Tensor:
-        return encode_whole(self, split_inputs(input_ids, seq_lens))
-
-    def write_cross_kv(
-        self, encoder_out: torch.Tensor, slots: torch.Tensor, kv_caches: list[KVCache]
-    ) -> None:
-        write_cross_kv(self.cross_kv(encoder_out), slots, kv_caches)
 
     def forward(
         self,
