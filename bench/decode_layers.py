@@ -1,7 +1,8 @@
 """Where a batch-1 decode step of a GGUF served as stored spends its time, matrix by matrix.
 
 `python -m bench.decode_layers --model FILE.gguf [--passes 5] [--tokens 32]` loads the file as
-tgserve serves it (its loader, blocks kept as stored, bf16 activations) and
+tgserve serves it (its loader, blocks kept as stored, `--dtype` activations: bfloat16 unless
+said) and
 1. times every block linear layer of the model at M = 1 in forward order (the LM head with its
    float32 output, as the step runs it), one kernel call each, `passes` times: the matrices
    together are far larger than the L3, so each call reads its weights from memory as a decode
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="a GGUF file (served as stored)")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens for the step time")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = parser.parse_args()
     from engine import Engine, EngineConfig
     from models.loader import load_model
@@ -85,13 +87,13 @@ def main() -> None:
         raise SystemExit("tgserve's C++ CPU kernels are unavailable here")
     # The model as the engine loads it (same loader, dtype, blocks kept as stored), loaded here:
     # the engine's own model is not bench's to reach. Timed, then freed before the engine loads.
-    model, _ = load_model(args.model, "bfloat16", "cpu")
+    model, _ = load_model(args.model, args.dtype, "cpu")
     layers = linear_groups(model)
     if not layers:
         raise SystemExit(f"{args.model}: no layer is kept as stored")
     gen = torch.Generator().manual_seed(0)
     xs = {
-        k: torch.randn(1, k, generator=gen).bfloat16()
+        k: torch.randn(1, k, generator=gen).to(getattr(torch, args.dtype))
         for k in {layer.block_weight.in_features for _, layer in layers}
     }
     time_pass(ext, layers, xs)  # warm: the OpenMP pool
@@ -103,7 +105,7 @@ def main() -> None:
         count[key] += 1
     del model, layers
     gc.collect()
-    engine = Engine.from_model(args.model, EngineConfig(dtype="bfloat16"))
+    engine = Engine.from_model(args.model, EngineConfig(dtype=args.dtype))
     total_ms = statistics.median(sum(p.values()) for p in passes) * 1e3
     for key in nbytes:
         ms = statistics.median(p[key] for p in passes) * 1e3

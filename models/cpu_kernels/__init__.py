@@ -69,6 +69,7 @@ _HEADERS = (
     "group_walk.h",
     "q8_linear.h",
     "q8_dot.h",
+    "aligned_scratch.h",
 )
 
 

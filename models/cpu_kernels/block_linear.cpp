@@ -50,6 +50,7 @@
 #include "bf16_pairs.h"
 #include "block_fma.h"
 #include "group_walk.h"
+#include "aligned_scratch.h"
 
 namespace tgserve {
 namespace {
@@ -543,15 +544,15 @@ void many_rows_fma(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type
   // bf16 x as float32 once (exact), so the tile broadcasts float32 as the dense pass does.
   std::vector<float> x32;
   const float* xf = group_walk::float_rows(x, M, K, x32);
-  thread_local std::vector<float> w;  // the group's panels, [4][K][16]
+  thread_local AlignedScratch<float> w;  // the group's panels, [4][K][16]
   const auto group_panels = [&](int64_t g) {
     return static_cast<int>(std::min<int64_t>(kMaxNR, panels - g * kMaxNR));
   };
   const auto fill = [&](int64_t g) {
-    w.resize(kMaxNR * K * kPanel);
+    float* dst = w.resize(kMaxNR * K * kPanel);
     const uint8_t* group = Wp + g * kMaxNR * panel_bytes;
     const auto run = [&](auto dequant) {
-      dequant(group, K, panel_bytes, f.file_block, f.scales, group_panels(g), w.data());
+      dequant(group, K, panel_bytes, f.file_block, f.scales, group_panels(g), dst);
     };
     switch (type) {
       case kQ4_0: return run(block_fma::dequant_panels<0, T>);

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "aligned_scratch.h"
 #include "group_walk.h"
 #include "kquant_fma.h"
 
@@ -547,14 +548,13 @@ void wide_fma(const T* x, int64_t M, int64_t K, const uint8_t* Wp, const T* bias
   const int64_t panels = (N + kPanel - 1) / kPanel, groups = (panels + kMaxNR - 1) / kMaxNR;
   std::vector<float> x32;  // bf16 x as float32 once (exact)
   const float* xf = group_walk::float_rows(x, M, K, x32);
-  thread_local std::vector<float> unpacked;  // q [4][K][16], then s and mt [4][K / sub][16]
+  thread_local AlignedScratch<float> unpacked;  // q [4][K][16], then s and mt [4][K / sub][16]
   const int64_t q_floats = kMaxNR * K * kPanel, s_floats = kMaxNR * (K / f.sub) * kPanel;
   const auto group_panels = [&](int64_t g) {
     return static_cast<int>(std::min<int64_t>(kMaxNR, panels - g * kMaxNR));
   };
   const auto fill = [&](int64_t g) {
-    unpacked.resize(q_floats + 2 * s_floats);
-    float* q = unpacked.data();
+    float* q = unpacked.resize(q_floats + 2 * s_floats);
     kf::unpack_panels<kind, f.width, f.sub, f.scales, f.hbits, f.offset>(
         Wp + g * kMaxNR * panel_bytes, K, panel_bytes, f.file_block, group_panels(g), q,
         q + q_floats, q + q_floats + s_floats);

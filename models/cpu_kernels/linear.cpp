@@ -29,6 +29,7 @@
 // (one per cycle per core here). AVX-512 CPUs without AVX512-BF16 run the same passes with
 // two float32 fmas per k-pair (the portable order: k, then k + 1), not the scalar loops.
 
+#include "aligned_scratch.h"
 #include "group_walk.h"
 #include "kernels.h"
 
@@ -352,7 +353,7 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
   // to bf16 once per visit into the thread's scratch (same layout, exact, so the passes' bits
   // are those of the int8 pass) instead of once per pass.
   const bool widen = std::is_same_v<WT, int8_t> && M > kMaxMR;
-  thread_local std::vector<c10::BFloat16> wide;
+  thread_local AlignedScratch<c10::BFloat16> wide;
   thread_local float bias_f[kMaxNR * kPanel];
   const auto group_columns = [&](int64_t g, int* nr, int64_t* n0, int64_t* nn) {
     *nr = static_cast<int>(std::min<int64_t>(nr_max, panels - g * nr_max));
@@ -366,8 +367,7 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
     for (int64_t j = 0; j < kMaxNR * kPanel; ++j)
       bias_f[j] = bias && j < nn ? static_cast<float>(bias[n0 + j]) : 0.0f;
     if (widen) {
-      wide.resize(nr_max * panel_elems);
-      widen_panels(Wp + g * nr_max * panel_elems, nr * panel_elems, wide.data());
+      widen_panels(Wp + g * nr_max * panel_elems, nr * panel_elems, wide.resize(nr_max * panel_elems));
     }
   };
   const auto pass = [&](int64_t g, int64_t m0, int mr) {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned_scratch.h"
 #include "kernels.h"
 #include "q8_dot.h"
 #include "simd16.h"
@@ -143,10 +144,11 @@ void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, co
                OutT* y, int64_t N) {
   const Layout f = layout_of(kind);
   const int64_t nb = K / kBlock, panel_bytes = nb * f.bytes;
-  std::vector<int8_t> xq(M * K);
+  AlignedScratch<int8_t> xq_buffer;  // the rows' int8 values, loaded 32 at a time
+  int8_t* xq = xq_buffer.resize(M * K);
   std::vector<float> dx(M * nb);
   std::vector<int32_t> sx(M * nb);
-  q8_quantize_rows(x, M, K, xq.data(), dx.data(), sx.data());
+  q8_quantize_rows(x, M, K, xq, dx.data(), sx.data());
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t groups = (panels + kPanels - 1) / kPanels;
 #pragma omp parallel for schedule(static)
@@ -157,7 +159,7 @@ void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, co
     alignas(64) float acc[kRows * kPanels * kPanel];
     for (int64_t m0 = 0; m0 < M; m0 += kRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m0));
-      const int8_t* xr = xq.data() + m0 * K;
+      const int8_t* xr = xq + m0 * K;
       const float* dr = dx.data() + m0 * nb;
       const int32_t* sr = sx.data() + m0 * nb;
       const uint8_t* wp = Wp + p0 * panel_bytes;
