@@ -267,8 +267,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=["auto", *DTYPE_CHOICES],
-        help="auto (default, as the server): bfloat16 where the device computes it natively, "
-        "else float32 on a CPU, float16 on CUDA; tables name the host's ISA and what auto chose",
+        help="auto (default, as the server): float32 on a CPU serving GGUF blocks as stored, "
+        "else bfloat16 where the device computes it natively, else float32 on a CPU, float16 "
+        "on CUDA; tables name the host's ISA and what auto chose",
     )
     p.add_argument(
         "--backend",

@@ -117,7 +117,7 @@ def _run_offline(
     json_schema = args.json_schema.read_text() if args.json_schema is not None else None
     source = resolve_model(args.model)
     device = bench_device(args.device)
-    dtype = resolved_dtype(args.dtype, device)
+    dtype = resolved_dtype(args.dtype, device, _blocks_as_stored(args, source, device))
     if grammar:
         spec = None
         num_requests, max_len, batched_tokens = 1, args.input_len + 1, args.max_num_batched_tokens
@@ -188,6 +188,18 @@ def _run_offline(
         names, source, options, spec, limits, show_progress, tokenizer, args.runs
     )
     return labelled(results, device, args.dtype), limits
+
+
+def _blocks_as_stored(args: argparse.Namespace, source, device: str) -> bool:
+    """Whether tgserve serves this model's GGUF blocks as stored here (auto picks float32 then,
+    engine/config.py): a GGUF with block matrices, on a CPU, with the C++ kernels, kept."""
+    if source.gguf_file is None or device != "cpu" or args.dequantize or args.quantization:
+        return False
+    if args.disable_cpu_kernels:
+        return False
+    from models.gguf.stored import stores_blocks
+
+    return stores_blocks(source.gguf_file)
 
 
 def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:

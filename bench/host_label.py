@@ -1,8 +1,8 @@
 """Where and in what a benchmark runs, resolved as the server resolves it, and named for its tables.
 
-Contract: `bench_device(flag)` and `resolved_dtype(flag, device)` resolve `--device` and
-`--dtype` (auto included) with the engine's own rules (engine/config.py), so `tgserve bench`
-measures what `tgserve serve` runs on the same host; `labelled(results, device, dtype_flag)`
+Contract: `bench_device(flag)` and `resolved_dtype(flag, device, blocks_as_stored)` resolve
+`--device` and `--dtype` (auto included) with the engine's own rules (engine/config.py), so
+`tgserve bench` measures what `tgserve serve` runs on the same host; `labelled(results, device, dtype_flag)`
 stamps each result with `host_label(device)` and whether its dtype was auto's choice.
 `isa_names(flags)` turns /proc/cpuinfo flags (models/cpu_features.py reads them) into the ISA
 names that decide tgserve's CPU speed, in this order: the widest vector unit
@@ -54,15 +54,16 @@ def bench_device(device: str) -> str:
     return resolve_device(device, torch.cuda.is_available())
 
 
-def resolved_dtype(dtype: str, device: str) -> str:
-    """`--dtype auto` resolved as the engine resolves it (engine/config.py), so the bench
-    measures, and the bounds count, what `tgserve serve` runs here."""
+def resolved_dtype(dtype: str, device: str, blocks_as_stored: bool = False) -> str:
+    """`--dtype auto` resolved as the engine resolves it (engine/config.py; `blocks_as_stored`:
+    a GGUF whose blocks tgserve serves as stored), so the bench measures, and the bounds count,
+    what `tgserve serve` runs here."""
     import torch
 
     from engine import resolve_dtype_name
     from models.cpu_features import native_bf16
 
-    return resolve_dtype_name(dtype, device, native_bf16(torch.device(device)))
+    return resolve_dtype_name(dtype, device, native_bf16(torch.device(device)), blocks_as_stored)
 
 
 def labelled(results: list, device: str, dtype_flag: str) -> list:

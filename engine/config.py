@@ -199,16 +199,29 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     return device
 
 
-def resolve_dtype_name(dtype: str, device: str, bf16_supported: bool = True) -> str:
-    """The dtype name to load with: a concrete name is kept; "auto" -> bfloat16 where the
-    hardware computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX: half the
-    bytes to stream per token, as vLLM's CPU default), else float16 on CUDA and float32 on CPU.
+def resolve_dtype_name(
+    dtype: str, device: str, bf16_supported: bool = True, blocks_as_stored: bool = False
+) -> str:
+    """The dtype name to load with: a concrete name is kept; "auto" ->
+    - float32 on a CPU serving GGUF blocks as stored (`blocks_as_stored`): the weight bytes read
+      per token are the file's whichever the activations are, and the block kernels run their
+      sums as float32 fmas either way, so bfloat16 saves no weight bytes and costs its
+      conversions (and, at one row, `vdpbf16ps`, which issues at half the fma rate on Intel
+      CPUs without AMX). Measured on an AVX512-BF16 host: float32 1.26x the bf16 decode, 1.33x
+      offline (PERFORMANCE.md, #31). The KV cache is float32 too (twice bf16's bytes);
+      `--dtype bfloat16` keeps the bf16 cache;
+    - else bfloat16 where the hardware computes it natively (CUDA with bf16; a CPU with
+      AVX512-BF16 or AMX: half the bytes to stream per token, as vLLM's CPU default);
+    - else float16 on CUDA and float32 on CPU.
     (models.loader.torch_dtype_for then turns the name into a torch dtype.)"""
     if dtype != "auto":
         return dtype
+    on_cuda = device.startswith("cuda")
+    if blocks_as_stored and not on_cuda:
+        return "float32"
     if bf16_supported:
         return "bfloat16"
-    return "float16" if device.startswith("cuda") else "float32"
+    return "float16" if on_cuda else "float32"
 
 
 def dtype_bytes(dtype: str) -> int:

@@ -58,15 +58,18 @@ def build_runner(
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
     if group is not None:
         device = group.device
-    dtype_name = resolve_dtype_name(config.dtype, device.type, native_bf16(device))
+    # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
+    # parallel and int8 dequantise them first.
+    dequantize = config.dequantize or config.quantization is not None or group is not None
+    blocks_as_stored = serves_blocks_as_stored(path, config, device, dequantize, random_weights)
+    dtype_name = resolve_dtype_name(
+        config.dtype, device.type, native_bf16(device), blocks_as_stored
+    )
     if config.activation_quantization == "int8":
         from models.activation_quant import int8_dot_product_refusal
 
         if refusal := int8_dot_product_refusal(device):
             raise ValueError(refusal)
-    # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
-    # parallel and int8 dequantise them first.
-    dequantize = config.dequantize or config.quantization is not None or group is not None
     # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
     # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
     kernels_later = _build_kernels_later(config, device, group)
@@ -160,6 +163,23 @@ def build_runner(
         ),
     )
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+
+
+def serves_blocks_as_stored(
+    path: Path,
+    config: EngineConfig,
+    device: torch.device,
+    dequantize: bool,
+    random_weights: dict[str, Any] | None,
+) -> bool:
+    """Whether this engine serves GGUF blocks as stored (what `--dtype auto` picks float32 for
+    on a CPU): a Llama-family GGUF with block matrices, on a CPU with the C++ kernels asked
+    for, not dequantised (`--dequantize`, int8 weights, tensor parallel)."""
+    if device.type != "cpu" or dequantize or random_weights is not None or not config.cpu_kernels:
+        return False
+    from models.gguf.stored import stores_blocks
+
+    return stores_blocks(path)
 
 
 def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:

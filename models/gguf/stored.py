@@ -89,6 +89,17 @@ def load_stored_gguf(
     return model, config
 
 
+def stores_blocks(path: Path) -> bool:
+    """Whether `load_stored_gguf` keeps some of this file's matrices as stored on a CPU with the
+    kernels: a Llama-family GGUF with at least one matrix in a type of `STORED_TYPES` (read
+    from the file's header and tensor table; nothing is loaded). False for other files."""
+    path = Path(path)
+    if not path.is_file() or path.suffix.lower() != ".gguf":
+        return False
+    gguf, hf_config, config = read_gguf_config(path)
+    return config.family == "llama" and bool(_block_groups(gguf_to_hf_plan(gguf, hf_config)))
+
+
 def _qtype(info: GGUFTensorInfo) -> GGMLQuantizationType | None:
     try:
         return GGMLQuantizationType(info.type_id)

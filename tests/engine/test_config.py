@@ -91,7 +91,7 @@ def test_auto_device_follows_cuda_availability_and_explicit_cuda_needs_it():
         resolve_device("cuda:0", cuda_available=False)
 
 
-def test_auto_dtype_is_bfloat16_where_native_else_float32_on_cpu_or_float16_on_cuda():
+def test_auto_dense_dtype_is_bfloat16_where_native_else_float32_on_cpu_or_float16_on_cuda():
     assert resolve_dtype_name("auto", "cpu", bf16_supported=False) == "float32"
     assert resolve_dtype_name("auto", "cpu", bf16_supported=True) == "bfloat16"
     assert resolve_dtype_name("auto", "cuda") == "bfloat16"
