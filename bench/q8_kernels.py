@@ -5,7 +5,7 @@ blocks, one linear layer at a time, in one process.
 Q4_1,Q8_0] [--runs 7] [--threads N]` times, for SmolLM2-135M's four linear shapes
 (bench/block_kernels.LAYERS) stored in each type, `q8_linear` (int8 activations, Q8 panels:
 models/cpu_kernels/q8_linear.cpp) and `block_linear` (what the blocks as stored run without the
-option), the two alternating call by call (bench/block_kernels.time_pair_us). Prints one JSON
+option), the two alternating call by call (bench/block_kernels.time_interleaved_us). Prints one JSON
 line per (dtype, type, rows) over the four layers together: GFLOP/s of each (`q8_*`,
 `float_*`; median run and best single call) and `q8_over_float` (`_best`): the speed-up.
 """
@@ -20,7 +20,7 @@ from functools import partial
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from bench.block_kernels import DTYPES, LAYERS, quantized, time_pair_us
+from bench.block_kernels import DTYPES, LAYERS, quantized, time_interleaved_us
 from models import cpu_kernels
 from models.activation_quant import Q8Weight
 from models.block_linear import BlockWeight
@@ -51,13 +51,17 @@ def main(argv: list[str] | None = None) -> None:
                 load = round(os.getloadavg()[0], 2)
                 flop, totals = (
                     0.0,
-                    dict.fromkeys(("blocks", "dense", "blocks_best", "dense_best"), 0.0),
+                    dict.fromkeys(("q8", "float", "q8_best", "float_best"), 0.0),
                 )
                 for n, k, blocks, q8 in weights:
                     x = torch.randn(m, k, generator=gen).to(DTYPES[dtype_name])
-                    times = time_pair_us(
-                        partial(ext.q8_linear, x, q8.packed, q8.kind, n, None, False),
-                        partial(ext.block_linear, x, blocks.packed, int(qtype), n, None, False),
+                    times = time_interleaved_us(
+                        {
+                            "q8": partial(ext.q8_linear, x, q8.packed, q8.kind, n, None, False),
+                            "float": partial(
+                                ext.block_linear, x, blocks.packed, int(qtype), n, None, False
+                            ),
+                        },
                         args.runs,
                         max(1, int(4e8 / (2 * m * n * k + 4e6))),
                     )
@@ -65,11 +69,11 @@ def main(argv: list[str] | None = None) -> None:
                     for key, us in times.items():
                         totals[key] += us
                 row = {"dtype": dtype_name, "type": qtype.name, "rows": m, "isa": ext.q8_isa()}
-                for ours, theirs in (("q8", "blocks"), ("float", "dense")):
-                    row[f"{ours}_gflops"] = round(flop / totals[theirs] / 1e3, 1)
-                    row[f"{ours}_best_gflops"] = round(flop / totals[f"{theirs}_best"] / 1e3, 1)
-                row["q8_over_float"] = round(totals["dense"] / totals["blocks"], 3)
-                row["q8_over_float_best"] = round(totals["dense_best"] / totals["blocks_best"], 3)
+                for kernel in ("q8", "float"):
+                    row[f"{kernel}_gflops"] = round(flop / totals[kernel] / 1e3, 1)
+                    row[f"{kernel}_best_gflops"] = round(flop / totals[f"{kernel}_best"] / 1e3, 1)
+                row["q8_over_float"] = round(totals["float"] / totals["q8"], 3)
+                row["q8_over_float_best"] = round(totals["float_best"] / totals["q8_best"], 3)
                 row |= {"load": load, "threads": torch.get_num_threads()}
                 print(json.dumps(row), flush=True)
 

@@ -57,3 +57,14 @@ def test_the_bench_prints_a_line_per_layer_and_a_summary_per_row_count(capsys) -
         assert {"blocks_gflops", "dense_gflops", "blocks_over_dense", "load"} <= line.keys()
         assert ("blocks_over_one_row" in line) == (line["rows"] == 3)
         assert ("dense_over_one_row" in line) == (line["rows"] == 3)
+
+
+def test_the_int8_activation_bench_runs_and_prints_one_line_per_rows(capsys) -> None:
+    from bench import q8_kernels
+
+    q8_kernels.main(["--rows", "1,9", "--dtype", "float32", "--types", "Q4_1", "--runs", "1"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["type"], line["rows"]) for line in lines] == [("Q4_1", 1), ("Q4_1", 9)]
+    for line in lines:  # timings on a shared machine: their presence, not their size
+        assert {"q8_gflops", "float_gflops", "q8_over_float", "isa", "load"} <= line.keys()
+        assert line["q8_over_float"] > 0
