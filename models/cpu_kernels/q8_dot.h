@@ -26,11 +26,13 @@ inline int32_t word(const int8_t* p) {
   return w;
 }
 
-// isum [MR][NR][16]: x[m] the block's 32 int8 activations of row m, w[j] panel j's quants.
-template <bool Q4, int MR, int NR>
-inline void block_sums(const int8_t* const* x, const uint8_t* const* w, int32_t* isum) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  __m512i acc[MR][NR];
+// acc [MR][NR] = the block's exact int32 sums (lane l of acc[m][j]: row m against panel j's
+// lane l), left in registers for the caller's epilogue. x[m] the block's 32 int8 activations
+// of row m, w[j] panel j's quants.
+template <bool Q4, int MR, int NR>
+[[gnu::always_inline]] inline void vnni_sums(const int8_t* const* x, const uint8_t* const* w,
+                                             __m512i (&acc)[MR][NR]) {
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_si512();
   if constexpr (Q4) {
@@ -51,8 +53,6 @@ inline void block_sums(const int8_t* const* x, const uint8_t* const* w, int32_t*
         }
       }
     }
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NR; ++j) _mm512_storeu_si512(isum + (m * NR + j) * kLanes, acc[m][j]);
   } else {
     const __m512i ones = _mm512_set1_epi8(1);
     __m512i wsum[NR];
@@ -69,10 +69,19 @@ inline void block_sums(const int8_t* const* x, const uint8_t* const* w, int32_t*
       }
     }
     for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NR; ++j)
-        _mm512_storeu_si512(isum + (m * NR + j) * kLanes,
-                            _mm512_sub_epi32(acc[m][j], _mm512_slli_epi32(wsum[j], 7)));
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_sub_epi32(acc[m][j], _mm512_slli_epi32(wsum[j], 7));
   }
+}
+#endif
+
+// isum [MR][NR][16]: x[m] the block's 32 int8 activations of row m, w[j] panel j's quants.
+template <bool Q4, int MR, int NR>
+inline void block_sums(const int8_t* const* x, const uint8_t* const* w, int32_t* isum) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512i acc[MR][NR];
+  vnni_sums<Q4, MR, NR>(x, w, acc);
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) _mm512_storeu_si512(isum + (m * NR + j) * kLanes, acc[m][j]);
 #elif defined(__AVX2__)
   // A panel is two halves of 8 lanes: bytes [0, 32) and [32, 64) of each group.
   constexpr int H = 2 * NR;

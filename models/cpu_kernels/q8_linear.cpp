@@ -96,15 +96,67 @@ void pass(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// `pass` with the block's integer sums and the float32 sums kept in registers (no isum / acc
+// round trip through memory per block): the same integers (q8_dot::vnni_sums) and the same
+// epilogue operations in the same order as `epilogue`, so the same bits.
+template <bool Q4, int MR, int NR>
+void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t K,
+               const uint8_t* Wp, int64_t panel_bytes, float* out) {
+  const int64_t nb = K / kBlock;
+  __m512 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* x[MR];
+    const uint8_t* blk[NR];
+    const uint8_t* w[NR];
+    for (int m = 0; m < MR; ++m) x[m] = xq + m * K + b * kBlock;
+    for (int j = 0; j < NR; ++j) {
+      blk[j] = Wp + j * panel_bytes + b * f.bytes;
+      w[j] = blk[j] + f.quants;
+    }
+    __m512i isum[MR][NR];
+    q8_dot::vnni_sums<Q4, MR, NR>(x, w, isum);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 dxv = _mm512_set1_ps(dx[m * nb + b]);
+      const int32_t s_x = sx[m * nb + b];
+      const __m512i off = _mm512_set1_epi32(f.offset8 ? 8 * s_x : 0);
+      for (int j = 0; j < NR; ++j) {
+        const __m512 d_w = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j]));
+        const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[m][j], off));
+        __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(d_w, dxv), sums, acc[m][j]);
+        if (f.has_min) {
+          const __m512 m_w = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j] + 64));
+          v = _mm512_fmadd_ps(_mm512_mul_ps(m_w, dxv), _mm512_set1_ps(static_cast<float>(s_x)), v);
+        }
+        acc[m][j] = v;
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) _mm512_storeu_ps(out + (m * NR + j) * kPanel, acc[m][j]);
+}
+#endif
+
 template <bool Q4, int NR>
 void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
                int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  switch (mr) {
+    case 1: return pass_vnni<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 2: return pass_vnni<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 3: return pass_vnni<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    default: return pass_vnni<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+  }
+#else
   switch (mr) {
     case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
   }
+#endif
 }
 
 }  // namespace
