@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "aligned_scratch.h"
@@ -99,8 +100,9 @@ void pass(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // `pass` with the block's integer sums and the float32 sums kept in registers (no isum / acc
 // round trip through memory per block): the same integers (q8_dot::vnni_sums) and the same
-// epilogue operations in the same order as `epilogue`, so the same bits.
-template <bool Q4, int MR, int NR>
+// epilogue operations in the same order as `epilogue`, so the same bits. kMin / kOffset8: the
+// layout's has_min / offset8 as constants (no zero offset subtracted, no untaken branch).
+template <bool Q4, bool kMin, bool kOffset8, int MR, int NR>
 void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t K,
                const uint8_t* Wp, int64_t panel_bytes, float* out) {
   const int64_t nb = K / kBlock;
@@ -121,12 +123,13 @@ void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t
     for (int m = 0; m < MR; ++m) {
       const __m512 dxv = _mm512_set1_ps(dx[m * nb + b]);
       const int32_t s_x = sx[m * nb + b];
-      const __m512i off = _mm512_set1_epi32(f.offset8 ? 8 * s_x : 0);
       for (int j = 0; j < NR; ++j) {
         const __m512 d_w = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j]));
-        const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[m][j], off));
+        __m512i terms = isum[m][j];
+        if constexpr (kOffset8) terms = _mm512_sub_epi32(terms, _mm512_set1_epi32(8 * s_x));
+        const __m512 sums = _mm512_cvtepi32_ps(terms);
         __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(d_w, dxv), sums, acc[m][j]);
-        if (f.has_min) {
+        if constexpr (kMin) {
           const __m512 m_w = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j] + 64));
           v = _mm512_fmadd_ps(_mm512_mul_ps(m_w, dxv), _mm512_set1_ps(static_cast<float>(s_x)), v);
         }
@@ -143,12 +146,18 @@ template <bool Q4, int NR>
 void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
                int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  switch (mr) {
-    case 1: return pass_vnni<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    case 2: return pass_vnni<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    case 3: return pass_vnni<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    default: return pass_vnni<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-  }
+  const auto rows = [&](auto kind) {
+    constexpr bool kMin = decltype(kind)::value == 1, kOffset8 = decltype(kind)::value == 2;
+    switch (mr) {
+      case 1: return pass_vnni<Q4, kMin, kOffset8, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      case 2: return pass_vnni<Q4, kMin, kOffset8, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      case 3: return pass_vnni<Q4, kMin, kOffset8, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      default: return pass_vnni<Q4, kMin, kOffset8, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    }
+  };
+  if (f.has_min) return rows(std::integral_constant<int, 1>{});
+  if (f.offset8) return rows(std::integral_constant<int, 2>{});
+  return rows(std::integral_constant<int, 0>{});
 #else
   switch (mr) {
     case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
