@@ -180,6 +180,34 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
 #pragma omp parallel for schedule(static) if (M * K >= 65536)
   for (int64_t i = 0; i < M * nb; ++i) {
     const T* src = x + i * kBlock;  // row i / nb, block i % nb: rows are K = nb * 32 apart
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    // The loop below, 16 lanes at a time, one IEEE operation per step as there: max_ps(|v|,
+    // amax) keeps amax where v is NaN (as std::max(amax, |v|) does), vcvtps2dq rounds to nearest
+    // even (nearbyint in the default mode; NaN -> INT_MIN, clamped to -127 as the cast's value).
+    __m512 v[2];
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (std::is_same_v<T, float>) {
+        v[h] = _mm512_loadu_ps(src + 16 * h);
+      } else {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * h));
+        v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      }
+    }
+    const __m512 top = _mm512_max_ps(_mm512_abs_ps(v[1]),
+                                     _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps()));
+    const float amax = _mm512_reduce_max_ps(top);
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    __m512i total = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], _mm512_set1_ps(inv)));
+      q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + i * kBlock + 16 * h), _mm512_cvtepi32_epi8(q));
+      total = _mm512_add_epi32(total, q);
+    }
+    dx[i] = d;
+    sx[i] = _mm512_reduce_add_epi32(total);
+#else
     float v[kBlock], amax = 0.0f;
     for (int e = 0; e < kBlock; ++e) {
       v[e] = static_cast<float>(src[e]);
@@ -197,6 +225,7 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
     }
     dx[i] = d;
     sx[i] = sum;
+#endif
   }
 }
 
@@ -230,11 +259,18 @@ void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, co
       else
         nr == kPanels ? pass_rows<false, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
                       : pass_rows<false, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
+      // y = round(acc + bias) panel by panel (lanes past nn are padding rows)
       for (int m = 0; m < mr; ++m)
-        for (int64_t c = 0; c < nn; ++c) {
-          const float v = acc[(m * nr + c / kPanel) * kPanel + c % kPanel];
-          y[(m0 + m) * N + n0 + c] =
-              static_cast<OutT>(v + (bias ? static_cast<float>(bias[n0 + c]) : 0.0f));
+        for (int j = 0; j < nr; ++j) {
+          const float* a = acc + (m * nr + j) * kPanel;
+          const int64_t c0 = j * kPanel, count = std::min<int64_t>(kPanel, nn - c0);
+          OutT* out = y + (m0 + m) * N + n0 + c0;
+          if (bias) {
+            for (int64_t l = 0; l < count; ++l)
+              out[l] = static_cast<OutT>(a[l] + static_cast<float>(bias[n0 + c0 + l]));
+          } else {
+            for (int64_t l = 0; l < count; ++l) out[l] = static_cast<OutT>(a[l] + 0.0f);
+          }
         }
     }
   }
