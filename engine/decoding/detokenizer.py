@@ -152,7 +152,9 @@ class IncrementalDetokenizer:
         self._num_tokens += 1
         if self._skip_special and self._tokenizer.is_special(token_id):
             return
-        chunk = self._decoder.decode(self._tokenizer.token_bytes(token_id))
+        self._text_chunk(self._decoder.decode(self._tokenizer.token_bytes(token_id)))
+
+    def _text_chunk(self, chunk: str) -> None:
         if chunk and self._strip_pending:
             self._strip_pending = False
             chunk = chunk.removeprefix(" ")
@@ -160,10 +162,16 @@ class IncrementalDetokenizer:
             self._consume(chunk)
 
     def finish(self) -> str:
-        """Ends the text: drops the bytes of an incomplete trailing character (the decoder holds
-        only a prefix that could still become a valid character), releases held-back text."""
+        """Ends the text: drops the bytes of an incomplete trailing character, releases held-back
+        text. CPython's incremental decoder also holds some bytes that can never complete (a
+        surrogate's first two bytes, ED A0..BF) until the next byte shows them invalid: those
+        become U+FFFD here, as decoding the whole output does (they may end on a stop string)."""
         if not self._done:
+            buffered, _ = self._decoder.getstate()
             self._decoder.reset()
+            if buffered and not _starts_a_character(buffered):
+                self._text_chunk(buffered.decode("utf-8", errors="replace"))
+        if not self._done:
             self._pieces.append(self._held)
             self._held = ""
             self._done = True
@@ -188,3 +196,23 @@ class IncrementalDetokenizer:
         keep = self._matcher.held  # <= len(pending): states only grow by the chars fed
         self._pieces.append(pending[: len(pending) - keep])
         self._held = pending[len(pending) - keep :]
+
+
+def _starts_a_character(head: bytes) -> bool:
+    """Whether some continuation bytes complete `head` (1-3 bytes) into one valid UTF-8
+    character: its lead byte asks for more bytes and one choice of the next byte decodes (the
+    only constraints past the lead are on the second byte: overlong forms, surrogates, >
+    U+10FFFF)."""
+    lead = head[0]
+    length = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if lead <= 0xF4 else 0
+    missing = length - len(head) if lead >= 0xC2 else 0
+    if missing <= 0:
+        return False
+    for nxt in range(0x80, 0xC0):
+        completed = head + bytes([nxt]) + b"\x80" * (missing - 1)
+        try:
+            completed.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return True
+    return False

@@ -253,3 +253,20 @@ def test_overlapping_stop_completed_after_min_tokens_still_stops():
     detok = IncrementalDetokenizer(tok, stop=("aa",), min_tokens=2)
     deltas, _ = stream(detok, [tok.id_of(b"a")] * 4)
     assert "".join(deltas) == "a" and detok.stop_string == "aa"
+
+
+@pytest.mark.parametrize(
+    "data", [b"\xed\xa0", b"a\xed\xbf", b"\xed", b"\xed\x9f", b"\xf4\x8f", b"\xf0\x9f\x98", b"ab"]
+)
+@pytest.mark.parametrize("stops", [[], ["\ufffd"]])
+def test_the_end_of_the_output_decodes_as_the_whole_bytes_do(data, stops):
+    # CPython's incremental decoder holds a surrogate's first two bytes (ED A0..BF) as if they
+    # could still complete; at the end they are U+FFFD as bytes.decode(errors="replace") makes
+    # them, while a real character's unfinished prefix (ED 9F, F4 8F, F0 9F 98) is dropped.
+    tok = FakeByteTokenizer()
+    detok = IncrementalDetokenizer(tok, stop=tuple(stops))
+    deltas, _ = stream(detok, tokenize(tok, data, list(range(len(data)))))
+    shown = data[: len(data) - incomplete_tail(data)]
+    expected, stop = cut_at_first_stop(shown.decode("utf-8", errors="replace"), stops, False)
+    assert "".join(deltas) == expected
+    assert detok.stop_string == stop
