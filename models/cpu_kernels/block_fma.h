@@ -16,6 +16,7 @@
 #pragma once
 
 #include "group_walk.h"
+#include "mantissa_weights.h"
 #include "simd16.h"
 
 #if defined(TGSERVE_SIMD16)
@@ -112,6 +113,17 @@ constexpr int few_rows_panels(int mr) {
   return mr <= 2 ? 4 : mr <= 4 ? 3 : 2;
 }
 
+// acc[m][j] = fma(x[m][e], w[j], acc[m][j]) for every row m (element e of row m at
+// xf[m * ldx + e]) and panel j.
+template <int MR, int NR>
+[[gnu::always_inline]] inline void row_fmas(const float* xf, int64_t ldx, int e, const VF* w,
+                                            VF (&acc)[MR][NR]) {
+  for (int m = 0; m < MR; ++m) {
+    const VF xv = v::set1f(xf[m * ldx + e]);
+    for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, w[j], acc[m][j]);
+  }
+}
+
 // Rows x[0 .. MR) (element e of row m at xf[m * ldx + e]) over one block of NR panels:
 // for each element e in order, each panel: w = the weight, then acc[m][j] = fma(x[m][e], w,
 // acc[m][j]) for every row: each lane runs `pass`'s portable order.
@@ -124,12 +136,7 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int MR, int NR>
     d[j] = v::load_halves(blk[j]);
     mn[j] = TYPE == 1 ? v::load_halves(blk[j] + 32) : v::zerof();
   }
-  const auto fmas = [&](int e, const VF* w) {
-    for (int m = 0; m < MR; ++m) {
-      const VF xv = v::set1f(xf[m * ldx + e]);
-      for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, w[j], acc[m][j]);
-    }
-  };
+  const auto fmas = [&](int e, const VF* w) { row_fmas(xf, ldx, e, w, acc); };
   for (int c = 0; c < (TYPE == 2 ? 16 : 8); ++c) {  // 32-byte chunks of quants
     VI words[NR];
     VF w[NR];
@@ -164,6 +171,36 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int MR, int NR>
   }
 }
 
+#if defined(TGSERVE_MANTISSA_WEIGHTS)
+// rows_block for float32 x with mantissa_weights.h's weights (one vpternlogd and one fma each,
+// the same bits); false, acc untouched, when a panel's block cannot take them.
+template <int TYPE, int MR, int NR>
+[[gnu::always_inline]] inline bool mantissa_rows_block(const float* xf, int64_t ldx,
+                                                       const uint8_t* const* blk,
+                                                       int64_t scales_bytes, VF (&acc)[MR][NR]) {
+  namespace mw = mantissa_weights;
+  mw::Scales s[NR];
+  bool ok = true;
+  for (int j = 0; j < NR; ++j) ok &= mw::scales<TYPE>(blk[j], s[j]);
+  if (!ok) return false;
+  constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
+  for (int c = 0; c < 32 / kPerChunk; ++c) {  // 32-byte chunks of quants
+    VI src[NR][2];
+    for (int j = 0; j < NR; ++j) {
+      const VI words = v::load_u16(blk[j] + scales_bytes + 32 * c);
+      src[j][0] = mw::source<TYPE>(words, 0);
+      src[j][1] = mw::source<TYPE>(words, 1);
+    }
+    for (int u = 0; u < kPerChunk; ++u) {
+      VF w[NR];
+      for (int j = 0; j < NR; ++j) w[j] = mw::weight<TYPE>(src[j][u % 2], u, s[j]);
+      row_fmas(xf, ldx, kPerChunk * c + u, w, acc);
+    }
+  }
+  return true;
+}
+#endif
+
 // Whether 16 fp16 values at p are all finite (exponent bits not all ones).
 inline bool finite_halves(const uint8_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -196,9 +233,13 @@ void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int
       ldx = K;
     }
     const uint8_t* blk[NR];
+    for (int j = 0; j < NR; ++j) blk[j] = Wp + j * panel_bytes + b * bb;
+#if defined(TGSERVE_MANTISSA_WEIGHTS)
+    if constexpr (!kBf16)
+      if (mantissa_rows_block<TYPE, MR, NR>(xf, ldx, blk, scales_bytes, acc)) continue;
+#endif
     bool finite = true;
     for (int j = 0; j < NR; ++j) {
-      blk[j] = Wp + j * panel_bytes + b * bb;
       if constexpr (kBf16 || kFoldQ4<TYPE>) finite = finite && finite_halves(blk[j]) &&
                                                   (TYPE != 1 || finite_halves(blk[j] + 32));
     }
