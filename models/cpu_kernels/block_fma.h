@@ -76,6 +76,22 @@ inline VI q8_at(VI words, int i) { return v::srai(v::slli(words, i == 0 ? 24 : 1
 // TYPE: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0 (block_linear.cpp maps its type ids to these).
 template <int TYPE, bool kRoundBf16>
 inline void dequant_block(const uint8_t* blk, int64_t scales_bytes, float* w) {
+#if defined(TGSERVE_MANTISSA_WEIGHTS)
+  if constexpr (!kRoundBf16) {  // float32: mantissa_weights.h's one-fma weights where it can
+    namespace mw = mantissa_weights;
+    mw::Scales s;
+    if (mw::scales<TYPE>(blk, s)) {
+      constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
+      for (int c = 0; c < 32 / kPerChunk; ++c) {
+        mw::Chunk<TYPE> chunk;
+        chunk.load(blk + scales_bytes + 32 * c);
+        for (int u = 0; u < kPerChunk; ++u)
+          v::storef(w + (kPerChunk * c + u) * kLanes, chunk.weight(u, s));
+      }
+      return;
+    }
+  }
+#endif
   const VF d = v::load_halves(blk);
   const VF mn = TYPE == 1 ? v::load_halves(blk + 32) : v::zerof();
   const uint8_t* q = blk + scales_bytes;
@@ -185,15 +201,11 @@ template <int TYPE, int MR, int NR>
   if (!ok) return false;
   constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
   for (int c = 0; c < 32 / kPerChunk; ++c) {  // 32-byte chunks of quants
-    VI src[NR][2];
-    for (int j = 0; j < NR; ++j) {
-      const VI words = v::load_u16(blk[j] + scales_bytes + 32 * c);
-      src[j][0] = mw::source<TYPE>(words, 0);
-      src[j][1] = mw::source<TYPE>(words, 1);
-    }
+    mw::Chunk<TYPE> chunks[NR];
+    for (int j = 0; j < NR; ++j) chunks[j].load(blk[j] + scales_bytes + 32 * c);
     for (int u = 0; u < kPerChunk; ++u) {
       VF w[NR];
-      for (int j = 0; j < NR; ++j) w[j] = mw::weight<TYPE>(src[j][u % 2], u, s[j]);
+      for (int j = 0; j < NR; ++j) w[j] = chunks[j].weight(u, s[j]);
       row_fmas(xf, ldx, kPerChunk * c + u, w, acc);
     }
   }

@@ -1,5 +1,5 @@
 // Q4_0 / Q4_1 / Q8_0 weights made with one integer op and one fma (AVX-512, float32 activations),
-// for block_fma.h's few-rows pass. Included by block_fma.h only.
+// for block_fma.h's few-rows pass and many-rows scratch. Included by block_fma.h only.
 //
 // Contract: the same w bits as block_fma.h's `weight` (gguf's fl(d * q), Q4_1 fl(fl(d * q) + m))
 // except possibly the sign of a zero w, which no output can show: every accumulator starts at
@@ -107,19 +107,47 @@ template <int TYPE>
   return v::as_float(VI{_mm512_ternarylogic_epi32(src.v, mask, r, 0x6A)});
 }
 
-// A chunk's two sources (words: each lane's 16-bit word, zero-extended): source(words, 0) = A,
-// for the even elements u, source(words, 1) = B for the odd ones.
-template <int TYPE>
-[[gnu::always_inline]] inline VI source(VI words, int odd) {
-  return odd ? words : v::slli(words, Fields<TYPE>::kShiftA);
-}
+// A 32-byte chunk of a panel's quants as the sources of its weights: Q4 (and Q8_0 without
+// VBMI) A = word << 8 for the even elements u, B = word for the odd ones (word: each lane's
+// 16-bit word, widened); Q8_0 with VBMI the chunk's bytes, sign bits flipped once for both.
+#if defined(__AVX512VBMI__)
+constexpr bool kBytePermute = true;
+#else
+constexpr bool kBytePermute = false;
+#endif
 
-// Element u of the chunk whose source for u is `src`: w = fma(R + u, d, c).
 template <int TYPE>
-[[gnu::always_inline]] inline VF weight(VI src, int u, const Scales& s) {
-  const int k = TYPE == 2 ? 0 : u / 2;
-  return v::fmadd(r_plus_u<TYPE>(src, k), s.d, s.c[k]);
-}
+struct Chunk {
+  static constexpr bool kBytes = TYPE == 2 && kBytePermute;
+  __m512i a, b;
+  [[gnu::always_inline]] void load(const uint8_t* q) {
+    if constexpr (kBytes) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      a = _mm512_castsi256_si512(_mm256_xor_si256(bytes, _mm256_set1_epi8(-128)));
+    } else {
+      b = v::load_u16(q).v;
+      a = _mm512_slli_epi32(b, Fields<TYPE>::kShiftA);
+    }
+  }
+  // R + u of element u (Q8_0 with VBMI: vpermb puts byte 2l + u into byte 1 of lane l over
+  // R's bits, no vpternlogd).
+  [[gnu::always_inline]] VF r_plus_u(int u) const {
+    if constexpr (kBytes) {
+      const __m512i lane = v::lane_index().v;
+      const __m512i index = _mm512_slli_epi32(
+          _mm512_add_epi32(_mm512_add_epi32(lane, lane), _mm512_set1_epi32(u)), 8);
+      const __m512i r = _mm512_set1_epi32(static_cast<int32_t>(Fields<TYPE>::r_bits(0)));
+      return {_mm512_castsi512_ps(
+          _mm512_mask_permutexvar_epi8(r, 0x2222222222222222ull, index, a))};
+    } else {
+      return mantissa_weights::r_plus_u<TYPE>(VI{u % 2 ? b : a}, TYPE == 2 ? 0 : u / 2);
+    }
+  }
+  // Element u's weight: w = fma(R + u, d, c).
+  [[gnu::always_inline]] VF weight(int u, const Scales& s) const {
+    return v::fmadd(r_plus_u(u), s.d, s.c[TYPE == 2 ? 0 : u / 2]);
+  }
+};
 
 }  // namespace tgserve::mantissa_weights
 

@@ -1,4 +1,4 @@
-"""The float32 few-rows pass's one-fma weights (models/cpu_kernels/mantissa_weights.h: w =
+"""The float32 block kernels' one-fma weights (models/cpu_kernels/mantissa_weights.h: w =
 fma(R + u, d, c), bit for bit gguf's w when c is exact; Q4_1 blocks whose c is not, and blocks
 with non-finite scales, must fall back to the two-rounding path) on blocks chosen against that
 argument: every fp16 bit pattern as d, Q4_1's m of every bit pattern, m = 0 and -0, subnormal,
@@ -6,8 +6,8 @@ the largest, inf and NaN, and the quant extremes (Q8_0 q = -128 and 127, Q4 nibb
 
 Oracles: gguf's dequantisation, each weight read back through one-hot activations (acc = fma(1,
 w, +0) = w, so the outputs are the weights, -0 as +0), and the dense kernel over those weights
-for random activations, every few-rows count, rows mixing blocks of both paths (bitwise where
-finite, NaN where it has NaN). On builds without AVX-512 the same tests hold the old path."""
+for random activations, every few-rows count and the many-rows scratch, rows mixing blocks of
+both paths (bitwise where finite, NaN where it has NaN). On builds without AVX-512 the same tests hold the old path."""
 
 from __future__ import annotations
 
@@ -100,13 +100,18 @@ def test_weights_read_through_one_hot_rows_are_gguf_weights(qtype: QT) -> None:
         assert np.array_equal(got[:, finite].view(np.uint32), want[:, finite].view(np.uint32))
         assert np.isnan(got[:, ~finite]).all()  # 0 * inf or a NaN weight in each such row
     assert start == 32
+    # all 32 at once: the many-rows pass's dequantised scratch
+    got = layer.apply(torch.eye(32), float_out=True).numpy()
+    want = weights.T + np.float32(0.0)
+    assert np.array_equal(got[:, finite].view(np.uint32), want[:, finite].view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 40])
 def test_rows_mixing_both_paths_give_the_dense_kernels_bits(qtype: QT, m: int) -> None:
     """Rows of 4 blocks drawn from the adversarial ones (each panel's blocks take one path or
-    the other in turn, on the same accumulators), random activations of spread magnitudes."""
+    the other in turn, on the same accumulators; from 9 rows: into the same scratch), random
+    activations of spread magnitudes."""
     raw = adversarial(qtype)
     rng = np.random.default_rng(m)
     n = 4096
