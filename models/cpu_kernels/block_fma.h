@@ -8,7 +8,9 @@
 // activations then rounded to bf16 to nearest even, NaN -> 0x7FC0, as c10 rounds), and every
 // row runs the same fmas, k in order, 16 lanes per panel. Each lane sees the same
 // operations in the same order as the portable pass, so the bits are the same (tested against
-// it in tests/models/test_block_linear.py) and batch invariance holds as before.
+// it in tests/models/test_block_linear.py) and batch invariance holds as before. float32
+// activations on AVX-512 make those weights with one integer op and one fma where a block's
+// scales allow it (mantissa_weights.h: the same bits; the other blocks as above).
 //
 // Packed block (see block_linear.cpp): [16 d fp16][16 m fp16, Q4_1 only] then the quants: step
 // s (k-pair 2s, 2s + 1) of lane l, element i, is byte 2l + i of a 32-byte chunk; Q8_0: chunk s
@@ -187,32 +189,6 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int MR, int NR>
   }
 }
 
-#if defined(TGSERVE_MANTISSA_WEIGHTS)
-// rows_block for float32 x with mantissa_weights.h's weights (one vpternlogd and one fma each,
-// the same bits); false, acc untouched, when a panel's block cannot take them.
-template <int TYPE, int MR, int NR>
-[[gnu::always_inline]] inline bool mantissa_rows_block(const float* xf, int64_t ldx,
-                                                       const uint8_t* const* blk,
-                                                       int64_t scales_bytes, VF (&acc)[MR][NR]) {
-  namespace mw = mantissa_weights;
-  mw::Scales s[NR];
-  bool ok = true;
-  for (int j = 0; j < NR; ++j) ok &= mw::scales<TYPE>(blk[j], s[j]);
-  if (!ok) return false;
-  constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
-  for (int c = 0; c < 32 / kPerChunk; ++c) {  // 32-byte chunks of quants
-    mw::Chunk<TYPE> chunks[NR];
-    for (int j = 0; j < NR; ++j) chunks[j].load(blk[j] + scales_bytes + 32 * c);
-    for (int u = 0; u < kPerChunk; ++u) {
-      VF w[NR];
-      for (int j = 0; j < NR; ++j) w[j] = chunks[j].weight(u, s[j]);
-      row_fmas(xf, ldx, kPerChunk * c + u, w, acc);
-    }
-  }
-  return true;
-}
-#endif
-
 // Whether 16 fp16 values at p are all finite (exponent bits not all ones).
 inline bool finite_halves(const uint8_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -248,7 +224,10 @@ void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int
     for (int j = 0; j < NR; ++j) blk[j] = Wp + j * panel_bytes + b * bb;
 #if defined(TGSERVE_MANTISSA_WEIGHTS)
     if constexpr (!kBf16)
-      if (mantissa_rows_block<TYPE, MR, NR>(xf, ldx, blk, scales_bytes, acc)) continue;
+      if (mantissa_weights::rows_block<TYPE, NR>(blk, scales_bytes, [&](int e, const VF* w) {
+            row_fmas(xf, ldx, e, w, acc);
+          }))
+        continue;
 #endif
     bool finite = true;
     for (int j = 0; j < NR; ++j) {

@@ -31,9 +31,12 @@
 // A = word << 8 for even u, B = word for odd u, the field at p = kP[u / 2]:
 //   Q8_0: A holds the low byte at 8, B the high byte at 8, p = 8 for both;
 //   Q4: A holds u 0 at 8 and u 2 at 12, B u 1 at 8 and u 3 at 12, p = 8, 12.
-// Per weight: one vpternlogd and one fma (+ the row fmas), against vpand + vcvtdq2ps + an fma
-// (Q4) or two shifts + vcvtdq2ps + vmulps (Q8_0) before; a chunk adds one shift beside its
-// vpmovzxwd. Per block and panel: one multiply per p (Q4_1: two fmas, a compare per p).
+// Q8_0 where the CPU has VBMI: vpermb, merged into R's bits, puts byte 2l + u of the chunk
+// (sign bits flipped by one vpxor per chunk) at bit 8 of lane l: no widening, no vpternlogd.
+// Per weight: one vpternlogd (VBMI Q8_0: one vpermb) and one fma (+ the row fmas), against
+// vpand + vcvtdq2ps + an fma (Q4) or two shifts + vcvtdq2ps + vmulps (Q8_0) before; a chunk
+// adds one shift beside its vpmovzxwd. Per block and panel: one multiply per p (Q4_1: two
+// fmas and a compare per p).
 #pragma once
 
 #include "simd16.h"
@@ -148,6 +151,29 @@ struct Chunk {
     return v::fmadd(r_plus_u(u), s.d, s.c[TYPE == 2 ? 0 : u / 2]);
   }
 };
+
+// One block of NR panels (`blk`, quants at blk[j] + scales_bytes) for the few-rows pass: for
+// each element e in order, w[j] its weights, then fmas(e, w) (the rows' fmas). false, nothing
+// run, when a panel's block cannot take the one-fma weights.
+template <int TYPE, int NR, typename Fmas>
+[[gnu::always_inline]] inline bool rows_block(const uint8_t* const* blk, int64_t scales_bytes,
+                                              Fmas&& fmas) {
+  Scales s[NR];
+  bool ok = true;
+  for (int j = 0; j < NR; ++j) ok &= scales<TYPE>(blk[j], s[j]);
+  if (!ok) return false;
+  constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
+  for (int c = 0; c < 32 / kPerChunk; ++c) {  // 32-byte chunks of quants
+    Chunk<TYPE> chunks[NR];
+    for (int j = 0; j < NR; ++j) chunks[j].load(blk[j] + scales_bytes + 32 * c);
+    for (int u = 0; u < kPerChunk; ++u) {
+      VF w[NR];
+      for (int j = 0; j < NR; ++j) w[j] = chunks[j].weight(u, s[j]);
+      fmas(kPerChunk * c + u, w);
+    }
+  }
+  return true;
+}
 
 }  // namespace tgserve::mantissa_weights
 

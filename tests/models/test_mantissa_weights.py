@@ -19,6 +19,8 @@ from gguf.quants import dequantize
 
 from models import cpu_kernels
 from models.block_linear import BlockLinear, BlockWeight
+from models.cpu_features import cpu_flags
+from tests.models.test_kernel_isa_builds import isa_build
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
@@ -153,3 +155,29 @@ def test_infinite_scales_with_one_signed_quants_give_infinite_outputs(qtype: QT,
     got, want = layer.apply(x, float_out=True), ext.linear(x, dense, None, n, True)
     assert want.isinf().all()
     assert_same_outputs(got, want)
+
+
+SKYLAKE_FLAGS = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma", "f16c"}
+
+
+@pytest.mark.skipif(
+    not set(cpu_flags()) >= SKYLAKE_FLAGS, reason="the CPU cannot run -march=skylake-avx512 code"
+)
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
+def test_avx512_without_vbmi_gives_the_native_bits(qtype: QT) -> None:
+    """-march=skylake-avx512 (AVX-512 without VBMI: Q8_0 widens and shifts its words for
+    vpternlogd instead of vpermb on the bytes) on the adversarial rows, against the native
+    build (which test_weights_read_through_one_hot_rows_are_gguf_weights holds to gguf)."""
+    raw = adversarial(qtype)
+    rng = np.random.default_rng(int(qtype))
+    n, k = 2048, 128
+    raw = raw[rng.integers(0, len(raw), 4 * n)].reshape(n, -1)
+    w = BlockWeight.pack(torch.from_numpy(raw), qtype, k)
+    native, skylake = cpu_kernels.extension(), isa_build("skylake-avx512")
+    gen = torch.Generator().manual_seed(int(qtype))
+    for m in (1, 2, 3, 8, 9, 40):
+        x = torch.randn(m, k, generator=gen) * torch.exp2(
+            torch.randint(-8, 9, (m, k), generator=gen)
+        )
+        want = native.block_linear(x, w.packed, w.type_id, n, None, True)
+        assert_same_outputs(skylake.block_linear(x, w.packed, w.type_id, n, None, True), want)
