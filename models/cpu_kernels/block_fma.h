@@ -8,9 +8,10 @@
 // activations then rounded to bf16 to nearest even, NaN -> 0x7FC0, as c10 rounds), and every
 // row runs the same fmas, k in order, 16 lanes per panel. Each lane sees the same
 // operations in the same order as the portable pass, so the bits are the same (tested against
-// it in tests/models/test_block_linear.py) and batch invariance holds as before. float32
-// activations on AVX-512 make those weights with one integer op and one fma where a block's
-// scales allow it (mantissa_weights.h: the same bits; the other blocks as above).
+// it in tests/models/test_block_linear.py) and batch invariance holds as before. The
+// few-rows pass for float32 activations on AVX-512 makes those weights with one integer op and
+// one fma where a block's scales allow it (mantissa_weights.h: the same bits; other blocks as
+// above).
 //
 // Packed block (see block_linear.cpp): [16 d fp16][16 m fp16, Q4_1 only] then the quants: step
 // s (k-pair 2s, 2s + 1) of lane l, element i, is byte 2l + i of a 32-byte chunk; Q8_0: chunk s
@@ -78,22 +79,6 @@ inline VI q8_at(VI words, int i) { return v::srai(v::slli(words, i == 0 ? 24 : 1
 // TYPE: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0 (block_linear.cpp maps its type ids to these).
 template <int TYPE, bool kRoundBf16>
 inline void dequant_block(const uint8_t* blk, int64_t scales_bytes, float* w) {
-#if defined(TGSERVE_MANTISSA_WEIGHTS)
-  if constexpr (!kRoundBf16) {  // float32: mantissa_weights.h's one-fma weights where it can
-    namespace mw = mantissa_weights;
-    mw::Scales s;
-    if (mw::scales<TYPE>(blk, s)) {
-      constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
-      for (int c = 0; c < 32 / kPerChunk; ++c) {
-        mw::Chunk<TYPE> chunk;
-        chunk.load(blk + scales_bytes + 32 * c);
-        for (int u = 0; u < kPerChunk; ++u)
-          v::storef(w + (kPerChunk * c + u) * kLanes, chunk.weight(u, s));
-      }
-      return;
-    }
-  }
-#endif
   const VF d = v::load_halves(blk);
   const VF mn = TYPE == 1 ? v::load_halves(blk + 32) : v::zerof();
   const uint8_t* q = blk + scales_bytes;

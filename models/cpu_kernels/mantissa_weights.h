@@ -1,5 +1,6 @@
 // Q4_0 / Q4_1 / Q8_0 weights made with one integer op and one fma (AVX-512, float32 activations),
-// for block_fma.h's few-rows pass and many-rows scratch. Included by block_fma.h only.
+// for block_fma.h's few-rows pass (its many-rows scratch fill measured no faster with them: the
+// dense tiles over it dominate). Included by block_fma.h only.
 //
 // Contract: the same w bits as block_fma.h's `weight` (gguf's fl(d * q), Q4_1 fl(fl(d * q) + m))
 // except possibly the sign of a zero w, which no output can show: every accumulator starts at

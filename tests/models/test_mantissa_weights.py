@@ -1,4 +1,4 @@
-"""The float32 block kernels' one-fma weights (models/cpu_kernels/mantissa_weights.h: w =
+"""The float32 few-rows pass's one-fma weights (models/cpu_kernels/mantissa_weights.h: w =
 fma(R + u, d, c), bit for bit gguf's w when c is exact; Q4_1 blocks whose c is not, and blocks
 with non-finite scales, must fall back to the two-rounding path) on blocks chosen against that
 argument: every fp16 bit pattern as d, Q4_1's m of every bit pattern, m = 0 and -0, subnormal,
@@ -6,8 +6,9 @@ the largest, inf and NaN, and the quant extremes (Q8_0 q = -128 and 127, Q4 nibb
 
 Oracles: gguf's dequantisation, each weight read back through one-hot activations (acc = fma(1,
 w, +0) = w, so the outputs are the weights, -0 as +0), and the dense kernel over those weights
-for random activations, every few-rows count and the many-rows scratch, rows mixing blocks of
-both paths (bitwise where finite, NaN where it has NaN). On builds without AVX-512 the same tests hold the old path."""
+for random activations, every few-rows count (and the many-rows scratch beside), rows mixing
+blocks of both paths (bitwise where finite, NaN where it has NaN). On builds without AVX-512
+the same tests hold the old path."""
 
 from __future__ import annotations
 
