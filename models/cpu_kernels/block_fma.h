@@ -8,7 +8,10 @@
 // activations then rounded to bf16 to nearest even, NaN -> 0x7FC0, as c10 rounds), and every
 // row runs the same fmas, k in order, 16 lanes per panel. Each lane sees the same
 // operations in the same order as the portable pass, so the bits are the same (tested against
-// it in tests/models/test_block_linear.py) and batch invariance holds as before.
+// it in tests/models/test_block_linear.py) and batch invariance holds as before. The
+// few-rows pass for float32 activations on AVX-512 makes those weights with one integer op and
+// one fma where a block's scales allow it (mantissa_weights.h: the same bits; other blocks as
+// above).
 //
 // Packed block (see block_linear.cpp): [16 d fp16][16 m fp16, Q4_1 only] then the quants: step
 // s (k-pair 2s, 2s + 1) of lane l, element i, is byte 2l + i of a 32-byte chunk; Q8_0: chunk s
@@ -16,6 +19,7 @@
 #pragma once
 
 #include "group_walk.h"
+#include "mantissa_weights.h"
 #include "simd16.h"
 
 #if defined(TGSERVE_SIMD16)
@@ -112,6 +116,17 @@ constexpr int few_rows_panels(int mr) {
   return mr <= 2 ? 4 : mr <= 4 ? 3 : 2;
 }
 
+// acc[m][j] = fma(x[m][e], w[j], acc[m][j]) for every row m (element e of row m at
+// xf[m * ldx + e]) and panel j.
+template <int MR, int NR>
+[[gnu::always_inline]] inline void row_fmas(const float* xf, int64_t ldx, int e, const VF* w,
+                                            VF (&acc)[MR][NR]) {
+  for (int m = 0; m < MR; ++m) {
+    const VF xv = v::set1f(xf[m * ldx + e]);
+    for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, w[j], acc[m][j]);
+  }
+}
+
 // Rows x[0 .. MR) (element e of row m at xf[m * ldx + e]) over one block of NR panels:
 // for each element e in order, each panel: w = the weight, then acc[m][j] = fma(x[m][e], w,
 // acc[m][j]) for every row: each lane runs `pass`'s portable order.
@@ -124,12 +139,7 @@ template <int TYPE, bool kRoundBf16, bool kFinite, int MR, int NR>
     d[j] = v::load_halves(blk[j]);
     mn[j] = TYPE == 1 ? v::load_halves(blk[j] + 32) : v::zerof();
   }
-  const auto fmas = [&](int e, const VF* w) {
-    for (int m = 0; m < MR; ++m) {
-      const VF xv = v::set1f(xf[m * ldx + e]);
-      for (int j = 0; j < NR; ++j) acc[m][j] = v::fmadd(xv, w[j], acc[m][j]);
-    }
-  };
+  const auto fmas = [&](int e, const VF* w) { row_fmas(xf, ldx, e, w, acc); };
   for (int c = 0; c < (TYPE == 2 ? 16 : 8); ++c) {  // 32-byte chunks of quants
     VI words[NR];
     VF w[NR];
@@ -196,9 +206,16 @@ void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int
       ldx = K;
     }
     const uint8_t* blk[NR];
+    for (int j = 0; j < NR; ++j) blk[j] = Wp + j * panel_bytes + b * bb;
+#if defined(TGSERVE_MANTISSA_WEIGHTS)
+    if constexpr (!kBf16)
+      if (mantissa_weights::rows_block<TYPE, NR>(blk, scales_bytes, [&](int e, const VF* w) {
+            row_fmas(xf, ldx, e, w, acc);
+          }))
+        continue;
+#endif
     bool finite = true;
     for (int j = 0; j < NR; ++j) {
-      blk[j] = Wp + j * panel_bytes + b * bb;
       if constexpr (kBf16 || kFoldQ4<TYPE>) finite = finite && finite_halves(blk[j]) &&
                                                   (TYPE != 1 || finite_halves(blk[j] + 32));
     }
