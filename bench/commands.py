@@ -191,11 +191,12 @@ def _run_offline(
 
 
 def _blocks_as_stored(args: argparse.Namespace, source, device: str) -> bool:
-    """Whether tgserve serves this model's GGUF blocks as stored here (auto picks float32 then,
-    engine/config.py): a GGUF with block matrices, on a CPU, with the C++ kernels, kept."""
+    """Whether tgserve runs this model's GGUF blocks as stored through its float block kernels
+    here (auto picks float32 then, engine/runner_factory.serves_blocks_as_stored): a GGUF with
+    block matrices, on a CPU, with the C++ kernels, kept, without int8 activations."""
     if source.gguf_file is None or device != "cpu" or args.dequantize or args.quantization:
         return False
-    if args.disable_cpu_kernels:
+    if args.disable_cpu_kernels or args.activation_quantization:
         return False
     from models.gguf.stored import stores_blocks
 

@@ -203,7 +203,8 @@ def resolve_dtype_name(
     dtype: str, device: str, bf16_supported: bool = True, blocks_as_stored: bool = False
 ) -> str:
     """The dtype name to load with: a concrete name is kept; "auto" ->
-    - float32 on a CPU serving GGUF blocks as stored (`blocks_as_stored`): the weight bytes read
+    - float32 on a CPU running GGUF blocks as stored through the float block kernels
+      (`blocks_as_stored`; not with int8 activations, see runner_factory): the weight bytes read
       per token are the file's whichever the activations are, and the block kernels run their
       sums as float32 fmas either way, so bfloat16 saves no weight bytes and costs its
       conversions (and, at one row, `vdpbf16ps`, which issues at half the fma rate on Intel

@@ -172,10 +172,14 @@ def serves_blocks_as_stored(
     dequantize: bool,
     random_weights: dict[str, Any] | None,
 ) -> bool:
-    """Whether this engine serves GGUF blocks as stored (what `--dtype auto` picks float32 for
-    on a CPU): a Llama-family GGUF with block matrices, on a CPU with the C++ kernels asked
-    for, not dequantised (`--dequantize`, int8 weights, tensor parallel)."""
+    """Whether this engine runs GGUF blocks as stored through the float block kernels (what
+    `--dtype auto` picks float32 for on a CPU): a Llama-family GGUF with block matrices, on a
+    CPU with the C++ kernels asked for, not dequantised (`--dequantize`, int8 weights, tensor
+    parallel) and without int8 activations (their kernels quantise the activations whatever
+    the dtype, so bfloat16 there only halves the KV cache's bytes: 1.14x offline, measured)."""
     if device.type != "cpu" or dequantize or random_weights is not None or not config.cpu_kernels:
+        return False
+    if config.activation_quantization is not None:
         return False
     from models.gguf.stored import stores_blocks
 

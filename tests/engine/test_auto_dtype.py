@@ -1,9 +1,10 @@
 """`--dtype auto` (engine/config.py `resolve_dtype_name`, engine/runner_factory.py): on a CPU,
-float32 when the engine serves GGUF blocks as stored (the weight bytes are the file's either way
-and the block kernels sum in float32), else bfloat16 where the CPU computes it natively, else
-float32; CUDA keeps bfloat16 / float16. The predicate `stores_blocks` must say exactly what the
-loader then keeps (checked against `load_model`'s layers), and the engine must load in the dtype
-the rule names (checked on its KV cache, which is allocated in the model dtype)."""
+float32 when the engine runs GGUF blocks as stored through the float block kernels (the weight
+bytes are the file's either way and those kernels sum in float32; not with int8 activations),
+else bfloat16 where the CPU computes it natively, else float32; CUDA keeps bfloat16 / float16.
+The predicate `stores_blocks` must say exactly what the loader then keeps (checked against
+`load_model`'s layers), and the engine must load in the dtype the rule names (checked on its KV
+cache, which is allocated in the model dtype)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def test_engine_loads_a_gguf_as_stored_in_float32_and_its_dequantised_copy_as_be
     dequantised = Engine.from_model(str(path), EngineConfig(dequantize=True))
     want = torch.bfloat16 if native_bf16(torch.device("cpu")) else torch.float32
     assert _kv_dtype(dequantised) == want
+    # int8 activations quantise the activations whatever the dtype: auto keeps the dense rule
+    int8 = Engine.from_model(str(path), EngineConfig(activation_quantization="int8"))
+    assert _kv_dtype(int8) == want
     # auto as stored is float32 as stored: the same greedy tokens as asking for float32
     explicit = Engine.from_model(str(path), EngineConfig(dtype="float32"))
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
