@@ -191,16 +191,19 @@ def _run_offline(
 
 
 def _blocks_as_stored(args: argparse.Namespace, source, device: str) -> bool:
-    """Whether tgserve runs this model's GGUF blocks as stored through its float block kernels
-    here (auto picks float32 then, engine/runner_factory.serves_blocks_as_stored): a GGUF with
-    block matrices, on a CPU, with the C++ kernels, kept, without int8 activations."""
-    if source.gguf_file is None or device != "cpu" or args.dequantize or args.quantization:
+    """The engine's own answer (engine.serves_blocks_as_stored) for this model and these flags:
+    whether tgserve runs its GGUF blocks on the float block kernels (auto picks float32 then)."""
+    if source.gguf_file is None:
         return False
-    if args.disable_cpu_kernels or args.activation_quantization:
-        return False
-    from models.gguf.stored import stores_blocks
+    from engine import EngineConfig, serves_blocks_as_stored
 
-    return stores_blocks(source.gguf_file)
+    flags = EngineConfig(
+        dequantize=args.dequantize,
+        quantization=args.quantization,
+        activation_quantization=args.activation_quantization,
+        cpu_kernels=not args.disable_cpu_kernels,
+    )
+    return serves_blocks_as_stored(source.gguf_file, flags, device)
 
 
 def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:

@@ -5,7 +5,8 @@ is imported on first use, so importing this package does not import torch (the H
 stays light);
 `Engine.describe()` returns an `EngineDescription` (the forward path in use, CUDA graphs, held
 bytes) for reports; `resolve_device`, `resolve_dtype_name` and `dtype_bytes` are the config's
-own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size.
+own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size, and
+`serves_blocks_as_stored` (loaded on first use) what `resolve_dtype_name` is told of a model.
 `AsyncEngine` drives any `EngineCore` from asyncio; requests go in as `SamplingParams` and come
 out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_request` returns
 a `Request`, which an engine of one's own (the tests' fake engine) builds too. `EncoderLayout`
@@ -75,6 +76,7 @@ __all__ = [
     "dtype_bytes",
     "resolve_device",
     "resolve_dtype_name",
+    "serves_blocks_as_stored",
     "speculative_config",
 ]
 
@@ -84,4 +86,8 @@ def __getattr__(name: str):
         from engine.engine import Engine
 
         return Engine
+    if name == "serves_blocks_as_stored":  # imports torch: loaded on first use, as Engine
+        from engine.runner_factory import serves_blocks_as_stored
+
+        return serves_blocks_as_stored
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

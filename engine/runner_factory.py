@@ -58,10 +58,10 @@ def build_runner(
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
     if group is not None:
         device = group.device
-    # GGUF blocks as stored are not sharded (models/parallel cuts dense weights): tensor
-    # parallel and int8 dequantise them first.
-    dequantize = config.dequantize or config.quantization is not None or group is not None
-    blocks_as_stored = serves_blocks_as_stored(path, config, device, dequantize, random_weights)
+    dequantize = dequantizes(config, tensor_parallel=group is not None)
+    blocks_as_stored = serves_blocks_as_stored(
+        path, config, device.type, group is not None, random_weights
+    )
     dtype_name = resolve_dtype_name(
         config.dtype, device.type, native_bf16(device), blocks_as_stored
     )
@@ -165,25 +165,32 @@ def build_runner(
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
 
 
+def dequantizes(config: EngineConfig, tensor_parallel: bool) -> bool:
+    """Whether a GGUF's blocks are dequantised at load. Blocks as stored are not sharded
+    (models/parallel cuts dense weights): `--dequantize`, int8 weights and tensor parallel
+    dequantise them first."""
+    return config.dequantize or config.quantization is not None or tensor_parallel
+
+
 def serves_blocks_as_stored(
-    path: Path,
+    path: str | Path,
     config: EngineConfig,
-    device: torch.device,
-    dequantize: bool,
-    random_weights: dict[str, Any] | None,
+    device_type: str,
+    tensor_parallel: bool = False,
+    random_weights: dict[str, Any] | None = None,
 ) -> bool:
     """Whether this engine runs GGUF blocks as stored through the float block kernels (what
-    `--dtype auto` picks float32 for on a CPU): a Llama-family GGUF with block matrices, on a
-    CPU with the C++ kernels asked for, not dequantised (`--dequantize`, int8 weights, tensor
-    parallel) and without int8 activations (their kernels quantise the activations whatever
-    the dtype, so bfloat16 there only halves the KV cache's bytes: 1.14x offline, measured)."""
-    if device.type != "cpu" or dequantize or random_weights is not None or not config.cpu_kernels:
+    `--dtype auto` picks float32 for on a CPU; the bench asks the same): a Llama-family GGUF
+    with block matrices, on a CPU with the C++ kernels asked for, not dequantised (`dequantizes`)
+    and without int8 activations (their kernels quantise the activations whatever the dtype, so
+    bfloat16 there only halves the KV cache's bytes: 1.14x offline, measured)."""
+    if device_type != "cpu" or random_weights is not None or not config.cpu_kernels:
         return False
-    if config.activation_quantization is not None:
+    if dequantizes(config, tensor_parallel) or config.activation_quantization is not None:
         return False
     from models.gguf.stored import stores_blocks
 
-    return stores_blocks(path)
+    return stores_blocks(Path(path))
 
 
 def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:

@@ -75,14 +75,10 @@ template <bool Q4, int MR, int NR>
 #endif
 
 // isum [MR][NR][16]: x[m] the block's 32 int8 activations of row m, w[j] panel j's quants.
+// Builds without AVX512-VNNI (those with it run vnni_sums inside q8_linear.cpp's pass_vnni).
 template <bool Q4, int MR, int NR>
 inline void block_sums(const int8_t* const* x, const uint8_t* const* w, int32_t* isum) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  __m512i acc[MR][NR];
-  vnni_sums<Q4, MR, NR>(x, w, acc);
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j) _mm512_storeu_si512(isum + (m * NR + j) * kLanes, acc[m][j]);
-#elif defined(__AVX2__)
+#if defined(__AVX2__)
   // A panel is two halves of 8 lanes: bytes [0, 32) and [32, 64) of each group.
   constexpr int H = 2 * NR;
   const __m256i ones16 = _mm256_set1_epi16(1);

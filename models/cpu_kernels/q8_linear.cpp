@@ -75,6 +75,23 @@ inline void epilogue(const Layout& f, const uint8_t* const* blk, const float* dx
   }
 }
 
+// Block b's operands: each row's 32 int8 activations (rows K apart), each panel's block (panels
+// panel_bytes apart: its scales) and that block's quants.
+template <int MR, int NR>
+struct BlockOperands {
+  const int8_t* x[MR];
+  const uint8_t* blk[NR];
+  const uint8_t* w[NR];
+  BlockOperands(const Layout& f, const int8_t* xq, int64_t K, const uint8_t* Wp,
+                int64_t panel_bytes, int64_t b) {
+    for (int m = 0; m < MR; ++m) x[m] = xq + m * K + b * kBlock;
+    for (int j = 0; j < NR; ++j) {
+      blk[j] = Wp + j * panel_bytes + b * f.bytes;
+      w[j] = blk[j] + f.quants;
+    }
+  }
+};
+
 // Rows xq[0 .. MR) (K apart) against panels Wp[0 .. NR) (panel_bytes apart) -> acc
 // [MR][NR][16], the float32 sums before the bias.
 template <bool Q4, int MR, int NR>
@@ -84,16 +101,9 @@ void pass(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
   std::fill(acc, acc + MR * NR * kPanel, 0.0f);
   alignas(64) int32_t isum[MR * NR * kPanel];
   for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* x[MR];
-    const uint8_t* blk[NR];
-    const uint8_t* w[NR];
-    for (int m = 0; m < MR; ++m) x[m] = xq + m * K + b * kBlock;
-    for (int j = 0; j < NR; ++j) {
-      blk[j] = Wp + j * panel_bytes + b * f.bytes;
-      w[j] = blk[j] + f.quants;
-    }
-    q8_dot::block_sums<Q4, MR, NR>(x, w, isum);
-    epilogue<MR, NR>(f, blk, dx + b, sx + b, nb, isum, acc);
+    const BlockOperands<MR, NR> at(f, xq, K, Wp, panel_bytes, b);
+    q8_dot::block_sums<Q4, MR, NR>(at.x, at.w, isum);
+    epilogue<MR, NR>(f, at.blk, dx + b, sx + b, nb, isum, acc);
   }
 }
 
@@ -110,16 +120,10 @@ void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* x[MR];
-    const uint8_t* blk[NR];
-    const uint8_t* w[NR];
-    for (int m = 0; m < MR; ++m) x[m] = xq + m * K + b * kBlock;
-    for (int j = 0; j < NR; ++j) {
-      blk[j] = Wp + j * panel_bytes + b * f.bytes;
-      w[j] = blk[j] + f.quants;
-    }
+    const BlockOperands<MR, NR> at(f, xq, K, Wp, panel_bytes, b);
+    const uint8_t* const* blk = at.blk;
     __m512i isum[MR][NR];
-    q8_dot::vnni_sums<Q4, MR, NR>(x, w, isum);
+    q8_dot::vnni_sums<Q4, MR, NR>(at.x, at.w, isum);
     for (int m = 0; m < MR; ++m) {
       const __m512 dxv = _mm512_set1_ps(dx[m * nb + b]);
       const int32_t s_x = sx[m * nb + b];
