@@ -39,3 +39,13 @@ def device():
     from tests.devices import selected_device  # torch only for the tests that ask
 
     return selected_device()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """TGSERVE_TEST_INSTAFAIL=1 (the GPU check's suite): print a failure's traceback the moment it
+    comes in (xdist forwards reports to the controller, where this runs), so a suite cut off by
+    its time budget still says why each failed test failed; pytest's own summary comes at the end.
+    """
+    if report.failed and os.environ.get("TGSERVE_TEST_INSTAFAIL") == "1":
+        text = report.longreprtext
+        print(f"\n----- {report.nodeid} ({report.when})\n{text[-4000:]}\n", flush=True)

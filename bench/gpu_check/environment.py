@@ -3,7 +3,8 @@
 Contract: prints `{"kind": "environment", ...}` with the GPU as nvidia-smi names it (name, memory,
 driver, clocks; an `nvidia_smi` error string where it is missing), what torch sees (version, CUDA
 version, device name, capability, multiprocessors), the versions of triton, transformers and the
-serving packages (None when not importable), Python, CPU count and the load average. Never
+serving packages (None when not importable), Python, the host CPU's model and the ISA flags the
+C++ kernels choose by (their results can depend on them), CPU count and the load average. Never
 fails for a missing piece: the report shows what is there.
 """
 
@@ -13,9 +14,12 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 
 PACKAGES = ("triton", "transformers", "fastapi", "uvicorn", "pydantic", "llguidance", "gguf")
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vbmi", "avx512_vnni", "avx512_bf16")
+ISA_FLAGS += ("avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")
 SMI_FIELDS = "name,memory.total,driver_version,clocks.sm,clocks.mem,temperature.gpu"
 
 
@@ -33,6 +37,19 @@ def nvidia_smi() -> dict[str, str]:
         return {"nvidia_smi": f"rc {out.returncode}: {out.stderr.strip()[:200]}"}
     first = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
     return dict(zip(SMI_FIELDS.split(","), (v.strip() for v in first.split(",")), strict=False))
+
+
+def host_cpu() -> dict[str, object]:
+    """The CPU's model name and which of ISA_FLAGS it has (Linux /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError as exc:
+        return {"cpu": f"unavailable: {exc}"}
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    have = set(flags.group(1).split()) if flags else set()
+    return {"cpu": model.group(1) if model else "?", "cpu_isa": [f for f in ISA_FLAGS if f in have]}
 
 
 def torch_facts() -> dict[str, object]:
@@ -61,6 +78,7 @@ def version(name: str) -> str | None:
 def main() -> int:
     facts: dict[str, object] = {"kind": "environment", "python": platform.python_version()}
     facts.update(nvidia_smi())
+    facts.update(host_cpu())
     facts.update(torch_facts())
     facts.update({name: version(name) for name in PACKAGES})
     facts.update(cpus=os.cpu_count(), load_1m=round(os.getloadavg()[0], 2))

@@ -10,6 +10,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from models import cpu_kernels
 from models.activation_quant import Q8Linear
+from tests.devices import default_model_here
 from tests.engine.engine_fixtures import assert_no_leaks, run_staggered
 
 pytestmark = pytest.mark.skipif(
@@ -27,9 +28,13 @@ PROMPTS = [
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def engine(request) -> Engine:
     config = EngineConfig(
-        max_model_len=256, dtype=request.param, activation_quantization="int8", max_num_seqs=8
+        max_model_len=256,
+        dtype=request.param,
+        activation_quantization="int8",
+        max_num_seqs=8,
+        device="cpu",  # int8 activations are a CPU path (VNNI), whatever device the tests use
     )
-    return Engine.from_model(None, config)
+    return Engine.from_model(str(default_model_here()), config)
 
 
 def test_every_linear_runs_int8_activations_in_the_cpp_step(engine: Engine) -> None:
@@ -66,6 +71,8 @@ def test_config_refuses_an_unknown_activation_quantization() -> None:
 
 
 def test_dequantized_weights_leave_it_nothing_to_run() -> None:
-    config = EngineConfig(max_model_len=64, activation_quantization="int8", dequantize=True)
+    config = EngineConfig(
+        max_model_len=64, activation_quantization="int8", dequantize=True, device="cpu"
+    )
     with pytest.raises(ValueError, match="activation_quantization 'int8' found no layer"):
-        Engine.from_model(None, config)
+        Engine.from_model(str(default_model_here()), config)

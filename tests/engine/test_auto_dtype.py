@@ -64,18 +64,19 @@ def _kv_dtype(engine: Engine) -> torch.dtype:
 
 
 def test_engine_loads_a_gguf_as_stored_in_float32_and_its_dequantised_copy_as_before(tmp_path):
+    """The CPU's rule: pinned to the CPU, so a GPU machine's default device does not change it."""
     path = tiny_quantised_gguf(tmp_path, QT.Q4_1, tied=True)
-    as_stored = Engine.from_model(str(path), EngineConfig())
+    as_stored = Engine.from_model(str(path), EngineConfig(device="cpu"))
     assert _kv_dtype(as_stored) == torch.float32
     assert isinstance(as_stored.runner.model.lm_head, BlockLinear)
-    dequantised = Engine.from_model(str(path), EngineConfig(dequantize=True))
+    dequantised = Engine.from_model(str(path), EngineConfig(dequantize=True, device="cpu"))
     want = torch.bfloat16 if native_bf16(torch.device("cpu")) else torch.float32
     assert _kv_dtype(dequantised) == want
     # int8 activations quantise the activations whatever the dtype: auto keeps the dense rule
-    int8 = Engine.from_model(str(path), EngineConfig(activation_quantization="int8"))
+    int8 = Engine.from_model(str(path), EngineConfig(activation_quantization="int8", device="cpu"))
     assert _kv_dtype(int8) == want
     # auto as stored is float32 as stored: the same greedy tokens as asking for float32
-    explicit = Engine.from_model(str(path), EngineConfig(dtype="float32"))
+    explicit = Engine.from_model(str(path), EngineConfig(dtype="float32", device="cpu"))
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[5, 17, 33, 9], [60, 2, 71]]
     runs = [

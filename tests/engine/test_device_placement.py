@@ -122,6 +122,7 @@ def _engine(folder) -> Engine:
         max_num_seqs=16,
         seed=7,
         cpu_kernels=False,  # the forward is not under test: PyTorch ops, no C++ build
+        device="cpu",  # the `meta` stand-in is the other device, on any test machine
     )
     return Engine.from_model(str(folder), config)
 

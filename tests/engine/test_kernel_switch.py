@@ -26,6 +26,11 @@ PROMPT = list(range(5, 19))  # 14 tokens: three full blocks of 4 go to the prefi
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2)
 
 
+def cpu_engine(folder, **config) -> Engine:
+    """The switch is the CPU path's (the C++ kernels): on the CPU whatever the tests' device."""
+    return tiny_engine(folder, device="cpu", **config)
+
+
 def solo(engine, prompt: list[int]):
     (out,) = engine.generate([prompt], PARAMS)
     return out.outputs[0].token_ids, out.outputs[0].logprobs
@@ -51,8 +56,8 @@ def test_a_request_keeps_the_path_it_started_on_and_the_next_one_switches(
     tmp_path, monkeypatch
 ) -> None:
     folder = tmp_path / "tiny"
-    on_pytorch = solo(tiny_engine(folder, cpu_kernels=False), PROMPT)
-    on_kernels = solo(tiny_engine(folder), PROMPT)
+    on_pytorch = solo(cpu_engine(folder, cpu_kernels=False), PROMPT)
+    on_kernels = solo(cpu_engine(folder), PROMPT)
     assert on_pytorch[1] != on_kernels[1]  # the paths are told apart by their logprobs
 
     gate = threading.Event()
@@ -64,7 +69,7 @@ def test_a_request_keeps_the_path_it_started_on_and_the_next_one_switches(
 
     monkeypatch.setattr(cpu_kernels, "is_built", lambda march="native": False)
     monkeypatch.setattr(kernel_switch.cpu_kernels, "extension", held_back)
-    engine = tiny_engine(folder, cpu_kernels_background=True)
+    engine = cpu_engine(folder, cpu_kernels_background=True)
     pending = engine.runner.pending_path
     assert pending is not None and not engine.stats().cpu_kernels_active
     assert engine.stats().forward_path == "PyTorch ops only"
@@ -91,10 +96,10 @@ def test_a_request_keeps_the_path_it_started_on_and_the_next_one_switches(
 
 def test_a_failed_build_leaves_the_pytorch_path_serving(tmp_path, monkeypatch) -> None:
     folder = tmp_path / "tiny"
-    on_pytorch = solo(tiny_engine(folder, cpu_kernels=False), PROMPT)
+    on_pytorch = solo(cpu_engine(folder, cpu_kernels=False), PROMPT)
     monkeypatch.setattr(cpu_kernels, "is_built", lambda march="native": False)
     monkeypatch.setattr(kernel_switch.cpu_kernels, "extension", lambda niceness=0: None)
-    engine = tiny_engine(folder, cpu_kernels_background=True)
+    engine = cpu_engine(folder, cpu_kernels_background=True)
     deadline = time.monotonic() + 30
     while not engine.runner.pending_path.settled:
         assert time.monotonic() < deadline
@@ -109,7 +114,7 @@ def test_a_gguf_served_dequantised_meanwhile_switches_to_its_blocks_as_stored(
     """The blocks as stored need the kernels: until they load, a dequantised copy serves (not
     written to the conversion cache); after the switch, the blocks, as a warm start has them."""
     path = tiny_quantised_gguf(tmp_path, QT.Q4_1, tied=False)
-    config = dict(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4)
+    config = dict(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4, device="cpu")
     monkeypatch.setenv("TGSERVE_CACHE_DIR", str(tmp_path / "cache"))
     warm = Engine.from_model(str(path), EngineConfig(**config))
     assert any(isinstance(m, BlockLinear) for m in warm.runner.model.modules())

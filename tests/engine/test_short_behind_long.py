@@ -13,6 +13,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
+from tests.devices import default_model_here
 
 LONG_LEN = 1536  # 4 of them: 6144 prompt tokens, three 2048-token budgets: two steps leave most
 SHORT_LEN = 5
@@ -20,7 +21,9 @@ SHORT_LEN = 5
 
 @pytest.fixture(scope="module")
 def engine() -> Engine:
-    built = Engine.from_model(None, EngineConfig(kv_cache_memory_bytes=400 * 2**20))
+    built = Engine.from_model(
+        str(default_model_here()), EngineConfig(kv_cache_memory_bytes=400 * 2**20)
+    )
     steps = []
     schedule = built.scheduler.schedule
 

@@ -17,8 +17,8 @@ from gguf.quants import dequantize, quantize
 
 from models import cpu_kernels
 from models.block_linear import BlockEmbedding, BlockLinear, BlockWeight
-from models.default_model import default_model_path
 from models.gguf.file import open_gguf
+from tests.devices import default_model_here
 from tests.ggml_blocks import hand_dequantise
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]  # block_linear.cpp's own (test_kquant_linear.py: the rest)
@@ -55,7 +55,7 @@ def test_unpacked_hand_made_blocks_equal_gguf_dequantisation_bitwise(qtype: QT) 
 
 
 def test_unpacked_default_model_tensors_equal_gguf_dequantisation_bitwise() -> None:
-    gguf = open_gguf(default_model_path())
+    gguf = open_gguf(default_model_here())
     names = {"token_embd.weight"} | {
         f"blk.{i}.{part}.weight" for i in (0, 29) for part in ("attn_q", "attn_v", "ffn_down")
     }

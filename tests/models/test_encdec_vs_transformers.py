@@ -34,16 +34,21 @@ def _inputs(seed: int = 1) -> tuple[list[list[int]], list[list[int]]]:
     return encoder, decoder
 
 
-def _hf_reference(hf, encoder, decoder) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per sequence alone (no padding): encoder output [L, H], decoder logits [D, V]."""
+def _hf_reference(
+    hf, encoder, decoder, device: torch.device | str = "cpu"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per sequence alone (no padding), on `device`: encoder output [L, H], decoder logits
+    [D, V], on the CPU in float64."""
+    hf = hf.to(device)
     outs, logits = [], []
     with torch.no_grad():
         for enc, dec in zip(encoder, decoder, strict=True):
-            ids = torch.tensor([enc])
+            ids = torch.tensor([enc], device=device)
             enc_out = hf.get_encoder()(input_ids=ids).last_hidden_state
-            out = hf(encoder_outputs=(enc_out,), decoder_input_ids=torch.tensor([dec]))
-            outs.append(enc_out[0].double())
-            logits.append(out.logits[0].double())
+            dec_ids = torch.tensor([dec], device=device)
+            out = hf(encoder_outputs=(enc_out,), decoder_input_ids=dec_ids)
+            outs.append(enc_out[0].double().cpu())
+            logits.append(out.logits[0].double().cpu())
     return outs, logits
 
 
@@ -130,12 +135,13 @@ def _run_ours(model, config, dtype, encoder, decoder):
 @torch.inference_mode()
 def test_encoder_and_decoder_match_transformers_in_float32(folder, device):
     """Against transformers in float64: our float32 run strays no more than twice as far as
-    transformers' own float32 run (the wide random weights amplify rounding: up to ~2e-4 of
-    the logits' scale), and picks the same tokens."""
+    transformers' own float32 run on the same device (the wide random weights amplify
+    rounding: up to ~2e-4 of the logits' scale; a GPU's GEMMs round otherwise than the CPU's),
+    and picks the same tokens."""
     model, config = load_model(folder, "float32", device)
     encoder, decoder = _inputs()
     exact = _hf_reference(load_hf(folder, torch.float64), encoder, decoder)
-    theirs = _hf_reference(load_hf(folder), encoder, decoder)
+    theirs = _hf_reference(load_hf(folder), encoder, decoder, device)
     ours = _run_ours(model, config, torch.float32, encoder, decoder)
     for got_part, hf_part, exact_part in zip(ours, theirs, exact, strict=True):
         for got, hf32, want in zip(got_part, hf_part, exact_part, strict=True):

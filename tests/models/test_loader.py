@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from models.default_model import default_model_path
 from models.gguf.file import open_gguf
 from models.loader import load_checkpoint, load_model
+from tests.devices import default_model_here
 
 
 def _llama(tmp_path: Path, **save_kwargs) -> tuple[transformers.PreTrainedModel, Path]:
@@ -175,7 +176,7 @@ def test_load_model_fills_every_parameter_in_the_requested_dtype(tmp_path, dtype
 
 
 def test_default_model_path_finds_the_smollm2_gguf():
-    path = default_model_path()
+    path = default_model_here()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert open_gguf(path).architecture == "llama"
 

@@ -16,8 +16,8 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.requests.sampling_params import SamplingParams
-from models.default_model import default_model_path
 from models.tokenizer import load_tokenizer
+from tests.devices import default_model_here
 from tests.models.tokenizer.corpus import TEXTS, text_strategy
 from tests.models.tokenizer.spm_files import llama2_json, metaspace_json, spm_folder, unigram_json
 
@@ -88,7 +88,7 @@ def test_any_text_reads_as_decode_without_context(pairs, text):
 
 def test_byte_level_bpe_strips_nothing():
     """GPT-2-style byte-level BPE keeps every byte: its answer keeps its first space."""
-    tokenizer = load_tokenizer(default_model_path())
+    tokenizer = load_tokenizer(default_model_here())
     ids = tokenizer.encode(" Hello world")
     assert tokenizer.strips_first_space is False
     assert _detokenize(tokenizer, ids, without_context=True)[1] == tokenizer.decode(ids)

@@ -10,6 +10,7 @@ import pytest
 from engine.requests.sampling_params import SamplingParams
 from engine.speculative.config import SpeculativeConfig
 from tests.checkpoints import save_checkpoint
+from tests.devices import skip_cpu_kernels_off_cpu
 from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, tiny_engine
 from tests.engine.speculative.test_speculative_engine import answers
 
@@ -20,6 +21,13 @@ def folders(tmp_path_factory):
     target = save_checkpoint("llama", root / "target", seed=0)
     other = save_checkpoint("llama", root / "other", seed=1)  # same shape, other weights
     return target, other
+
+
+def engine_for(path, **config):
+    """On the tests' device, batch-invariant: a verify step scores k + 1 rows where plain
+    decoding scores one, and on CUDA only the fixed-tile GEMMs keep a row's bits the same."""
+    skip_cpu_kernels_off_cpu(config.get("cpu_kernels", False))
+    return tiny_engine(path, batch_invariant=True, **config)
 
 
 def _draft(path, k: int = 3) -> SpeculativeConfig:
@@ -36,8 +44,8 @@ PARAMS = [
 def test_the_target_as_its_own_draft_has_every_greedy_proposal_accepted(folders):
     target, _ = folders
     prompts = random_prompts(1, (10, 10), seed=1)
-    plain = tiny_engine(target)
-    spec = tiny_engine(target, speculative=_draft(target, k=4))
+    plain = engine_for(target)
+    spec = engine_for(target, speculative=_draft(target, k=4))
     params = PARAMS[:1]
     assert answers(spec, prompts, params) == answers(plain, prompts, params)
     stats = spec.stats().speculation
@@ -50,8 +58,8 @@ def test_the_target_as_its_own_draft_has_every_greedy_proposal_accepted(folders)
 def test_another_draft_leaves_the_outputs_unchanged(folders, kernels):
     target, other = folders
     prompts = random_prompts(3, (4, 20), seed=2)
-    plain = tiny_engine(target, cpu_kernels=kernels)
-    spec = tiny_engine(target, cpu_kernels=kernels, speculative=_draft(other))
+    plain = engine_for(target, cpu_kernels=kernels)
+    spec = engine_for(target, cpu_kernels=kernels, speculative=_draft(other))
     assert answers(spec, prompts, PARAMS, arrive_every=2) == answers(
         plain, prompts, PARAMS, arrive_every=2
     )
@@ -65,7 +73,7 @@ def test_a_draft_with_another_vocabulary_is_refused(folders, tmp_path):
     target, _ = folders
     small = save_checkpoint("llama", tmp_path / "small-vocab", vocab_size=256)
     with pytest.raises(ValueError, match="speculative_model"):
-        tiny_engine(target, speculative=_draft(small))
+        engine_for(target, speculative=_draft(small))
 
 
 def _count_rows(draft) -> list[int]:
@@ -85,9 +93,9 @@ def test_alone_the_draft_runs_one_forward_per_proposed_token(folders):
     target, other = folders
     prompts = random_prompts(1, (12, 12), seed=3)
     params = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)]
-    spec = tiny_engine(target, speculative=_draft(other, k=3))
+    spec = engine_for(target, speculative=_draft(other, k=3))
     rows = _count_rows(spec.speculator.draft)
-    assert answers(spec, prompts, params) == answers(tiny_engine(target), prompts, params)
+    assert answers(spec, prompts, params) == answers(engine_for(target), prompts, params)
     stats = spec.stats().speculation
     # no proposal was cut after drafting (the limit reaches the draft), so each drafted token
     # was proposed: as many forwards as proposed tokens, each of one sequence
@@ -106,8 +114,8 @@ def test_speculating_sequences_draft_together_and_keep_their_tokens(folders, ker
         SamplingParams(max_tokens=26, temperature=0.7, seed=3, ignore_eos=True, n=2),
         SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
     ]
-    plain = tiny_engine(target, cpu_kernels=kernels)
-    spec = tiny_engine(target, cpu_kernels=kernels, speculative=_draft(other, k=k))
+    plain = engine_for(target, cpu_kernels=kernels)
+    spec = engine_for(target, cpu_kernels=kernels, speculative=_draft(other, k=k))
     rows = _count_rows(spec.speculator.draft)
     steps = []
     step = spec.step

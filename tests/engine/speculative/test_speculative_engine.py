@@ -54,7 +54,10 @@ def answers(engine, prompts, params, arrive_every: int = 0) -> list[tuple]:
 
 
 def engines(folder, dtype: str, kernels: bool, k: int, **config):
-    common = dict(dtype=dtype, cpu_kernels=kernels, **config)
+    # batch_invariant: a verify step scores k + 1 rows where plain decoding scores one; on CUDA
+    # only the fixed-tile GEMMs give a row the same bits either way (a no-op on the CPU, whose
+    # steps are invariant already)
+    common = dict(dtype=dtype, cpu_kernels=kernels, batch_invariant=True, **config)
     plain = tiny_engine(folder, **common)
     spec = tiny_engine(folder, speculative=SpeculativeConfig(num_tokens=k), **common)
     return plain, spec

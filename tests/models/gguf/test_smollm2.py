@@ -10,14 +10,14 @@ import torch
 import transformers
 
 from models.attention import AttentionMetadata
-from models.default_model import default_model_path
 from models.loader import load_checkpoint, load_model
+from tests.devices import default_model_here
 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """(path, cache dir, transformers' own GGUF load of it, our converted tensors)."""
-    path = default_model_path()
+    path = default_model_here()
     cache = tmp_path_factory.mktemp("cache")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32

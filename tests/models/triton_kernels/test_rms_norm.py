@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models import layers
 from models.layers import RMSNorm
 from tests.models.triton_kernels.row_checks import TOLERANCE, assert_rows_batch_invariant
 
@@ -22,9 +23,11 @@ def _inputs(rows: int, hidden: int, dtype: torch.dtype, device: torch.device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,hidden", [(1, 64), (3, 96), (7, 130)])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_equals_the_layer(triton_kernels, dtype, rows, hidden, with_residual) -> None:
+def test_equals_the_layer(triton_kernels, dtype, rows, hidden, with_residual, monkeypatch) -> None:
     from models.triton_kernels.rms_norm import reference, rms_norm
 
+    # the layer's own PyTorch ops: on a GPU the layer would call the kernel under test
+    monkeypatch.setattr(layers, "_fused", lambda x, weight: False)
     x, residual, weight = _inputs(rows, hidden, dtype, triton_kernels)
     x_before = x.clone()
     layer = RMSNorm(hidden, 1e-6).to(dtype).to(triton_kernels)
