@@ -116,11 +116,12 @@ def build_plan(settings: Settings) -> list[Stage]:
         ),
         Stage(
             "profile",
-            "Profile of decode steps",
+            "Profile of decode steps and of a prompt's prefill",
             (py, "-m", "bench.gpu_check.profile_steps", "--model", s.model, "--dtype", s.dtype)
             + ("--device", settings.device, "--steps", str(s.profile_steps), *s.extra)
-            + ("--batches", *map(str, s.profile_batches)),
-            70,
+            + ("--batches", *map(str, s.profile_batches))
+            + ("--prompt-len", str(s.input_len), "--prefill-len", str(s.input_len)),
+            80,
         ),
         Stage(
             "suite",

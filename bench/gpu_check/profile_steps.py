@@ -1,12 +1,17 @@
-"""`python -m bench.gpu_check.profile_steps`: where a decode step's time goes, per batch size.
+"""`python -m bench.gpu_check.profile_steps`: where a decode step's time goes, per batch size,
+and where a prompt's prefill step's time goes.
 
 Contract: loads tgserve's bench backend once (`--model`, `--dtype`, `--device`), and for each
-`--batches` B submits B greedy requests of a `PROMPT_LEN`-token prompt, steps until every prompt
-is prefilled (one token out per request), times `--steps` decode steps on the wall clock (device
-synchronized), then records `--steps` more under torch.profiler. Prints one JSON line
-`{"kind": "profile", "note", "batches": [...]}`; per batch: wall ms per step, device kernel ms per
-step (None on a CPU), the fraction of the wall time the device computes, profiler CPU ms per
-step, kernel launches per step, and the top kernels (or CPU ops on a CPU) by self time.
+`--batches` B submits B greedy requests of a `--prompt-len`-token prompt, steps until every
+prompt is prefilled (one token out per request), times `--steps` decode steps on the wall clock
+(device synchronized), then records `--steps` more under torch.profiler. With `--prefill-len
+P` it then runs `--prefill-repeats` lone requests of a fresh P-token prompt (one output token:
+the step is the prefill alone), timed, and as many again under the profiler. Prints one JSON
+line `{"kind": "profile", "note", "batches": [...], "prefill": {...} | None}`; per batch (and
+for the prefill, per step): wall ms per step, device kernel ms per step (None on a CPU), the
+fraction of the wall time the device computes, profiler CPU ms per step, kernel launches per
+step, and the top kernels (or CPU ops on a CPU) by self time; the batches also carry their
+`context` (prompt length).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import argparse
 import json
 import time
 
-PROMPT_LEN = 64
 TOP = 10
 
 
@@ -26,6 +30,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--prompt-len", type=int, default=64, help="the decode batches' prompts")
+    p.add_argument("--prefill-len", type=int, default=0, help="0: no prefill profile")
+    p.add_argument("--prefill-repeats", type=int, default=3)
     p.add_argument("--disable-cpu-kernels", action="store_true")
     return p.parse_args(argv)
 
@@ -41,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     options = BackendOptions(
         dtype=args.dtype,
         max_num_seqs=biggest,
-        max_num_batched_tokens=max(2048, PROMPT_LEN),
+        max_num_batched_tokens=max(2048, args.prompt_len, args.prefill_len),
         hf_batch_size=1,
         enable_prefix_caching=False,
-        max_model_len=PROMPT_LEN + 2 * args.steps + 8,
+        max_model_len=max(args.prompt_len + 2 * args.steps, args.prefill_len) + 8,
         num_requests=biggest,
         cpu_kernels=not args.disable_cpu_kernels,
         device=args.device,
@@ -53,19 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     engine = backend.engine
     cuda = torch.device(args.device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    batches = [_profile_batch(engine, b, args.steps, cuda, sync) for b in args.batches]
-    print(json.dumps({"kind": "profile", "note": backend.note, "batches": batches}))
+    batches = [
+        _profile_batch(engine, b, args.prompt_len, args.steps, cuda, sync) for b in args.batches
+    ]
+    prefill = None
+    if args.prefill_len:
+        prefill = _profile_prefill(engine, args.prefill_len, args.prefill_repeats, cuda, sync)
+    out = {"kind": "profile", "note": backend.note, "batches": batches, "prefill": prefill}
+    print(json.dumps(out))
     return 0
 
 
-def _profile_batch(engine, batch: int, steps: int, cuda: bool, sync) -> dict:
+def _profile_batch(engine, batch: int, prompt_len: int, steps: int, cuda: bool, sync) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=2 * steps + 4, temperature=0.0, ignore_eos=True)
     for i in range(batch):
-        prompt = [(7 * i + j) % 500 + 10 for j in range(PROMPT_LEN)]
+        prompt = [(7 * i + j) % 500 + 10 for j in range(prompt_len)]
         engine.add_request(f"profile-{batch}-{i}", prompt, params)
     started: set[str] = set()
     while len(started) < batch:  # prefill: until every request has its first token
@@ -85,7 +98,41 @@ def _profile_batch(engine, batch: int, steps: int, cuda: bool, sync) -> dict:
         sync()
     while engine.has_unfinished_requests():
         engine.step()
-    return {"batch": batch, "wall_ms_per_step": wall_ms, **_summary(prof, steps, cuda, wall_ms)}
+    summary = _summary(prof, steps, cuda, wall_ms)
+    return {"batch": batch, "context": prompt_len, "wall_ms_per_step": wall_ms, **summary}
+
+
+def _profile_prefill(engine, length: int, repeats: int, cuda: bool, sync) -> dict:
+    """Lone requests of a fresh `length`-token prompt and one output token: each is one step
+    of prefill (the budget holds the whole prompt), timed and then profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    counter = iter(range(10**6))
+
+    def one_prefill() -> None:
+        n = next(counter)
+        prompt = [(13 * n + 5 * j) % 900 + 10 for j in range(length)]
+        engine.add_request(f"prefill-{n}", prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    one_prefill()  # warm-up: kernels compiled and tuned for this shape
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        one_prefill()
+    sync()
+    wall_ms = 1e3 * (time.perf_counter() - t0) / repeats
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            one_prefill()
+        sync()
+    summary = _summary(prof, repeats, cuda, wall_ms)
+    return {"tokens": length, "wall_ms_per_step": wall_ms, **summary}
 
 
 def _summary(prof, steps: int, cuda: bool, wall_ms: float) -> dict:

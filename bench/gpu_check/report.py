@@ -202,9 +202,12 @@ def _profile(p: dict[str, Any] | None) -> str:
     if p is None:
         return _missing("the profile stage printed nothing")
     parts = [f"{p['note']}"]
-    for b in p["batches"]:
+    steps = [(f"decode, batch {b['batch']}" + _context(b), b) for b in p["batches"]]
+    if p.get("prefill"):
+        steps.append((f"prefill of a {p['prefill']['tokens']}-token prompt, alone", p["prefill"]))
+    for title, b in steps:
         parts.append(
-            f"batch {b['batch']}: {b['wall_ms_per_step']:.2f} ms wall per step, device kernels "
+            f"{title}: {b['wall_ms_per_step']:.2f} ms wall per step, device kernels "
             f"{_fmt(b['device_kernel_ms_per_step'], 2)} ms ({_pct(b['device_busy_fraction'])} "
             f"busy), profiled CPU {b['profiled_cpu_ms_per_step']:.2f} ms, "
             f"{_fmt(b['kernel_launches_per_step'], 0)} launches per step"
@@ -214,3 +217,7 @@ def _profile(p: dict[str, Any] | None) -> str:
         ]
         parts.append(_table(["top by self time", "ms / step", "calls / step"], top))
     return "\n\n".join(parts)
+
+
+def _context(batch: dict[str, Any]) -> str:
+    return f" at a {batch['context']}-token context" if batch.get("context") else ""
