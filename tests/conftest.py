@@ -41,6 +41,17 @@ def device():
     return selected_device()
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked `cpu_kernels` (the C++ CPU kernels alone, on CPU tensors) skip with the reason
+    when the tests run on another device: CI runs them on the CPU; a GPU run spends its minutes
+    on what the device runs."""
+    if item.get_closest_marker("cpu_kernels") is not None:
+        from tests import devices
+
+        if devices.selected_device().type != "cpu":
+            pytest.skip(devices.CPU_KERNEL_TESTS)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """TGSERVE_TEST_INSTAFAIL=1 (the GPU check's suite): print a failure's traceback the moment it
     comes in (xdist forwards reports to the controller, where this runs), so a suite cut off by

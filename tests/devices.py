@@ -34,6 +34,12 @@ CPU_KERNELS_ONLY = (
 )
 
 
+CPU_KERNEL_TESTS = (
+    "a test of the C++ CPU kernels alone (CPU tensors, no device): CI runs it on the CPU; off "
+    "the CPU the device's own paths are under test"
+)
+
+
 def skip_cpu_kernels_off_cpu(cpu_kernels: bool) -> None:
     """Skips a test case that asks an engine on the tests' device for the C++ CPU kernels
     when that device is not the CPU."""

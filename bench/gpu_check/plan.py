@@ -131,7 +131,7 @@ def build_plan(settings: Settings) -> list[Stage]:
             + ("-v", "-p", "no:cacheprovider", "-rfE")
             + (("-n", str(settings.workers)) if settings.workers else ())
             + settings.suite,
-            240,
+            300,
             env={"TGSERVE_TEST_DEVICE": settings.device, "TGSERVE_TEST_INSTAFAIL": "1"},
             min_s=30,
         ),

@@ -29,9 +29,12 @@ from models.activation_quant import (
 from models.block_linear import BlockLinear, BlockWeight
 from models.quantization import Int8Linear
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
-)
+pytestmark = [
+    pytest.mark.cpu_kernels,  # skipped off the CPU (tests/conftest.py)
+    pytest.mark.skipif(
+        not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
+    ),
+]
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
 
 

@@ -21,6 +21,8 @@ from models.gguf.file import open_gguf
 from tests.devices import default_model_here
 from tests.ggml_blocks import hand_dequantise
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]  # block_linear.cpp's own (test_kquant_linear.py: the rest)
 DTYPES = [torch.float32, torch.bfloat16]
 BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}

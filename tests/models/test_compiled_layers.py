@@ -31,7 +31,12 @@ def test_compiled_blocks_equal_eager(arch: str) -> None:
     for d in drivers:
         for _ in prompts:
             d.add_sequence()
-    steps = [{0: prompts[0], 1: prompts[1]}, {0: [5], 1: [6], 2: prompts[2]}, {0: [7], 1: [8], 2: [9]}, {2: [10]}]
+    steps = [
+        {0: prompts[0], 1: prompts[1]},
+        {0: [5], 1: [6], 2: prompts[2]},
+        {0: [7], 1: [8], 2: [9]},
+        {2: [10]},
+    ]
     for feed in steps:
         ref = drivers[0].step(feed)
         out = drivers[1].step(feed)

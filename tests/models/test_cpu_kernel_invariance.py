@@ -19,6 +19,8 @@ from tests.checkpoints import VOCAB, make_hf_model
 from tests.models.paged_driver import PagedDriver
 from tests.models.test_fused_decoder import ours_from, prompts
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 DTYPES = [torch.float32, torch.bfloat16]
 
 

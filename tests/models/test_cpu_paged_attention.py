@@ -16,6 +16,8 @@ import torch
 from models.attention import reference_attention
 from models.cpu_kernels.paged_attention import is_available, paged_decode_attention
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 HEAD_DIM = 64
 
 

@@ -13,6 +13,8 @@ from models.encdec.packed_linears import pack_decoder_linears
 from models.loader import load_model
 from tests.encdec_checkpoints import save_encdec_checkpoint
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 
 @pytest.mark.parametrize("kind", ["t5v11", "bart"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

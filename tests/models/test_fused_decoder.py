@@ -19,6 +19,8 @@ from tests.checkpoints import VOCAB, make_hf_model
 from tests.models.paged_driver import PagedDriver
 from tests.models.test_models_vs_transformers import hf_logits
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 
 def ours_from(hf_model, dtype: torch.dtype) -> torch.nn.Module:
     config = ModelConfig.from_hf_dict(hf_model.config.to_dict())
@@ -103,7 +105,9 @@ def test_fused_int8_matches_the_eager_int8_path(arch: str) -> None:
     tokens = prompts((3, 9, 14))
     for driver in (eager, fast):
         seqs = [driver.add_sequence() for _ in tokens]
-        want = driver.step(dict(zip(seqs, tokens, strict=True)), fused=fused if driver is fast else None)
+        want = driver.step(
+            dict(zip(seqs, tokens, strict=True)), fused=fused if driver is fast else None
+        )
         if driver is eager:
             reference = want
     for s in seqs:

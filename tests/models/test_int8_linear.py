@@ -16,6 +16,8 @@ import torch
 
 from models import cpu_kernels
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 
 def ext():
     built = cpu_kernels.extension()

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from models.cpu_kernels.build_lock import TORCH_LOCK_NAME, held_build_lock
 from models.cpu_kernels.builder import compile_in_child, load_or_compile
 from tests.models.slow_build import (
@@ -27,6 +29,8 @@ from tests.models.slow_build import (
     tiny_spec,
     wait_for,
 )
+
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,6 +27,8 @@ from models import cpu_kernels
 from models.block_linear import BlockWeight
 from models.cpu_features import cpu_flags
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 # -march=haswell code needs these; a CPU without them can only check the scalar build.
 HASWELL_FLAGS = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
 # -march=icelake-server adds these (AVX-512 with VNNI, no AVX512-BF16).

@@ -20,6 +20,8 @@ from tests.models.test_block_linear import (
     assert_within_tight_bound,
 )
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 DTYPES = [torch.float32, torch.bfloat16]
 WIDTH = {QT.Q5_0: 32, QT.Q5_1: 32, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}

@@ -23,9 +23,12 @@ from models.block_linear import BlockLinear, BlockWeight
 from models.cpu_features import cpu_flags
 from tests.models.test_kernel_isa_builds import isa_build
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
-)
+pytestmark = [
+    pytest.mark.cpu_kernels,  # skipped off the CPU (tests/conftest.py)
+    pytest.mark.skipif(
+        not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
+    ),
+]
 
 ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 # m against d: zeros, the smallest subnormals, the largest finite, infinities, NaNs

@@ -20,9 +20,12 @@ from models.activation_quant import Q8Weight
 from models.block_linear import BlockWeight
 from tests.models.test_kernel_isa_builds import ISAS, isa_build
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
-)
+pytestmark = [
+    pytest.mark.cpu_kernels,  # skipped off the CPU (tests/conftest.py)
+    pytest.mark.skipif(
+        not cpu_kernels.is_available(), reason="tgserve's C++ CPU kernels did not build here"
+    ),
+]
 EXPECTED_PATH = {"haswell": "avx2", "icelake-server": "avx512_vnni", "x86-64-v2": "scalar"}
 
 

@@ -18,7 +18,9 @@ def test_int8_kernel_equals_dequantised_reference() -> None:
     linear = nn.Linear(96, 40, bias=True).to(torch.bfloat16)
     q = Int8Linear(linear)
     x = torch.randn(5, 96, dtype=torch.bfloat16)
-    torch.testing.assert_close(q(x).float(), (q.reference(x) + q.bias).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        q(x).float(), (q.reference(x) + q.bias).float(), atol=2e-2, rtol=2e-2
+    )
     # The int8 weights reproduce the original within half a quantisation step per row.
     dequant = q.weight_int8.float() * q.scale.float()[:, None]
     step = q.scale.float()[:, None]

@@ -24,6 +24,8 @@ from models.block_linear import STORED_TYPES, BlockEmbedding, BlockLinear
 from models.loader import load_model
 from tests.models.gguf.tiny_gguf import to_gguf
 
+pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
+
 VOCAB = 96
 DENSE_ORDER = {QT.Q4_0, QT.Q4_1, QT.Q8_0}  # the kernels whose lanes run the dense order
 
