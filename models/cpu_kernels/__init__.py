@@ -64,6 +64,7 @@ _HEADERS = (
     "attention_layout.h",
     "simd16.h",
     "block_fma.h",
+    "dense_tile.h",
     "mantissa_weights.h",
     "bf16_pairs.h",
     "kquant_fma.h",
