@@ -62,6 +62,34 @@ def test_the_capturable_decode_forward_reads_nothing_and_copies_nothing_in(
     assert logits.shape[0] == 4
 
 
+def test_a_mixed_step_forward_reads_nothing_back(cpu_triton, monkeypatch) -> None:
+    """The same for an eager mixed step (two prompts' prefill chunks, metadata built before the
+    forward by the path's backend): no host sync inside the forward, which on a GPU would make
+    the host wait for every layer's kernels instead of running ahead of them."""
+    case = decode_case()
+    driver, path = case.driver, case.path
+    gen = torch.Generator().manual_seed(1)
+    prompts = {driver.add_sequence(): torch.randint(3, 300, (11,), generator=gen).tolist()}
+    prompts |= {driver.add_sequence(): torch.randint(3, 300, (5,), generator=gen).tolist()}
+    tables, ids, positions = [], [], []
+    for seq, toks in prompts.items():
+        while len(driver.tables[seq]) * driver.block_size < len(toks):
+            driver.tables[seq].append(driver.free.pop())
+        tables.append(driver.tables[seq])
+        ids += toks
+        positions += range(len(toks))
+    lens = [len(t) for t in prompts.values()]
+    meta = path.attention.build(tables, lens, lens)
+    ids_t, positions_t = torch.tensor(ids), torch.tensor(positions)
+    with recording(monkeypatch, host_copies=True) as rec:
+        launches = _allow_kernel_launches(monkeypatch, rec)
+        with torch.inference_mode():
+            logits = path.logits(path.hidden(ids_t, positions_t, meta))
+    assert rec.syncs == []
+    assert launches["_paged_attention_kernel"] == len(driver.kv)
+    assert logits.shape[0] == len(ids)
+
+
 class _OpCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
