@@ -11,6 +11,9 @@ Contract:
 - `BlockWeight.pack(raw, qtype, in_features)`: raw [N, row bytes] uint8 as in the file -> the
   packed weight (needs the C++ extension); `rows(ids)` -> float32 [T, K], bitwise equal to
   `gguf.quants.dequantize` of those rows; `dequantized()` all rows (the reference).
+- `BlockWeight.pack` also asks `q4_1_constants_exact(raw)` of a Q4_1 weight: when every block's
+  constant terms are exact float32 values (real quantisers' scales are), `type_id` is
+  kernels.h's kQ4_1Exact and the float32 few-rows pass skips its per-block check (same bits).
 - `BlockWeight.pack_parts([(raw, qtype), ...], in_features)`: row segments stacked into one
   weight (a fused q/k/v or gate/up layer); parts of different types (llama.cpp's Q4_K_M puts
   attn_v in Q6_K beside Q4_K q / k) must all be `MIXABLE_TYPES` and give a mixed weight
@@ -46,6 +49,11 @@ MIXABLE_TYPES: frozenset[GGMLQuantizationType] = frozenset(
     GGMLQuantizationType[name] for name in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 )
 _MIXED_ID = 1000
+# kernels.h's kQ4_1Exact: a Q4_1 weight whose every block's constant terms m - 2^15 d and
+# m - 2^11 d are finite float32 values (`q4_1_constants_exact`): its few-rows float32 pass
+# skips the per-block check (models/cpu_kernels/mantissa_weights.h; the same bits either way).
+_Q4_1_EXACT_ID = 1001
+_Q4_1_BLOCK_BYTES = 20
 _MAX_PARTS = 7
 
 
@@ -65,11 +73,13 @@ class BlockWeight:
     out_features: int  # N
     in_features: int  # K
     parts: tuple[tuple[GGMLQuantizationType, int], ...] = ()  # mixed: (type, rows) in row order
+    constants_exact: bool = False  # Q4_1: q4_1_constants_exact(raw) held when packed
 
     @classmethod
     def pack(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, in_features: int) -> BlockWeight:
         packed = _ext().pack_blocks(raw.contiguous(), int(qtype), in_features)
-        return cls(packed, qtype, raw.shape[0], in_features)
+        exact = qtype == GGMLQuantizationType.Q4_1 and q4_1_constants_exact(raw)
+        return cls(packed, qtype, raw.shape[0], in_features, constants_exact=exact)
 
     @classmethod
     def pack_parts(
@@ -96,7 +106,9 @@ class BlockWeight:
     @property
     def type_id(self) -> int:
         """The kernels' type code: the GGML type's id, or kMixedBlocks."""
-        return _MIXED_ID if self.qtype is None else int(self.qtype)
+        if self.qtype is None:
+            return _MIXED_ID
+        return _Q4_1_EXACT_ID if self.constants_exact else int(self.qtype)
 
     @property
     def type_name(self) -> str:
@@ -116,6 +128,21 @@ class BlockWeight:
 
     def dequantized(self) -> torch.Tensor:
         return self.rows(torch.arange(self.out_features))
+
+
+def q4_1_constants_exact(raw: torch.Tensor) -> bool:
+    """Whether every Q4_1 block of `raw` ([N, row bytes] as in the file) has finite scales whose
+    constant terms m - R d (R = 2^15 and 2^11, mantissa_weights.h) are float32 values exactly.
+    d and m are fp16, so R d and m - R d are exact in float64: the test is float32(c) == c."""
+    blocks = raw.contiguous().view(torch.uint8).reshape(-1, _Q4_1_BLOCK_BYTES).numpy()
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float64)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r in (2.0**15, 2.0**11):
+            c = m - r * d
+            if not (np.isfinite(c).all() and (c.astype(np.float32) == c).all()):
+                return False
+    return True
 
 
 class BlockLinear(nn.Module):

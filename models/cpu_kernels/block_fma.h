@@ -183,7 +183,8 @@ inline bool finite_halves(const uint8_t* p) {
 
 // out [m][j] (16 lanes at out + (m * max_nr + j) * 16) = rows x[0 .. MR) (row stride K) over
 // panels [0 .. NR) of Wp, block after block (bf16 x: each block's 32 k as float32, exact).
-template <int TYPE, typename T, int MR, int NR>
+// kTrusted: a Q4_1 weight whose blocks' constant terms were checked when packed.
+template <int TYPE, typename T, int MR, int NR, bool kTrusted>
 void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
               int64_t scales_bytes, int max_nr, float* out) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
@@ -209,7 +210,8 @@ void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int
     for (int j = 0; j < NR; ++j) blk[j] = Wp + j * panel_bytes + b * bb;
 #if defined(TGSERVE_MANTISSA_WEIGHTS)
     if constexpr (!kBf16)
-      if (mantissa_weights::rows_block<TYPE, NR>(blk, scales_bytes, [&](int e, const VF* w) {
+      if (mantissa_weights::rows_block<TYPE, NR, kTrusted>(blk, scales_bytes,
+                                                           [&](int e, const VF* w) {
             row_fmas(xf, ldx, e, w, acc);
           }))
         continue;
@@ -229,18 +231,19 @@ void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int
 }
 
 // few_rows for mr (1 .. kFewRowsPerPass) rows and nr (1 .. few_rows_panels(mr)) panels.
-template <int TYPE, typename T, int MR = kFewRowsPerPass>
+template <int TYPE, typename T, bool kTrusted, int MR = kFewRowsPerPass>
 void few_rows_any(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes,
                   int64_t file_block, int64_t scales_bytes, int mr, int nr, int max_nr,
                   float* out) {
   if constexpr (MR > 1)
     if (mr < MR)
-      return few_rows_any<TYPE, T, MR - 1>(x, K, Wp, panel_bytes, file_block, scales_bytes, mr,
-                                           nr, max_nr, out);
+      return few_rows_any<TYPE, T, kTrusted, MR - 1>(x, K, Wp, panel_bytes, file_block,
+                                                     scales_bytes, mr, nr, max_nr, out);
   const auto run = [&](auto panels) {
     constexpr int NR = decltype(panels)::value;
     if constexpr (NR <= few_rows_panels(MR))
-      few_rows<TYPE, T, MR, NR>(x, K, Wp, panel_bytes, file_block, scales_bytes, max_nr, out);
+      few_rows<TYPE, T, MR, NR, kTrusted>(x, K, Wp, panel_bytes, file_block, scales_bytes,
+                                          max_nr, out);
   };
   switch (nr) {
     case 1: return run(std::integral_constant<int, 1>{});
@@ -269,13 +272,13 @@ void dequant_panels(const uint8_t* Wp, int64_t K, int64_t panel_bytes, int64_t f
 // The portable pass's contract: out [max_mr][max_nr][16] float32 sums of rows x[0 .. mr)
 // (row stride K, mr <= kFewRows) over panels [0 .. nr) of Wp (panel stride panel_bytes,
 // nr <= few_rows_panels(min(mr, kFewRowsPerPass))).
-template <int TYPE, typename T>
+template <int TYPE, typename T, bool kTrusted = false>
 void pass(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
           int64_t scales_bytes, int mr, int nr, int max_nr, float* out) {
   for (int m0 = 0; m0 < mr; m0 += kFewRowsPerPass)
-    few_rows_any<TYPE, T>(x + m0 * K, K, Wp, panel_bytes, file_block, scales_bytes,
-                          std::min(kFewRowsPerPass, mr - m0), nr, max_nr,
-                          out + m0 * max_nr * kLanes);
+    few_rows_any<TYPE, T, kTrusted>(x + m0 * K, K, Wp, panel_bytes, file_block, scales_bytes,
+                                    std::min(kFewRowsPerPass, mr - m0), nr, max_nr,
+                                    out + m0 * max_nr * kLanes);
 }
 
 }  // namespace tgserve::block_fma

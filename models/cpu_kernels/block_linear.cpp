@@ -72,7 +72,8 @@ struct Format {
 Format format_of(int type) {
   switch (type) {
     case kQ4_0: return {18, 32, false};
-    case kQ4_1: return {20, 64, true};
+    case kQ4_1:
+    case kQ4_1Exact: return {20, 64, true};
     case kQ8_0: return {34, 32, false};
     default: return {0, 0, false};
   }
@@ -488,9 +489,10 @@ void portable_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t p
 
 // The portable pass's order: SIMD float32 code where the CPU has AVX-512 or AVX2 + FMA
 // (block_fma.h, the same bits), else the scalar loops above.
+// `trusted`: a kQ4_1Exact weight (its blocks' constant terms checked when packed).
 template <typename T>
-void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int mr,
-                int nr, float* out) {
+void order_pass(int type, bool trusted, const T* x, int64_t K, const uint8_t* Wp,
+                int64_t panel_bytes, int mr, int nr, float* out) {
 #if defined(TGSERVE_BLOCK_FMA)
   const Format f = format_of(type);
   const auto run = [&](auto pass) {
@@ -498,10 +500,12 @@ void order_pass(int type, const T* x, int64_t K, const uint8_t* Wp, int64_t pane
   };
   switch (type) {
     case kQ4_0: return run(block_fma::pass<0, T>);
-    case kQ4_1: return run(block_fma::pass<1, T>);
+    case kQ4_1:
+      return trusted ? run(block_fma::pass<1, T, true>) : run(block_fma::pass<1, T>);
     default: return run(block_fma::pass<2, T>);
   }
 #else
+  (void)trusted;
   portable_pass<T>(type, x, K, Wp, panel_bytes, mr, nr, out);
 #endif
 }
@@ -604,6 +608,7 @@ void pack_blocks(const uint8_t* raw, int64_t N, int64_t K, int type, uint8_t* Wp
 // Unpacked rows, as gguf's dequantisation computes them (dequant: fl(fl(d * q) + m)).
 void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int64_t T,
                 float* out) {
+  if (type == kQ4_1Exact) type = kQ4_1;
   if (is_kquant_type(type)) return kquant_rows(Wp, K, type, ids, T, out);
   const Format f = format_of(type);
   const int64_t nb = K / kBlock, bb = f.file_block * kPanel;
@@ -626,6 +631,8 @@ void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int6
 template <typename T, typename OutT>
 void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
                   OutT* y, int64_t N) {
+  const bool trusted = type == kQ4_1Exact;  // Q4_1's constant terms were checked when packed
+  if (trusted) type = kQ4_1;
   if (is_kquant_type(type)) return kquant_linear<T, OutT>(x, M, K, Wp, type, bias, y, N);
   const Format f = format_of(type);
   const int64_t panel_bytes = K / kBlock * f.file_block * kPanel;
@@ -669,7 +676,8 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
         simd_any<T>(type, x + m0 * K, x32.empty() ? nullptr : x32.data() + m0 * K, K,
                     Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
       else
-        order_pass<T>(type, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
+        order_pass<T>(type, trusted, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr,
+                      out);
       store_tile<T, OutT>(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * N + n0, N);
     }
   }

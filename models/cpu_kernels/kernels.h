@@ -41,7 +41,11 @@ void packed_linear(const T* x, int64_t M, int64_t K, const WT* Wp, const float* 
 // the file -> Wp [ceil(N / 16), K / W, 16 * the block's bytes] (zero rows pad the last panel).
 enum BlockType : int {
   kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
-  kMixedBlocks = 1000  // row segments of kquant types, one layer (mixed_blocks.cpp)
+  kMixedBlocks = 1000,  // row segments of kquant types, one layer (mixed_blocks.cpp)
+  // Q4_1 (the same packed bytes) whose every block's constant terms were found exact when packed
+  // (models/block_linear.py q4_1_constants_exact): block_linear's few-rows float32 pass skips
+  // its per-block check (mantissa_weights.h). block_linear and block_rows take it.
+  kQ4_1Exact = 1001
 };
 int64_t block_bytes(int type);  // Q4_0 / Q4_1 / Q8_0: bytes of one row's block of 32 weights; else 0
 // Every block type (kquant_linear.cpp): weights per block (32 or 256; 0: unknown type), and

@@ -25,7 +25,8 @@
 //   block of the default model passes; not so for m << d, huge m over tiny d). Checked per
 //   block: m - R * d rounded down and rounded up (one fma each, embedded rounding) are equal
 //   iff it is exact, and the one rounded down is c. inf / NaN d or m give an inf or NaN c,
-//   refused by vfpclassps. Those blocks take block_fma.h's path.
+//   refused by vfpclassps. Those blocks take block_fma.h's path. A weight whose every block
+//   passed that test when packed (kernels.h's kQ4_1Exact, models/block_linear.py) skips it.
 //
 // Quant positions: a lane's 16-bit word holds 4 nibbles at bits {0, 8, 4, 12} (elements u = 0..3
 // of the chunk, block_fma.h's kQ4Shift) or 2 bytes (Q8_0 elements 0, 1). Two sources per chunk,
@@ -76,12 +77,19 @@ struct Scales {
 
 // The block's scales from its fp16 d (and m at blk + 32); false when this block cannot take
 // the one-fma weights (non-finite d or m, Q4_1's inexact c): the caller runs block_fma.h's path.
-template <int TYPE>
+// kTrusted (a kQ4_1Exact weight: every block's c was found exact and finite when packed,
+// models/block_linear.py): c is one fma, any rounding giving the exact value, and no check.
+template <int TYPE, bool kTrusted = false>
 [[gnu::always_inline]] inline bool scales(const uint8_t* blk, Scales& s) {
   using F = Fields<TYPE>;
   constexpr int kNotFinite = 0x99;  // vfpclassps: QNaN 0x01, +inf 0x08, -inf 0x10, SNaN 0x80
   s.d = v::load_halves(blk);
-  if constexpr (TYPE == 1) {
+  if constexpr (TYPE == 1 && kTrusted) {
+    const __m512 m = v::load_halves(blk + 32).v;
+    for (int k = 0; k < F::kPositions; ++k)
+      s.c[k].v = _mm512_fnmadd_ps(_mm512_set1_ps(F::r(k)), s.d.v, m);
+    return true;
+  } else if constexpr (TYPE == 1) {
     const __m512 m = v::load_halves(blk + 32).v;
     constexpr int kDown = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
     constexpr int kUp = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
@@ -156,12 +164,12 @@ struct Chunk {
 // One block of NR panels (`blk`, quants at blk[j] + scales_bytes) for the few-rows pass: for
 // each element e in order, w[j] its weights, then fmas(e, w) (the rows' fmas). false, nothing
 // run, when a panel's block cannot take the one-fma weights.
-template <int TYPE, int NR, typename Fmas>
+template <int TYPE, int NR, bool kTrusted, typename Fmas>
 [[gnu::always_inline]] inline bool rows_block(const uint8_t* const* blk, int64_t scales_bytes,
                                               Fmas&& fmas) {
   Scales s[NR];
   bool ok = true;
-  for (int j = 0; j < NR; ++j) ok &= scales<TYPE>(blk[j], s[j]);
+  for (int j = 0; j < NR; ++j) ok &= scales<TYPE, kTrusted>(blk[j], s[j]);
   if (!ok) return false;
   constexpr int kPerChunk = TYPE == 2 ? 2 : 4;
   for (int c = 0; c < 32 / kPerChunk; ++c) {  // 32-byte chunks of quants

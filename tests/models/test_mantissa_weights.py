@@ -12,6 +12,8 @@ the same tests hold the old path."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from models import cpu_kernels
-from models.block_linear import BlockLinear, BlockWeight
+from models.block_linear import BlockLinear, BlockWeight, q4_1_constants_exact
 from models.cpu_features import cpu_flags
 from tests.models.test_kernel_isa_builds import isa_build
 
@@ -185,3 +187,74 @@ def test_avx512_without_vbmi_gives_the_native_bits(qtype: QT) -> None:
         )
         want = native.block_linear(x, w.packed, w.type_id, n, None, True)
         assert_same_outputs(skylake.block_linear(x, w.packed, w.type_id, n, None, True), want)
+
+
+def _exact_by_fractions(d_bits: int, m_bits: int) -> bool:
+    """Oracle of q4_1_constants_exact for one block, in exact rational arithmetic: both
+    constant terms m - R d finite and equal to their float32 rounding."""
+    d, m = (float(np.uint16(b).view(np.float16)) for b in (d_bits, m_bits))
+    if not (np.isfinite(d) and np.isfinite(m)):
+        return False
+    for r in (2**15, 2**11):
+        c = Fraction(m) - r * Fraction(d)
+        with np.errstate(over="ignore"):
+            c32 = np.float32(float(c))  # float(c) is exact when c32 can be
+        if not np.isfinite(c32) or Fraction(float(c32)) != c:
+            return False
+    return True
+
+
+def test_q4_1_constants_exact_agrees_with_exact_arithmetic() -> None:
+    raw = adversarial(QT.Q4_1)
+    rng = np.random.default_rng(7)
+    picks = rng.choice(len(raw), 3000, replace=False)
+    got, want = [], []
+    for i in picks:
+        d_bits, m_bits = raw[i, :4].copy().view(np.uint16)
+        got.append(q4_1_constants_exact(torch.from_numpy(raw[i : i + 1])))
+        want.append(_exact_by_fractions(int(d_bits), int(m_bits)))
+    assert got == want
+    assert 0.05 < np.mean(want) < 0.95  # both kinds were drawn
+    assert not q4_1_constants_exact(torch.from_numpy(raw))  # one inexact block is enough
+
+
+def _realistic_q4_1(n: int, k: int, seed: int) -> np.ndarray:
+    """Rows of Q4_1 blocks with scales as a quantiser makes them: m ~ -8 d (min of the block)."""
+    rng = np.random.default_rng(seed)
+    d = rng.uniform(0.002, 0.05, n * k // 32).astype(np.float32)
+    m = (-d * rng.uniform(6.0, 10.0, len(d))).astype(np.float32)
+    return blocks(QT.Q4_1, halves(d), halves(m), seed).reshape(n, -1)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+def test_weights_with_checked_constants_give_the_per_block_paths_bits(m: int) -> None:
+    """A Q4_1 weight whose every constant term was found exact when packed (kQ4_1Exact) skips
+    the per-block check: the same bits as the checked pass and as the dense kernel."""
+    n, k = 512, 256
+    raw = _realistic_q4_1(n, k, seed=m)
+    weight = BlockWeight.pack(torch.from_numpy(raw), QT.Q4_1, k)
+    assert weight.constants_exact and weight.type_id == 1001
+    ext = cpu_kernels.extension()
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen) * torch.exp2(torch.randint(-8, 9, (m, k), generator=gen))
+    trusted = ext.block_linear(x, weight.packed, weight.type_id, n, None, True)
+    checked = ext.block_linear(x, weight.packed, int(QT.Q4_1), n, None, True)
+    dense = ext.pack_linear(torch.from_numpy(gguf_weights(raw, QT.Q4_1)).contiguous())
+    assert_same_outputs(trusted, checked)
+    assert_same_outputs(trusted, ext.linear(x, dense, None, n, True))
+    ids = torch.tensor([0, 17, n - 1])
+    assert torch.equal(
+        ext.block_rows(weight.packed, weight.type_id, k, n, ids),
+        ext.block_rows(weight.packed, int(QT.Q4_1), k, n, ids),
+    )
+
+
+def test_a_weight_with_one_unchecked_block_keeps_the_checked_pass() -> None:
+    raw = _realistic_q4_1(32, 64, seed=3)
+    raw[5, :2] = np.array([0x7C00], dtype=np.uint16).view(np.uint8)  # d = +inf in one block
+    weight = BlockWeight.pack(torch.from_numpy(raw), QT.Q4_1, 64)
+    assert not weight.constants_exact and weight.type_id == int(QT.Q4_1)
+    q8 = BlockWeight.pack(
+        torch.from_numpy(blocks(QT.Q8_0, halves(np.ones(4)), None, 1)), QT.Q8_0, 32
+    )
+    assert not q8.constants_exact and q8.type_id == int(QT.Q8_0)
