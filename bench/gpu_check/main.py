@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     workers = args.workers
     if workers is None:
         xdist = importlib.util.find_spec("xdist") is not None
-        workers = min(8, max(1, (os.cpu_count() or 2) // 2)) if xdist and not args.tiny else 0
+        workers = min(12, max(1, (os.cpu_count() or 2) * 3 // 4)) if xdist and not args.tiny else 0
     settings = Settings(
         tiny=args.tiny,
         device=device,

@@ -128,7 +128,7 @@ def build_plan(settings: Settings) -> list[Stage]:
             "Test suite on the device",
             (py, "-m", "bench.gpu_check.suite_stage")
             + (() if settings.tiny else ("--prebuild",))
-            + ("-v", "-p", "no:cacheprovider", "-rfE")
+            + ("-v", "-p", "no:cacheprovider", "-rfE", "--durations=25")
             + (("-n", str(settings.workers)) if settings.workers else ())
             + settings.suite,
             300,
