@@ -1,5 +1,6 @@
 """The compiled fast path equals the eager reference it wraps (fp32, 1e-4), through prefill
-and decode steps with changing batch sizes."""
+and decode steps with changing batch sizes, on the tests' device (`--compile` on a GPU
+compiles to Triton, on a CPU to C++)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ from tests.checkpoints import VOCAB, make_hf_model
 from tests.models.paged_driver import PagedDriver
 
 
-def _model(hf):
+def _model(hf, device: torch.device):
     config = ModelConfig.from_hf_dict(hf.config.to_dict())
-    model = build_model(config, torch.float32, "cpu")
+    model = build_model(config, torch.float32, device)
     model.load_weights(hf.state_dict().items())
     return model
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_compiled_blocks_equal_eager(arch: str) -> None:
+def test_compiled_blocks_equal_eager(arch: str, device) -> None:
     hf = make_hf_model(arch)
-    eager, fast = _model(hf), _model(hf)
+    eager, fast = _model(hf, device), _model(hf, device)
     assert compile_dense_halves(fast) == hf.config.num_hidden_layers
     drivers = [PagedDriver(eager, block_size=4), PagedDriver(fast, block_size=4)]
     gen = torch.Generator().manual_seed(0)
