@@ -59,4 +59,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """
     if report.failed and os.environ.get("TGSERVE_TEST_INSTAFAIL") == "1":
         text = report.longreprtext
-        print(f"\n----- {report.nodeid} ({report.when})\n{text[-4000:]}\n", flush=True)
+        if len(text) > 6000:  # the test's own lines and the assertion, not the middle
+            text = f"{text[:2000]}\n[...]\n{text[-4000:]}"
+        print(f"\n----- {report.nodeid} ({report.when})\n{text}\n", flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import torch
 
@@ -55,7 +56,7 @@ DEFAULT_MODEL_NOT_CARRIED = (
 )
 
 
-def default_model_here():
+def default_model_here() -> Path:
     """The default model's GGUF path. Off the CPU (a lent GPU machine, where the default model's
     wheel cannot travel) a missing default model skips the test with the reason; on the CPU,
     where CI installs it, a missing model stays the error default_model_path() raises."""
