@@ -56,7 +56,13 @@ TINY_SIZES = Sizes(
     "random:tiny-llama", "float32", 16, 8, 8, 8, 16, 8, (1, 4), 4, ("--disable-cpu-kernels",)
 )
 TINY_LIMITS = ("--quick-limits",)  # the device limits' code on small buffers
-GPU_SUITE = ("tests/models", "tests/engine")
+# issue 24's suite: the models and the engine, and the HTTP server over a live engine
+GPU_SUITE = (
+    "tests/models",
+    "tests/engine",
+    "tests/server/test_live_engine.py",
+    "tests/server/test_batch_invariance_http.py",
+)
 TINY_SUITE = ("tests/bench/test_device_limits.py",)  # quick, and needs no C++ kernel build
 
 

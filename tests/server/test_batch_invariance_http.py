@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig
+from tests.devices import default_model_here
 from tests.server.live import LiveServer, metric
 
 TOPICS = ["the sea", "a lighthouse", "winter", "a small robot", "the moon", "bread"]
@@ -46,7 +47,7 @@ def server():
     engines: list[Engine] = []
 
     def build() -> Engine:
-        engines.append(Engine.from_model(None, config))
+        engines.append(Engine.from_model(str(default_model_here()), config))
         return engines[-1]
 
     with LiveServer(build, admission_limit=16) as live:
