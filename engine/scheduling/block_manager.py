@@ -167,9 +167,8 @@ class BlockManager:
                 if ref[table[idx]] > 1:
                     writers = writers if writers is not None else Counter()
                     writers[table[idx]] += 1
-        for b, w in (writers or {}).items():
-            need += w - 1 if w == ref[b] else w
-        return need
+        shared = (w - 1 if w == ref[b] else w for b, w in (writers or {}).items())
+        return need + sum(shared)
 
     def append(self, seq: TokenSequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Covers tokens up to num_computed + num_new_tokens; returns (src, dst) block copies."""
