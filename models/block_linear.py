@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from models import cpu_kernels
@@ -53,7 +53,6 @@ _MIXED_ID = 1000
 # m - 2^11 d are finite float32 values (`q4_1_constants_exact`): its few-rows float32 pass
 # skips the per-block check (models/cpu_kernels/mantissa_weights.h; the same bits either way).
 _Q4_1_EXACT_ID = 1001
-_Q4_1_BLOCK_BYTES = 20
 _MAX_PARTS = 7
 
 
@@ -134,7 +133,8 @@ def q4_1_constants_exact(raw: torch.Tensor) -> bool:
     """Whether every Q4_1 block of `raw` ([N, row bytes] as in the file) has finite scales whose
     constant terms m - R d (R = 2^15 and 2^11, mantissa_weights.h) are float32 values exactly.
     d and m are fp16, so R d and m - R d are exact in float64: the test is float32(c) == c."""
-    blocks = raw.contiguous().view(torch.uint8).reshape(-1, _Q4_1_BLOCK_BYTES).numpy()
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1][1]
+    blocks = raw.contiguous().view(torch.uint8).reshape(-1, block_bytes).numpy()
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float64)
     m = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):

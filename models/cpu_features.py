@@ -3,7 +3,7 @@
 Contract: `cpu_flags(cpuinfo=None)` returns the feature flags of the first CPU listed, in
 their listed order (empty where the file cannot be read, e.g. not Linux); passing the text
 makes it testable; `cpu_vendor(cpuinfo=None)` its `vendor_id` ("GenuineIntel", "AuthenticAMD",
-or "" where unknown). `cpu_has_native_bf16` says whether they include AVX512-BF16 or AMX-BF16,
+or "" where unknown), `cpu_model_name(cpuinfo=None)` its `model name`. `cpu_has_native_bf16` says whether they include AVX512-BF16 or AMX-BF16,
 and `native_bf16(device)` whether a device computes bfloat16 natively (CUDA: asks torch).
 The engine picks its "auto" dtype with the latter; the C++ kernels' build tag hashes the
 flags (they are built with -march=native).
@@ -38,6 +38,11 @@ def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
 def cpu_vendor(cpuinfo: str | None = None) -> str:
     """The first CPU's `vendor_id` ("" where unknown)."""
     return _field("vendor_id", cpuinfo).strip()
+
+
+def cpu_model_name(cpuinfo: str | None = None) -> str:
+    """The first CPU's `model name` ("" where unknown)."""
+    return _field("model name", cpuinfo).strip()
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:

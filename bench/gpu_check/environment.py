@@ -14,7 +14,6 @@ import importlib
 import json
 import os
 import platform
-import re
 import subprocess
 
 PACKAGES = ("triton", "transformers", "fastapi", "uvicorn", "pydantic", "llguidance", "gguf")
@@ -40,16 +39,13 @@ def nvidia_smi() -> dict[str, str]:
 
 
 def host_cpu() -> dict[str, object]:
-    """The CPU's model name and which of ISA_FLAGS it has (Linux /proc/cpuinfo)."""
+    """The CPU's model name and which of ISA_FLAGS it has (models/cpu_features.py reads them)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError as exc:
-        return {"cpu": f"unavailable: {exc}"}
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    have = set(flags.group(1).split()) if flags else set()
-    return {"cpu": model.group(1) if model else "?", "cpu_isa": [f for f in ISA_FLAGS if f in have]}
+        from models.cpu_features import cpu_flags, cpu_model_name
+    except Exception as exc:  # torch or the package missing: the report says so
+        return {"cpu": f"unavailable: {type(exc).__name__}: {exc}"}
+    have = set(cpu_flags())
+    return {"cpu": cpu_model_name() or "?", "cpu_isa": [f for f in ISA_FLAGS if f in have]}
 
 
 def torch_facts() -> dict[str, object]:

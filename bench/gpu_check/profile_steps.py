@@ -72,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile_batch(engine, batch: int, prompt_len: int, steps: int, cuda: bool, sync) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=2 * steps + 4, temperature=0.0, ignore_eos=True)
@@ -85,28 +83,15 @@ def _profile_batch(engine, batch: int, prompt_len: int, steps: int, cuda: bool, 
         for out in engine.step():
             if out.outputs[0].token_ids:
                 started.add(out.request_id)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    sync()
-    wall_ms = 1e3 * (time.perf_counter() - t0) / steps
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            engine.step()
-        sync()
+    figures = _timed_then_profiled(engine.step, steps, cuda, sync)
     while engine.has_unfinished_requests():
         engine.step()
-    summary = _summary(prof, steps, cuda, wall_ms)
-    return {"batch": batch, "context": prompt_len, "wall_ms_per_step": wall_ms, **summary}
+    return {"batch": batch, "context": prompt_len, **figures}
 
 
 def _profile_prefill(engine, length: int, repeats: int, cuda: bool, sync) -> dict:
     """Lone requests of a fresh `length`-token prompt and one output token: each is one step
     of prefill (the budget holds the whole prompt), timed and then profiled."""
-    from torch.profiler import ProfilerActivity, profile
-
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -120,19 +105,26 @@ def _profile_prefill(engine, length: int, repeats: int, cuda: bool, sync) -> dic
             engine.step()
 
     one_prefill()  # warm-up: kernels compiled and tuned for this shape
+    return {"tokens": length, **_timed_then_profiled(one_prefill, repeats, cuda, sync)}
+
+
+def _timed_then_profiled(run, times: int, cuda: bool, sync) -> dict:
+    """`run()` `times` times on the wall clock (device synchronized), then `times` more under
+    torch.profiler: wall ms per run and the profile's summary."""
+    from torch.profiler import ProfilerActivity, profile
+
     sync()
     t0 = time.perf_counter()
-    for _ in range(repeats):
-        one_prefill()
+    for _ in range(times):
+        run()
     sync()
-    wall_ms = 1e3 * (time.perf_counter() - t0) / repeats
+    wall_ms = 1e3 * (time.perf_counter() - t0) / times
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        for _ in range(repeats):
-            one_prefill()
+        for _ in range(times):
+            run()
         sync()
-    summary = _summary(prof, repeats, cuda, wall_ms)
-    return {"tokens": length, "wall_ms_per_step": wall_ms, **summary}
+    return {"wall_ms_per_step": wall_ms, **_summary(prof, times, cuda, wall_ms)}
 
 
 def _summary(prof, steps: int, cuda: bool, wall_ms: float) -> dict:

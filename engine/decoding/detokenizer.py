@@ -171,7 +171,7 @@ class IncrementalDetokenizer:
             self._decoder.reset()
             if buffered and not _starts_a_character(buffered):
                 self._text_chunk(buffered.decode("utf-8", errors="replace"))
-        if not self._done:
+        if not self._done:  # again: a stop string in that last chunk has ended the text
             self._pieces.append(self._held)
             self._held = ""
             self._done = True

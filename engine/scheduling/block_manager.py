@@ -155,20 +155,20 @@ class BlockManager:
         order: fresh table blocks plus copy-on-write blocks (the last of a block's sharers to
         write keeps it when all its sharers write this step)."""
         need = 0
-        writers: Counter[int] | None = None  # made for the rare shared block (one per step row)
-        size, ref = self.block_size, self._ref
+        writers: dict[int, int] = {}  # a plain dict: a Counter per call cost the decode steps
         for seq, n in chunks:
             if n <= 0:
                 continue
             table = seq.block_table
-            end_blocks = -(-(seq.num_computed_tokens + n) // size)
+            end_blocks = self.blocks_for(seq.num_computed_tokens + n)
             need += max(0, end_blocks - len(table))
-            for idx in range(seq.num_computed_tokens // size, min(end_blocks, len(table))):
-                if ref[table[idx]] > 1:
-                    writers = writers if writers is not None else Counter()
-                    writers[table[idx]] += 1
-        shared = (w - 1 if w == ref[b] else w for b, w in (writers or {}).items())
-        return need + sum(shared)
+            first = seq.num_computed_tokens // self.block_size
+            for idx in range(first, min(end_blocks, len(table))):
+                if self._ref[table[idx]] > 1:
+                    writers[table[idx]] = writers.get(table[idx], 0) + 1
+        for b, w in writers.items():
+            need += w - 1 if w == self._ref[b] else w
+        return need
 
     def append(self, seq: TokenSequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Covers tokens up to num_computed + num_new_tokens; returns (src, dst) block copies."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from models.cpu_features import cpu_flags, cpu_has_native_bf16, native_bf16
+from models.cpu_features import cpu_flags, cpu_has_native_bf16, cpu_model_name, native_bf16
 
 
 def test_native_bf16_is_read_from_the_cpu_flags():
@@ -23,3 +23,10 @@ def test_the_flags_are_those_of_the_first_cpu_in_their_order():
 
 def test_a_cpu_device_asks_the_cpu_flags():
     assert native_bf16(torch.device("cpu")) == cpu_has_native_bf16()
+
+
+def test_the_model_name_is_that_of_the_first_cpu():
+    info = "processor : 0\nmodel name\t: Intel(R) Xeon(R) Gold 6430\nflags : fpu\n\n"
+    info += "processor : 1\nmodel name\t: another\n"
+    assert cpu_model_name(info) == "Intel(R) Xeon(R) Gold 6430"
+    assert cpu_model_name("flags : fpu\n") == ""
