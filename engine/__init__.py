@@ -11,7 +11,9 @@ own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size, a
 out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_request` returns
 a `Request`, which an engine of one's own (the tests' fake engine) builds too. `EncoderLayout`
 says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold);
-`GenerationDefaults` what a model folder's generation_config.json asks of unset fields.
+`GenerationDefaults` what a model folder's generation_config.json asks of unset fields;
+`warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
+start-up, the benchmark after loading).
 """
 
 from engine.api import EngineCore, EngineInfo
@@ -42,6 +44,7 @@ from engine.speculative.config import SpeculativeConfig, speculative_config
 from engine.speculative.counters import SpeculationStats
 from engine.stats import EngineStats
 from engine.types import FINISH_REASONS, TokenLogprob
+from engine.warm_up import warm_up, warm_up_requests
 
 __all__ = [
     "FINISH_REASONS",
@@ -78,6 +81,8 @@ __all__ = [
     "resolve_dtype_name",
     "serves_blocks_as_stored",
     "speculative_config",
+    "warm_up",
+    "warm_up_requests",
 ]
 
 

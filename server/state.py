@@ -3,9 +3,10 @@
 Contract:
 - `start()` loads the engine in a daemon thread (`engine_factory()`; the process keeps answering
   /health meanwhile, and a signal during the load ends the process without waiting for it),
-  starts the AsyncEngine, runs one warm-up request and only then turns ready. A failed load is
-  logged and `on_fatal` (given at construction) is called. The engine's `EngineInfo` is kept
-  as it came (`info`); `tokenizer`, `max_model_len` and `vocab_size` read it.
+  starts the AsyncEngine, runs the warm-up (engine/warm_up.py) and only then turns ready. A
+  failed load is logged and `on_fatal` (given at construction) is called. The engine's
+  `EngineInfo` is kept as it came (`info`); `tokenizer`, `max_model_len` and `vocab_size` read
+  it.
 - `open()` is how routes start generation (see server/admission.py).
 - `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
@@ -26,7 +27,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine import AsyncEngine, EngineCore, EngineInfo, RequestOutput, SamplingParams
+from engine import (
+    AsyncEngine,
+    EngineCore,
+    EngineInfo,
+    RequestOutput,
+    SamplingParams,
+    warm_up_requests,
+)
 from server.admission import open_streams
 from server.errors import ApiError
 from server.metrics import ServerMetrics
@@ -130,13 +138,12 @@ class ServerState:
         self.on_fatal()
 
     async def _warm_up(self) -> None:
+        """engine/warm_up.py's requests, one after the other (why two long prompts: there)."""
         token = getattr(self.tokenizer, "bos_token_id", None) or 0
-        stream = self.engine.generate(
-            "warm-up", [token], SamplingParams(max_tokens=1, temperature=0.0)
-        )
-        async for output in stream:
-            if output.error is not None:
-                raise RuntimeError(f"the warm-up request failed: {output.error}")
+        for request_id, prompt, params in warm_up_requests(self.info, token):
+            async for output in self.engine.generate(request_id, prompt, params):
+                if output.error is not None:
+                    raise RuntimeError(f"the warm-up request failed: {output.error}")
 
     async def drain(self, timeout: float) -> None:
         """Not ready any more; in-flight work gets `timeout` seconds, then is aborted."""

@@ -125,14 +125,15 @@ def _speculative_note(config) -> str:
 
 
 def load(source: ModelSource, options: BackendOptions) -> TgserveBackend:
-    from engine import Engine
+    from engine import Engine, warm_up
 
     config = engine_config(source, options)
     if source.random_weights is not None:
-        return TgserveBackend(
-            Engine.from_random_weights(str(source.path), source.random_weights, config)
-        )
-    return TgserveBackend(Engine.from_model(str(source.path), config))
+        engine = Engine.from_random_weights(str(source.path), source.random_weights, config)
+    else:
+        engine = Engine.from_model(str(source.path), config)
+    warm_up(engine)  # what a server runs before its first request (engine/warm_up.py)
+    return TgserveBackend(engine)
 
 
 def engine_config(source: ModelSource, options: BackendOptions):

@@ -31,9 +31,11 @@ class TgserveTpBackend(single.TgserveBackend):
 
 
 def load(source: ModelSource, options: BackendOptions) -> TgserveTpBackend:
-    from engine import Engine
+    from engine import Engine, warm_up
 
     config = dataclasses.replace(
         single.engine_config(source, options), tensor_parallel_size=TENSOR_PARALLEL_SIZE
     )
-    return TgserveTpBackend(Engine.from_model(str(source.path), config))
+    engine = Engine.from_model(str(source.path), config)
+    warm_up(engine)  # as a server does (engine/warm_up.py)
+    return TgserveTpBackend(engine)

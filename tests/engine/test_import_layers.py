@@ -63,6 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.step_update",
             "engine.faults",
             "engine.offline",
+            "engine.warm_up",
             "engine.engine",
             "engine.engine_factory",
             "engine.drain_rate",

@@ -15,6 +15,7 @@ from collections import Counter
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine import warm_up_requests
 from tests.debian_tools import debian_tool
 from tests.server.fake_engine import FakeEngine
 from tests.server.live import LiveServer, metric
@@ -76,9 +77,12 @@ def test_metrics_parse_and_count_what_the_requests_imply():
 
     families = {f.name: f.type for f in text_string_to_metric_families(text)}
     assert {name: families.get(name) for name in FAMILIES} == FAMILIES
-    # prompts are BOS + bytes; the warm-up request adds one prompt token and one generated token
-    assert metric(text, "tgserve_prompt_tokens_total") == 1 + 4 + 6 + 4
-    assert metric(text, "tgserve_generation_tokens_total") == 1 + 5 + 7 + 4  # "EOS" stops at 4
+    # prompts are BOS + bytes; the engine counts the warm-up's tokens too (engine/warm_up.py)
+    warm_up = warm_up_requests(FakeEngine(num_blocks=50).info)
+    warm_prompt = sum(len(prompt) for _, prompt, _ in warm_up)
+    warm_out = sum(params.max_tokens for _, _, params in warm_up)
+    assert metric(text, "tgserve_prompt_tokens_total") == warm_prompt + 4 + 6 + 4
+    assert metric(text, "tgserve_generation_tokens_total") == warm_out + 5 + 7 + 4  # "EOS": 4
     length, stop = {**MODEL, "finish_reason": "length"}, {**MODEL, "finish_reason": "stop"}
     assert metric(text, "tgserve_request_success_total", length) == 2
     assert metric(text, "tgserve_request_success_total", stop) == 1
@@ -156,5 +160,6 @@ def test_a_request_that_times_out_while_queued_adds_no_prompt_tokens():
             worker.join(30)
             text = client.get("/metrics").text
     assert timed_out.json()["choices"][0]["finish_reason"] == "abort", timed_out.text
-    # the warm-up's one prompt token (BOS) and BOS + "long": the queued prompt was never computed
-    assert metric(text, "tgserve_prompt_tokens_total") == 1 + 5
+    # the warm-up's prompts and BOS + "long": the queued prompt was never computed
+    warm_up = warm_up_requests(FakeEngine(max_num_seqs=1).info)
+    assert metric(text, "tgserve_prompt_tokens_total") == sum(len(p) for _, p, _ in warm_up) + 5
