@@ -4,7 +4,7 @@ Contract (standard library only): `json_lines(text)` keeps the JSON objects a st
 per line; `collect(results)` returns a dict of what the stages measured (None where a stage
 did not run or printed nothing usable): the environment, the machine limits, batch-1 decode and
 prefill with their fractions of the bounds, the offline runs (tgserve, transformers, ratio),
-serving ITL p99/p50, the suite's counts and failing tests, the profile. `targets(figures)` lists
+serving ITL p99/p50 (at the default step-time target and at a tight one), the suite's counts and failing tests, the profile. `targets(figures)` lists
 each target with the measured value and whether it is met (None when not measured). Figures
 are copied, never recomputed: the benchmarks' own JSON is the record.
 """
@@ -54,6 +54,7 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
     offline = _of_kind(by_name.get("offline"), "throughput")
     wide = _of_kind(by_name.get("offline_wide"), "throughput")
     serve = _of_kind(by_name.get("serve"), "serve")
+    serve_itl = _of_kind(by_name.get("serve_itl"), "serve")
     profile = _of_kind(by_name.get("profile"), "profile")
     return {
         "environment": env[0] if env else None,
@@ -62,6 +63,7 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
         "offline": {r["backend"]: r for r in offline} or None,
         "offline_wide": wide[0] if wide else None,
         "serve": serve[0] if serve else None,
+        "serve_itl": serve_itl[0] if serve_itl else None,
         "suite": suite_summary(by_name.get("suite")),
         "profile": profile[0] if profile else None,
     }

@@ -5,7 +5,8 @@ is one subprocess (`argv`, extra `env`), capped at `cap_s` seconds (the runner a
 what is left of the whole budget). On a GPU (`tiny` False) the benchmarks are issue 24's: the
 8B shape's batch-1 decode and 512-token prefill against the limits measured in the same command,
 64 x 512/256 offline against transformers `generate` in the same command, 256 x 512/256 at
-`--max-num-seqs 256`, 64 streams through the HTTP server; then a profile of decode steps and the
+`--max-num-seqs 256`, 64 streams through the HTTP server (and again with a step-time target
+at GPU scale); then a profile of decode steps and the
 CUDA suite. `tiny` runs the same stages on `random:tiny-llama` on the CPU with small lengths (a
 dry run CI can afford: every stage and the report, no figure that means anything).
 """
@@ -55,7 +56,8 @@ GPU_SIZES = Sizes("random:llama3-8b", "bfloat16", 512, 256, 128, 64, 256, 64, (1
 TINY_SIZES = Sizes(
     "random:tiny-llama", "float32", 16, 8, 8, 8, 16, 8, (1, 4), 4, ("--disable-cpu-kernels",)
 )
-TINY_LIMITS = ("--quick-limits",)  # the device limits' code on small buffers
+TINY_LIMITS = ("--quick-limits",)
+TIGHT_ITL_MS = 20.0  # ~1.5x the H200's 64-row decode step (12.7 ms ITL p50 measured)  # the device limits' code on small buffers
 # issue 24's suite: the models and the engine, and the HTTP server over a live engine
 GPU_SUITE = (
     "tests/models",
@@ -112,12 +114,17 @@ def build_plan(settings: Settings) -> list[Stage]:
         Stage(
             "serve",
             f"{s.streams} streams through the HTTP server (bench serve)",
-            (py, "-m", "bench.gpu_check.serve_stage", "--model", s.model, "--dtype", s.dtype)
-            + ("--device", settings.device, "--max-num-seqs", str(s.streams), *s.extra, "--")
-            + ("--num-requests", str(s.streams), "--concurrency", str(s.streams))
-            + ("--input-len", str(s.input_len), "--output-len", str(s.output_len))
-            + ("--json",),
+            _serve_argv(s, settings.device),
             100,
+            min_s=30,
+        ),
+        # The same load with the step-time target at GPU scale (the default, 100 ms, is a CPU's
+        # step): what the ITL p99/p50 and TTFT a tighter target gives, for choosing a default.
+        Stage(
+            "serve_itl",
+            f"The same with --target-itl-ms {TIGHT_ITL_MS:g}",
+            _serve_argv(s, settings.device, ("--target-itl-ms", f"{TIGHT_ITL_MS:g}")),
+            60,
             min_s=30,
         ),
         Stage(
@@ -143,6 +150,16 @@ def build_plan(settings: Settings) -> list[Stage]:
         ),
     ]
     return stages
+
+
+def _serve_argv(s: Sizes, device: str, server_flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return (
+        (sys.executable, "-m", "bench.gpu_check.serve_stage", "--model", s.model)
+        + ("--dtype", s.dtype, "--device", device, "--max-num-seqs", str(s.streams))
+        + (*s.extra, *server_flags, "--")
+        + ("--num-requests", str(s.streams), "--concurrency", str(s.streams))
+        + ("--input-len", str(s.input_len), "--output-len", str(s.output_len), "--json")
+    )
 
 
 def _workload(s: Sizes, requests: int) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ Contract: serves `--model random:NAME` (seeded random weights built on the devic
 synthetic tokenizer, bench/synthetic_tokenizer.py, so every token streams as its own chunk;
 prompts are token ids, as `tgserve bench serve` sends them) on 127.0.0.1:`--port`, through the same app
 factory and uvicorn runner as `tgserve serve` (server/app.py, server/serve.py), with `--dtype`,
-`--device`, `--max-num-seqs` and the default engine settings otherwise. SIGTERM drains at once
+`--device`, `--max-num-seqs`, `--target-itl-ms` and the default engine settings otherwise. SIGTERM drains at once
 (no grace period: the check has ended its load by then). For the GPU check's serve stage, where
 the 8B shape has no checkpoint to load.
 """
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--disable-cpu-kernels", action="store_true")
+    p.add_argument("--target-itl-ms", type=float, default=EngineConfig.target_itl_ms)
     args = p.parse_args(argv)
     name, shape = random_shape(args.model)
     settings = Settings(
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=max(256, 4 * args.max_num_seqs),
         max_model_len=4096,
         cpu_kernels=not args.disable_cpu_kernels,
+        target_itl_ms=args.target_itl_ms,
     )
     configure_logging(settings.log_level)
 

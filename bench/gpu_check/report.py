@@ -156,22 +156,24 @@ def _benchmarks(f: dict[str, Any]) -> str:
     if wide:
         what = f"offline {wide['num_requests']} requests, output tok/s"
         rows.append([what, _fmt(wide["output_tok_s"]), "-", "-", wide["note"][:80]])
-    serve = f["serve"]
-    if serve:
-        itl = serve["itl"]
-        note = f"ITL p50 {_fmt(itl['p50_ms'], 2)} ms, p99 {_fmt(itl['p99_ms'], 2)} ms; {serve['failed']} failed"
-        rows.append(
-            [
-                f"serve {serve['num_requests']} streams, ITL p99/p50",
-                _fmt(serve["itl_p99_over_p50"], 2),
-                "-",
-                "-",
-                note,
-            ]
-        )
+    for key, how in (("serve", ""), ("serve_itl", ", tight step-time target")):
+        serve = f.get(key)
+        if serve:
+            rows.append(_serve_row(serve, how))
     if not rows:
         return _missing("no benchmark stage printed a result")
     return _table(["what", "measured", "bound", "of bound", "note"], rows)
+
+
+def _serve_row(serve: dict[str, Any], how: str) -> list[str]:
+    itl, ttft = serve["itl"], serve["ttft"]
+    note = (
+        f"ITL p50 {_fmt(itl['p50_ms'], 2)} ms, p99 {_fmt(itl['p99_ms'], 2)} ms; TTFT p50 "
+        f"{_fmt(ttft['p50_ms'])} ms; {_fmt(serve['output_tok_s'])} output tok/s; "
+        f"{serve['failed']} failed"
+    )
+    what = f"serve {serve['num_requests']} streams{how}, ITL p99/p50"
+    return [what, _fmt(serve["itl_p99_over_p50"], 2), "-", "-", note]
 
 
 def _targets(rows: list[dict[str, Any]]) -> str:
