@@ -7,8 +7,10 @@ Contract:
   from the step's lengths). DECODE_ONLY: a decode-only step (one new token per sequence) may
   be captured once per batch size and replayed, its metadata in the persistent buffers of
   `decode_buffers(...)` (models/decode_buffers.py); mixed steps stay eager.
-- `AttentionBackend(kernel, group, block_size, sliding_window, device)`, one per forward
-  path (`AttentionBackend.for_model(model, kv_caches, kernel)`):
+- `AttentionBackend(kernel, group, block_size, sliding_window, device, split_decode)`, one
+  per forward path (`AttentionBackend.for_model(model, kv_caches, kernel, split_decode)`;
+  `split_decode`: Triton decode-only steps of a few rows may split each row's keys across
+  programs, tile_plan.decode_splits, the same rule in eager and captured steps):
   - `build(block_tables, seq_lens, query_lens) -> AttentionMetadata`: an eager step's metadata
     from host lists: slots, padded block tables, lengths and (Triton) the tile plan packed into
     one int64 host tensor and copied to the device once (pinned, without waiting, on CUDA);
@@ -29,7 +31,7 @@ from torch import nn
 
 from models.attention import AttentionKernel, AttentionMetadata, KVCache, host_layout
 from models.decode_buffers import DecodeBuffers
-from models.triton_attention.tile_plan import TilePlan, tile_layout
+from models.triton_attention.tile_plan import TilePlan, decode_splits, tile_layout
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -53,16 +55,24 @@ class AttentionBackend:
         block_size: int,
         sliding_window: int | None,
         device: torch.device,
+        split_decode: bool = False,
     ) -> None:
         self.kernel = kernel
         self.group = group  # query heads per KV head
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.device = torch.device(device)
+        # Triton: decode-only steps of a few rows may split each row's keys across programs
+        # (tile_plan.decode_splits); off where batch invariance is promised
+        self.split_decode = split_decode
 
     @classmethod
     def for_model(
-        cls, model: nn.Module, kv_caches: list[KVCache], kernel: AttentionKernel
+        cls,
+        model: nn.Module,
+        kv_caches: list[KVCache],
+        kernel: AttentionKernel,
+        split_decode: bool = False,
     ) -> AttentionBackend:
         """The backend of `model` over its KV cache ([num_blocks, block_size, kvh, D] each)."""
         config = model.config
@@ -73,6 +83,7 @@ class AttentionBackend:
             k_cache.shape[1],
             config.sliding_window,
             k_cache.device,
+            split_decode,
         )
 
     def build(
@@ -110,6 +121,7 @@ class AttentionBackend:
             query_start=views[3],
             tile_seq=views[4],
             tile_first=views[5],
+            decode_splits=decode_splits(query_lens, self.split_decode),
         )
         return meta.use_tile_plan(plan)
 
@@ -126,4 +138,5 @@ class AttentionBackend:
             self.group,
             self.sliding_window,
             self.device,
+            self.split_decode,
         )

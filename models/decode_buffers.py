@@ -55,8 +55,10 @@ class DecodeBuffers:
         group: int,
         sliding_window: int | None,
         device: torch.device,
+        split_decode: bool = False,
     ) -> None:
         self.max_rows = max_rows
+        self.split_decode = split_decode  # TilePlan.for_decode's (the backend's rule)
         self.width = max_blocks_per_seq
         self.block_size = block_size
         self.scratch_block = scratch_block
@@ -145,5 +147,6 @@ class DecodeBuffers:
             seq_lens,
             self._row_ids,
             self._zeros,
+            self.split_decode,
         )
         return DecodeStep(ids, positions, meta.use_tile_plan(plan))

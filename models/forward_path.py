@@ -100,9 +100,15 @@ class TritonPath(PyTorchPath):
 
     graph_support = GraphSupport.DECODE_ONLY
 
-    def __init__(self, model: nn.Module, kv_caches: list[KVCache]) -> None:
+    def __init__(
+        self, model: nn.Module, kv_caches: list[KVCache], split_decode: bool = True
+    ) -> None:
+        """`split_decode`: decode-only steps of a few rows split each row's keys across
+        programs (models/triton_attention/split_decode.py); False under --batch-invariant."""
         super().__init__(model, kv_caches, attention_kernel=False)
-        self.attention = AttentionBackend.for_model(model, kv_caches, AttentionKernel.TRITON)
+        self.attention = AttentionBackend.for_model(
+            model, kv_caches, AttentionKernel.TRITON, split_decode
+        )
         self.description = "PyTorch layers with tgserve's Triton paged attention"
 
     def hidden(
@@ -159,7 +165,7 @@ def _triton_cuda(req: PathRequest) -> ForwardPath | None:
     """CUDA devices, where triton comes with torch (None when it is missing)."""
     if req.device.type != "cuda" or not triton_attention.is_available():
         return None
-    path = TritonPath(req.model, req.kv_caches)
+    path = TritonPath(req.model, req.kv_caches, split_decode=not req.batch_invariant)
     if req.batch_invariant:
         route_linears_through_invariant_gemm(req.model)
         path.description += ", batch-invariant GEMMs"

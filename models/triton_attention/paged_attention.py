@@ -4,7 +4,7 @@ Contract: `triton_paged_attention(q [T, H, D], k_cache, v_cache, plan, scale) ->
 in q's dtype, for the flat rows of a step (decodes and prefill chunks, `AttentionMetadata`
 layout) whose K/V are already in the cache (`[num_blocks, block_size, kv_heads, D]`).
 `plan` is the step's `TilePlan` (models/triton_attention/tile_plan.py), built once per step
-and shared by every layer. Works on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1`
+and shared by every layer; a plan with `decode_splits` goes to split_decode.py instead. Works on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1`
 (how CI runs it); nothing is gathered: each key's block id is read from the block table.
 
 One program serves one query tile and one KV head: `TILE_ROWS // group_pad` consecutive new
@@ -28,9 +28,11 @@ The order each row's reductions follow, whatever else is in the step (issue #14)
   tile-mates or not changes nothing of the row.
 Where it cannot be promised: on a GPU, a row's bits also depend on the compiled dot
 instruction accumulating each output element in an order set by the shape alone (true of
-the MMA instructions Triton emits, checked here only in the interpreter). There is no split
-of one row's keys across programs (flash-decoding); adding one keeps this rule only with
-splits of a fixed key length combined in ascending order, for decode and prefill rows alike.
+the MMA instructions Triton emits, checked here only in the interpreter). This kernel never
+splits one row's keys across programs; split_decode.py does (flash-decoding), for decode-only
+steps of a few rows where batch invariance is not promised (not under --batch-invariant): its
+splits are set by the row's own length, so a row's bits still do not depend on the other rows,
+but they differ from this kernel's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import triton
 import triton.language as tl
 
 from models.triton_attention.tile_plan import TILE_ROWS, TilePlan, group_pad
+from models.triton_attention.tile_step import attend_tile
 
 KEY_TILE = 64  # keys per tile, aligned at absolute positions
 LOG2E = 1.4426950408889634
@@ -115,50 +118,33 @@ def _paged_attention_kernel(
         lo = tl.maximum(context + first - window + 1, 0) // KEYS * KEYS
     keys = tl.arange(0, KEYS)
     for start in range(lo, last + 1, KEYS):
-        key_pos = start + keys  # [KEYS]
-        key_ok = key_pos < seq_len
-        block = tl.load(
-            tables_ptr + seq * stride_table + key_pos // BLOCK_SIZE, mask=key_ok, other=0
-        ).to(tl.int64)
-        offset = key_pos % BLOCK_SIZE
-        kv_mask = key_ok[:, None] & dim_ok[None, :]
-        k = tl.load(
-            k_ptr
-            + block[:, None] * stride_kb
-            + offset[:, None] * stride_ks
-            + kv_head * stride_kh
-            + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )  # [KEYS, HEAD_PAD]
-        v = tl.load(
-            v_ptr
-            + block[:, None] * stride_vb
-            + offset[:, None] * stride_vs
-            + kv_head * stride_vh
-            + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
+        m, denom, acc = attend_tile(
+            q,
+            m,
+            denom,
+            acc,
+            k_ptr,
+            v_ptr,
+            tables_ptr + seq * stride_table,
+            start + keys,
+            seq_len,
+            pos,
+            window,
+            kv_head,
+            dims,
+            dim_ok,
+            scale_log2,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_SIZE,
+            SLIDING,
+            PRECISION,
+            DOT_FP32,
         )
-        if DOT_FP32:  # a bfloat16 product is exact in float32: same sums, the right numbers
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [ROWS, KEYS]
-        visible = key_pos[None, :] <= pos[:, None]  # causal; implies key_pos < seq_len
-        if SLIDING:
-            visible &= key_pos[None, :] > pos[:, None] - window
-        s = tl.where(visible, s, float("-inf"))
-        m_j = tl.max(s, 1)
-        seen = m_j > float("-inf")  # the row sees a key of this tile
-        m_new = tl.where(seen, tl.maximum(m, m_j), 0.0)
-        p = tl.exp2(s - m_new[:, None])  # 0 where masked
-        alpha = tl.exp2(tl.where(seen, m - m_new, 0.0))  # old part's weight (0 before any key)
-        p_v = p.to(v.dtype)  # rounded to the cache dtype, as flash attention does
-        if DOT_FP32:
-            p_v, v = p_v.to(tl.float32), v.to(tl.float32)
-        acc_j = tl.dot(p_v, v, input_precision=PRECISION)
-        denom = tl.where(seen, denom * alpha + tl.sum(p, 1), denom)
-        acc = tl.where(seen[:, None], acc * alpha[:, None] + acc_j, acc)
-        m = tl.where(seen, m_new, m)
 
     out = acc / denom[:, None]
     tl.store(
@@ -202,6 +188,10 @@ def triton_paged_attention(
         raise ValueError(
             f"the plan was built for {plan.group} query heads per KV head, not {group}"
         )
+    if plan.decode_splits:  # a decode-only step of a few rows: each row's keys split
+        from models.triton_attention.split_decode import triton_split_decode
+
+        return triton_split_decode(q, k_cache, v_cache, plan, scale)
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out

@@ -23,6 +23,19 @@ from dataclasses import dataclass
 import torch
 
 TILE_ROWS = 64  # (token, query head) rows per program: one dot shape for decode and prefill
+# Decode-only steps of at most SPLIT_MAX_ROWS rows may split each row's keys DECODE_SPLITS ways
+# (split_decode.py; not under --batch-invariant): fewer rows leave the GPU idle in one pass.
+DECODE_SPLITS = 16
+SPLIT_MAX_ROWS = 8
+
+
+def decode_splits(query_lens: Sequence[int], enabled: bool) -> int:
+    """`TilePlan.decode_splits` of a step: DECODE_SPLITS for a decode-only step (every row one
+    new token) of 1 .. SPLIT_MAX_ROWS rows when `enabled`, else 0 (the one-pass kernel)."""
+    rows = len(query_lens)
+    if enabled and 0 < rows <= SPLIT_MAX_ROWS and all(n == 1 for n in query_lens):
+        return DECODE_SPLITS
+    return 0
 
 
 def group_pad(group: int) -> int:
@@ -45,6 +58,7 @@ class TilePlan:
     tile_seq: torch.Tensor  # [num_tiles] int32 or int64: the sequence of each tile
     tile_first: torch.Tensor  # [num_tiles] int32 or int64: its first row among the sequence's
     # new tokens
+    decode_splits: int = 0  # > 0: a decode-only step through split_decode.py, split so many ways
 
     @property
     def num_tiles(self) -> int:
@@ -76,9 +90,11 @@ class TilePlan:
         seq_lens: torch.Tensor,
         row_ids: torch.Tensor,
         zeros: torch.Tensor,
+        split_decode: bool = False,
     ) -> TilePlan:
         """A decode-only batch of b = seq_lens.numel() rows. row_ids: [>= b + 1] int64
-        0, 1, 2, ...; zeros: [>= b] int64 (persistent tensors; only views are taken)."""
+        0, 1, 2, ...; zeros: [>= b] int64 (persistent tensors; only views are taken);
+        `split_decode`: split_decode.py may serve it (`decode_splits`)."""
         rows = seq_lens.shape[0]
         return cls(
             group=group,
@@ -89,6 +105,7 @@ class TilePlan:
             query_start=row_ids[: rows + 1],
             tile_seq=row_ids[:rows],
             tile_first=zeros[:rows],
+            decode_splits=decode_splits([1] * rows, split_decode),
         )
 
 

@@ -68,6 +68,20 @@ def test_cuda_runs_the_triton_attention(monkeypatch) -> None:
     assert _path("llama", cpu_kernels=True, device=cuda).description == PYTORCH
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_split_decode_attention_is_off_where_batch_invariance_is_promised(batch_invariant):
+    model = ours_from(make_hf_model("llama"), torch.float32)
+    path = select_forward_path(
+        model,
+        PagedDriver(model).kv,
+        torch.device("cuda"),
+        cpu_kernels=False,
+        batch_invariant=batch_invariant,
+    )
+    assert path.description.startswith(TRITON)
+    assert path.attention.split_decode is not batch_invariant
+
+
 def test_every_listed_backend_has_a_builder() -> None:
     for names in BACKENDS_BY_DEVICE.values():
         assert all(name in BUILDERS for name in names)

@@ -13,12 +13,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from models.triton_attention import kv_write, paged_attention
+from models.triton_attention import kv_write, paged_attention, split_decode
 
 HOPPER = GPUTarget("cuda", 90, 32)
 HOPPER_SHARED_BYTES = 227 * 1024  # the most one block may use on an H100
 INDEX_POINTERS = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "query_start_ptr": "*i64"}
 INDEX_POINTERS |= {"tile_seq_ptr": "*i32", "tile_first_ptr": "*i32", "slots_ptr": "*i64"}
+INDEX_POINTERS |= {"acc_ptr": "*fp32", "stats_ptr": "*fp32"}  # the split decode's partials
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 # (dtype, block size, query heads per KV head, head dim, sliding window): Llama-3-8B's shape
 # in bfloat16, padded heads and dims with a window, float32 (IEEE dots) — a few, as each
@@ -57,6 +58,10 @@ def main() -> None:
             dtype, False, group, head_dim, block_size, sliding
         )
         print(build(paged_attention._paged_attention_kernel, dtype, constants), flush=True)
+        constants = split_decode.split_constants(dtype, False, group, head_dim, block_size, sliding)
+        print(build(split_decode._split_kernel, dtype, constants), flush=True)
+        constants = split_decode.merge_constants(head_dim)
+        print(build(split_decode._merge_kernel, dtype, constants), flush=True)
     constants = kv_write.kernel_constants(block_size=16, kv_heads=8, head_dim=128)
     print(build(kv_write._write_kv_kernel, torch.bfloat16, constants), flush=True)
 

@@ -17,7 +17,7 @@ from tests.models.triton_attention.decode_case import decode_case
 def _allow_kernel_launches(monkeypatch, rec: _SyncRecorder) -> dict[str, int]:
     """Lets the Triton kernels' launches run unrecorded (on CPU the interpreter copies their
     tensors to and fro; on a GPU a launch is a launch) and counts them."""
-    from models.triton_attention import kv_write, paged_attention
+    from models.triton_attention import kv_write, paged_attention, split_decode
 
     launches: dict[str, int] = {}
 
@@ -38,6 +38,8 @@ def _allow_kernel_launches(monkeypatch, rec: _SyncRecorder) -> dict[str, int]:
 
     for module, attr in (
         (paged_attention, "_paged_attention_kernel"),
+        (split_decode, "_split_kernel"),
+        (split_decode, "_merge_kernel"),
         (kv_write, "_write_kv_kernel"),
     ):
         monkeypatch.setattr(module, attr, Launch(attr, getattr(module, attr)))
@@ -58,7 +60,9 @@ def test_the_capturable_decode_forward_reads_nothing_and_copies_nothing_in(
         with torch.inference_mode():
             logits = case.path.logits(case.path.hidden(step.input_ids, step.positions, step.meta))
     assert rec.syncs == []
-    assert launches == {"_paged_attention_kernel": num_layers, "_write_kv_kernel": num_layers}
+    # a decode step of 4 rows splits each row's keys: split and merge per layer
+    kernels = ("_split_kernel", "_merge_kernel", "_write_kv_kernel")
+    assert launches == dict.fromkeys(kernels, num_layers)
     assert logits.shape[0] == 4
 
 

@@ -1,0 +1,78 @@
+"""One key tile of the online softmax, shared by the one-pass paged attention
+(paged_attention.py) and the split decode (split_decode.py), so both round the same way.
+
+Contract: `attend_tile(q, m, denom, acc, ...) -> (m, denom, acc)` folds the keys at `key_pos`
+([KEYS], one tile aligned at a multiple of KEY_TILE) of one KV head into a query tile's running
+state: q [ROWS, HEAD_PAD] (float32 under the interpreter), m [ROWS] the running max of the
+scores in base 2, denom [ROWS] the running sum of 2^(s - m), acc [ROWS, HEAD_PAD] the running
+sum of 2^(s - m) v. K/V are read in place in the paged cache, each key's block id from
+`table_ptr` (the sequence's block-table row); keys past `seq_len` load as zeros. A row sees the
+keys at or before its position `pos` [ROWS] (and after pos - window when SLIDING). The steps:
+s = q . k^T (float32 accumulation) x scale, masked to -inf; m_j = the tile's row max; p =
+2^(s - m_new); p is rounded to the cache dtype for p . V, as flash attention does; a row that
+sees no key of the tile keeps its state untouched (tl.where), so visiting a tile for a row's
+tile-mates changes nothing of the row.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(
+    q,
+    m,
+    denom,
+    acc,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    key_pos,
+    seq_len,
+    pos,
+    window,
+    kv_head,
+    dims,
+    dim_ok,
+    scale_log2,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    BLOCK_SIZE: tl.constexpr,
+    SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    key_ok = key_pos < seq_len
+    block = tl.load(table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    offset = key_pos % BLOCK_SIZE
+    mask = key_ok[:, None] & dim_ok[None, :]
+    k_rows = k_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
+    v_rows = v_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
+    k = tl.load(k_rows + kv_head * stride_kh + dims[None, :], mask=mask, other=0.0)
+    v = tl.load(v_rows + kv_head * stride_vh + dims[None, :], mask=mask, other=0.0)
+    if DOT_FP32:  # a bfloat16 product is exact in float32: same sums, the right numbers
+        k = k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [ROWS, KEYS]
+    visible = key_pos[None, :] <= pos[:, None]  # causal; implies key_pos < seq_len
+    if SLIDING:
+        visible &= key_pos[None, :] > pos[:, None] - window
+    s = tl.where(visible, s, float("-inf"))
+    m_j = tl.max(s, 1)
+    seen = m_j > float("-inf")  # the row sees a key of this tile
+    m_new = tl.where(seen, tl.maximum(m, m_j), 0.0)
+    p = tl.exp2(s - m_new[:, None])  # 0 where masked
+    alpha = tl.exp2(tl.where(seen, m - m_new, 0.0))  # old part's weight (0 before any key)
+    p_v = p.to(v.dtype)  # rounded to the cache dtype, as flash attention does
+    if DOT_FP32:
+        p_v, v = p_v.to(tl.float32), v.to(tl.float32)
+    acc_j = tl.dot(p_v, v, input_precision=PRECISION)
+    denom = tl.where(seen, denom * alpha + tl.sum(p, 1), denom)
+    acc = tl.where(seen[:, None], acc * alpha[:, None] + acc_j, acc)
+    m = tl.where(seen, m_new, m)
+    return m, denom, acc
