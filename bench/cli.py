@@ -324,6 +324,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tgserve on CUDA: every step eager (no decode CUDA graphs; the CPU never captures)",
     )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="tgserve on CUDA: a row's bits independent of the batch (fixed-tile GEMMs; the CPU "
+        "is batch-invariant anyway)",
+    )
     _speculative_args(p)
     p.add_argument(
         "--baseline-tree",

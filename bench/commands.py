@@ -155,6 +155,7 @@ def _run_offline(
         cpu_kernels=not args.disable_cpu_kernels,
         dequantize=args.dequantize,
         enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
         baseline_tree=args.baseline_tree,
         target_itl_ms=args.target_itl_ms,
         json_schema=json_schema,

@@ -58,6 +58,7 @@ class BackendOptions:
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
     dequantize: bool = False  # tgserve: a GGUF dequantised to dtype (default: blocks as stored)
     enforce_eager: bool = False  # tgserve: no decode CUDA graphs on CUDA
+    batch_invariant: bool = False  # tgserve on CUDA: the fixed-tile GEMMs, no split decode
     baseline_tree: str | None = None  # tgserve-baseline: the checkout to compare against
     target_itl_ms: float | None = None  # tgserve: step-time target; None: default, 0: off
     json_schema: str | None = None  # tgserve-json: the schema (JSON text) every request follows

@@ -38,6 +38,7 @@ class TgserveBackend:
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", int8 activations" if engine.config.activation_quantization else "")
             + (", compiled" if engine.config.compile else "")
+            + (", batch-invariant" if engine.config.batch_invariant else "")
             + (", C++ CPU kernels" if described.cpu_kernels else "")
             + (", CUDA graphs" if described.cuda_graphs else "")
             + (", GGUF blocks as stored" if described.gguf_blocks_as_stored else "")
@@ -166,6 +167,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
         cpu_kernels=options.cpu_kernels,
         dequantize=options.dequantize,
         enforce_eager=options.enforce_eager,
+        batch_invariant=options.batch_invariant,
         device=options.device,
         speculative=options.speculative,
     )

@@ -3,8 +3,9 @@
 Contract (standard library only): `json_lines(text)` keeps the JSON objects a stage printed one
 per line; `collect(results)` returns a dict of what the stages measured (None where a stage
 did not run or printed nothing usable): the environment, the machine limits, batch-1 decode and
-prefill with their fractions of the bounds, the offline runs (tgserve, transformers, ratio),
-serving ITL p99/p50 (at the default step-time target and at a tight one), the suite's counts and failing tests, the profile. `targets(figures)` lists
+prefill with their fractions of the bounds (and again under --batch-invariant), the offline
+runs (tgserve, transformers, ratio), serving ITL p99/p50 (at the default step-time target and
+at a tight one), the suite's counts and failing tests, the profile. `targets(figures)` lists
 each target with the measured value and whether it is met (None when not measured). Figures
 are copied, never recomputed: the benchmarks' own JSON is the record.
 """
@@ -51,6 +52,7 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
         by_name.get("offline"), "machine"
     )
     latency = _of_kind(by_name.get("latency"), "latency")
+    invariant = _of_kind(by_name.get("latency_invariant"), "latency")
     offline = _of_kind(by_name.get("offline"), "throughput")
     wide = _of_kind(by_name.get("offline_wide"), "throughput")
     serve = _of_kind(by_name.get("serve"), "serve")
@@ -60,6 +62,7 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
         "environment": env[0] if env else None,
         "machine": machine[0] if machine else None,
         "latency": latency[0] if latency else None,
+        "latency_invariant": invariant[0] if invariant else None,
         "offline": {r["backend"]: r for r in offline} or None,
         "offline_wide": wide[0] if wide else None,
         "serve": serve[0] if serve else None,

@@ -94,6 +94,16 @@ def build_plan(settings: Settings) -> list[Stage]:
             + ("--input-len", str(s.input_len), "--output-len", str(s.latency_output_len)),
             100,
         ),
+        # what --batch-invariant costs (README: not the default on CUDA, its cost unmeasured)
+        Stage(
+            "latency_invariant",
+            "The same with --batch-invariant",
+            (*bench, "latency", *common, "--skip-limits", "--backend", "tgserve", "--runs", "3")
+            + ("--input-len", str(s.input_len), "--output-len", str(s.latency_output_len))
+            + ("--batch-invariant",),
+            60,
+            min_s=30,
+        ),
         Stage(
             "offline",
             f"{s.offline} x {s.input_len}/{s.output_len} offline, tgserve vs transformers",

@@ -45,7 +45,8 @@ def test_the_tiny_dry_run_runs_every_stage_and_reports_every_section(tmp_path, c
     assert (site / "gpucheckprobe.py").read_text() == "VALUE = 42\n"
     report = json.loads((out / "report.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    names = ["install", "environment", "latency", "offline", "offline_wide", "serve", "serve_itl"]
+    names = ["install", "environment", "latency", "latency_invariant", "offline", "offline_wide"]
+    names += ["serve", "serve_itl"]
     assert list(stages) == [*names, "profile", "suite"]
     assert {n: s["status"] for n, s in stages.items()} == dict.fromkeys(stages, "ok")
     f = report["figures"]
@@ -58,6 +59,8 @@ def test_the_tiny_dry_run_runs_every_stage_and_reports_every_section(tmp_path, c
     assert f["offline_wide"]["num_requests"] == 16 and f["offline_wide"]["output_tokens"] == 128
     assert f["serve"]["completed"] == 8 and f["serve"]["itl_p99_over_p50"] >= 1.0
     assert f["serve_itl"]["completed"] == 8
+    assert f["latency_invariant"]["decode_tok_s"] > 0
+    assert "--batch-invariant" in stages["latency_invariant"]["command"]
     assert "--target-itl-ms" in stages["serve_itl"]["command"]
     assert f["suite"]["counts"]["passed"] > 0 and f["suite"]["failing"] == []
     assert [b["batch"] for b in f["profile"]["batches"]] == [1, 4]
