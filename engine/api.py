@@ -40,6 +40,7 @@ class EngineInfo:
     kv_block_size: int
     vocab_size: int  # token ids a prompt may hold
     encoder_decoder: bool = False  # T5 / BART: the prompt is the encoder's input
+    device: str = "cpu"  # the torch device type the forward runs on ("cpu", "cuda", ...)
     # What the folder's generation_config.json asks of requests that leave fields unset.
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
 

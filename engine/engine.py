@@ -79,6 +79,7 @@ class Engine:
             # Ids past the tokenizer (padded embedding rows) are nothing a prompt can hold.
             vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
             encoder_decoder=runner.config.is_encoder_decoder,
+            device=runner.device.type,
             generation=GenerationDefaults.from_file(runner.config.generation),
         )
         # Structured outputs (None: no tokenizer, so requests with a grammar are refused).

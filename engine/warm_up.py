@@ -6,7 +6,8 @@ Contract: `warm_up_requests(info)` -> the (request id, prompt token ids, Samplin
 warm-up, to run one after the other, each to its end; `warm_up(engine)` runs them on a
 synchronous `EngineCore` (one that nothing else steps) and raises RuntimeError when one fails.
 
-Why two prompts of up to `WARM_UP_PROMPT_TOKENS` tokens and not one token:
+Why two prompts of up to `WARM_UP_PROMPT_TOKENS` tokens (`CPU_WARM_UP_PROMPT_TOKENS` on a CPU)
+and not one token:
 - Start-up pays what a first multi-token step pays once (kernel compilation for the shapes of a
   prefill, e.g. Triton's specialisations of a step's token count, allocator growth), not the
   first user's request (seconds on a GPU, measured: a 512-token prompt's first token took
@@ -28,6 +29,9 @@ from engine.api import EngineCore, EngineInfo
 from engine.requests.sampling_params import SamplingParams
 
 WARM_UP_PROMPT_TOKENS = 512
+# On a CPU a step's one-time costs are small and a 512-token prompt takes ~0.5 s of start-up
+# (the default model): shorter prompts there, and the trust region starts at 128 rows.
+CPU_WARM_UP_PROMPT_TOKENS = 64
 _STRIDE = 7919  # a prime: consecutive prompt tokens spread over the vocabulary
 
 
@@ -36,7 +40,8 @@ def warm_up_requests(
 ) -> list[tuple[str, list[int], SamplingParams]]:
     """The warm-up requests for an engine described by `info`, in the order they run (`token`:
     the prompt of the one-token request, e.g. the tokenizer's BOS)."""
-    prompt_len = min(WARM_UP_PROMPT_TOKENS, info.context_tokens - 2)
+    longest = CPU_WARM_UP_PROMPT_TOKENS if info.device == "cpu" else WARM_UP_PROMPT_TOKENS
+    prompt_len = min(longest, info.context_tokens - 2)
     if info.encoder_decoder or prompt_len < 2 or info.vocab_size < 2:
         return [("warm-up", [token], SamplingParams(max_tokens=1, temperature=0.0))]
     # a token from the prefill step and one from a decode step; whatever EOS says

@@ -13,11 +13,14 @@ import pytest
 from engine.api import EngineInfo
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
-from engine.warm_up import WARM_UP_PROMPT_TOKENS, warm_up, warm_up_requests
+from engine.warm_up import (
+    CPU_WARM_UP_PROMPT_TOKENS,
+    WARM_UP_PROMPT_TOKENS,
+    warm_up,
+    warm_up_requests,
+)
 from tests.checkpoints import VOCAB, save_checkpoint
 from tests.engine.engine_fixtures import assert_no_leaks, run_staggered, tiny_engine
-
-LONG_PROMPT = 700  # more than the warm-up's prompts, less than twice them
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _engine(folder: Path) -> Engine:
-    engine = tiny_engine(folder, max_model_len=1024, kv_cache_memory_bytes=8_000_000)
+    engine = tiny_engine(folder, max_model_len=1200, kv_cache_memory_bytes=8_000_000)
     steps: list[tuple[int, ...]] = []  # the chunk sizes of every step
     schedule = engine.scheduler.schedule
 
@@ -52,16 +55,19 @@ def _prefill_chunks(engine: Engine, prompt: list[int]) -> list[int]:
     return [sizes[0] for sizes in engine.recorded_steps if sizes and sizes[0] > 1]
 
 
-def _long_prompt(seed: int) -> list[int]:
+def _long_prompt(engine: Engine, seed: int) -> list[int]:
+    """More tokens than the warm-up's prompts, fewer than twice them (its trust region)."""
+    warm = len(warm_up_requests(engine.info)[0][1])
     rng = random.Random(seed)
-    return [rng.randrange(3, VOCAB) for _ in range(LONG_PROMPT)]
+    return [rng.randrange(3, VOCAB) for _ in range(2 * warm - 8)]
 
 
 def test_after_the_warm_up_a_long_first_prompt_is_one_step(folder):
     engine = _engine(folder)
     warm_up(engine)
     assert not engine.has_unfinished_requests()
-    assert _prefill_chunks(engine, _long_prompt(1)) == [LONG_PROMPT]
+    prompt = _long_prompt(engine, 1)
+    assert _prefill_chunks(engine, prompt) == [len(prompt)]
     assert_no_leaks(engine)
 
 
@@ -70,15 +76,16 @@ def test_after_a_one_token_warm_up_the_first_long_prompt_was_cut_up(folder):
     (its one-time costs), so after one token the trust region starts at one row."""
     engine = _engine(folder)
     run_staggered(engine, [[1]], [SamplingParams(max_tokens=1, temperature=0.0)])
-    chunks = _prefill_chunks(engine, _long_prompt(1))
-    assert sum(chunks) == LONG_PROMPT and len(chunks) > 3, chunks
+    prompt = _long_prompt(engine, 1)
+    chunks = _prefill_chunks(engine, prompt)
+    assert sum(chunks) == len(prompt) and len(chunks) > 3, chunks
 
 
 def test_the_warm_up_changes_no_answer(folder):
     """Greedy tokens and logprobs after the warm-up equal a fresh engine's, for a prompt that
     starts with the warm-up's own (its K/V come from the prefix cache) and for others."""
     first_warm_up_prompt = warm_up_requests(_engine(folder).info)[0][1]
-    prompts = [first_warm_up_prompt[:40] + [5, 6, 7], _long_prompt(2)[:90], [9, 10, 11]]
+    prompts = [first_warm_up_prompt[:40] + [5, 6, 7], _long_prompt(_engine(folder), 2), [9, 10]]
     params = [SamplingParams(max_tokens=6, temperature=0.0, logprobs=2)] * len(prompts)
     fresh = run_staggered(_engine(folder), prompts, params)
     warmed = _engine(folder)
@@ -90,7 +97,9 @@ def test_the_warm_up_changes_no_answer(folder):
     assert_no_leaks(warmed)
 
 
-def _info(max_model_len: int, encoder_decoder: bool = False, vocab: int = 1000) -> EngineInfo:
+def _info(
+    max_model_len: int, encoder_decoder: bool = False, vocab: int = 1000, device: str = "cuda"
+) -> EngineInfo:
     return EngineInfo(
         model_name="m",
         tokenizer=None,
@@ -99,12 +108,15 @@ def _info(max_model_len: int, encoder_decoder: bool = False, vocab: int = 1000) 
         kv_block_size=16,
         vocab_size=vocab,
         encoder_decoder=encoder_decoder,
+        device=device,
     )
 
 
 def test_the_warm_up_prompts_fit_the_context_and_share_no_prefix():
     requests = warm_up_requests(_info(4096))
     assert [len(prompt) for _, prompt, _ in requests] == [WARM_UP_PROMPT_TOKENS] * 2
+    on_cpu = warm_up_requests(_info(4096, device="cpu"))  # shorter: a CPU's start-up time
+    assert [len(prompt) for _, prompt, _ in on_cpu] == [CPU_WARM_UP_PROMPT_TOKENS] * 2
     (_, first, params), (_, second, _) = requests
     assert first[0] != second[0]  # no prefix-cache hit: the second computes its whole prompt
     assert all(0 <= t < 1000 for t in first + second)
