@@ -120,8 +120,7 @@ class Engine:
         cls, name: str, hf_config: dict, config: EngineConfig | None = None, tokenizer=None
     ) -> Engine:
         """The shape `hf_config` (config.json dict) describes, seeded random weights
-        (`config.seed`), no tokenizer unless one is given: for benchmarks (bench's
-        `--model random:NAME`)."""
+        (`config.seed`), no tokenizer unless given: bench's `--model random:NAME`."""
         from engine.engine_factory import build_engine
 
         config = config or EngineConfig()
