@@ -8,16 +8,16 @@ synchronous `EngineCore` (one that nothing else steps) and raises RuntimeError w
 
 Why two prompts of up to `WARM_UP_PROMPT_TOKENS` tokens (`CPU_WARM_UP_PROMPT_TOKENS` on a CPU)
 and not one token:
-- Start-up pays what a first multi-token step pays once (kernel compilation for the shapes of a
-  prefill, e.g. Triton's specialisations of a step's token count, allocator growth), not the
-  first user's request (seconds on a GPU, measured: a 512-token prompt's first token took
-  3.5 s after a one-token warm-up, 15 ms once warm).
+- Start-up pays what the first multi-token steps pay once (kernel choice and compilation for
+  a prefill's shapes, allocator growth), not the first user's request.
 - The scheduler's step-cost model (engine/scheduling/step_cost.py) never learns from an engine's
   first step (its one-time costs), and it does not size a chunk past twice the largest step it
-  learned from (its trust region). After a one-token warm-up, the first long prompt was cut into
-  chunks of 4, 8, 16, ... tokens, one eager step each (tests/engine/test_warm_up.py). The
-  second prompt is a step the model learns from, with a decode step after each prompt, so the
-  fit sees both sizes and a prompt up to twice the warm-up's length is one step.
+  learned from (its trust region). After a one-token warm-up and a few decode steps, the first
+  long prompt was cut into chunks of 8, 16, 32, ... tokens, one eager step each
+  (tests/engine/test_warm_up.py); on an H200 the first timed 512-token prompt of `bench
+  latency` took 3.5 s to its first token, the third 15 ms. The second prompt here is a step
+  the model learns from, with a decode step after each prompt, so the fit sees both sizes and
+  a prompt up to twice the warm-up's length is one step.
 The prompts differ from their first token on (no prefix-cache hit: the second computes its
 whole prompt). An encoder-decoder engine gets the one-token request it always had: its prompt
 is an encoder input, with limits of its own.
