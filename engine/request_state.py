@@ -63,6 +63,7 @@ class RequestState:
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
         self.error: str | None = None
+        self._metrics: RequestMetrics | None = None  # the last one sent, while still true
 
     def detokenizer(self, seq_id: int) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
@@ -154,15 +155,28 @@ class RequestState:
             outputs=completions,
             finished=request.is_finished,
             prompt_logprobs=self._take_prompt_logprobs(),
-            metrics=RequestMetrics(
+            metrics=self._current_metrics(),
+            error=self.error,
+        )
+
+    def _current_metrics(self) -> RequestMetrics:
+        """The request's timings (frozen, so an unchanged one is sent again, not rebuilt)."""
+        request, metrics = self.request, self._metrics
+        if (
+            metrics is None
+            or metrics.first_scheduled_time != self.first_scheduled_time
+            or metrics.first_token_time != self.first_token_time
+            or metrics.finished_time != self.finished_time
+            or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens
+        ):
+            metrics = self._metrics = RequestMetrics(
                 arrival_time=request.arrival_time,
                 first_scheduled_time=self.first_scheduled_time,
                 first_token_time=self.first_token_time,
                 finished_time=self.finished_time,
                 num_cached_prompt_tokens=request.num_cached_prompt_tokens,
-            ),
-            error=self.error,
-        )
+            )
+        return metrics
 
     def _take_prompt_logprobs(self) -> tuple[TokenLogprob | None, ...] | None:
         """All prompt logprobs, once: in the first output after the prompt was computed."""
