@@ -6,8 +6,7 @@ what is left of the whole budget). On a GPU (`tiny` False) the benchmarks are is
 8B shape's batch-1 decode and 512-token prefill against the limits measured in the same command,
 64 x 512/256 offline against transformers `generate` in the same command, 256 x 512/256 at
 `--max-num-seqs 256`, 64 streams through the HTTP server (and again with a step-time target
-at GPU scale); then a profile of decode steps and the
-CUDA suite. `tiny` runs the same stages on `random:tiny-llama` on the CPU with small lengths (a
+at GPU scale); then a profile of decode steps and the CUDA suite. `tiny` runs the same stages on `random:tiny-llama` on the CPU with small lengths (a
 dry run CI can afford: every stage and the report, no figure that means anything).
 """
 
@@ -56,8 +55,8 @@ GPU_SIZES = Sizes("random:llama3-8b", "bfloat16", 512, 256, 128, 64, 256, 64, (1
 TINY_SIZES = Sizes(
     "random:tiny-llama", "float32", 16, 8, 8, 8, 16, 8, (1, 4), 4, ("--disable-cpu-kernels",)
 )
-TINY_LIMITS = ("--quick-limits",)
-TIGHT_ITL_MS = 20.0  # ~1.5x the H200's 64-row decode step (12.7 ms ITL p50 measured)  # the device limits' code on small buffers
+TINY_LIMITS = ("--quick-limits",)  # the device limits' code on small buffers
+TIGHT_ITL_MS = 20.0  # ~1.5x the H200's 64-row decode step (12.7 ms ITL p50 measured)
 # issue 24's suite: the models and the engine, and the HTTP server over a live engine
 GPU_SUITE = (
     "tests/models",
@@ -85,22 +84,21 @@ def build_plan(settings: Settings) -> list[Stage]:
                 90,
             )
         )
+    latency = (*bench, "latency", *common, "--backend", "tgserve", "--runs", "3")
+    latency += ("--input-len", str(s.input_len), "--output-len", str(s.latency_output_len))
     stages += [
         Stage("environment", "Environment", (py, "-m", "bench.gpu_check.environment"), 30),
         Stage(
             "latency",
             f"Batch-1 decode and {s.input_len}-token prefill, against the measured limits",
-            (*bench, "latency", *common, *quick, "--backend", "tgserve", "--runs", "3")
-            + ("--input-len", str(s.input_len), "--output-len", str(s.latency_output_len)),
+            (*latency, *quick),
             100,
         ),
         # what --batch-invariant costs (README: not the default on CUDA, its cost unmeasured)
         Stage(
             "latency_invariant",
             "The same with --batch-invariant",
-            (*bench, "latency", *common, "--skip-limits", "--backend", "tgserve", "--runs", "3")
-            + ("--input-len", str(s.input_len), "--output-len", str(s.latency_output_len))
-            + ("--batch-invariant",),
+            (*latency, "--skip-limits", "--batch-invariant"),
             60,
             min_s=30,
         ),

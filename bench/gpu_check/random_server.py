@@ -2,10 +2,10 @@
 
 Contract: serves `--model random:NAME` (seeded random weights built on the device, and a
 synthetic tokenizer, bench/synthetic_tokenizer.py, so every token streams as its own chunk;
-prompts are token ids, as `tgserve bench serve` sends them) on 127.0.0.1:`--port`, through the same app
-factory and uvicorn runner as `tgserve serve` (server/app.py, server/serve.py), with `--dtype`,
-`--device`, `--max-num-seqs`, `--target-itl-ms` and the default engine settings otherwise. SIGTERM drains at once
-(no grace period: the check has ended its load by then). For the GPU check's serve stage, where
+prompts are token ids, as `tgserve bench serve` sends them) on 127.0.0.1:`--port`, through the
+same app factory and uvicorn runner as `tgserve serve` (server/app.py, server/serve.py), with
+`--dtype`, `--device`, `--max-num-seqs`, `--target-itl-ms` and the default engine settings
+otherwise. SIGTERM drains at once (no grace period: the check has ended its load by then). For the GPU check's serve stage, where
 the 8B shape has no checkpoint to load.
 """
 

@@ -4,8 +4,9 @@ Contract: `triton_paged_attention(q [T, H, D], k_cache, v_cache, plan, scale) ->
 in q's dtype, for the flat rows of a step (decodes and prefill chunks, `AttentionMetadata`
 layout) whose K/V are already in the cache (`[num_blocks, block_size, kv_heads, D]`).
 `plan` is the step's `TilePlan` (models/triton_attention/tile_plan.py), built once per step
-and shared by every layer; a plan with `decode_splits` goes to split_decode.py instead. Works on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1`
-(how CI runs it); nothing is gathered: each key's block id is read from the block table.
+and shared by every layer; a plan with `decode_splits` goes to split_decode.py instead. Works
+on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1` (how CI runs it); nothing is
+gathered: each key's block id is read from the block table.
 
 One program serves one query tile and one KV head: `TILE_ROWS // group_pad` consecutive new
 tokens of ONE sequence times the `group` query heads sharing that KV head (GQA: K/V are loaded
@@ -41,11 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
+from models.triton_attention.split_decode import triton_split_decode
 from models.triton_attention.tile_plan import TILE_ROWS, TilePlan, group_pad
-from models.triton_attention.tile_step import attend_tile
-
-KEY_TILE = 64  # keys per tile, aligned at absolute positions
-LOG2E = 1.4426950408889634
+from models.triton_attention.tile_step import LOG2E, attend_tile, tile_constants
 
 
 @triton.jit
@@ -159,20 +158,8 @@ def kernel_constants(
 ) -> dict[str, object]:
     """The compile-time constants of one launch (also what tests compile for the GPU)."""
     pad = group_pad(group)
-    return {
-        "BLOCK_SIZE": block_size,
-        "GROUP": group,
-        "GROUP_PAD": pad,
-        "HEAD_DIM": head_dim,
-        "HEAD_PAD": max(16, triton.next_power_of_2(head_dim)),  # tl.dot wants 16 or more
-        "ROWS": max(TILE_ROWS, pad),
-        "KEYS": KEY_TILE,
-        "SLIDING": sliding,
-        # float32 stays IEEE float32 in the dots, not TF32: the GPU agrees with the CPU paths
-        "PRECISION": "ieee" if interpreted or dtype == torch.float32 else "tf32",
-        # the interpreter's bfloat16 dot multiplies raw bits: it gets float32 operands
-        "DOT_FP32": interpreted,
-    }
+    shared = tile_constants(dtype, interpreted, head_dim, block_size, sliding)
+    return {"GROUP": group, "GROUP_PAD": pad, "ROWS": max(TILE_ROWS, pad), **shared}
 
 
 def triton_paged_attention(
@@ -189,8 +176,6 @@ def triton_paged_attention(
             f"the plan was built for {plan.group} query heads per KV head, not {group}"
         )
     if plan.decode_splits:  # a decode-only step of a few rows: each row's keys split
-        from models.triton_attention.split_decode import triton_split_decode
-
         return triton_split_decode(q, k_cache, v_cache, plan, scale)
     out = torch.empty_like(q)
     if num_tokens == 0:

@@ -32,9 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from models.triton_attention.paged_attention import KEY_TILE, LOG2E
 from models.triton_attention.tile_plan import DECODE_SPLITS, TilePlan, group_pad
-from models.triton_attention.tile_step import attend_tile
+from models.triton_attention.tile_step import LOG2E, attend_tile, tile_constants
 
 
 @triton.jit
@@ -174,18 +173,9 @@ def split_constants(
     dtype: torch.dtype, interpreted: bool, group: int, head_dim: int, block_size: int, sliding: bool
 ) -> dict[str, object]:
     """The split kernel's compile-time constants (also what tests compile for the GPU)."""
-    return {
-        "BLOCK_SIZE": block_size,
-        "GROUP": group,
-        "ROWS": max(16, group_pad(group)),  # tl.dot wants 16 rows or more
-        "HEAD_DIM": head_dim,
-        "HEAD_PAD": max(16, triton.next_power_of_2(head_dim)),
-        "KEYS": KEY_TILE,
-        "SPLITS": DECODE_SPLITS,
-        "SLIDING": sliding,
-        "PRECISION": "ieee" if interpreted or dtype == torch.float32 else "tf32",
-        "DOT_FP32": interpreted,
-    }
+    shared = tile_constants(dtype, interpreted, head_dim, block_size, sliding)
+    rows = max(16, group_pad(group))  # tl.dot wants 16 rows or more
+    return {"GROUP": group, "ROWS": rows, "SPLITS": DECODE_SPLITS, **shared}
 
 
 def merge_constants(head_dim: int) -> dict[str, object]:

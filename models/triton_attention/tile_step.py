@@ -1,7 +1,9 @@
 """One key tile of the online softmax, shared by the one-pass paged attention
 (paged_attention.py) and the split decode (split_decode.py), so both round the same way.
 
-Contract: `attend_tile(q, m, denom, acc, ...) -> (m, denom, acc)` folds the keys at `key_pos`
+Contract: `tile_constants(...)` are the compile-time constants the kernels share (the key tile,
+the padded head dim, the dots' precision); `attend_tile(q, m, denom, acc, ...) ->
+(m, denom, acc)` folds the keys at `key_pos`
 ([KEYS], one tile aligned at a multiple of KEY_TILE) of one KV head into a query tile's running
 state: q [ROWS, HEAD_PAD] (float32 under the interpreter), m [ROWS] the running max of the
 scores in base 2, denom [ROWS] the running sum of 2^(s - m), acc [ROWS, HEAD_PAD] the running
@@ -16,8 +18,29 @@ tile-mates changes nothing of the row.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+KEY_TILE = 64  # keys per tile, aligned at absolute positions
+LOG2E = 1.4426950408889634
+
+
+def tile_constants(
+    dtype: torch.dtype, interpreted: bool, head_dim: int, block_size: int, sliding: bool
+) -> dict[str, object]:
+    """The compile-time constants `attend_tile` takes, as both kernels launch it."""
+    return {
+        "BLOCK_SIZE": block_size,
+        "HEAD_DIM": head_dim,
+        "HEAD_PAD": max(16, triton.next_power_of_2(head_dim)),  # tl.dot wants 16 or more
+        "KEYS": KEY_TILE,
+        "SLIDING": sliding,
+        # float32 stays IEEE float32 in the dots, not TF32: the GPU agrees with the CPU paths
+        "PRECISION": "ieee" if interpreted or dtype == torch.float32 else "tf32",
+        # the interpreter's bfloat16 dot multiplies raw bits: it gets float32 operands
+        "DOT_FP32": interpreted,
+    }
 
 
 @triton.jit

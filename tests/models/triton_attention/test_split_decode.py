@@ -14,8 +14,9 @@ import torch
 
 from models.attention import AttentionKernel, reference_attention
 from models.attention_backend import AttentionBackend
-from models.triton_attention.paged_attention import KEY_TILE, triton_paged_attention
+from models.triton_attention.paged_attention import triton_paged_attention
 from models.triton_attention.tile_plan import DECODE_SPLITS, SPLIT_MAX_ROWS, decode_splits
+from models.triton_attention.tile_step import KEY_TILE
 from tests.models.triton_attention.test_paged_attention import KV_HEADS, Step, make_step
 
 # contexts (the new token included): one key; a tile's edge; splits of one tile; more tiles
