@@ -25,7 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from engine import EngineCore
-from server import operations
+from server import __version__, operations
 from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
@@ -60,7 +60,7 @@ def create_app(
 
     app = FastAPI(
         title="tgserve",
-        version="0.1.0",
+        version=__version__,
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,

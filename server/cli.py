@@ -14,6 +14,8 @@ import argparse
 import importlib
 import sys
 
+from server import __version__
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("server.serve", "serve a model over HTTP (OpenAI and TGI APIs)"),
     "generate": (
@@ -31,6 +33,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tgserve", description="Text-generation inference server."
     )
+    parser.add_argument("--version", action="version", version=f"tgserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)

@@ -8,7 +8,7 @@ while loading or draining, and, on a POST to a generation route (`GENERATION_ROU
 Retry-After while the engine has no room (server/admission.py `early_refusal`: the in-flight
 rule's own answer, checked before the body is read; requests let through are decided again
 when they are admitted). `settings.public_routes` skip auth; only the operational routes
-(/health, /ready, /metrics) also skip readiness, so a route made public still answers 503 +
+(/health, /ready, /metrics, /version) also skip readiness, so a route made public still answers 503 +
 Retry-After while the model loads. Static files (GET / HEAD of the playground page at / and of
 anything under `STATIC_PREFIX`: the playground's and the docs pages' files) hold no API data:
 they skip auth and readiness, so the page loads and asks for the key.
@@ -26,7 +26,9 @@ from server.errors import ApiError, error_response, rejection_reason
 from server.settings import Settings
 from server.state import ServerState
 
-OPERATIONAL_ROUTES = frozenset({"/health", "/ready", "/metrics"})  # answered while loading
+OPERATIONAL_ROUTES = frozenset(
+    {"/health", "/ready", "/metrics", "/version"}
+)  # answered while loading
 STATIC_PREFIX = "/static/"  # files of the package (server/playground.py, server/docs_ui.py)
 # The routes that start generation: refused here (429) while the engine is full, before their
 # body is read or parsed, so a burst's refusals cost the event loop almost nothing.

@@ -121,6 +121,7 @@ _OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each rout
     ),
     ("/health", "get"): _STATUS,
     ("/ready", "get"): _STATUS,
+    ("/version", "get"): _obj(["version"], version=_STR),
 }
 _STREAMING = frozenset(
     {

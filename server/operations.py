@@ -1,9 +1,10 @@
-"""Operational routes: /health, /ready, /metrics.
+"""Operational routes: /health, /ready, /metrics, /version.
 
 Contract: /health is 200 while the process is alive and the engine loop makes progress (the
 AsyncEngine watchdog; loading counts as healthy), else 503. /ready is 200 only once weights
 are loaded and the warm-up request ran, and 503 again while draining or once the engine loop
-died. /metrics is Prometheus text (server/metrics/).
+died. /metrics is Prometheus text (server/metrics/). /version is `{"version"}`, tgserve's
+version (as `tgserve --version` prints it), answered while the model loads too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
+from server import __version__
 from server.state import ServerState
 
 
@@ -34,5 +36,9 @@ def build_router(state: ServerState) -> APIRouter:
     async def metrics() -> Response:
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     return router

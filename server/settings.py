@@ -15,7 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from server.options import OPTIONS, REASONING_PARSERS, TOOL_CALL_PARSERS, Option, words
+from server.options import (
+    ENGINE_DEFAULT,
+    OPTIONS,
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+    Option,
+    parse_size,
+    words,
+)
 
 
 @dataclass(frozen=True)
@@ -117,15 +125,43 @@ def _from_env(option: Option, raw: str) -> Any:
     try:
         if option.repeatable:
             return tuple(option.parse(w) for w in words(raw))
-        return option.parse(raw)
+        value = option.parse(raw)
     except ValueError as exc:
         raise ValueError(f"{option.env} (or {option.flag}): {exc}") from None
+    if option.choices and value not in option.choices:
+        raise ValueError(
+            f"{option.env} (or {option.flag}) must be one of {', '.join(option.choices)}, "
+            f"got {raw!r}"
+        )
+    return value
+
+
+def shown_default(option: Option) -> str:
+    """The default as `--help` says it: in words where the value is None or a switch."""
+    if option.default == ENGINE_DEFAULT:
+        from engine import EngineConfig  # pure Python: the engine's own defaults, said once
+
+        return str(getattr(EngineConfig, option.dest))
+    if option.default is not None:
+        return option.default
+    value = {f.name: f.default for f in fields(Settings)}[option.dest]
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ", ".join(value) if value else "none"
+    if value is None:
+        raise ValueError(f"{option.flag}: say in Option.default what unset means")
+    if option.parse is parse_size and value % 1024 == 0:
+        return (
+            f"{value // 1024 // 1024}MiB" if value % (1024 * 1024) == 0 else f"{value // 1024}KiB"
+        )
+    return str(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = {f.name: f.default for f in fields(Settings)}
     for option in OPTIONS:
-        help_text = f"{option.help} [env {option.env}; default {defaults[option.dest]!r}]"
+        help_text = f"{option.help} (default: {shown_default(option)}) [env {option.env}]"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
         if option.flag_is_switch:
             parser.add_argument(
                 option.flag, dest=option.dest, action="store_true", default=None, help=help_text
@@ -136,7 +172,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             )
         else:
             parser.add_argument(
-                option.flag, dest=option.dest, type=_argparse_type(option), help=help_text
+                option.flag,
+                dest=option.dest,
+                type=_argparse_type(option),
+                choices=option.choices or None,
+                help=help_text,
             )
 
 

@@ -122,6 +122,12 @@ class ServerState:
             on_dead=lambda reason: _call_soon(loop, self._engine_died, reason),
         )
         self.engine.start()
+        if info.tokenizer is None:
+            logger.warning(
+                "%s has no usable tokenizer: serving token-id prompts only (text prompts, chat "
+                "and the playground answer 400; /v1/models says token_ids_only)",
+                info.model_name,
+            )
         logger.info(
             "loaded %s (served as %s); context %d tokens; KV cache %d blocks x %d = %d tokens",
             info.model_name,

@@ -3,7 +3,8 @@ POST /tokenize and POST /detokenize.
 
 Contract: `build_router(state)` returns the routes, each handing its request to the serving
 class of its API (server/openai/serving_completions.py, serving_chat.py): answers and errors
-are theirs. /v1/models lists the served names. /tokenize takes `prompt` (text) or `messages`
+are theirs. /v1/models lists the served names (`token_ids_only`: the model has no usable tokenizer,
+so only token-id prompts are served). /tokenize takes `prompt` (text) or `messages`
 (through the chat template, as the chat route renders them) and returns `{"tokens", "count",
 "max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`.
 """
@@ -44,6 +45,8 @@ def build_router(state: ServerState) -> APIRouter:
                 "created": state.created,
                 "owned_by": "tgserve",
                 "max_model_len": state.max_model_len,
+                # no usable tokenizer: prompts must be token ids (text and chat answer 400)
+                "token_ids_only": state.tokenizer is None,
             }
             for name in state.model_names
         ]

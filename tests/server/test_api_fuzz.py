@@ -59,6 +59,7 @@ def test_the_document_declares_every_route_with_its_body(live) -> None:
         "/health",
         "/ready",
         "/metrics",
+        "/version",
         "/tokenize",
         "/detokenize",
     }

@@ -120,3 +120,25 @@ def test_shutdown_timeout_zero_is_allowed_and_negative_is_refused():
         Settings.resolve(parser().parse_args([]), {"TGSERVE_SHUTDOWN_TIMEOUT": "-1"})
     with pytest.raises(ValueError, match="shutdown-timeout"):
         Settings(shutdown_timeout=float("inf"))
+
+
+def test_help_says_every_default_and_lists_the_choices():
+    help_text = " ".join(parser().format_help().split())  # argparse wraps lines
+    assert "default None" not in help_text and "default: None" not in help_text
+    for option in OPTIONS:
+        flag_help = help_text.split(option.flag, 1)[1].split(option.env, 1)[0]
+        assert "(default: " in flag_help, option.flag
+        if option.choices:
+            assert "{" + ",".join(option.choices) + "}" in flag_help, option.flag
+    from engine import EngineConfig  # the engine's own default, not a copy
+
+    assert f"(default: {EngineConfig.max_num_seqs})" in help_text.split("--max-num-seqs", 2)[2]
+
+
+def test_choices_are_enforced_from_the_flag_and_the_variable(capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--dtype", "float64"])
+    assert "invalid choice: 'float64'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="TGSERVE_DTYPE .*auto, float32, bfloat16, float16"):
+        Settings.resolve(parser().parse_args([]), {"TGSERVE_DTYPE": "float64"})
+    assert Settings.resolve(parser().parse_args(["--log-level", "DEBUG"]), {}).log_level == "debug"
