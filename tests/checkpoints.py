@@ -44,7 +44,14 @@ def make_hf_model(arch: str, seed: int = 0, **overrides):
             "original_max_position_embeddings": 32,
             "rope_theta": 500000.0,
         }
-        config = tf.LlamaConfig(**{**_LLAMA_COMMON, "rope_parameters": scaling, "tie_word_embeddings": True, **overrides})
+        config = tf.LlamaConfig(
+            **{
+                **_LLAMA_COMMON,
+                "rope_parameters": scaling,
+                "tie_word_embeddings": True,
+                **overrides,
+            }
+        )
         cls = tf.LlamaForCausalLM
     elif arch == "qwen2":
         config = tf.Qwen2Config(**{**_LLAMA_COMMON, **overrides})
@@ -77,7 +84,11 @@ def make_hf_model(arch: str, seed: int = 0, **overrides):
     if arch == "qwen2":  # random init leaves biases at zero; make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0, 0.5)
     return model
 
