@@ -3,7 +3,8 @@ into 400s naming the API's field.
 
 Contract: `build_params(api_fields, max_tokens=..., defaults=..., **values)` is SamplingParams
 from the values given (None: generation_config.json's default where `defaults` has one, else
-the engine's; `max_tokens=None`: the engine fills the context), or the
+the engine's; `max_tokens=None`: the engine fills the context; greedy n > 1 runs as n = 1, its
+one sequence copied into the n choices by the caller), or the
 engine's refusal as `to_api_error`. `to_api_error(exc, api_fields)`: an `InvalidRequest` becomes
 an `ApiError(400)` whose `param` is the API's name for the engine's `InvalidRequest.field`
 (`api_fields`: engine field -> this route's, unlisted names are the same) and whose message
@@ -58,11 +59,23 @@ def build_params(
     context, within the folder's bound)."""
     if defaults is not None:
         values = defaults.fill(values)
+    values = _one_greedy_sequence(values)
     try:
         given = {k: v for k, v in values.items() if v is not None}
         return SamplingParams(max_tokens=max_tokens, **given)
     except ValueError as exc:
         raise to_api_error(exc, api_fields) from None
+
+
+def _one_greedy_sequence(values: dict[str, Any]) -> dict[str, Any]:
+    """Greedy decoding with n > 1 (no beam search): every choice is the one greedy sequence, so
+    the engine runs it once and the OpenAI routes copy it into the n choices, as OpenAI answers
+    (server/openai/job.py `Job.copies`). A best_of beyond n stays the engine's refusal."""
+    n = values.get("n") or 1
+    if n == 1 or values.get("temperature") != 0 or values.get("use_beam_search"):
+        return values
+    best_of = values.get("best_of")
+    return {**values, "n": 1, "best_of": None if best_of == n else best_of}
 
 
 def fault_spec(fault: FaultFields | None, allowed: bool) -> FaultSpec | None:

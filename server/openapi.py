@@ -95,14 +95,14 @@ def _completion(choice_key: str) -> dict[str, Any]:
 
 _TGI_GENERATED = _obj(["generated_text"], generated_text=_STR, details={"type": "object"})
 _STATUS = _obj(["status"], status=_STR)
+_MODEL_CARD = _obj(["id", "object", "owned_by"], id=_STR)
 _OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each route
     ("/v1/completions", "post"): _completion("text"),
     ("/v1/chat/completions", "post"): _completion("message"),
     ("/v1/models", "get"): _obj(
-        ["object", "data"],
-        object=_STR,
-        data={"type": "array", "items": _obj(["id", "object", "owned_by"], id=_STR)},
+        ["object", "data"], object=_STR, data={"type": "array", "items": _MODEL_CARD}
     ),
+    ("/v1/models/{model_id}", "get"): _MODEL_CARD,
     ("/tokenize", "post"): _obj(
         ["tokens", "count", "max_model_len"],
         tokens={"type": "array", "items": _INT},

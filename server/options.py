@@ -228,6 +228,12 @@ OPTIONS: tuple[Option, ...] = (
         _positive_float,
         "/health fails when no engine step ends for this long while work is pending",
     ),
+    Option(
+        "sse_keepalive",
+        _non_negative_float,
+        "seconds a stream may send nothing (queued, a long prefill) before an SSE comment keeps "
+        "proxies from cutting it (0: never)",
+    ),
     Option("max_body_bytes", parse_size, "largest request body accepted (413 beyond)"),
     Option(
         "max_header_bytes",

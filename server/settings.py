@@ -58,6 +58,7 @@ class Settings:
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0
+    sse_keepalive: float = 15.0  # seconds without an event before an SSE comment; 0: none
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100

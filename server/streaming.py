@@ -4,10 +4,12 @@ Contract:
 - `sse(data)` frames one event as `data: <json>\\n\\n`; `SSE_DONE` is `data: [DONE]\\n\\n`;
   `sse_error(message)` is an engine error mid-stream in the OpenAI error shape (code
   "engine_error", as the non-streamed 500 of `final_output`).
-- `EventStreamResponse(events)` streams an async iterator of already framed bytes while it
-  watches the connection: when the client disconnects, the task pulling `events` is cancelled,
-  so the generator's cleanup (closing its RequestStream) aborts the engine request at once,
-  even while the request is still queued and produces nothing to write.
+- `EventStreamResponse(events, keepalive)` streams an async iterator of already framed bytes
+  while it watches the connection: when the client disconnects, the task pulling `events` is
+  cancelled, so the generator's cleanup (closing its RequestStream) aborts the engine request at
+  once, even while the request is still queued and produces nothing to write. While no event
+  comes for `keepalive` seconds (> 0; a queued request, a long prefill), it sends the SSE
+  comment `: keep-alive` (SSE_KEEPALIVE), which clients ignore and proxies count as traffic.
 - `run_until_disconnect(receive, awaitable)` does the same for non-streaming responses:
   it raises `ClientDisconnected` after cancelling the work when the client goes away first.
 - `final_output(stream)` drains a stream and returns its finished output, or raises a 500
@@ -33,6 +35,7 @@ from server.errors import ApiError, ClientDisconnected
 
 T = TypeVar("T")
 SSE_DONE = b"data: [DONE]\n\n"
+SSE_KEEPALIVE = b": keep-alive\n\n"  # a comment line: every SSE client skips it
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 
 
@@ -49,11 +52,18 @@ def sse_error(message: str) -> bytes:
 
 
 class EventStreamResponse(Response):
-    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        keepalive: float = 0.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """`keepalive`: seconds without an event before a keep-alive comment (0: never)."""
         # no Response.__init__: it would declare a Content-Length for an empty body
         self.status_code = 200
         self.background = None
         self._events = events
+        self._keepalive = keepalive
         merged = {
             **SSE_HEADERS,
             **(headers or {}),
@@ -71,7 +81,7 @@ class EventStreamResponse(Response):
 
             async def pump() -> None:
                 try:
-                    async for chunk in self._events:
+                    async for chunk in _with_keepalive(self._events, self._keepalive):
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                 except OSError:  # the transport broke mid-write: the client is gone
@@ -87,6 +97,37 @@ class EventStreamResponse(Response):
 
             group.start_soon(pump)
             group.start_soon(watch)
+
+
+async def _with_keepalive(events: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
+    """`events`, with SSE_KEEPALIVE whenever the next one takes over `interval` seconds. Each
+    event is awaited in a task of its own (so the wait can time out without cancelling it);
+    a task left pending when this generator is closed is cancelled and awaited first, so the
+    caller can then close `events`."""
+    if interval <= 0:
+        async for event in events:
+            yield event
+        return
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield SSE_KEEPALIVE
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield event
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

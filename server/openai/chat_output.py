@@ -12,6 +12,9 @@ fragments, a call's `{index, id, type, function: {name, arguments: ""}}` before 
 `{index, function: {arguments}}` fragments. Reassembled as the openai client does (strings
 concatenated, tool_calls merged by index), they equal `message` of the whole text, ids aside.
 `finish_reason(reason, made_calls)` is "tool_calls" for an output that ended normally with calls.
+A call cut by the length limit is never a call: `message(text, "length")` has no tool_calls and the
+whole answer text as content, and the stream holds calls back from the first one until `finish`
+knows how the output ended (then it sends them, or the answer's remaining raw text as content).
 """
 
 from __future__ import annotations
@@ -54,14 +57,14 @@ class ChatOutputFormat:
     def plain(self) -> bool:
         return self.tools is None and self.reasoning is None
 
-    def message(self, text: str) -> dict[str, Any]:
+    def message(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
         reasoning, content = (None, text)
         if self.reasoning is not None:
             reasoning, content = self.reasoning.parse(text)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
-        if self.tools is not None:
+        if self.tools is not None and finish_reason != "length":
             parsed = self.tools.parse(content)
             calls = [
                 {
@@ -86,16 +89,30 @@ class MessageStream:
         self._reasoning = fmt.reasoning.stream() if fmt.reasoning is not None else None
         self._tools = fmt.tools.stream() if fmt.tools is not None else None
         self.made_calls = False
+        self._answer_text = ""  # the answer as written (after any reasoning)
+        self._content_sent = 0  # characters of content deltas sent
+        self._held: list[Delta] | None = None  # deltas from the first call on, until the end
 
     def feed(self, text: str) -> list[Delta]:
         if self._reasoning is None:
             return self._answer(text, final=False)
         return self._split(self._reasoning.feed(text), final=False)
 
-    def finish(self) -> list[Delta]:
+    def finish(self, finish_reason: str | None = None) -> list[Delta]:
+        """The last deltas. Calls are held from the first one on until here: when the output
+        was cut by the length limit they are never sent, the rest of the answer's raw text is
+        (as `message` of a cut output has no calls and the whole answer as content)."""
         if self._reasoning is None:
-            return self._answer("", final=True)
-        return self._split(self._reasoning.finish(), final=True)
+            deltas = self._answer("", final=True)
+        else:
+            deltas = self._split(self._reasoning.finish(), final=True)
+        if self._held is None:
+            return deltas
+        if finish_reason == "length":
+            self.made_calls = False
+            rest = self._answer_text[self._content_sent :]
+            return _merged([d for d in deltas if "tool_calls" not in d] + [{"content": rest}])
+        return _merged(deltas + self._held)
 
     def _split(self, pieces: list[tuple[str, str]], final: bool) -> list[Delta]:
         deltas: list[Delta] = []
@@ -111,6 +128,7 @@ class MessageStream:
     def _answer(self, text: str, final: bool) -> list[Delta]:
         if self._tools is None:
             return [{"content": text}] if text else []
+        self._answer_text += text
         events: list[ToolEvent] = self._tools.feed(text) if text else []
         if final:
             events += self._tools.finish()
@@ -126,7 +144,19 @@ class MessageStream:
             elif isinstance(event, ArgumentsDelta):
                 call = {"index": event.index, "function": {"arguments": event.text}}
                 deltas.append({"tool_calls": [call]})
-        return _merged(deltas)
+        return self._hold_calls(deltas)
+
+    def _hold_calls(self, deltas: list[Delta]) -> list[Delta]:
+        """Deltas before the first call go out; from it on they wait for `finish`."""
+        if self._held is None:
+            first = next((i for i, d in enumerate(deltas) if "tool_calls" in d), len(deltas))
+            sent, deltas = deltas[:first], deltas[first:]
+            self._content_sent += sum(len(d.get("content", "")) for d in sent)
+            if deltas:
+                self._held = deltas
+            return _merged(sent)
+        self._held += deltas
+        return []
 
 
 def _merged(deltas: list[Delta]) -> list[Delta]:

@@ -5,7 +5,9 @@ logprobs / usage options, the request's API field names for the engine's refusal
 choice (index = prompt_index * n + sample index), a `ChoiceState` of what the client has seen.
 `advance(prompt_index, out)` returns a `ChoiceUpdate`: the part of an engine output the client
 has not seen yet (an output that restarts from offset 0, as best_of and beams do, is cut to its
-unseen part) and whether it is the choice's first; `usage(finals)` counts the tokens. How choices render is the
+unseen part) and whether it is the choice's first; `usage(finals)` counts the tokens of every
+choice. Greedy n > 1 runs one engine sequence per prompt (server/engine_params.py): `copies_of(out)`
+gives it once per choice, so the n choices are identical, as OpenAI answers. How choices render is the
 serving class's (server/openai/serving_completions.py, serving_chat.py).
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
@@ -71,6 +73,16 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, ChoiceState] = field(default_factory=dict)
 
+    @property
+    def copies(self) -> int:
+        """Choices per engine sequence: n when greedy n > 1 runs one sequence, else 1."""
+        return self.n // self.params[0].n
+
+    def copies_of(self, out: CompletionOutput) -> tuple[CompletionOutput, ...]:
+        if self.copies == 1:
+            return (out,)
+        return tuple(replace(out, index=k) for k in range(self.copies))
+
     def advance(self, prompt_index: int, out: CompletionOutput) -> ChoiceUpdate | None:
         """What the client has not seen of `out` yet; None once its choice ended."""
         index = prompt_index * self.n + out.index
@@ -84,5 +96,7 @@ class Job:
         return ChoiceUpdate(index, prompt_index, seen, new, first, out.finish_reason)
 
     def usage(self, finals: list[RequestOutput | None]) -> dict[str, int]:
-        completion = sum(o.num_tokens for f in finals if f is not None for o in f.outputs)
+        completion = self.copies * sum(
+            o.num_tokens for f in finals if f is not None for o in f.outputs
+        )
         return usage(sum(len(p.token_ids) for p in self.prompts), completion)

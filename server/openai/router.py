@@ -1,12 +1,13 @@
-"""OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and vLLM's
-POST /tokenize and POST /detokenize.
+"""OpenAI routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /v1/models/{id}, and vLLM's POST /tokenize and POST /detokenize.
 
 Contract: `build_router(state)` returns the routes, each handing its request to the serving
 class of its API (server/openai/serving_completions.py, serving_chat.py): answers and errors
 are theirs. /v1/models lists the served names (`token_ids_only`: the model has no usable tokenizer,
-so only token-id prompts are served). /tokenize takes `prompt` (text) or `messages`
-(through the chat template, as the chat route renders them) and returns `{"tokens", "count",
-"max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`.
+so only token-id prompts are served); /v1/models/{id} is one of them (404 in the OpenAI error
+shape, param "model", for any other id; ids may hold "/"). /tokenize takes `prompt` (text) or
+`messages` (through the chat template, as the chat route renders them) and returns `{"tokens",
+"count", "max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`.
 """
 
 from __future__ import annotations
@@ -36,21 +37,32 @@ def build_router(state: ServerState) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         return await chat_serving.create(request)
 
+    def card(name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "tgserve",
+            "max_model_len": state.max_model_len,
+            # no usable tokenizer: prompts must be token ids (text and chat answer 400)
+            "token_ids_only": state.tokenizer is None,
+        }
+
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "tgserve",
-                "max_model_len": state.max_model_len,
-                # no usable tokenizer: prompts must be token ids (text and chat answer 400)
-                "token_ids_only": state.tokenizer is None,
-            }
-            for name in state.model_names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [card(name) for name in state.model_names]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        state.require_ready()  # the names are known once loaded
+        if model_id not in state.model_names:
+            raise ApiError(
+                404,
+                f"the model '{model_id}' does not exist; see /v1/models",
+                param="model",
+                code="model_not_found",
+            )
+        return card(model_id)
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

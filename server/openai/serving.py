@@ -63,8 +63,12 @@ class OpenAIServing(ABC, Generic[JobT]):
     def choices_for(
         self, job: JobT, prompt_index: int, out: CompletionOutput, delta_only: bool, prompt_lp: Any
     ) -> list[Choice]:
-        update = job.advance(prompt_index, out)
-        return [] if update is None else self.render(job, update, delta_only, prompt_lp)
+        choices = []
+        for copy in job.copies_of(out):  # greedy n > 1: one sequence, n identical choices
+            update = job.advance(prompt_index, copy)
+            if update is not None:
+                choices += self.render(job, update, delta_only, prompt_lp)
+        return choices
 
     def opening_choices(self, job: JobT, num_prompts: int) -> list[Choice]:
         """The choices of a stream's first chunk, before any output (none by default)."""
@@ -74,7 +78,8 @@ class OpenAIServing(ABC, Generic[JobT]):
         prompts = [p.token_ids for p in job.prompts]
         streams = await self.state.open(prompts, job.params, job.timeout, job.api_fields)
         if stream:
-            return EventStreamResponse(self._events(job, streams))
+            keepalive = self.state.settings.sse_keepalive
+            return EventStreamResponse(self._events(job, streams), keepalive)
         finals = await run_until_disconnect(
             request.receive, asyncio.gather(*(final_output(s) for s in streams))
         )

@@ -85,7 +85,7 @@ class ChatServing(OpenAIServing[ChatJob]):
             model,
             [prompt],
             [params],
-            n=params.n,
+            n=req.n or 1,
             logprobs=bool(req.logprobs),
             include_usage=include_usage(req),
             timeout=req.timeout,
@@ -163,7 +163,7 @@ class ChatServing(OpenAIServing[ChatJob]):
         """Chat with tools or reasoning: the text read into content, reasoning and calls."""
         index, text, reason = update.index, update.new.text, update.finish_reason
         if not delta_only:
-            message = job.output_format.message(text)
+            message = job.output_format.message(text, reason)
             made_calls = bool(message.get("tool_calls"))
             return [
                 {
@@ -177,7 +177,7 @@ class ChatServing(OpenAIServing[ChatJob]):
         seen.message = seen.message or job.output_format.stream()
         deltas = seen.message.feed(text)
         if reason is not None:
-            deltas += seen.message.finish()
+            deltas += seen.message.finish(reason)
         if reason is not None or (lp is not None and lp["content"]):
             deltas = deltas or [{}]
         chunks = [

@@ -54,7 +54,7 @@ class CompletionServing(OpenAIServing[CompletionJob]):
             model,
             prompts,
             params,
-            n=params[0].n,
+            n=req.n or 1,
             logprobs=req.logprobs is not None,
             include_usage=include_usage(req),
             timeout=req.timeout,

@@ -97,7 +97,8 @@ class TgiServing:
 
     async def stream(self, request: Request, req: tgi.TgiRequest) -> Response:
         stream, ids = await self._open(req, streamed=True)
-        return EventStreamResponse(self._events(req, stream, len(ids)))
+        keepalive = self.state.settings.sse_keepalive
+        return EventStreamResponse(self._events(req, stream, len(ids)), keepalive)
 
     async def _events(
         self, req: tgi.TgiRequest, stream: AsyncIterator[RequestOutput], input_length: int

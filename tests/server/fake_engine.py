@@ -4,6 +4,8 @@ It implements `engine.EngineCore`, the API the server relies on (info, new_reque
 abort_request, step, has_unfinished_requests, stats; a test checks it), with a byte-level fake
 tokenizer, and emits deltas as the real engine does. Generation is a pure function of (prompt, position, sequence index)
 for greedy requests, so expected texts can be computed independently by `expected_greedy_text`.
+`script` (prompt text -> answer text) makes every sequence write that answer's bytes, then EOS,
+whatever its sampling: a model whose answer a test chooses (tool calls, reasoning).
 Knobs for tests: `step_delay` (seconds per step), `fail_steps` (next N steps raise),
 `stall` (a threading.Event: while set, step() blocks), `num_blocks`. It honours
 `SamplingParams.fault` as the real engine does (engine/faults.py).
@@ -17,6 +19,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine import (
@@ -87,8 +90,10 @@ class FakeEngine:
         num_blocks: int = 64,
         block_size: int = 4,
         step_delay: float = 0.002,
+        script: Callable[[str], str] | None = None,
     ) -> None:
         self.tokenizer = FakeTokenizer()
+        self.script = script
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_queued_requests = max_queued_requests
@@ -237,7 +242,9 @@ class FakeEngine:
             if s.finish_reason:
                 continue
             pos = len(s.tokens)
-            if p.greedy:
+            if self.script is not None:
+                token = self._scripted(req.prompt, pos)
+            elif p.greedy:
                 token = greedy_token(req.prompt, pos, s.index)
             else:
                 token = req.rng.choice(range(ord("a"), ord("z") + 1))
@@ -259,6 +266,11 @@ class FakeEngine:
             if s.finish_reason is None and len(s.tokens) >= p.max_tokens:
                 s.finish_reason = "length"
         self._apply_fault(req)
+
+    def _scripted(self, prompt: list[int], position: int) -> int:
+        text = bytes(t for t in prompt if t < 256).decode("utf-8", errors="replace")
+        answer = self.script(text).encode()
+        return answer[position] if position < len(answer) else EOS
 
     def _apply_fault(self, req: _Req) -> None:
         fault = req.params.fault

@@ -52,6 +52,7 @@ def test_the_document_declares_every_route_with_its_body(live) -> None:
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/models",
+        "/v1/models/{model_id}",
         "/generate",
         "/generate_stream",
         "/",

@@ -32,9 +32,14 @@ OPENAI_CASES = [
     ("/v1/completions", {**OK_COMPLETION, "logprobs": 50}, 400, "logprobs", "logprobs"),
     ("/v1/completions", {**OK_COMPLETION, "n": 1000}, 400, "n", "n must be"),
     ("/v1/completions", {**OK_COMPLETION, "best_of": 1, "n": 2}, 400, "best_of", "best_of"),
-    ("/v1/completions", {**OK_COMPLETION, "n": 2, "temperature": 0}, 400, "n", "temperature 0"),
     ("/v1/completions", {**OK_COMPLETION, "best_of": 2, "temperature": 0}, 400, "best_of", "same"),
-    ("/v1/chat/completions", {**OK_CHAT, "n": 3, "temperature": 0}, 400, "n", "use_beam_search"),
+    (
+        "/v1/chat/completions",
+        {**OK_CHAT, "n": 3, "best_of": 4, "temperature": 0},
+        400,
+        "best_of",
+        "same",
+    ),
     ("/v1/completions", {**OK_COMPLETION, "stop": ["x" * 1000]}, 400, "stop", "stop"),
     (
         "/v1/completions",

@@ -85,8 +85,10 @@ def reassembled(fmt: ChatOutputFormat, chunks: list[str], reason: str) -> dict:
     send([first_delta(fmt)], None)
     for text in chunks:
         send(stream.feed(text), None)
-    send(stream.finish() or [{}], finish_reason(reason, stream.made_calls))
-    choice = state.get_final_completion().choices[0]
+    send(stream.finish(reason) or [{}], finish_reason(reason, stream.made_calls))
+    # the client's final completion refuses a length finish; its snapshot is the same message
+    done = state.get_final_completion() if reason != "length" else state.current_completion_snapshot
+    choice = done.choices[0]
     message = choice.message.model_dump(exclude_none=True, exclude={"parsed"})
     for call in message.get("tool_calls", []):
         call.pop("id")
@@ -94,23 +96,38 @@ def reassembled(fmt: ChatOutputFormat, chunks: list[str], reason: str) -> dict:
     return {"message": message, "finish_reason": choice.finish_reason}
 
 
-def whole(fmt: ChatOutputFormat, text: str) -> dict:
-    message = {k: v for k, v in fmt.message(text).items() if v is not None}
+def whole(fmt: ChatOutputFormat, text: str, reason: str = "stop") -> dict:
+    message = {k: v for k, v in fmt.message(text, reason).items() if v is not None}
     for call in message.get("tool_calls", []):
         call.pop("id")
     made_calls = bool(message.get("tool_calls"))
-    return {"message": message, "finish_reason": finish_reason("stop", made_calls)}
+    return {"message": message, "finish_reason": finish_reason(reason, made_calls)}
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
-@pytest.mark.parametrize("reasoning", [False, True])
-@settings(max_examples=40, deadline=None)
-@given(data=st.data(), cuts=st.lists(st.integers(0, 10_000), max_size=10))
+def each_format(max_examples: int):
+    """A property test over every call format, with and without reasoning, given a drawn
+    output (`data`) and cut points (`cuts`); it receives the parser and the output format."""
+
+    def wrap(test):
+        @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+        @pytest.mark.parametrize("reasoning", [False, True])
+        @settings(max_examples=max_examples, deadline=None)
+        @given(data=st.data(), cuts=st.lists(st.integers(0, 10_000), max_size=10))
+        def run(name, reasoning, data, cuts):
+            parser = make_parser(name)
+            fmt = ChatOutputFormat(parser, ReasoningParser() if reasoning else None)
+            test(name, parser, fmt, reasoning, data, cuts)
+
+        run.__name__ = test.__name__
+        return run
+
+    return wrap
+
+
+@each_format(max_examples=40)
 def test_streamed_message_reassembled_by_openai_equals_the_whole_message(
-    name, reasoning, data, cuts
+    name, parser, fmt, reasoning, data, cuts
 ):
-    parser = make_parser(name)
-    fmt = ChatOutputFormat(parser, ReasoningParser() if reasoning else None)
     answer = data.draw(
         st.one_of(
             fragment_text(name),
@@ -122,6 +139,28 @@ def test_streamed_message_reassembled_by_openai_equals_the_whole_message(
     expected = whole(fmt, text)
     assert reassembled(fmt, split_at(text, cuts), "stop") == expected
     assert reassembled(fmt, list(text), "stop") == expected
+
+
+@each_format(max_examples=30)
+def test_calls_cut_by_the_length_limit_are_raw_content_streamed_and_whole(
+    name, parser, fmt, reasoning, data, cuts
+):
+    # Oracle: the answer as the model wrote it (after the think block), cut anywhere.
+    calls_text = data.draw(calls().map(lambda pairs: parser.render_calls([c for c, _ in pairs])))
+    answer = data.draw(PROSE) + "\n" + calls_text
+    answer = answer[: data.draw(st.integers(0, len(answer)))]
+    thought = data.draw(PROSE).strip()
+    text = f"<think>{thought}</think>\n{answer}" if reasoning else answer
+    message = {"role": "assistant"}
+    content = answer.lstrip() if reasoning else answer
+    if content:
+        message["content"] = content
+    if reasoning and thought:
+        message["reasoning_content"] = thought
+    expected = {"message": message, "finish_reason": "length"}
+    assert whole(fmt, text, "length") == expected
+    assert reassembled(fmt, split_at(text, cuts), "length") == expected
+    assert reassembled(fmt, list(text), "length") == expected
 
 
 def test_a_message_with_calls_and_no_text_has_null_content_and_finishes_with_tool_calls():

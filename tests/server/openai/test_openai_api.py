@@ -121,10 +121,26 @@ def test_n_samples_and_several_prompts_get_their_own_choice_indices(client):
     assert streamed == by_index and set(finishes.values()) == {1}
 
 
-def test_greedy_n_is_refused_naming_n_but_beam_search_is_served(client):
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(model="fake-model", prompt="ab", n=2, temperature=0)
-    assert refused.value.status_code == 400 and refused.value.body["param"] == "n"
+def test_greedy_n_gives_n_identical_choices_and_beam_search_is_served(client):
+    # as OpenAI answers: every choice is the one greedy sequence, and usage counts each
+    want = expected_greedy_text(completion_ids("ab"), 6)
+    result = client.completions.create(
+        model="fake-model", prompt=["ab", "ab"], n=3, max_tokens=6, temperature=0
+    )
+    assert sorted((c.index, c.text) for c in result.choices) == [(i, want) for i in range(6)]
+    assert result.usage.completion_tokens == 36
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0}
+    whole = client.chat.completions.create(model="fake-model", n=2, **chat)
+    texts = [c.message.content for c in whole.choices]
+    assert texts == [expected_greedy_text(chat_ids("hi"), 5)] * 2
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(model="fake-model", n=2, stream=True, **chat):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+    assert streamed == {0: texts[0], 1: texts[1]}
+    with pytest.raises(openai.BadRequestError) as refused:  # best_of beyond n: still the same
+        client.completions.create(model="fake-model", prompt="ab", n=2, best_of=3, temperature=0)
+    assert refused.value.body["param"] == "best_of"
     beams = client.completions.create(
         model="fake-model",
         prompt="ab",
