@@ -38,7 +38,12 @@ from engine.requests.outputs import (
 )
 from engine.requests.request import Request
 from engine.requests.request_stream import RequestStream
-from engine.requests.sampling_params import MAX_N, MAX_STOP_STRINGS, SamplingParams
+from engine.requests.sampling_params import (
+    GREEDY_BELOW_TEMPERATURE,
+    MAX_N,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
 from engine.requests.structured_output import StructuredOutput
 from engine.speculative.config import SpeculativeConfig, speculative_config
 from engine.speculative.counters import SpeculationStats
@@ -48,6 +53,7 @@ from engine.warm_up import warm_up, warm_up_requests
 
 __all__ = [
     "FINISH_REASONS",
+    "GREEDY_BELOW_TEMPERATURE",
     "MAX_N",
     "MAX_STOP_STRINGS",
     "AsyncEngine",

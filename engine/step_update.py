@@ -11,6 +11,12 @@ Contract: `update_from_output(sched, logits, grammar, scheduled_at)` runs after 
 - speculative decoding: a chunk with a proposal has one row per scored position; all of them
   are sampled in the same sampler call as the other rows, then verified and committed token by
   token (engine/speculative/verification.py), and counted in `speculator.counters`.
+Failure isolation: one request's share of the update (its prompt logprobs, its tokens' append,
+stop and grammar checks, its beam step, its speculative commit) raising fails that request
+alone ("error", blocks freed, `RequestState.error` saying what broke); the batched sampler call
+raising is redone one request at a time from the same logits (the forward never runs again),
+seeded generators first put back where they were, so only the rows that raise alone fail and
+the others get the tokens they get in any batch.
 Rows of `logits.sampling` (and of the grammar masks) follow the chunks with `sample=True` in
 order, `chunk.num_sampled_rows` each (`SchedulerOutput.sampled_rows`). `scheduled_at` (when
 the step was scheduled, before its forward) is a request's first-scheduled time. It counts
@@ -20,7 +26,9 @@ the prompt tokens of requests scheduled for the first time and every generated t
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -38,6 +46,8 @@ from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.speculator import Speculator
 from engine.speculative.verification import ScoredProposal, commit, position_rows
 from engine.types import TokenLogprob
+
+log = logging.getLogger("tgserve.engine")
 
 
 class StepUpdate:
@@ -67,7 +77,7 @@ class StepUpdate:
         moved: dict[str, RequestState] = {}
         for i, rows in logits.all_rows.items():
             state = self.states[sched.chunks[i].request.request_id]
-            state.record_prompt_logprobs(sched.chunks[i], rows)
+            self._isolated(state, partial(state.record_prompt_logprobs, sched.chunks[i], rows))
             moved[state.request.request_id] = state
         targets: list[SampleTarget] = []
         scored: list[ScoredProposal] = []
@@ -81,14 +91,30 @@ class StepUpdate:
                 targets += sample_targets(self.scheduler, chunk, row)
         self._sample(targets, scored, logits.sampling, grammar)
         for rid, group in beam_groups.items():
-            self._beam_step(self.states[rid], group, logits.sampling, grammar)
+            state = self.states[rid]
+            self._isolated(state, partial(self._beam_step, state, group, logits.sampling, grammar))
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self.states[chunk.request.request_id]
             if state.mark_scheduled(scheduled_at):  # counted once, at first scheduling (as vLLM)
                 self.prompt_tokens_total += len(state.request.input_token_ids)
-            if chunk.sample:
+            if chunk.sample or state.error is not None:
                 moved[chunk.request.request_id] = state
         return list(moved.values())
+
+    def _isolated(self, state: RequestState, work: Callable[[], None]) -> None:
+        """Runs one request's share of the update; if it raises, that request alone fails.
+        A request that already failed in this step does nothing more."""
+        if state.error is not None:
+            return
+        try:
+            work()
+        except Exception as exc:
+            log.exception("request %s failed in its step update", state.request.request_id)
+            message = f"internal error while sampling this request: {type(exc).__name__}"
+            if state.request.is_finished:
+                state.error = message  # ended in the same breath: the error still shows
+            else:
+                state.fail(self.scheduler, message)
 
     def _sample(
         self,
@@ -97,9 +123,35 @@ class StepUpdate:
         logits: torch.Tensor,
         grammar: TokenMask | None,
     ) -> None:
-        """One sampler call for the ordinary targets and every speculated position."""
+        """One sampler call for the ordinary targets and every speculated position; if it
+        raises, the same again one request's rows at a time, so only the raising ones fail."""
         if not targets and not scored:
             return
+        try:
+            self._sample_together(targets, scored, logits, grammar, isolate=True)
+        except _DrawFailed as failed:
+            log.exception("a step's batched sampling failed; sampling it request by request")
+            for generator, state in failed.generators:  # the draws that happened are undone
+                generator.set_state(state)
+            for t in targets:
+                alone = partial(self._sample_together, [t], [], logits, grammar)
+                self._isolated(self.states[t.request.request_id], alone)
+            for s in scored:
+                alone = partial(self._sample_together, [], [s], logits, grammar)
+                self._isolated(self.states[s.request.request_id], alone)
+
+    def _sample_together(
+        self,
+        targets: list[SampleTarget],
+        scored: list[ScoredProposal],
+        logits: torch.Tensor,
+        grammar: TokenMask | None,
+        isolate: bool = False,
+    ) -> None:
+        """`isolate`: the draw raising is a `_DrawFailed` (with the generators' states from
+        before it), and each request's commit runs `_isolated`."""
+        targets = [t for t in targets if self.states[t.request.request_id].error is None]
+        scored = [s for s in scored if self.states[s.request.request_id].error is None]
         target_rows = [t.row for t in targets]
         rows = [self._sampling_row(t) for t in targets]
         rewinds: list[tuple[torch.Generator, torch.Tensor] | None] = []
@@ -109,23 +161,52 @@ class StepUpdate:
             rows += position_rows(row, s.proposal)
             drawn = row.generator is not None and not row.params.greedy
             rewinds.append((row.generator, row.generator.get_state()) if drawn else None)
-        if target_rows != list(range(logits.shape[0])):  # forks reuse a row
-            logits = logits[to_device(target_rows, torch.int64, logits.device)]
-        result = self.sampler(
-            logits, rows, grammar.select(target_rows) if grammar is not None else None
-        )
+        if not rows:
+            return
+        # Seeded draws (the speculated ones are in `rewinds` already): put back on a failure.
+        before = [r for r in rewinds if r is not None] if isolate else []
+        if isolate:
+            before += [
+                (row.generator, row.generator.get_state())
+                for row in rows[: len(targets)]
+                if row.generator is not None and not row.params.greedy
+            ]
+        try:
+            if target_rows != list(range(logits.shape[0])):  # forks reuse a row
+                logits = logits[to_device(target_rows, torch.int64, logits.device)]
+            result = self.sampler(
+                logits, rows, grammar.select(target_rows) if grammar is not None else None
+            )
+        except Exception as exc:
+            if isolate:
+                raise _DrawFailed(before) from exc
+            raise
         tokens, entries = result.token_ids, result.logprobs
+        run = self._isolated if isolate else _run
         for target, token, entry in zip(targets, tokens, entries, strict=False):
-            self._append(self.states[target.request.request_id], target.seq, token, entry)
+            state = self.states[target.request.request_id]
+            run(state, partial(self._append, state, target.seq, token, entry))
         start = len(targets)
         for s, rewind_from in zip(scored, rewinds, strict=True):
             end = start + len(s.rows)
-            append = partial(self._append, self.states[s.request.request_id], s.seq)
-            counts = commit(
-                s, tokens[start:end], entries[start:end], self.scheduler, append, rewind_from
+            state = self.states[s.request.request_id]
+            commit_it = partial(
+                self._commit, state, s, tokens[start:end], entries[start:end], rewind_from
             )
-            self.speculator.counters.record(*counts)
+            run(state, commit_it)
             start = end
+
+    def _commit(
+        self,
+        state: RequestState,
+        s: ScoredProposal,
+        tokens: tuple[int, ...],
+        entries: tuple[TokenLogprob | None, ...],
+        rewind_from: tuple[torch.Generator, torch.Tensor] | None,
+    ) -> None:
+        append = partial(self._append, state, s.seq)
+        counts = commit(s, tokens, entries, self.scheduler, append, rewind_from)
+        self.speculator.counters.record(*counts)
 
     def _sampling_row(self, target: SampleTarget) -> SamplingRow:
         seq, state = target.seq, self.states[target.request.request_id]
@@ -178,3 +259,15 @@ class StepUpdate:
         state.mark_token(time.time())
         if state.request.is_finished:
             state.mark_finished(time.time())
+
+
+def _run(_state: RequestState, work: Callable[[], None]) -> None:
+    work()
+
+
+class _DrawFailed(Exception):
+    """The batched sampler call raised; `generators`: (generator, state before the call)."""
+
+    def __init__(self, generators: list[tuple[torch.Generator, torch.Tensor]]) -> None:
+        super().__init__("the step's batched sampling failed")
+        self.generators = generators

@@ -21,7 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from engine import FaultSpec, GenerationDefaults, InvalidRequest, SamplingParams
+from engine import (
+    GREEDY_BELOW_TEMPERATURE,
+    FaultSpec,
+    GenerationDefaults,
+    InvalidRequest,
+    SamplingParams,
+)
 from server.errors import ApiError
 
 
@@ -71,8 +77,10 @@ def _one_greedy_sequence(values: dict[str, Any]) -> dict[str, Any]:
     """Greedy decoding with n > 1 (no beam search): every choice is the one greedy sequence, so
     the engine runs it once and the OpenAI routes copy it into the n choices, as OpenAI answers
     (server/openai/job.py `Job.copies`). A best_of beyond n stays the engine's refusal."""
-    n = values.get("n") or 1
-    if n == 1 or values.get("temperature") != 0 or values.get("use_beam_search"):
+    n, temperature = values.get("n") or 1, values.get("temperature")
+    # The engine's greedy rule: temperature 0 or below its floor (SamplingParams.greedy).
+    greedy = isinstance(temperature, int | float) and 0 <= temperature < GREEDY_BELOW_TEMPERATURE
+    if n == 1 or not greedy or values.get("use_beam_search"):
         return values
     best_of = values.get("best_of")
     return {**values, "n": 1, "best_of": None if best_of == n else best_of}

@@ -23,19 +23,29 @@ MAX_LOGPROBS = 20  # OpenAI's own limit of top logprobs
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_LOGIT_BIAS = 300  # OpenAI's documented limit of logit_bias entries
+# Below this temperature a request decodes greedily (vLLM's rule): dividing logits by a smaller
+# one overflows float32 (1e-38 made every logit inf), and the distribution is the argmax anyway.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+# The repetition penalty divides / multiplies logits: outside [1/100, 100] a logit of ~30 would
+# leave float32's comfortable range (1e-40 overflowed it), and no use needs more.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+# Beam scores are divided by length ** length_penalty: past +-10 that overflows a float for
+# long outputs (1000 and -1e308 raised), and a hypothesis ranking needs nowhere near it.
+LENGTH_PENALTY_RANGE = (-10.0, 10.0)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int | None = 16  # None: the room left in the context (the engine fills it in)
     min_tokens: int = 0
-    temperature: float = 1.0  # 0 means greedy
-    top_k: int = 0  # 0 or -1: off
-    top_p: float = 1.0
+    temperature: float = 1.0  # in [0, 100]; below GREEDY_BELOW_TEMPERATURE (1e-5): greedy
+    top_k: int = 0  # 0 or -1: off; any larger value is clamped to the vocabulary (never overflows)
+    top_p: float = 1.0  # in (0, 1]; so small that no token fits: the top token alone is kept
     min_p: float = 0.0
-    repetition_penalty: float = 1.0  # transformers' definition (divides positive logits)
-    presence_penalty: float = 0.0  # OpenAI's definition (subtracted once per seen token)
-    frequency_penalty: float = 0.0  # OpenAI's definition (subtracted per occurrence)
+    # transformers' definition (divides positive logits), in REPETITION_PENALTY_RANGE
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # OpenAI's definition (subtracted once per seen token), [-2, 2]
+    frequency_penalty: float = 0.0  # OpenAI's definition (subtracted per occurrence), [-2, 2]
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -50,7 +60,7 @@ class SamplingParams:
     best_of: int | None = None
     # Beam search: best_of (or n) beams; returns n hypotheses.
     use_beam_search: bool = False
-    length_penalty: float = 1.0
+    length_penalty: float = 1.0  # finite, in LENGTH_PENALTY_RANGE ([-10, 10])
     early_stopping: bool = False
     # Scheduling order (not sampling): lower runs first, as vLLM's; admission, prefill order
     # and preemption (the highest value is preempted first). Outputs never depend on it.
@@ -75,7 +85,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or so close to it that sampling would be the argmax anyway."""
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     @property
     def num_sequences(self) -> int:
@@ -106,10 +117,17 @@ class SamplingParams:
         need(self.top_k >= -1, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
         need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        low, high = REPETITION_PENALTY_RANGE
         need(
-            self.repetition_penalty > 0.0,
+            low <= self.repetition_penalty <= high,
             "repetition_penalty",
-            f"must be > 0, got {self.repetition_penalty}",
+            f"must be in [{low}, {high}], got {self.repetition_penalty}",
+        )
+        low, high = LENGTH_PENALTY_RANGE
+        need(  # NaN fails every comparison, so it is refused too
+            low <= self.length_penalty <= high,
+            "length_penalty",
+            f"must be in [{low:g}, {high:g}], got {self.length_penalty}",
         )
         need(
             -2.0 <= self.presence_penalty <= 2.0,
@@ -154,7 +172,10 @@ class SamplingParams:
                 f"must be in [n={self.n}, {MAX_N}], got {self.best_of}",
             )
         if self.greedy and not self.use_beam_search:
-            same = "with temperature 0 (greedy decoding) every sequence is the same; use temperature > 0 or use_beam_search"
+            same = (
+                f"with temperature 0 (or below {GREEDY_BELOW_TEMPERATURE:g}: greedy decoding) "
+                "every sequence is the same; use a higher temperature or use_beam_search"
+            )
             need(self.n == 1, "n", f"must be 1 {same}, got {self.n}")
             need(self.best_of in (None, 1), "best_of", f"must be 1 {same}, got {self.best_of}")
         if self.seed is not None:

@@ -16,7 +16,8 @@ Definitions (the tests check them against independent oracles):
   as in transformers' `TopKLogitsWarper`).
 - top-p keeps, from the most probable down, every token for which the probability mass of the
   tokens before it is below `top_p`: the token that crosses `top_p` is kept, and tokens whose
-  probability ties with the last kept one stay too. It is measured after top-k.
+  probability ties with the last kept one stay too; the most probable token always stays (a
+  top_p that is 0 in float32 keeps it alone). It is measured after top-k.
 - min-p keeps tokens whose probability (after top-k and top-p) is >= `min_p` times the largest.
 
 No host syncs: which filters run, and the largest top-k, are host facts (`FilterPlan`, built by
@@ -168,7 +169,7 @@ def _top_p_floor_sorted(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tenso
     """`_top_p_floor` with the probe at the full vocabulary: one sort, no host decision."""
     values = probs.sort(dim=-1, descending=True).values  # [R, V]
     mass_before = values.cumsum(dim=-1) - values  # exclusive prefix sum
-    kept = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)  # [R, 1], >= 1
+    kept = _at_least_one((mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True))  # [R, 1]
     return torch.where(top_p.unsqueeze(1) < 1.0, values.gather(1, kept - 1), 0.0)
 
 
@@ -186,12 +187,18 @@ def _top_p_floor(probs: torch.Tensor, top_p: torch.Tensor, probe: int) -> torch.
         head = probs[todo]
         head = head.sort(dim=-1, descending=True) if probe == vocab else head.topk(probe, dim=-1)
         mass_before = head.values.cumsum(dim=-1) - head.values  # exclusive prefix sum
-        kept = (mass_before < top_p[todo].unsqueeze(1)).sum(dim=-1, keepdim=True)  # >= 1
+        kept = _at_least_one((mass_before < top_p[todo].unsqueeze(1)).sum(dim=-1, keepdim=True))
         # kept == probe: the boundary may lie beyond the probe (unless it is the whole row).
         done = (kept.squeeze(1) < probe) | (probe == vocab)
         floor[todo[done]] = head.values.gather(1, kept - 1)[done]
         todo, probe = todo[~done], probe * 16
     return floor
+
+
+def _at_least_one(kept: torch.Tensor) -> torch.Tensor:
+    """The top token is always kept: a top_p that rounds to 0 in float32 (1e-300 does) has no
+    token whose preceding mass is below it, and keeping none would leave nothing to draw."""
+    return kept.clamp(min=1)
 
 
 def mask_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

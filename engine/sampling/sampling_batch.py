@@ -65,7 +65,7 @@ class SamplingFilters:
     rows: list[int]  # [S] batch indices of the sampling rows
     row_index: torch.Tensor  # [S] int64 on the device: the same indices
     temperature: torch.Tensor  # [S] float32, > 0
-    top_k: torch.Tensor  # [S] int64, <= 0 means off
+    top_k: torch.Tensor  # [S] int64, <= 0 means off; at most the vocabulary size
     top_p: torch.Tensor  # [S] float32, 1 means off
     min_p: torch.Tensor  # [S] float32, 0 means off
     plan: FilterPlan  # host facts: which filters run (no read-back from the device)
@@ -82,7 +82,8 @@ class SamplingFilters:
         if not rows:
             return None
         chosen = [params[i] for i in rows]
-        top_k = [p.top_k for p in chosen]
+        # Clamped on the host: any k >= vocab keeps every token, and 2**63 would not fit int64.
+        top_k = [min(p.top_k, vocab_size) for p in chosen]
         top_p = [p.top_p for p in chosen]
         min_p = [p.min_p for p in chosen]
         return cls(
