@@ -80,7 +80,7 @@ def _paged_attention_kernel(
     KEYS: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
-    DOT_FP32: tl.constexpr,  # feed the dots float32 (the interpreter's bfloat16 dot is wrong)
+    INTERPRETED: tl.constexpr,  # Triton's CPU interpreter (see ordered_dot)
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -105,8 +105,6 @@ def _paged_attention_kernel(
         mask=row_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )  # [ROWS, HEAD_PAD]
-    if DOT_FP32:
-        q = q.to(tl.float32)
 
     m = tl.full([ROWS], float("-inf"), tl.float32)  # running max (base 2)
     denom = tl.zeros([ROWS], tl.float32)  # running sum of 2^(s - m)
@@ -142,7 +140,7 @@ def _paged_attention_kernel(
             BLOCK_SIZE,
             SLIDING,
             PRECISION,
-            DOT_FP32,
+            INTERPRETED,
         )
 
     out = acc / denom[:, None]

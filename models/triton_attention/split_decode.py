@@ -66,7 +66,7 @@ def _split_kernel(
     SPLITS: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -90,8 +90,6 @@ def _split_kernel(
         mask=head_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )  # [ROWS, HEAD_PAD]
-    if DOT_FP32:
-        q = q.to(tl.float32)
 
     m = tl.full([ROWS], float("-inf"), tl.float32)
     denom = tl.zeros([ROWS], tl.float32)
@@ -124,7 +122,7 @@ def _split_kernel(
             BLOCK_SIZE,
             SLIDING,
             PRECISION,
-            DOT_FP32,
+            INTERPRETED,
         )
 
     part = ((row * num_heads + head) * SPLITS + split).to(tl.int64)  # [ROWS]

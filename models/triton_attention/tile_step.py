@@ -5,7 +5,7 @@ Contract: `tile_constants(...)` are the compile-time constants the kernels share
 the padded head dim, the dots' precision); `attend_tile(q, m, denom, acc, ...) ->
 (m, denom, acc)` folds the keys at `key_pos`
 ([KEYS], one tile aligned at a multiple of KEY_TILE) of one KV head into a query tile's running
-state: q [ROWS, HEAD_PAD] (float32 under the interpreter), m [ROWS] the running max of the
+state: q [ROWS, HEAD_PAD], m [ROWS] the running max of the
 scores in base 2, denom [ROWS] the running sum of 2^(s - m), acc [ROWS, HEAD_PAD] the running
 sum of 2^(s - m) v. K/V are read in place in the paged cache, each key's block id from
 `table_ptr` (the sequence's block-table row); keys past `seq_len` load as zeros. A row sees the
@@ -13,7 +13,11 @@ keys at or before its position `pos` [ROWS] (and after pos - window when SLIDING
 s = q . k^T (float32 accumulation) x scale, masked to -inf; m_j = the tile's row max; p =
 2^(s - m_new); p is rounded to the cache dtype for p . V, as flash attention does; a row that
 sees no key of the tile keeps its state untouched (tl.where), so visiting a tile for a row's
-tile-mates changes nothing of the row.
+tile-mates changes nothing of the row. Both products go through `ordered_dot`
+(models/triton_kernels/ordered_dot.py): `tl.dot` compiled; interpreted, a sum over the head
+dim (scores) and over the tile's keys (p . V) in one order for every row of the tile, on any
+host ISA (the interpreter's `tl.dot` is the host BLAS, whose AVX2 sgemm orders a row's sum by
+its place in the tile).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from models.triton_kernels.ordered_dot import ordered_dot
 
 KEY_TILE = 64  # keys per tile, aligned at absolute positions
 LOG2E = 1.4426950408889634
@@ -38,8 +44,8 @@ def tile_constants(
         "SLIDING": sliding,
         # float32 stays IEEE float32 in the dots, not TF32: the GPU agrees with the CPU paths
         "PRECISION": "ieee" if interpreted or dtype == torch.float32 else "tf32",
-        # the interpreter's bfloat16 dot multiplies raw bits: it gets float32 operands
-        "DOT_FP32": interpreted,
+        # Triton's CPU interpreter: the dots go through ordered_dot's numpy sums
+        "INTERPRETED": interpreted,
     }
 
 
@@ -69,7 +75,7 @@ def attend_tile(
     BLOCK_SIZE: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     key_ok = key_pos < seq_len
     block = tl.load(table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
@@ -79,9 +85,7 @@ def attend_tile(
     v_rows = v_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
     k = tl.load(k_rows + kv_head * stride_kh + dims[None, :], mask=mask, other=0.0)
     v = tl.load(v_rows + kv_head * stride_vh + dims[None, :], mask=mask, other=0.0)
-    if DOT_FP32:  # a bfloat16 product is exact in float32: same sums, the right numbers
-        k = k.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [ROWS, KEYS]
+    s = ordered_dot(q, tl.trans(k), PRECISION, INTERPRETED) * scale_log2  # [ROWS, KEYS]
     visible = key_pos[None, :] <= pos[:, None]  # causal; implies key_pos < seq_len
     if SLIDING:
         visible &= key_pos[None, :] > pos[:, None] - window
@@ -92,9 +96,7 @@ def attend_tile(
     p = tl.exp2(s - m_new[:, None])  # 0 where masked
     alpha = tl.exp2(tl.where(seen, m - m_new, 0.0))  # old part's weight (0 before any key)
     p_v = p.to(v.dtype)  # rounded to the cache dtype, as flash attention does
-    if DOT_FP32:
-        p_v, v = p_v.to(tl.float32), v.to(tl.float32)
-    acc_j = tl.dot(p_v, v, input_precision=PRECISION)
+    acc_j = ordered_dot(p_v, v, PRECISION, INTERPRETED)  # [ROWS, HEAD_PAD]
     denom = tl.where(seen, denom * alpha + tl.sum(p, 1), denom)
     acc = tl.where(seen[:, None], acc * alpha[:, None] + acc_j, acc)
     m = tl.where(seen, m_new, m)

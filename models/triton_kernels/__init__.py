@@ -11,6 +11,8 @@ import triton; callers import a kernel module only after `enabled` said yes.
 
 Every kernel computes a row from that row alone (one program per row or per row block, a
 fixed block reduction order): a row's result never depends on the other rows of the batch.
+Tile products go through `ordered_dot.ordered_dot`, whose order does not depend on a row's
+place in its tile in the interpreter either (there `tl.dot` is the host BLAS, AVX2 or not).
 """
 
 from __future__ import annotations

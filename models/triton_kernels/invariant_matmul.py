@@ -7,10 +7,13 @@ dtype, equal to `F.linear` (`reference`) up to the accumulation order; float32 i
 multiplied in full float32 (no TF32), other dtypes accumulate in float32.
 
 Reduction order (batch invariance): ONE launch configuration for every M (tiles of
-BLOCK_M x BLOCK_N outputs, K walked in BLOCK_K steps from 0 up, one `tl.dot` per step into a
-float32 accumulator; no split-K, no choice by shape). An output element's sum is therefore
-the same sequence of block products whatever M is, which tile its row falls in, and what the
-other rows hold; the bias is added once, after the sum. The price: no tuning by M (decode
+BLOCK_M x BLOCK_N outputs, K walked in BLOCK_K steps from 0 up, one block product per step
+(`ordered_dot`: `tl.dot` compiled; interpreted, a numpy sum over the block's K whose order is
+the same for every row, where the interpreter's `tl.dot` went to the host BLAS, whose AVX2
+sgemm summed a row's K in an order set by its place in the tile) added into a float32
+accumulator; no split-K, no choice by shape). An output element's sum is therefore the same
+sequence of block products whatever M is, which tile its row falls in, what the other rows
+hold and which ISA the host has; the bias is added once, after the sum. The price: no tuning by M (decode
 rows fill 1 of BLOCK_M = 16 tile rows), so the mode is opt-in.
 """
 
@@ -20,6 +23,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from models.triton_kernels.ordered_dot import ordered_dot
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64  # fixed for every M: that is the point
 
@@ -40,7 +45,8 @@ def _invariant_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    IEEE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     rm = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -58,10 +64,7 @@ def _invariant_matmul_kernel(
             mask=(rn[None, :] < N) & (kk[:, None] < K),
             other=0.0,
         )  # [BLOCK_K, BLOCK_N]: weight rows are output columns
-        if IEEE:  # float32 in full (no TF32); bfloat16 products are exact in float32 anyway
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        acc += ordered_dot(x, w, PRECISION, INTERPRETED)  # in the same order for every row
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
@@ -103,8 +106,9 @@ def invariant_linear(
             BLOCK_N=BLOCK_N,
             BLOCK_K=BLOCK_K,
             HAS_BIAS=bias is not None,
-            # CPU tensors run only in Triton's interpreter, whose tl.dot misreads bfloat16
-            # operands: there they are widened to float32 first (exact).
-            IEEE=x.dtype == torch.float32 or not x.is_cuda,
+            # float32 in full (no TF32); bfloat16 products are exact in float32 anyway
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            # CPU tensors run only in Triton's interpreter (see ordered_dot)
+            INTERPRETED=not x.is_cuda,
         )
     return out.view(*shape[:-1], n)

@@ -77,9 +77,8 @@ def variants() -> list[tuple]:
         ptrs = _all(dtype, ("x_ptr", "w_ptr", "b_ptr", "out_ptr"))
         consts = {"BLOCK_M": invariant_matmul.BLOCK_M, "BLOCK_N": invariant_matmul.BLOCK_N}
         consts |= {"BLOCK_K": invariant_matmul.BLOCK_K, "HAS_BIAS": True}
-        out.append(
-            (invariant_matmul._invariant_matmul_kernel, ptrs, consts | {"IEEE": dtype == "fp32"})
-        )
+        consts |= {"PRECISION": "ieee" if dtype == "fp32" else "tf32", "INTERPRETED": False}
+        out.append((invariant_matmul._invariant_matmul_kernel, ptrs, consts))
     return out
 
 
