@@ -166,3 +166,14 @@ def test_under_any_uid_of_group_0_the_cpp_kernels_serve(image: str):
         median = statistics.median(_timed_chat(url) for _ in range(5))  # each asserts its answer
         load = os.getloadavg()[0]
         print(f"\nchat median under --user {ARBITRARY_USER}: {median:.2f} s (load {load:.1f})")
+
+
+def test_the_image_holds_no_converted_model_and_stays_small(image: str):
+    found = run(
+        "docker", "run", "--rm", "--user", "0:0", "--entrypoint", "find", image,
+        "/", "-xdev", "-name", "*.safetensors",
+    )  # fmt: skip
+    assert found.stdout.split() == []
+    size = int(run("docker", "image", "inspect", "-f", "{{.Size}}", image).stdout)
+    print(f"\nimage size {size / 1e9:.2f} GB")
+    assert size <= IMAGE_BYTES, size
