@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# Kept in step with server.openai.tool_calls.PARSERS (a test checks it); not imported, so parsing
+# Kept in step with server.chat.tool_calls.PARSERS (a test checks it); not imported, so parsing
 # settings stays free of the parsers' imports.
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("auto", "think", "none")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import CompletionOutput, RequestOutput, SamplingParams
-from server.openai.chat_output import MessageStream
+from server.chat.output import MessageStream
 from server.openai.responses import CompletionLogprobs, usage
 
 

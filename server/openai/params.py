@@ -174,7 +174,7 @@ def chat_params(
     keep_special_tokens: bool = False,
     defaults: GenerationDefaults | None = None,
 ) -> SamplingParams:
-    """`defaults`: as `completion_params`'; `tool_grammar`: the grammar `tool_choice` holds the output to (server/openai/tool_calls/);
+    """`defaults`: as `completion_params`'; `tool_grammar`: the grammar `tool_choice` holds the output to (server/chat/tool_calls/);
     `keep_special_tokens`: the tool-call format writes special tokens, which the text must
     keep unless the request says otherwise."""
     if req.top_logprobs is not None and not req.logprobs:

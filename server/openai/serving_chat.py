@@ -5,33 +5,29 @@ renders the messages and tools with the model's chat template and tokenizes them
 loop (`chat_prompt`, also what /tokenize uses for messages), then answers through
 `OpenAIServing.respond`. A stream opens with one role chunk per choice. A plain answer is
 `{"role": "assistant", "content"}`; with tools or a reasoning model the text is read into
-content, reasoning and tool calls (server/openai/chat_output.py), `tool_choice` may hold the
+content, reasoning and tool calls (server/chat/output.py), `tool_choice` may hold the
 output to a grammar, and a streamed beam search is refused (its text settles only at the end).
-What the model's chat format is (`ChatSetup`) is read once, from the loaded tokenizer.
+Rendering and the model's chat format are server/chat/render.py's, shared with the other chat APIs.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
+from server.chat.output import ChatOutputFormat, finish_reason, first_delta
+from server.chat.render import ChatRenderer
+from server.chat.tool_calls.plan import ToolPlan
 from server.errors import ApiError, read_body
-from server.openai.chat_output import ChatOutputFormat, finish_reason, first_delta
-from server.openai.chat_setup import ChatSetup, chat_setup
 from server.openai.job import ChoiceUpdate, Job, Prompt
 from server.openai.params import api_fields, chat_params
 from server.openai.protocol import ChatCompletionRequest, ChatMessage
-from server.openai.reasoning import ReasoningParser, prompt_opens_reasoning
 from server.openai.responses import chat_logprobs
 from server.openai.serving import Choice, OpenAIServing, include_usage
-from server.openai.tool_calls.enforce import tool_grammar
-from server.openai.tool_calls.prompt import template_inputs
-from server.openai.tool_calls.request import ToolPlan, tool_plan
+from server.openai.tool_request import tool_plan
 from server.state import ServerState
 
 
@@ -47,15 +43,7 @@ class ChatServing(OpenAIServing[ChatJob]):
 
     def __init__(self, state: ServerState) -> None:
         super().__init__(state)
-        self._setup: tuple[Any, ChatSetup] | None = None  # (tokenizer, its setup)
-
-    @property
-    def setup(self) -> ChatSetup:
-        """The loaded model's chat format (computed once per tokenizer)."""
-        tokenizer = self.state.tokenizer
-        if self._setup is None or self._setup[0] is not tokenizer:
-            self._setup = (tokenizer, chat_setup(tokenizer, self.state.settings))
-        return self._setup[1]
+        self.renderer = ChatRenderer(state)
 
     async def create(self, request: Request) -> Response:
         state = self.state
@@ -64,7 +52,7 @@ class ChatServing(OpenAIServing[ChatJob]):
         tools = tool_plan(req)
         add_generation_prompt = req.add_generation_prompt is not False
         prompt = await self.chat_prompt(req.messages, add_generation_prompt, tools)
-        output_format, grammar = self._output_format(tools, prompt.text or "")
+        output_format, grammar = self.renderer.output_format(tools, prompt.text or "")
         if req.stream and req.use_beam_search and not output_format.plain:
             raise ApiError(
                 400,
@@ -101,34 +89,10 @@ class ChatServing(OpenAIServing[ChatJob]):
         tools: ToolPlan | None = None,
     ) -> Prompt:
         """Messages (and tools) through the model's chat template, then tokenized (off the event
-        loop); see server/openai/tool_calls/prompt.py for templates that do not render tools."""
-        tokenizer = self.state.require_tokenizer()
-        if not messages:
-            raise ApiError(400, "messages must not be empty", param="messages")
-        setup = self.setup
-        dicts, extra = template_inputs(messages, tools, setup.parser, setup.takes_tools)
-        render = partial(tokenizer.apply_chat_template, dicts, add_generation_prompt, **extra)
-        try:
-            text = await asyncio.to_thread(render)
-        except ValueError as exc:  # e.g. the model has no chat template
-            raise ApiError(400, str(exc), param="messages") from None
-        except Exception as exc:  # template errors (e.g. roles out of order) are the caller's
-            raise ApiError(
-                400, f"the chat template rejected these messages: {exc}", param="messages"
-            ) from None
-        return Prompt(await asyncio.to_thread(tokenizer.encode, text, False), text)
-
-    def _output_format(
-        self, tools: ToolPlan | None, prompt: str
-    ) -> tuple[ChatOutputFormat, str | None]:
-        """How to read the answer (reasoning, calls) and the grammar `tool_choice` asks for."""
-        setup = self.setup
-        parser = setup.parser if tools is not None and tools.parses_calls else None
-        reasoning, mode = None, None
-        if setup.reasoning:
-            inside = prompt_opens_reasoning(prompt)
-            reasoning, mode = ReasoningParser(inside), "inside" if inside else "optional"
-        return ChatOutputFormat(parser, reasoning), tool_grammar(setup.parser, tools, mode)
+        loop): server/chat/render.py."""
+        dicts = [m.for_template() for m in messages or ()]
+        rendered = await self.renderer.render(dicts, add_generation_prompt, tools)
+        return Prompt(rendered.token_ids, rendered.text)
 
     def opening_choices(self, job: ChatJob, num_prompts: int) -> list[Choice]:
         """The role comes first, once per choice."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from server.openai.tool_calls.base import ToolParser
-from server.openai.tool_calls.request import ToolPlan
+from server.chat.tool_calls.base import ToolParser
+from server.chat.tool_calls.plan import ToolPlan
 
 Reasoning = Literal["inside", "optional"] | None
 

@@ -13,7 +13,7 @@ import json
 
 from hypothesis import strategies as st
 
-from server.openai.tool_calls import PARSERS, ToolCall, ToolParser, make_parser
+from server.chat.tool_calls import PARSERS, ToolCall, ToolParser, make_parser
 
 # The line of a v11+ Mistral template that writes a call (only "[ARGS]" in it matters).
 NAMED_TEMPLATE = "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' + arguments }}"

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from llguidance import LLMatcher
 from llguidance.tiktoken import lltokenizer_from_encoding
 
-from server.openai.tool_calls import FunctionSpec, ToolCall, make_parser
-from server.openai.tool_calls.enforce import tool_grammar
-from server.openai.tool_calls.request import ToolPlan
-from tests.server.openai.tool_calls.outputs import VARIANTS, parser_for
+from server.chat.tool_calls import FunctionSpec, ToolCall, make_parser
+from server.chat.tool_calls.enforce import tool_grammar
+from server.openai.tool_request import ToolPlan
+from tests.server.chat.tool_calls.outputs import VARIANTS, parser_for
 
 _BYTES = tiktoken.Encoding(
     name="bytes",

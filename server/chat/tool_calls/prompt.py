@@ -1,7 +1,9 @@
 """Chat messages with tools, as a model's chat template wants them.
 
-Contract: `template_inputs(messages, plan, parser, takes_tools)` returns the message dicts and the
-extra template variables for `apply_chat_template`. A template that reads `tools` gets them (when
+Contract: `template_inputs(messages, plan, parser, takes_tools)` takes the conversation as OpenAI
+chat message dicts (`role`, `content` text, assistant `tool_calls` as `{id, type, function: {name,
+arguments}}`, `tool_call_id`; every API converts its own input to them) and returns the message
+dicts and the extra template variables for `apply_chat_template`. A template that reads `tools` gets them (when
 the plan shows tools to the model) and the history as OpenAI sends it, except that each call's
 `arguments` JSON text becomes an object when it parses (templates render it with `tojson`). A
 template that does not read `tools` gets a Hermes-style fallback: a system prompt listing the
@@ -15,10 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.openai.protocol import ChatMessage
-from server.openai.tool_calls.base import FunctionSpec, ToolParser
-from server.openai.tool_calls.events import ToolCall
-from server.openai.tool_calls.request import ToolPlan
+from server.chat.tool_calls.base import FunctionSpec, ToolParser
+from server.chat.tool_calls.events import ToolCall
+from server.chat.tool_calls.plan import ToolPlan
 
 _FALLBACK_INTRO = (
     "You can call functions to help you answer. Each function is described by a JSON object "
@@ -40,11 +41,11 @@ def tool_specs(functions: tuple[FunctionSpec, ...]) -> list[dict[str, Any]]:
 
 
 def template_inputs(
-    messages: list[ChatMessage], plan: ToolPlan | None, parser: ToolParser, takes_tools: bool
+    messages: list[dict[str, Any]], plan: ToolPlan | None, parser: ToolParser, takes_tools: bool
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     shown = plan is not None and plan.parses_calls
     if takes_tools:
-        dicts = [_with_argument_objects(m.for_template()) for m in messages]
+        dicts = [_with_argument_objects(m) for m in messages]
         return dicts, ({"tools": tool_specs(plan.functions)} if shown else {})
     dicts = _fallback_history(messages, parser)
     if shown:
@@ -53,7 +54,11 @@ def template_inputs(
 
 
 def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
-    for call in message.get("tool_calls") or ():
+    if not message.get("tool_calls"):
+        return message
+    calls = [{**c, "function": dict(c["function"])} for c in message["tool_calls"]]
+    message = {**message, "tool_calls": calls}  # copies: the caller's dicts stay as they are
+    for call in calls:
         try:
             arguments = json.loads(call["function"]["arguments"])
         except json.JSONDecodeError:
@@ -63,22 +68,24 @@ def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _fallback_history(messages: list[ChatMessage], parser: ToolParser) -> list[dict[str, Any]]:
+def _fallback_history(messages: list[dict[str, Any]], parser: ToolParser) -> list[dict[str, Any]]:
     dicts: list[dict[str, Any]] = []
     for m in messages:
-        text = m.text()
-        if m.role == "tool":
+        text = m.get("content") or ""
+        if m["role"] == "tool":
             answer = f"<tool_response>\n{text}\n</tool_response>"
             if dicts and dicts[-1].get("tool_responses"):
                 dicts[-1]["content"] += "\n" + answer
             else:
                 dicts.append({"role": "user", "content": answer, "tool_responses": True})
             continue
-        if m.role == "assistant" and m.tool_calls:
-            calls = [ToolCall(c.function.name, c.function.arguments) for c in m.tool_calls]
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [
+                ToolCall(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]
+            ]
             written = parser.render_calls(calls)
             text = f"{text}\n{written}" if text else written
-        dicts.append({"role": m.role, "content": text})
+        dicts.append({"role": m["role"], "content": text})
     for d in dicts:
         d.pop("tool_responses", None)
     return dicts

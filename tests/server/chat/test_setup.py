@@ -8,9 +8,9 @@ grammar names the markers by their token ids; an older Mistral template gives th
 from __future__ import annotations
 
 from models.tokenizer.chat_template import ChatTemplate
-from server.openai.chat_setup import chat_setup
-from server.openai.tool_calls import FunctionSpec
-from server.openai.tool_calls.mistral import MistralParser
+from server.chat.setup import chat_setup
+from server.chat.tool_calls import FunctionSpec
+from server.chat.tool_calls.mistral import MistralParser
 from server.settings import Settings
 
 NAMED = (

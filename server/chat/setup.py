@@ -2,7 +2,7 @@
 
 Contract: `chat_setup(tokenizer, settings)` returns a ChatSetup: the tool-call parser (the
 `--tool-call-parser` flag, or the format the chat template teaches), whether the template
-renders `tools` itself (else server/openai/tool_calls/prompt.py's fallback prompt is used), and whether
+renders `tools` itself (else server/chat/tool_calls/prompt.py's fallback prompt is used), and whether
 outputs are split into reasoning (`--reasoning-parser`: think / none, or auto: when the
 template uses `<think>`). A tokenizer without a chat template gets the defaults.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.openai.reasoning import uses_reasoning
-from server.openai.tool_calls import ToolParser, detect_parser, make_parser
+from server.chat.reasoning import uses_reasoning
+from server.chat.tool_calls import ToolParser, detect_parser, make_parser
 from server.settings import Settings
 
 

@@ -2,7 +2,7 @@
 form), or `[TOOL_CALLS]name[ARGS]{...}` once per call (the named form of v11+ tokenizers, see
 mistral_named.py).
 
-Contract (see server/openai/tool_calls/base.py): text before `[TOOL_CALLS]` is content; the marker
+Contract (see server/chat/tool_calls/base.py): text before `[TOOL_CALLS]` is content; the marker
 must be followed by a JSON list whose first object is a call, or by a named call, else the
 marker is content too and reading goes on after it. Text after the calls is content; whitespace
 touching the calls is not. Both forms are read whatever the model's template teaches. The
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from server.openai.tool_calls.base import (
+from server.chat.tool_calls.base import (
     FunctionSpec,
     ToolParser,
     ToolStream,
@@ -28,10 +28,10 @@ from server.openai.tool_calls.base import (
     call_object,
     calls_rule,
 )
-from server.openai.tool_calls.call_sequence import CallSequence, read_sequence
-from server.openai.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
-from server.openai.tool_calls.holdback import WHITESPACE, TextUntilTag
-from server.openai.tool_calls.mistral_named import ARGS, CALL_ID, NamedCall, read_named_call
+from server.chat.tool_calls.call_sequence import CallSequence, read_sequence
+from server.chat.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
+from server.chat.tool_calls.holdback import WHITESPACE, TextUntilTag
+from server.chat.tool_calls.mistral_named import ARGS, CALL_ID, NamedCall, read_named_call
 
 TAG = "[TOOL_CALLS]"
 

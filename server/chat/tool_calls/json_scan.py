@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from server.openai.tool_calls.events import ArgumentsDelta, CallStarted, ToolEvent
+from server.chat.tool_calls.events import ArgumentsDelta, CallStarted, ToolEvent
 
 _WS = " \t\r\n"
 

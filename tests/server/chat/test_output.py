@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from server.openai.chat_output import ChatOutputFormat, finish_reason, first_delta
-from server.openai.reasoning import ReasoningParser, prompt_opens_reasoning, uses_reasoning
-from server.openai.tool_calls import make_parser
-from tests.server.openai.tool_calls.outputs import PROSE, calls, fragment_text, split_at
+from server.chat.output import ChatOutputFormat, finish_reason, first_delta
+from server.chat.reasoning import ReasoningParser, prompt_opens_reasoning, uses_reasoning
+from server.chat.tool_calls import make_parser
+from tests.server.chat.tool_calls.outputs import PROSE, calls, fragment_text, split_at
 
 WORDS = st.text(alphabet="ab \n<>/thinké", max_size=20)
 

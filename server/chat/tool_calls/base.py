@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from server.openai.tool_calls.events import ParsedOutput, ToolCall, ToolEvent, fold_events
-from server.openai.tool_calls.holdback import WHITESPACE
-from server.openai.tool_calls.json_scan import CallScanner
+from server.chat.tool_calls.events import ParsedOutput, ToolCall, ToolEvent, fold_events
+from server.chat.tool_calls.holdback import WHITESPACE
+from server.chat.tool_calls.json_scan import CallScanner
 
 # Compact JSON in enforced calls: "key": value, items ", " (no free whitespace for a small
 # model to loop in).
@@ -29,7 +29,7 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator
 
 @dataclass(frozen=True)
 class FunctionSpec:
-    """One entry of a request's `tools`, checked (server/openai/tool_calls/request.py)."""
+    """One entry of a request's `tools`, checked (each API: server/chat/tool_calls/plan.py)."""
 
     name: str
     description: str | None = None

@@ -1,7 +1,7 @@
 """An assistant message read from the model's text: reasoning, content and tool calls.
 
 Contract: a `ChatOutputFormat` says what to read out of a choice's text: a reasoning split
-(server/openai/reasoning.py) and/or tool calls (a parser of server/openai/tool_calls/), applied in that order
+(server/chat/reasoning.py) and/or tool calls (a parser of server/chat/tool_calls/), applied in that order
 (calls are read from the answer, never from the reasoning). `message(text)` is the whole
 message: `content` (None when no answer text was written), `reasoning_content`
 when the output reasoned, and `tool_calls` as OpenAI shows them (`{id, type: "function",
@@ -23,8 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from server.openai.reasoning import ReasoningParser
-from server.openai.tool_calls import (
+from server.chat.reasoning import ReasoningParser
+from server.chat.tool_calls import (
     ArgumentsDelta,
     CallStarted,
     ContentDelta,

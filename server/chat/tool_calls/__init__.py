@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from server.openai.tool_calls.base import FunctionSpec, ToolParser, ToolStream
-from server.openai.tool_calls.events import (
+from server.chat.tool_calls.base import FunctionSpec, ToolParser, ToolStream
+from server.chat.tool_calls.events import (
     ArgumentsDelta,
     CallStarted,
     ContentDelta,
@@ -21,10 +21,10 @@ from server.openai.tool_calls.events import (
     ToolEvent,
     fold_events,
 )
-from server.openai.tool_calls.hermes import HermesParser
-from server.openai.tool_calls.llama3_json import Llama3JsonParser
-from server.openai.tool_calls.mistral import MistralParser
-from server.openai.tool_calls.mistral_named import ARGS
+from server.chat.tool_calls.hermes import HermesParser
+from server.chat.tool_calls.llama3_json import Llama3JsonParser
+from server.chat.tool_calls.mistral import MistralParser
+from server.chat.tool_calls.mistral_named import ARGS
 
 PARSERS: dict[str, type[ToolParser]] = {
     HermesParser.name: HermesParser,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 
-from server.openai.tool_calls.events import ArgumentsDelta, CallStarted, ToolCall, ToolEvent
-from server.openai.tool_calls.holdback import WHITESPACE
-from server.openai.tool_calls.json_scan import ValueEnd
+from server.chat.tool_calls.events import ArgumentsDelta, CallStarted, ToolCall, ToolEvent
+from server.chat.tool_calls.holdback import WHITESPACE
+from server.chat.tool_calls.json_scan import ValueEnd
 
 ARGS, CALL_ID = "[ARGS]", "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")

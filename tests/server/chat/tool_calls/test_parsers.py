@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.openai.tool_calls import ArgumentsDelta, CallStarted, ToolCall, fold_events, make_parser
-from server.openai.tool_calls.events import ParsedOutput
-from tests.server.openai.tool_calls.outputs import (
+from server.chat.tool_calls import ArgumentsDelta, CallStarted, ToolCall, fold_events, make_parser
+from server.chat.tool_calls.events import ParsedOutput
+from tests.server.chat.tool_calls.outputs import (
     PROSE,
     VARIANTS,
     calls,

@@ -13,7 +13,7 @@ chat template teaches `<think>` (the default of `--reasoning-parser auto`).
 
 from __future__ import annotations
 
-from server.openai.tool_calls.holdback import WHITESPACE, TextUntilTag
+from server.chat.tool_calls.holdback import WHITESPACE, TextUntilTag
 
 OPEN, CLOSE = "<think>", "</think>"
 Piece = tuple[str, str]

@@ -17,10 +17,10 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from models.default_model import default_model_path
 from models.tokenizer.chat_template import ChatTemplate
 from models.tokenizer.loading import load_tokenizer
+from server.chat.tool_calls import FunctionSpec, make_parser
+from server.chat.tool_calls.plan import ToolPlan
+from server.chat.tool_calls.prompt import template_inputs
 from server.openai.protocol import ChatMessage
-from server.openai.tool_calls import FunctionSpec, make_parser
-from server.openai.tool_calls.prompt import template_inputs
-from server.openai.tool_calls.request import ToolPlan
 
 TOOL_TEMPLATE = """{%- if tools %}<|system|>Tools:
 {% for t in tools %}{{ t | tojson }}
@@ -62,8 +62,8 @@ HISTORY = [
 ]
 
 
-def messages() -> list[ChatMessage]:
-    return [ChatMessage.model_validate(m) for m in HISTORY]
+def messages() -> list[dict]:
+    return [ChatMessage.model_validate(m).for_template() for m in HISTORY]
 
 
 def test_a_template_with_tools_renders_the_history_as_transformers_does():
@@ -115,7 +115,7 @@ def test_a_template_without_tools_gets_the_fallback_prompt(smollm_template, name
 
 
 def test_the_fallback_opens_a_system_turn_when_there_is_none(smollm_template):
-    history = [ChatMessage(role="user", content="hi")]
+    history = [{"role": "user", "content": "hi"}]
     dicts, _ = template_inputs(history, PLAN, make_parser("hermes"), takes_tools=False)
     assert dicts[0]["role"] == "system" and "<tools>" in dicts[0]["content"]
     assert "You are a helpful AI assistant named SmolLM" not in smollm_template.render(dicts)

@@ -1,7 +1,7 @@
 """Llama 3.x JSON tool calls: `{"name": ..., "parameters": {...}}`, several joined by `;`,
 optionally after `<|python_tag|>`.
 
-Contract (see server/openai/tool_calls/base.py): an output is calls when, after leading whitespace, it
+Contract (see server/chat/tool_calls/base.py): an output is calls when, after leading whitespace, it
 starts with `<|python_tag|>` or `{` and its first object is a call; otherwise it is all content,
 exactly as written. Text after the calls (past the last `;`-joined object) is content, without
 the whitespace that touches the calls. `grammar()` writes calls as compact JSON objects joined
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from server.openai.tool_calls.base import (
+from server.chat.tool_calls.base import (
     FunctionSpec,
     ToolParser,
     ToolStream,
@@ -20,9 +20,9 @@ from server.openai.tool_calls.base import (
     call_object,
     calls_rule,
 )
-from server.openai.tool_calls.call_sequence import CallSequence, read_sequence
-from server.openai.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
-from server.openai.tool_calls.holdback import WHITESPACE
+from server.chat.tool_calls.call_sequence import CallSequence, read_sequence
+from server.chat.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
+from server.chat.tool_calls.holdback import WHITESPACE
 
 TAG = "<|python_tag|>"
 

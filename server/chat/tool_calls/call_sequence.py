@@ -12,9 +12,9 @@ is complete.
 
 from __future__ import annotations
 
-from server.openai.tool_calls.events import ToolCall, ToolEvent, fold_events
-from server.openai.tool_calls.holdback import WHITESPACE
-from server.openai.tool_calls.json_scan import CallScanner
+from server.chat.tool_calls.events import ToolCall, ToolEvent, fold_events
+from server.chat.tool_calls.holdback import WHITESPACE
+from server.chat.tool_calls.json_scan import CallScanner
 
 
 def read_sequence(text: str, sep: str, close: str | None) -> tuple[list[ToolCall], str]:

@@ -1,6 +1,6 @@
 """Hermes / Qwen tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 
-Contract (shared by every parser, see server/openai/tool_calls/base.py): `parse(text)` is the whole
+Contract (shared by every parser, see server/chat/tool_calls/base.py): `parse(text)` is the whole
 output's content and calls; `stream()` reads the same text in any split and its events fold to
 the same result. A block whose body is not a JSON object with a string `name` is content,
 tags included; an unclosed block at the end (a truncated output) still counts as a call once
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from server.openai.tool_calls.base import (
+from server.chat.tool_calls.base import (
     FunctionSpec,
     ToolParser,
     ToolStream,
@@ -24,9 +24,9 @@ from server.openai.tool_calls.base import (
     calls_rule,
     scan_whole,
 )
-from server.openai.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
-from server.openai.tool_calls.holdback import TextUntilTag, partial_tag
-from server.openai.tool_calls.json_scan import CallScanner
+from server.chat.tool_calls.events import ContentDelta, ParsedOutput, ToolCall, ToolEvent
+from server.chat.tool_calls.holdback import TextUntilTag, partial_tag
+from server.chat.tool_calls.json_scan import CallScanner
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
