@@ -1,7 +1,8 @@
 """The FastAPI application factory: state, lifespan (load + warm-up), guard, error handlers, routes.
 
 Contract: `create_app(settings, engine_factory, admission_limit, on_fatal)` returns a FastAPI
-app whose routes are each API's (`API_ROUTERS`: server/openai/, server/tgi/, server/operations.py)
+app whose routes are each API's (`API_ROUTERS`: server/openai/, server/anthropic/, server/tgi/,
+server/operations.py)
 and whose lifespan starts `ServerState.start()` (server/state.py: load in a worker thread, warm up, turn
 ready) and drains on shutdown; `Guard` (server/guard.py) answers 413 / 401 / 503 before any
 route; errors render in each API's own shape (server/errors.py). With `allowed_origins`,
@@ -26,6 +27,7 @@ from starlette.routing import Route
 
 from engine import EngineCore
 from server import __version__, operations
+from server.anthropic import router as anthropic_router
 from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
@@ -38,8 +40,13 @@ from server.state import ServerState
 from server.tgi import router as tgi_router
 
 __all__ = ["API_ROUTERS", "ServerState", "create_app"]
-# Each API's routes, built on the app's state: OpenAI, TGI, then the operational ones.
-API_ROUTERS = (openai_router.build_router, tgi_router.build_router, operations.build_router)
+# Each API's routes, built on the app's state: OpenAI, Anthropic, TGI, then the operational ones.
+API_ROUTERS = (
+    openai_router.build_router,
+    anthropic_router.build_router,
+    tgi_router.build_router,
+    operations.build_router,
+)
 
 
 def create_app(

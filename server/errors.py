@@ -2,7 +2,9 @@
 
 Contract: handlers raise `ApiError(status, message, param=..., code=...)`; `error_response(path,
 error)` renders it as `{"error": {"message", "type", "param", "code"}}` on OpenAI-style routes
-and `{"error", "error_type"}` on TGI routes (where invalid input is 422, as TGI does). Bodies
+and `{"error", "error_type"}` on TGI routes (where invalid input is 422, as TGI does) and
+`{"type": "error", "error": {"type", "message"}}` on Anthropic's (/v1/messages...; the message
+opens with the field, as that shape has no `param`). Bodies
 never carry tracebacks, exception reprs or file paths: unexpected exceptions become a generic
 500 and are logged server-side only. FastAPI's bare 422 never escapes: bodies are parsed by
 the routes (`read_body`: 415 unless the body is declared as JSON, then `parse_body`) and any
@@ -25,6 +27,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 logger = logging.getLogger(__name__)
 
 TGI_PATHS = frozenset({"/", "/generate", "/generate_stream", "/info"})
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic's routes: its error shape
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    431: "invalid_request_error",
+    503: "overloaded_error",
+}
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -94,6 +109,10 @@ def is_tgi_path(path: str) -> bool:
     return path in TGI_PATHS
 
 
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
 def error_response(path: str, error: ApiError) -> JSONResponse:
     if is_tgi_path(path):
         status = 422 if error.status == 400 else error.status
@@ -101,6 +120,13 @@ def error_response(path: str, error: ApiError) -> JSONResponse:
             "error": error.message,
             "error_type": _TGI_TYPES.get(error.status, "generation"),
         }
+    elif is_anthropic_path(path):
+        status = error.status
+        message = error.message
+        if error.param and error.param not in message:  # its shape has no param: say it
+            message = f"{error.param}: {message}"
+        error_type = _ANTHROPIC_TYPES.get(error.status, "api_error")
+        body = {"type": "error", "error": {"type": error_type, "message": message}}
     else:
         status = error.status
         body = {
@@ -127,14 +153,20 @@ def validation_error(exc: ValidationError) -> ApiError:
     param = ".".join(path) or None
     where = f"'{param}'" if param else "the request"
     if len(path) < len(first["loc"]):  # a union: say what each accepted type wanted
-        head = first["loc"][0]
+        depth = next(i for i, p in enumerate(first["loc"]) if not _is_field_or_index(p))
+        prefix = first["loc"][: max(depth, 1)]  # the union's own field
+        head = ".".join(str(p) for p in prefix)
         wanted = dict.fromkeys(
-            e["msg"] for e in exc.errors(include_url=False) if e["loc"][:1] == (head,)
+            e["msg"]
+            for e in exc.errors(include_url=False)
+            if tuple(e["loc"][: len(prefix)]) == tuple(prefix)
         )
-        return ApiError(
-            400, f"invalid value for '{head}': " + "; or ".join(wanted), param=str(head)
-        )
+        return ApiError(400, f"invalid value for '{head}': " + "; or ".join(wanted), param=head)
     return ApiError(400, f"invalid value for {where}: {first['msg']}", param=param)
+
+
+def _is_field_or_index(part: object) -> bool:
+    return isinstance(part, int) or _is_field(part)
 
 
 def _is_field(part: object) -> bool:

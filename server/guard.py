@@ -3,7 +3,7 @@
 Contract: 431 (with `Connection: close`) when the request carries more than `max_headers`
 header fields or more than `max_header_bytes` of header names and values together; 413 when the
 body is larger than `max_body_bytes` (Content-Length, or counted while reading), 401 without a
-valid `Authorization: Bearer` key (constant-time comparison; the key is never logged), 503
+valid `Authorization: Bearer` or `x-api-key` key (constant-time comparison; never logged), 503
 while loading or draining, and, on a POST to a generation route (`GENERATION_ROUTES`), 429 +
 Retry-After while the engine has no room (server/admission.py `early_refusal`: the in-flight
 rule's own answer, checked before the body is read; requests let through are decided again
@@ -33,7 +33,14 @@ STATIC_PREFIX = "/static/"  # files of the package (server/playground.py, server
 # The routes that start generation: refused here (429) while the engine is full, before their
 # body is read or parsed, so a burst's refusals cost the event loop almost nothing.
 GENERATION_ROUTES = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream", "/"}
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/generate",
+        "/generate_stream",
+        "/",
+    }
 )
 
 
@@ -66,10 +73,10 @@ class Guard:
         if scope["method"] in ("GET", "HEAD") and (path == "/" or path.startswith(STATIC_PREFIX)):
             return None
         public = path in state.settings.public_routes
-        if not public and self.keys and not self._authorized(headers.get("authorization", "")):
+        if not public and self.keys and not self._authorized(headers):
             return ApiError(
                 401,
-                "a valid API key is needed: 'Authorization: Bearer <key>'",
+                "a valid API key is needed: 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -81,13 +88,17 @@ class Guard:
             error = early_refusal(state.engine)
         return error
 
-    def _authorized(self, header: str) -> bool:
-        scheme, _, token = header.partition(" ")
-        given = token.strip().encode()
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        """A key as `Authorization: Bearer <key>`, or as `x-api-key` (Anthropic's clients)."""
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        bearer = self._known(token.strip()) and scheme.lower() == "bearer"
+        return self._known(headers.get("x-api-key", "").strip()) | bearer
+
+    def _known(self, given: str) -> bool:
         matched = False
         for key in self.keys:  # no early exit: the time taken does not depend on which key
-            matched |= hmac.compare_digest(given, key)
-        return matched and scheme.lower() == "bearer"
+            matched |= hmac.compare_digest(given.encode(), key)
+        return matched
 
 
 def _header_error(raw: list[tuple[bytes, bytes]], settings: Settings) -> ApiError | None:

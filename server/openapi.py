@@ -20,7 +20,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from server.errors import is_tgi_path
+from server.anthropic import protocol as anthropic
+from server.errors import is_anthropic_path, is_tgi_path
 from server.openai import protocol as oai
 from server.settings import Settings
 from server.tgi import protocol as tgi
@@ -31,6 +32,8 @@ _REF = "#/components/schemas/{model}"
 _BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): oai.CompletionRequest,
     ("/v1/chat/completions", "post"): oai.ChatCompletionRequest,
+    ("/v1/messages", "post"): anthropic.MessagesRequest,
+    ("/v1/messages/count_tokens", "post"): anthropic.CountTokensRequest,
     ("/tokenize", "post"): oai.TokenizeRequest,
     ("/detokenize", "post"): oai.DetokenizeRequest,
     ("/generate", "post"): tgi.TgiRequest,
@@ -57,6 +60,22 @@ _OPENAI_ERROR = _obj(
     ),
 )
 _TGI_ERROR = _obj(["error", "error_type"], error=_STR, error_type=_STR)
+_ANTHROPIC_ERROR = _obj(
+    ["type", "error"],
+    type={"const": "error"},
+    error=_obj(["type", "message"], type=_STR, message=_STR),
+)
+_ANTHROPIC_MESSAGE = _obj(
+    ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+    id=_STR,
+    type={"const": "message"},
+    role={"const": "assistant"},
+    model=_STR,
+    content={"type": "array", "items": _obj(["type"], type=_STR)},
+    stop_reason=_NULL_STR,
+    stop_sequence=_NULL_STR,
+    usage=_obj(["input_tokens", "output_tokens"], input_tokens=_INT, output_tokens=_INT),
+)
 _USAGE = _obj(
     ["prompt_tokens", "completion_tokens", "total_tokens"],
     prompt_tokens=_INT,
@@ -110,6 +129,8 @@ _OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each rout
         max_model_len=_INT,
     ),
     ("/detokenize", "post"): _obj(["prompt"], prompt=_STR),
+    ("/v1/messages", "post"): _ANTHROPIC_MESSAGE,
+    ("/v1/messages/count_tokens", "post"): _obj(["input_tokens"], input_tokens=_INT),
     ("/generate", "post"): _TGI_GENERATED,
     ("/", "post"): {"type": "array", "items": _TGI_GENERATED},
     ("/info", "get"): _obj(
@@ -127,6 +148,7 @@ _STREAMING = frozenset(
     {
         ("/v1/completions", "post"),
         ("/v1/chat/completions", "post"),
+        ("/v1/messages", "post"),
         ("/generate_stream", "post"),
         ("/", "post"),
     }
@@ -143,7 +165,11 @@ def _responses(path: str, method: str) -> dict[str, Any]:
         content["text/event-stream"] = {"schema": _STR}
     if path == "/metrics":
         content["text/plain"] = {"schema": _STR}
-    error = _TGI_ERROR if is_tgi_path(path) else _OPENAI_ERROR
+    error = _OPENAI_ERROR
+    if is_tgi_path(path):
+        error = _TGI_ERROR
+    elif is_anthropic_path(path):
+        error = _ANTHROPIC_ERROR
     responses: dict[str, Any] = {
         "200": {"description": "OK", "content": content},
         "default": {

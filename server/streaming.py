@@ -1,7 +1,8 @@
 """Server-sent events and client-disconnect handling: the one place responses are streamed.
 
 Contract:
-- `sse(data)` frames one event as `data: <json>\\n\\n`; `SSE_DONE` is `data: [DONE]\\n\\n`;
+- `sse(data)` frames one event as `data: <json>\\n\\n` (`sse_event(name, data)`: after an
+  `event: <name>` line); `SSE_DONE` is `data: [DONE]\\n\\n`;
   `sse_error(message)` is an engine error mid-stream in the OpenAI error shape (code
   "engine_error", as the non-streamed 500 of `final_output`).
 - `EventStreamResponse(events, keepalive)` streams an async iterator of already framed bytes
@@ -43,6 +44,12 @@ def sse(data: Any) -> bytes:
     return (
         b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
     )
+
+
+def sse_event(event: str, data: Any) -> bytes:
+    """A named event (`event: <name>` before its data), as Anthropic's and the Responses API's
+    streams are framed."""
+    return b"event: " + event.encode() + b"\n" + sse(data)
 
 
 def sse_error(message: str) -> bytes:

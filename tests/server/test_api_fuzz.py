@@ -53,6 +53,8 @@ def test_the_document_declares_every_route_with_its_body(live) -> None:
         "/v1/chat/completions",
         "/v1/models",
         "/v1/models/{model_id}",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/generate",
         "/generate_stream",
         "/",

@@ -17,8 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "server"
 ASSEMBLY = {"server.app", "server.openapi"}  # where the APIs meet
-ROUTE_MODULES = {"server.openai.router", "server.tgi.router", "server.operations"}
-API_FOLDERS = ("server.openai", "server.tgi")
+ROUTE_MODULES = {
+    "server.openai.router",
+    "server.anthropic.router",
+    "server.tgi.router",
+    "server.operations",
+}
+API_FOLDERS = ("server.openai", "server.anthropic", "server.tgi")
 
 
 def _name(path: Path) -> str:
