@@ -14,7 +14,10 @@ Contract:
 - Each request owns one output slot holding the unread `RequestOutput` deltas merged into one
   (`RequestOutput.merge`): a slow reader never grows a queue.
 - `generate()` validates and admits synchronously (raises `ValueError`, `Overloaded` or
-  `EngineUnavailable` before anything is queued) and returns a `RequestStream`; awaiting
+  `EngineUnavailable` before anything is queued) and returns a `RequestStream`. It is
+  `submit(new_request(...))`: `new_request` (validation, grammar compilation included) may run
+  on any thread, so a server runs a request whose validation cost the client chooses (a
+  grammar) on a worker, and only `submit` on the event loop. Awaiting
   `stream.admitted()` waits until the engine took the request (or re-raises why it refused:
   the engine's ValueError, or `Overloaded` for its QueueFullError).
   The stream ends after the finished output; closing or cancelling it early aborts the request.
@@ -53,6 +56,7 @@ from engine.api import EngineCore, EngineInfo
 from engine.engine_inbox import AbortItem, AddItem, EngineInbox, KillItem
 from engine.engine_loop import EngineLoop
 from engine.errors import EngineUnavailable, Overloaded
+from engine.requests.request import Request
 from engine.requests.request_stream import OutputSlot, RequestStream
 from engine.requests.sampling_params import SamplingParams
 from engine.stats import EngineStats
@@ -108,7 +112,17 @@ class AsyncEngine:
         params: SamplingParams,
         deadline: float | None = None,
     ) -> RequestStream:
-        request = self.engine.new_request(request_id, prompt_token_ids, params)  # ValueError
+        return self.submit(self.new_request(request_id, prompt_token_ids, params), deadline)
+
+    def new_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> Request:
+        """Validates and builds a request (ValueError); changes nothing: any thread may call it."""
+        return self.engine.new_request(request_id, prompt_token_ids, params)
+
+    def submit(self, request: Request, deadline: float | None = None) -> RequestStream:
+        """Admits a request `new_request` built (Overloaded / EngineUnavailable); on the loop."""
+        request_id = request.request_id
         loop = asyncio.get_running_loop()
         slot = OutputSlot(loop)
         if self._inbox.admit(AddItem(request, slot, deadline)):

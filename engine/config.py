@@ -52,6 +52,8 @@ class EngineConfig:
     # Requests in flight (running + waiting) are bounded by max_num_seqs + this (see
     # `max_in_flight`: the one admission rule; beyond it QueueFullError, a 429 on the server).
     max_queued_requests: int = 256
+    # Compiled grammars kept for reuse, by estimated bytes (engine/sampling/grammar_compiler.py).
+    grammar_cache_bytes: int = 512 * 1024 * 1024
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
     # None, or "int8": activations quantised per row and block of 32 for integer dot products
@@ -128,6 +130,7 @@ class EngineConfig:
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
         positive_int("max_queued_requests", self.max_queued_requests, "it bounds the waiting queue")
+        positive_int("grammar_cache_bytes", self.grammar_cache_bytes, "e.g. 512 MiB")
         target = self.target_itl_ms
         if target is not None and (
             isinstance(target, bool)

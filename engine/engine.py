@@ -82,8 +82,9 @@ class Engine:
             device=runner.device.type,
             generation=GenerationDefaults.from_file(runner.config.generation),
         )
-        # Structured outputs (None: no tokenizer, so requests with a grammar are refused).
-        self.grammars = GrammarEngine.for_tokenizer(tokenizer, self.info.vocab_size, eos_token_ids)
+        self.grammars = GrammarEngine.for_tokenizer(  # None: no tokenizer, grammars refused
+            tokenizer, self.info.vocab_size, eos_token_ids, config.grammar_cache_bytes
+        )
         # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_layout.py says.
         layout = layout_for(runner.config, config.block_size)
         self.intake = RequestIntake(
@@ -141,13 +142,10 @@ class Engine:
     def add(self, request: Request) -> None:
         """Queues a request made by `new_request` (QueueFullError when the queue is full)."""
         if request.request_id in self._states:
-            raise ValueError(
-                f"request id {request.request_id!r} is already in use; ids must be unique"
-            )
-        grammar = self.grammars.compile(request.params) if self.grammars is not None else None
-        self.scheduler.add_request(request)
+            raise ValueError(f"request id {request.request_id!r} is already in use (unique ids)")
+        self.scheduler.add_request(request)  # its grammar was compiled by new_request, not here
         self._states[request.request_id] = RequestState(
-            request, self.tokenizer, self.eos_token_ids, self.runner.device, grammar
+            request, self.tokenizer, self.eos_token_ids, self.runner.device, request.grammar
         )
 
     def add_request(
@@ -287,6 +285,7 @@ class Engine:
             forward_path=self.runner.forward_path.description,
             cpu_kernels_active=self.runner.forward_path.attention_kernel,
             speculation=self.speculator.counters.snapshot() if self.speculator else None,
+            grammar_cache_bytes=self.grammars.cache_bytes_held if self.grammars else 0,
         )
 
     def watch_failures(self, on_failure: Callable[[str], None]) -> None:

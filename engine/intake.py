@@ -3,9 +3,10 @@
 Contract: `new_request(request_id, prompt_token_ids, params, arrival_time)` raises
 `InvalidRequest` (a ValueError naming the request field, with a message a user can act on) for a
 request that could never be served — its prompt and token ids, beam rules, a structured output
-that does not compile (compiled and cached now, so a bad one is a 400), its shape against the
-context, `max_num_seqs` and the KV cache — and otherwise returns the `Request`, with
-`max_tokens=None` filled in as the room left in the context. It changes nothing, so any thread
+that does not compile, its shape against the context, `max_num_seqs` and the KV cache — and
+otherwise returns the `Request`, with `max_tokens=None` filled in as the room left in the
+context and its compiled grammar in `Request.grammar` (compiled last, after the cheap checks,
+so a request refused for its length never pays for its grammar). It changes nothing, so any thread
 may call it. With an `EncoderLayout` (T5, BART) the prompt is the encoder's input and the
 `Request` starts with its layout (engine/encoder_layout.py); prompt logprobs are refused.
 """
@@ -22,6 +23,7 @@ from engine.encoder_layout import EncoderLayout
 from engine.errors import InvalidRequest
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
+from engine.sampling.grammar_compiler import CompiledGrammar
 from engine.sampling.grammar_engine import NO_TOKENIZER, GrammarEngine
 from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.block_manager import BlockManager
@@ -60,8 +62,6 @@ class RequestIntake:
             prompt_token_ids = self.encoder_layout.prompt(encoder_ids)
         if params.use_beam_search:
             check_beam_params(params)
-        if params.structured_output is not None:
-            self._compile_grammar(params)
         if params.max_tokens is None:
             decoder_prompt = len(prompt_token_ids) - decoder_start
             max_tokens = info.default_max_tokens(len(prompt_token_ids), decoder_prompt)
@@ -74,6 +74,8 @@ class RequestIntake:
             self.max_num_seqs,
             self.block_manager,
         )
+        # Last: its cost is the request's choice; a request refused anyway never pays it.
+        grammar = self._compile_grammar(params) if params.structured_output is not None else None
         return Request(
             request_id,
             tuple(prompt_token_ids),
@@ -81,13 +83,14 @@ class RequestIntake:
             arrival_time or time.time(),
             encoder_token_ids=encoder_ids,
             decoder_start=decoder_start,
+            grammar=grammar,
         )
 
-    def _compile_grammar(self, params: SamplingParams) -> None:
+    def _compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
         if self.grammars is None:
             raise InvalidRequest("structured_output", f"structured_output: {NO_TOKENIZER}")
         try:
-            self.grammars.compile(params)
+            return self.grammars.compile(params)
         except ValueError as exc:  # the server names the API field it came from
             raise InvalidRequest("structured_output", f"structured_output: {exc}") from None
 

@@ -99,6 +99,8 @@ class EngineStats:
     cpu_kernels_active: bool = False
     # Speculative decoding: proposals, proposed / accepted tokens, per position (None: off).
     speculation: SpeculationStats | None = None
+    # Estimated bytes of the compiled grammars kept for reuse (engine/sampling/grammar_cache.py).
+    grammar_cache_bytes: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -5,6 +5,10 @@ become ApiErrors before any response byte: 400 invalid (the engine's ValueError,
 where the request enters the engine), 429 + Retry-After overloaded, 503 unavailable. Each
 returned stream records its timings into the metrics and aborts its request when closed early.
 A request's deadline is the smaller of its own `timeout` and the server's default.
+Every prompt is validated before any is admitted; one with a structured output is validated
+(its grammar compiled) on `workers` (server/worker_pool.py), never on the event loop, within
+`compile_timeout` seconds: past it a 400 naming the field (the grammar is too costly), or a
+429 + Retry-After when the workers were too busy to start on it.
 `early_refusal(engine)`: the same 429 / 503, for the guard to answer before any body is read.
 """
 
@@ -14,11 +18,14 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 
 from engine import (
     AsyncEngine,
     EngineUnavailable,
+    InvalidRequest,
     Overloaded,
+    Request,
     RequestOutput,
     RequestStream,
     SamplingParams,
@@ -26,6 +33,7 @@ from engine import (
 from server.engine_params import to_api_error
 from server.errors import ApiError
 from server.metrics import RequestTimer, ServerMetrics
+from server.worker_pool import PoolBusy, WorkerPool, WorkTimedOut
 
 
 async def open_streams(
@@ -36,19 +44,26 @@ async def open_streams(
     timeout: float | None,
     default_timeout: float | None,
     api_fields: dict[str, str] | None = None,
+    workers: WorkerPool | None = None,
+    compile_timeout: float = 10.0,
 ) -> list[AsyncIterator[RequestOutput]]:
     """Admits one engine request per prompt (all or none); raises ApiError before any byte.
-    `api_fields`: engine field names -> the API's, for the `param` of a 400."""
+    `api_fields`: engine field names -> the API's, for the `param` of a 400. `workers`: where
+    grammars compile (None: on the event loop, for callers without a server)."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ApiError(
             400, f"timeout must be a positive number of seconds, got {timeout}", param="timeout"
         )
     timeouts = [t for t in (timeout, default_timeout) if t is not None]
     deadline = time.monotonic() + min(timeouts) if timeouts else None
+    requests = [
+        await _validate(engine, prompt, sampling, api_fields, workers, compile_timeout)
+        for prompt, sampling in zip(prompts, params, strict=True)
+    ]
     streams: list[RequestStream] = []
     try:
-        for prompt, sampling in zip(prompts, params, strict=True):
-            streams.append(_admit(engine, prompt, sampling, deadline, api_fields))
+        for request in requests:
+            streams.append(_admit(engine, request, deadline))
         for stream in streams:
             await _admitted(stream, api_fields)
     except BaseException:
@@ -72,19 +87,47 @@ def _refused(exc: Overloaded | EngineUnavailable) -> ApiError:
     return ApiError(503, str(exc), code="unavailable")
 
 
-def _admit(
+async def _validate(
     engine: AsyncEngine,
     prompt: list[int],
     sampling: SamplingParams,
-    deadline: float | None,
     api_fields: dict[str, str] | None,
-) -> RequestStream:
+    workers: WorkerPool | None,
+    compile_timeout: float,
+) -> Request:
+    build = partial(engine.new_request, uuid.uuid4().hex, prompt, sampling)
     try:
-        return engine.generate(uuid.uuid4().hex, prompt, sampling, deadline)
-    except (Overloaded, EngineUnavailable) as exc:
-        raise _refused(exc) from None
+        if workers is None or sampling.structured_output is None:
+            return build()  # cheap: checks of the prompt and the parameters
+        return await workers.run(build, compile_timeout)
     except ValueError as exc:
         raise to_api_error(exc, api_fields) from None
+    except WorkTimedOut as exc:
+        if not exc.started:
+            raise _busy() from None
+        message = (
+            f"structured_output: the constraint did not compile within {compile_timeout:g}s; "
+            "use fewer alternatives or a smaller schema"
+        )
+        raise to_api_error(InvalidRequest("structured_output", message), api_fields) from None
+    except PoolBusy:
+        raise _busy() from None
+
+
+def _busy() -> ApiError:
+    return ApiError(
+        429,
+        "the server is busy compiling other requests' grammars; retry later",
+        code="overloaded",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _admit(engine: AsyncEngine, request: Request, deadline: float | None) -> RequestStream:
+    try:
+        return engine.submit(request, deadline)
+    except (Overloaded, EngineUnavailable) as exc:
+        raise _refused(exc) from None
 
 
 async def _admitted(stream: RequestStream, api_fields: dict[str, str] | None) -> None:

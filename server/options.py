@@ -161,6 +161,18 @@ OPTIONS: tuple[Option, ...] = (
         "beyond it 429 with Retry-After",
         default=ENGINE_DEFAULT,
     ),
+    Option(
+        "grammar_compile_timeout",
+        _positive_float,
+        "seconds a request's structured output (schema, regex, choices, grammar) may take to "
+        "compile, off the event loop; past it a 400 naming the field",
+    ),
+    Option(
+        "grammar_cache_bytes",
+        parse_size,
+        "compiled grammars kept for reuse, by estimated size, e.g. 512MiB (least recently used "
+        "dropped first; metric tgserve_grammar_cache_bytes)",
+    ),
     Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     Option(
         "disable_cpu_kernels",

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         else settings.activation_quantization,
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
+        "grammar_cache_bytes": settings.grammar_cache_bytes,
         "target_itl_ms": settings.target_itl_ms,
         "enable_prefix_caching": not settings.disable_prefix_caching,
         "cpu_kernels": not settings.disable_cpu_kernels,

@@ -44,6 +44,8 @@ class Settings:
     target_itl_ms: float | None = None  # None: the engine's default; 0: no step-time target
     kv_cache_memory: int | None = None
     max_queued_requests: int | None = None
+    grammar_compile_timeout: float = 10.0
+    grammar_cache_bytes: int = 512 * 1024 * 1024
     disable_prefix_caching: bool = False
     disable_cpu_kernels: bool = False
     dequantize: bool = False

@@ -7,7 +7,8 @@ Contract:
   failed load is logged and `on_fatal` (given at construction) is called. The engine's
   `EngineInfo` is kept as it came (`info`); `tokenizer`, `max_model_len` and `vocab_size` read
   it.
-- `open()` is how routes start generation (see server/admission.py).
+- `open()` is how routes start generation (see server/admission.py; grammars compile on
+  `workers`, within `--grammar-compile-timeout`).
 - `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
   `model_name()` takes a served name, none, or a placeholder TGI-style clients send for "the
@@ -40,6 +41,7 @@ from server.errors import ApiError
 from server.metrics import ServerMetrics
 from server.settings import Settings
 from server.token_texts import TokenTexts
+from server.worker_pool import WorkerPool, settle
 
 logger = logging.getLogger("tgserve.server")
 # What clients of single-model servers send when they name no model: huggingface_hub's
@@ -71,6 +73,9 @@ class ServerState:
         self.draining = False
         self.dead_reason: str | None = None  # the engine loop died: the process is stopping
         self.created = int(time.time())
+        # Grammars compile here (server/admission.py): two threads leave the engine's loop a
+        # core on a small host; as many may wait as requests may be in flight.
+        self.workers = WorkerPool(threads=2, max_waiting=admission_limit)
         self.metrics = ServerMetrics(
             lambda: self.engine.stats() if self.engine else None,
             vllm_compatible=settings.vllm_compatible_metrics,
@@ -215,6 +220,8 @@ class ServerState:
             timeout,
             self.settings.request_timeout,
             api_fields,
+            self.workers,
+            self.settings.grammar_compile_timeout,
         )
 
 
@@ -226,21 +233,13 @@ async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()
 
-    def settle(result: Any, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
-
     def run() -> None:
         try:
             result, error = work(), None
         except BaseException as exc:  # handed to the awaiting task, as to_thread does
             result, error = None, exc
         with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
-            loop.call_soon_threadsafe(settle, result, error)
+            loop.call_soon_threadsafe(settle, done, result, error)
 
     threading.Thread(target=run, name="tgserve-load", daemon=True).start()
     return await done

@@ -19,6 +19,7 @@ import enum
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.requests.sampling_params import SamplingParams
 from engine.types import TokenLogprob
@@ -143,6 +144,9 @@ class Request:
     # prompt (after the encoder region: engine/encoder_layout.py); () and 0 otherwise.
     encoder_token_ids: tuple[int, ...] = ()
     decoder_start: int = 0
+    # The CompiledGrammar of params.structured_output (engine/sampling), made by new_request off
+    # the engine's thread; the engine's cache may have dropped it since, so it travels here.
+    grammar: Any = field(default=None, repr=False)
     _next_seq_id: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:

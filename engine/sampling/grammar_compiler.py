@@ -1,11 +1,21 @@
 """Compiling a request's `StructuredOutput` into a grammar the sampler can enforce, cached.
 
-Contract: `GrammarCompiler(tokenizer, vocab_size, eos_token_ids, cache_size)`;
+Contract: `GrammarCompiler(tokenizer, vocab_size, eos_token_ids, cache_size, cache_bytes)`;
 `compile(structured_output)` returns a `CompiledGrammar` or raises `ValueError` naming what is
 wrong ("invalid JSON schema: Unknown format: weird"), so `Engine.new_request` refuses the request
-before any work. Compiled grammars are kept in a bounded LRU keyed by (kind, value) and are
-shared: `CompiledGrammar.new_matcher()` hands each sequence a copy of its own. Thread-safe:
-the server may validate requests on any thread while the engine steps.
+before any work. The message is llguidance's own, short, never a Rust panic or backtrace: a
+grammar past llguidance's limits (`LIMITS`; e.g. more than ~65k alternatives in one rule) is
+"too large to compile"; a choice list holds at most `MAX_CHOICES` strings. Compiled grammars
+are kept in an LRU keyed by (kind, value), bounded by count and by bytes (grammar_cache.py;
+`cache_bytes`, the server's `--grammar-cache-bytes`), and are shared: `CompiledGrammar.new_matcher()` hands each sequence a copy of its own.
+`cache_bytes_held` is what the cache holds (a metric). Thread-safe: the server compiles on
+worker threads (with a deadline) while the engine steps.
+
+An entry's size is an estimate, `BYTES_PER_GRAMMAR_CHAR` per character of the grammar's
+llguidance text plus a fixed part: llguidance reports no memory figure. The factor is the
+largest resident-memory growth per character measured over choice lists, Lark alternations,
+JSON-schema enums and objects and regex alternations of 2k-30k items (18-280 bytes per
+character; objects with many properties cost most), rounded up.
 
 The grammar engine is llguidance, chosen by measuring it against xgrammar on SmolLM2's
 49,152-token vocabulary (one core, see the issue #16 note for the script and numbers):
@@ -26,16 +36,32 @@ free whitespace, so a small model cannot wander off into endless newlines.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import llguidance
 
 from engine.requests.structured_output import StructuredOutput
+from engine.sampling.grammar_cache import GrammarCache
 from engine.sampling.grammar_tokenizer import grammar_tokenizer
 
-DEFAULT_CACHE_SIZE = 256  # compiled grammars kept (each a few kB to a few MB)
+DEFAULT_CACHE_SIZE = 256  # compiled grammars kept at most (each a few kB to ~100 MB)
+DEFAULT_CACHE_BYTES = 512 * 1024 * 1024  # and their estimated bytes at most
+BYTES_PER_GRAMMAR_CHAR = 300  # the size estimate (module docstring)
+ENTRY_BASE_BYTES = 64 * 1024
+# llguidance's own defaults, stated so they are ours; errors without the grammar's internals.
+LIMITS = llguidance.LLParserLimits(
+    max_items_in_row=2000,
+    initial_lexer_fuel=1_000_000,
+    step_lexer_fuel=200_000,
+    step_max_items=50_000,
+    max_lexer_states=250_000,
+    max_grammar_size=500_000,
+    verbose_errors=False,
+)
+# Choice lists past this are refused before compiling: llguidance gives up on a rule of ~65k
+# alternatives only after compiling it (12 s for 100k on one core), and 20k take ~2 s.
+MAX_CHOICES = 20_000
+TOO_LARGE = "it is too large or complex to compile; use fewer alternatives or a smaller schema"
 _JSON_OPTIONS = {
     "whitespace_flexible": False,
     "item_separator": ", ",
@@ -54,9 +80,12 @@ _WHAT = {
 class CompiledGrammar:
     """A compiled grammar: immutable once built; hands out fresh matchers."""
 
-    def __init__(self, structured_output: StructuredOutput, matcher: llguidance.LLMatcher) -> None:
+    def __init__(
+        self, structured_output: StructuredOutput, matcher: llguidance.LLMatcher, size_bytes: int
+    ) -> None:
         self.structured_output = structured_output
         self._pristine = matcher  # never advanced: only copied
+        self.size_bytes = size_bytes  # an estimate (module docstring)
 
     def new_matcher(self) -> llguidance.LLMatcher:
         return self._pristine.deep_copy()
@@ -69,39 +98,39 @@ class GrammarCompiler:
         vocab_size: int,
         eos_token_ids: Sequence[int],
         cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
-        if cache_size < 1:
-            raise ValueError(f"cache_size must be at least 1, got {cache_size}")
         self.vocab_size = vocab_size
         self.tokenizer = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
-        self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: GrammarCache[CompiledGrammar] = GrammarCache(cache_size, cache_bytes)
         self.num_compiled = 0  # cache misses, for tests and stats
+
+    @property
+    def cache_bytes_held(self) -> int:
+        return self._cache.bytes_held
 
     def compile(self, structured_output: StructuredOutput) -> CompiledGrammar:
         key = (structured_output.kind, structured_output.value)
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        compiled = CompiledGrammar(structured_output, self._build(structured_output))
-        with self._lock:
-            self.num_compiled += 1
-            self._cache[key] = compiled
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        compiled = self._build(structured_output)
+        self.num_compiled += 1
+        self._cache.put(key, compiled, compiled.size_bytes)
         return compiled
 
-    def _build(self, so: StructuredOutput) -> llguidance.LLMatcher:
-        grammar = _grammar_text(so)
+    def _build(self, so: StructuredOutput) -> CompiledGrammar:
+        what = _WHAT[so.kind]
+        try:
+            grammar = _grammar_text(so)
+        except ValueError as exc:
+            raise ValueError(_clean(str(exc), what)) from None
         # Builds the parser (the GIL is released meanwhile); errors put it in an error state.
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
-            raise ValueError(f"invalid {_WHAT[so.kind]}: {_first_lines(matcher.get_error())}")
-        return matcher
+            raise ValueError(_clean(f"invalid {what}: {matcher.get_error()}", what))
+        size = ENTRY_BASE_BYTES + BYTES_PER_GRAMMAR_CHAR * len(grammar)
+        return CompiledGrammar(so, matcher, size)
 
 
 def _grammar_text(so: StructuredOutput) -> str:
@@ -116,7 +145,10 @@ def _grammar_text(so: StructuredOutput) -> str:
         return llguidance.LLMatcher.grammar_from_regex(so.value)
     if so.kind == "choice":
         # JSON string escapes are valid Lark string escapes (checked in the tests).
-        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in so.choices())
+        choices = so.choices()
+        if len(choices) > MAX_CHOICES:
+            raise ValueError(f"invalid choice: {len(choices)} strings; at most {MAX_CHOICES}")
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
         return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
     if not so.value.strip():
         raise ValueError("invalid grammar: it is empty")
@@ -144,7 +176,11 @@ def _from_schema(schema: dict) -> str:
         raise ValueError(f"invalid JSON schema: {exc}") from None
 
 
-def _first_lines(message: str, limit: int = 6) -> str:
-    """llguidance errors may carry a source excerpt; keep the message short."""
+def _clean(message: str, what: str, limit: int = 6) -> str:
+    """A message fit for a client: llguidance's may carry a source excerpt (kept short) or, past
+    an internal limit, a Rust panic and its backtrace (never shown: it says nothing a client
+    can act on, and names the library's internals)."""
+    if "panic" in message or "<backtrace>" in message:
+        return f"invalid {what}: {TOO_LARGE}"
     lines = [line for line in message.strip().splitlines() if line.strip()]
-    return "\n".join(lines[:limit])
+    return "\n".join(line[:500] for line in lines[:limit])

@@ -1,10 +1,11 @@
 """GrammarEngine: the engine's one door to structured outputs.
 
-Contract: `GrammarEngine.for_tokenizer(tokenizer, vocab_size, eos_token_ids)` (None when the
-model has no tokenizer with raw token bytes: such an engine refuses structured outputs).
+Contract: `GrammarEngine.for_tokenizer(tokenizer, vocab_size, eos_token_ids, cache_bytes)` (None
+when the model has no tokenizer with raw token bytes: such an engine refuses structured outputs).
 - `compile(params)`: the request's `CompiledGrammar` (cached), None without a constraint, or
   `ValueError` naming the problem — `Engine.new_request` calls it to validate, `Engine.add` to
   get the grammar (a cache hit).
+- `cache_bytes_held`: the estimated bytes of the compiled grammars kept (at most `cache_bytes`).
 - `start_masks(jobs)`: begins computing the step's masks on the worker thread (see
   grammar_masker.py) for `(logits_row, matcher)` pairs; `.result()` after the forward gives the
   step's `TokenMask` for the sampler.
@@ -18,7 +19,12 @@ from collections.abc import Sequence
 import llguidance
 
 from engine.requests.sampling_params import SamplingParams
-from engine.sampling.grammar_compiler import DEFAULT_CACHE_SIZE, CompiledGrammar, GrammarCompiler
+from engine.sampling.grammar_compiler import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_CACHE_SIZE,
+    CompiledGrammar,
+    GrammarCompiler,
+)
 from engine.sampling.grammar_masker import GrammarMasker, PendingMask
 
 NO_TOKENIZER = "structured outputs need the model's tokenizer, and this model has none"
@@ -35,11 +41,17 @@ class GrammarEngine:
         tokenizer,
         vocab_size: int,
         eos_token_ids: Sequence[int],
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> GrammarEngine | None:
         if tokenizer is None or not hasattr(tokenizer, "token_bytes") or not eos_token_ids:
             return None
-        return cls(GrammarCompiler(tokenizer, vocab_size, eos_token_ids, cache_size))
+        compiler = GrammarCompiler(tokenizer, vocab_size, eos_token_ids, cache_size, cache_bytes)
+        return cls(compiler)
+
+    @property
+    def cache_bytes_held(self) -> int:
+        return self.compiler.cache_bytes_held
 
     def compile(self, params: SamplingParams) -> CompiledGrammar | None:
         if params.structured_output is None:

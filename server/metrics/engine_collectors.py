@@ -33,6 +33,11 @@ ENGINE_GAUGES = (
         "1 while tgserve's C++ CPU kernels run the steps; 0 on PyTorch ops (while they build, "
         "or turned off).",
     ),
+    (
+        "grammar_cache_bytes",
+        "tgserve_grammar_cache_bytes",
+        "Estimated bytes of the compiled grammars kept for reuse (--grammar-cache-bytes).",
+    ),
 )
 ENGINE_COUNTERS = (
     ("prompt_tokens_total", "tgserve_prompt_tokens", "Prompt tokens processed."),

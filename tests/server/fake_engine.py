@@ -53,6 +53,7 @@ class FakeStats:
     num_steps: int = 0
     forward_path: str = "fake engine"
     cpu_kernels_active: bool = False
+    grammar_cache_bytes: int = 0
 
 
 @dataclass
