@@ -143,8 +143,9 @@ class AsyncEngine:
         return self._inbox.num_pending()
 
     def stats(self) -> EngineStats:
-        """The engine's stats as of the last loop iteration (a frozen snapshot)."""
-        return self._loop.stats
+        """The engine's stats now (a frozen snapshot read at call time, also mid-step), with
+        the requests admitted but not yet handed to the engine counted as waiting."""
+        return self._loop.live_stats(self._inbox.num_queued_adds())
 
     @property
     def info(self) -> EngineInfo:

@@ -138,6 +138,11 @@ class EngineInbox:
         with self._cond:
             return self._pending
 
+    def num_queued_adds(self) -> int:
+        """Requests admitted and not yet handed to the engine (the loop is mid-step)."""
+        with self._cond:
+            return sum(isinstance(item, AddItem) for item in self._items)
+
     def stop_accepting(self) -> None:
         with self._cond:
             self._accepting = False

@@ -14,11 +14,15 @@ Contract (`run()` is the thread's body; everything else here is the loop thread'
   ends every open stream with "abort", calls the engine's optional `close()` (the other
   tensor-parallel ranks stop there) and, when it died, `on_dead(reason)` once.
 - `last_progress_time` (time.monotonic) is when the loop last woke or finished a turn;
-  `stats` the engine's stats after the last turn.
+  `stats` the engine's stats after the last turn. `live_stats(queued)` is the one method
+  another thread may call: the engine's stats read now (a step may last seconds: a scrape
+  during it must see the requests it runs, issue 39), with `queued` admitted adds the loop has
+  not taken yet counted as waiting; the last turn's if the read fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -163,6 +167,14 @@ class EngineLoop:
             close()
         except Exception:
             logger.exception("closing the engine failed")
+
+    def live_stats(self, queued: int = 0) -> EngineStats:
+        """From any thread: the engine's counts are plain sizes, read without the loop's help."""
+        try:
+            stats = self.engine.stats()
+        except Exception:  # mid-update on the loop's thread: the last turn's figures
+            stats = self.stats
+        return dataclasses.replace(stats, num_waiting=stats.num_waiting + queued)
 
     def _refresh_stats(self) -> None:
         try:
