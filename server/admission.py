@@ -84,7 +84,7 @@ def early_refusal(engine: AsyncEngine) -> ApiError | None:
 def _refused(exc: Overloaded | EngineUnavailable) -> ApiError:
     if isinstance(exc, Overloaded):
         return _overloaded(exc)
-    return ApiError(503, str(exc), code="unavailable")
+    return ApiError(503, str(exc), code="unavailable", headers={"Retry-After": "5"})
 
 
 async def _validate(

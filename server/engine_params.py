@@ -10,7 +10,9 @@ an `ApiError(400)` whose `param` is the API's name for the engine's `InvalidRequ
 (`api_fields`: engine field -> this route's, unlisted names are the same) and whose message
 opens with it (TGI's error body has no `param`), read from the attribute, never the message.
 `fault_spec` maps the tests' `fault` field (`FaultFields`, engine/faults.py): a 400 naming it
-unless `allowed` (--enable-fault-injection). `schema_text` checks a JSON schema given as text.
+unless `allowed` (--enable-fault-injection). `schema_text` checks a JSON schema given as text
+(a 400 when it is not JSON or is nested past Python's parser, ~1000 levels); `structured(kind,
+value, field)` is the engine's StructuredOutput, or a 400 naming `field` (e.g. over 1 MiB).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from engine import (
     GenerationDefaults,
     InvalidRequest,
     SamplingParams,
+    StructuredOutput,
 )
 from server.errors import ApiError
 
@@ -110,5 +113,16 @@ def schema_text(value: dict[str, Any] | bool | str, field: str) -> str:
             json.loads(value)
         except json.JSONDecodeError as exc:
             raise ApiError(400, f"{field} is not valid JSON: {exc}", param=field) from None
+        except RecursionError:  # Python's parser gives up near 1000 levels
+            raise ApiError(400, f"{field} is nested too deeply", param=field) from None
         return value
     return json.dumps(value)
+
+
+def structured(kind: str, value: str, field: str) -> StructuredOutput:
+    """The engine's constraint of this kind, or a 400 naming the request's field."""
+    try:
+        return StructuredOutput(kind, value)  # type: ignore[arg-type]  # checked there
+    except ValueError as exc:
+        message = str(exc).removeprefix("structured_output ")
+        raise ApiError(400, f"{field}: {message}", param=field) from None

@@ -8,7 +8,8 @@ opens with the field, as that shape has no `param`). Bodies
 never carry tracebacks, exception reprs or file paths: unexpected exceptions become a generic
 500 and are logged server-side only. FastAPI's bare 422 never escapes: bodies are parsed by
 the routes (`read_body`: 415 unless the body is declared as JSON, then `parse_body`) and any
-stray validation error is turned into a 400.
+stray validation error is turned into a 400. A client gone while sending its body
+(`ClientDisconnected`) is an info line and a 499 nobody reads, never a 500.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +194,11 @@ async def read_body(request: Request, model: type[ModelT]) -> ModelT:
             f"the request body must be JSON sent as 'Content-Type: application/json', got {given}",
             code="unsupported_media_type",
         )
-    return parse_body(model, await request.body())
+    try:
+        body = await request.body()
+    except ClientDisconnect:  # gone while sending its body: an info line, never a 500
+        raise ClientDisconnected() from None
+    return parse_body(model, body)
 
 
 def parse_body(model: type[ModelT], body: bytes) -> ModelT:

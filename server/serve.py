@@ -162,6 +162,16 @@ def h11_header_bound(settings: Settings) -> int:
     return settings.max_header_bytes + 4 * settings.max_headers + 16 * 1024
 
 
+def exposure_warning(settings: Settings) -> str | None:
+    """What to warn about when every interface is served and no key is asked for."""
+    if settings.api_key or settings.host not in ("0.0.0.0", "::", ""):
+        return None
+    return (
+        f"serving on every interface ({settings.host or 'all'}) without an API key: anyone who "
+        "can reach this port can generate; give --api-key, or --host 127.0.0.1 for local use"
+    )
+
+
 class _Server(uvicorn.Server):
     def __init__(
         self, config: uvicorn.Config, state: ServerState, settings: Settings, fatal: FatalExit
@@ -182,6 +192,9 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         auth = f"{len(self.settings.api_key)} API key(s)" if self.settings.api_key else "no API key"
         logger.info("listening on http://%s:%d (%s)", self.config.host, self.config.port, auth)
+        warning = exposure_warning(self.settings)
+        if warning is not None:
+            logger.warning(warning)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -9,7 +9,7 @@ Contract:
   it.
 - `open()` is how routes start generation (see server/admission.py; grammars compile on
   `workers`, within `--grammar-compile-timeout`).
-- `require_ready()`: 503 (with Retry-After while loading) until ready; `model_name()` calls it
+- `require_ready()`: 503 + Retry-After until ready (loading), and while draining or dead; `model_name()` calls it
   first, so a request sent while loading is told to retry, never that its model is unknown.
   `model_name()` takes a served name, none, or a placeholder TGI-style clients send for "the
   model this server serves" (`PLACEHOLDER_MODEL_NAMES`), which it answers with the served name.
@@ -47,6 +47,8 @@ logger = logging.getLogger("tgserve.server")
 # What clients of single-model servers send when they name no model: huggingface_hub's
 # InferenceClient(URL).chat_completion sends "dummy", TGI's documented OpenAI examples "tgi".
 PLACEHOLDER_MODEL_NAMES = frozenset({"dummy", "tgi"})
+# Every 503 says when to come back: loading, draining (a restart or another replica), restarting.
+RETRY_AFTER = {"Retry-After": "5"}
 
 
 class ServerState:
@@ -165,15 +167,22 @@ class ServerState:
     def readiness_error(self) -> ApiError | None:
         """The 503 to answer while draining or loading (with Retry-After); None once ready."""
         if self.dead_reason is not None:
-            return ApiError(503, "the engine has stopped; the server is restarting", code="dead")
+            return ApiError(
+                503,
+                "the engine has stopped; the server is restarting",
+                code="dead",
+                headers=RETRY_AFTER,
+            )
         if self.draining:
-            return ApiError(503, "the server is shutting down", code="draining")
+            return ApiError(
+                503, "the server is shutting down", code="draining", headers=RETRY_AFTER
+            )
         if not self.ready:
             return ApiError(
                 503,
                 "the model is still loading; retry shortly",
                 code="not_ready",
-                headers={"Retry-After": "5"},
+                headers=RETRY_AFTER,
             )
         return None
 

@@ -160,6 +160,8 @@ def _parse_schema(text: str) -> dict:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON schema: not JSON ({exc})") from None
+    except RecursionError:  # Python's parser gives up near 1000 levels
+        raise ValueError("invalid JSON schema: it is nested too deeply") from None
     if schema is True:
         return {}
     if schema is False:

@@ -23,7 +23,7 @@ from server.anthropic.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from server.chat.tool_calls.plan import ToolPlan, check_function, check_unique
+from server.chat.tool_calls.plan import ToolPlan, check_function, check_unique, unknown_choice
 from server.engine_params import build_params
 from server.errors import ApiError
 
@@ -112,11 +112,7 @@ def tool_plan(req: ConversationFields) -> ToolPlan | None:
     kind = choice.type if choice is not None else "auto"
     forced = choice.name if choice is not None and kind == "tool" else None
     if kind == "tool" and forced not in names:
-        raise ApiError(
-            400,
-            f"tool_choice.name: {forced!r} is not among the tools ({', '.join(sorted(names))})",
-            param="tool_choice.name",
-        )
+        raise unknown_choice(str(forced), names, "tool_choice.name")
     parallel = not (choice is not None and choice.disable_parallel_tool_use)
     return ToolPlan(functions, _CHOICES[kind], forced, parallel)
 

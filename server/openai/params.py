@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from engine import GenerationDefaults, SamplingParams, StructuredOutput
-from server.engine_params import build_params, fault_spec, schema_text
+from server.engine_params import build_params, fault_spec, schema_text, structured
 from server.errors import ApiError
 from server.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.structured_fields import GuidedFields, ResponseFormat
@@ -53,24 +53,26 @@ def _response_format(fmt: ResponseFormat | None) -> StructuredOutput | None:
         )
     if fmt.json_schema.schema_ is None:  # a name without a schema: any JSON object
         return StructuredOutput("json_object")
-    return StructuredOutput("json_schema", json.dumps(fmt.json_schema.schema_))
+    return structured("json_schema", json.dumps(fmt.json_schema.schema_), "response_format")
 
 
 def _guided(req: GuidedFields) -> list[tuple[str, StructuredOutput]]:
     found = []
     if req.guided_json is not None:
         text = schema_text(req.guided_json, "guided_json")
-        found.append(("guided_json", StructuredOutput("json_schema", text)))
+        found.append(("guided_json", structured("json_schema", text, "guided_json")))
     if req.guided_regex is not None:
-        found.append(("guided_regex", StructuredOutput("regex", req.guided_regex)))
+        found.append(("guided_regex", structured("regex", req.guided_regex, "guided_regex")))
     if req.guided_choice is not None:
         if not req.guided_choice:
             raise ApiError(
                 400, "guided_choice must list at least one string", param="guided_choice"
             )
-        found.append(("guided_choice", StructuredOutput.from_choices(req.guided_choice)))
+        choices = json.dumps(req.guided_choice)
+        found.append(("guided_choice", structured("choice", choices, "guided_choice")))
     if req.guided_grammar is not None:
-        found.append(("guided_grammar", StructuredOutput("grammar", req.guided_grammar)))
+        grammar = structured("grammar", req.guided_grammar, "guided_grammar")
+        found.append(("guided_grammar", grammar))
     return found
 
 
@@ -195,7 +197,7 @@ def chat_params(
                 f"combined with {field}",
                 param=field,
             )
-        shared["structured_output"] = StructuredOutput("grammar", tool_grammar)
+        shared["structured_output"] = structured("grammar", tool_grammar, "tools")
     return build_params(
         api_fields(req),
         max_tokens=max_tokens,

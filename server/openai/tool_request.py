@@ -11,7 +11,7 @@ server/chat/tool_calls/plan.py.
 from __future__ import annotations
 
 from server.chat.tool_calls.base import FunctionSpec
-from server.chat.tool_calls.plan import ToolPlan, check_function, check_unique
+from server.chat.tool_calls.plan import ToolPlan, check_function, check_unique, unknown_choice
 from server.errors import ApiError
 from server.openai.protocol import ChatCompletionRequest, NamedToolChoice
 
@@ -32,12 +32,7 @@ def tool_plan(req: ChatCompletionRequest) -> ToolPlan | None:
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
         if name not in seen:
-            raise ApiError(
-                400,
-                f"tool_choice names the function {name!r}, which is not among the tools "
-                f"({', '.join(sorted(seen))})",
-                param="tool_choice",
-            )
+            raise unknown_choice(name, seen, "tool_choice")
         return ToolPlan(functions, "function", name, parallel)
     return ToolPlan(functions, choice, None, parallel)
 

@@ -11,7 +11,7 @@ knob asks otherwise, and always returns each token's logprob.
 from __future__ import annotations
 
 from engine import SamplingParams, StructuredOutput
-from server.engine_params import build_params, fault_spec, schema_text
+from server.engine_params import build_params, fault_spec, schema_text, structured
 from server.errors import ApiError
 from server.structured_fields import TgiGrammar
 from server.tgi.protocol import TgiParameters
@@ -36,10 +36,10 @@ def _tgi_grammar(grammar: TgiGrammar | None) -> StructuredOutput | None:
     if grammar is None:
         return None
     if grammar.type == "json":
-        return StructuredOutput("json_schema", schema_text(grammar.value, "grammar"))
+        return structured("json_schema", schema_text(grammar.value, "grammar"), "grammar")
     if not isinstance(grammar.value, str):
         raise ApiError(400, "grammar of type regex needs a string value", param="grammar")
-    return StructuredOutput("regex", grammar.value)
+    return structured("regex", grammar.value, "grammar")
 
 
 def tgi_params(

@@ -93,6 +93,7 @@ def test_signal_drains_then_aborts_open_streams_and_exits_zero(sig):
         assert httpx.get(url + "/ready").status_code == 503  # draining
         refused = httpx.post(url + "/v1/completions", json=short_body)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        assert refused.headers["retry-after"] == "5"
         reader.join(20)
         asker.join(20)
         output, _ = process.communicate(timeout=20)

@@ -6,7 +6,9 @@ ToolPlan: the functions (checked `FunctionSpec`s), the choice ("auto", "none", "
 are read from the output and the tools shown to the model; `enforced`: the functions a grammar
 must hold the output to (server/chat/tool_calls/enforce.py), None when the model answers freely.
 `check_function(name, parameters, where)` is the rule every API applies to one function (a
-400 naming `where`.name or `where`.parameters, the API's own field path).
+400 naming `where`.name or `where`.parameters, the API's own field path). `unknown_choice(name,
+names, param)`: the 400 for a forced name that is no tool's, its size bounded (a request with
+1000 tools gets a few names, not all: the message stays under ~1 KB).
 """
 
 from __future__ import annotations
@@ -81,3 +83,14 @@ def check_unique(functions: tuple[FunctionSpec, ...], where: str) -> set[str]:
             )
         seen.add(function.name)
     return seen
+
+
+NAMES_SHOWN = 8
+
+
+def unknown_choice(name: str, names: set[str], param: str) -> ApiError:
+    shown = ", ".join(sorted(names)[:NAMES_SHOWN])
+    if len(names) > NAMES_SHOWN:
+        shown += f", ... ({len(names)} in all)"
+    given = name if len(name) <= 80 else name[:80] + "..."
+    return ApiError(400, f"{param}: {given!r} is not among the tools ({shown})", param=param)

@@ -61,7 +61,7 @@ def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
     for call in calls:
         try:
             arguments = json.loads(call["function"]["arguments"])
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # rendered as the text it is
             continue
         if isinstance(arguments, dict):
             call["function"]["arguments"] = arguments
