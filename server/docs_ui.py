@@ -6,7 +6,8 @@ readiness rule of /openapi.json (the guard's: a key is needed unless the route i
 and ReDoc bundles the `fastapi-offline` package ships (its MIT licence; Swagger UI is
 Apache-2.0, ReDoc MIT). Those files are library code with no API data, answered without a key
 and while loading (the guard's static-file rule). Every URL in the pages is relative, so they
-work behind a path prefix, and none leaves the server: no CDN, no web fonts. The routes stay out
+work behind a path prefix, and none leaves the server: no CDN, no web fonts (ReDoc's bundle is
+served with its footer logo's CDN address replaced by tgserve's icon, a relative URL). The routes stay out
 of the OpenAPI document.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import fastapi_offline
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from starlette.responses import FileResponse, HTMLResponse
+from starlette.responses import FileResponse, HTMLResponse, Response
 
 from server.errors import ApiError
 
@@ -25,6 +26,7 @@ ASSETS = Path(fastapi_offline.__file__).parent / "static"
 ASSET_NAMES = frozenset({"swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js"})
 ASSET_NAMES |= {"favicon.png"}
 _ASSET_URL = "static/docs/{name}"  # relative to /docs and /redoc
+_REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
 
 
 def install_docs(app: FastAPI, openapi_url: str) -> None:
@@ -52,8 +54,21 @@ def install_docs(app: FastAPI, openapi_url: str) -> None:
             with_google_fonts=False,
         )
 
+    redoc_bundle = _redoc_without_cdn()
+
     @app.get("/static/docs/{name}", include_in_schema=False)
-    async def docs_asset(name: str) -> FileResponse:
+    async def docs_asset(name: str) -> Response:
         if name not in ASSET_NAMES:  # a fixed list: no path from the URL reaches the disk
             raise ApiError(404, f"no file {name!r} here", code="not_found")
+        if name == "redoc.standalone.js":
+            return Response(redoc_bundle, media_type="text/javascript")
         return FileResponse(ASSETS / name)
+
+
+def _redoc_without_cdn() -> bytes:
+    """ReDoc's bundle with its footer logo (an <img> ReDoc always renders, fetched from
+    Redocly's CDN) taken from this server instead: tgserve's icon, beside the pages."""
+    bundle = (ASSETS / "redoc.standalone.js").read_bytes()
+    if _REDOC_CDN_LOGO not in bundle:  # a ReDoc release without it: nothing to replace
+        return bundle
+    return bundle.replace(_REDOC_CDN_LOGO, b"static/playground/icon.svg")

@@ -1,7 +1,8 @@
 """The playground: a chat page at GET / (static HTML, JS and CSS in server/static/playground).
 
 Contract: `install_playground(app)` adds GET / (the page) and GET /static/playground/{name} (its
-script and style sheet), and HEAD of each (uptime probes send it), both answered without a key and while the model loads (the guard's
+script, style sheet and icon), and HEAD of each (uptime probes send it), all answered without a key
+and while the model loads (the guard's
 static-file rule: they hold no API data). The page asks for the API key and keeps it in its own
 memory; its requests (/info, /metrics, /v1/chat/completions) follow the usual key rule. Every URL
 in it is relative, so it works behind a path prefix; no file comes from elsewhere (no CDN, no
@@ -18,7 +19,7 @@ from starlette.responses import FileResponse
 from server.errors import ApiError
 
 FILES = Path(__file__).parent / "static" / "playground"
-ASSET_NAMES = frozenset({"app.js", "style.css"})
+ASSET_NAMES = frozenset({"app.js", "style.css", "icon.svg"})  # icon.svg: also ReDoc's logo
 
 
 def install_playground(app: FastAPI) -> None:

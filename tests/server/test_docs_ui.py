@@ -54,6 +54,16 @@ def test_a_docs_page_loads_only_files_this_server_ships(server, page):
     assert not {"/docs", "/redoc"} & set(document["paths"])
 
 
+def test_redoc_loads_its_footer_logo_from_this_server(server):
+    """ReDoc renders an <img> whose address is in its bundle: Redocly's CDN as shipped."""
+    bundle = httpx.get(server.url + "/static/docs/redoc.standalone.js").text
+    images = re.findall(r'"img",\{[^}]*src:"([^"]+)"', bundle)
+    assert images, "the scan finds ReDoc's images"
+    for src in images:
+        assert not re.match(r"[a-z]+:|//|/", src), f"{src}: not from this server"
+        assert httpx.get(urljoin(server.url + "/redoc", src)).status_code == 200, src
+
+
 def test_an_unknown_asset_name_is_a_404_and_reads_nothing(server):
     for name in ("nothing.js", "..%2F..%2Fapp.py", "%2Fetc%2Fpasswd"):
         assert httpx.get(f"{server.url}/static/docs/{name}").status_code == 404, name

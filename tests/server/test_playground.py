@@ -41,8 +41,17 @@ CHROMIUM_FLAGS = (
 
 
 @pytest.fixture(scope="module")
-def server():
-    engine = lambda: FakeEngine(step_delay=0.05)  # noqa: E731 - 40 tokens stream over ~2 s
+def engines():
+    """The fake engines the server built (one): a test holds its steps with `stall`."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def server(engines):
+    def engine():
+        engines.append(FakeEngine(step_delay=0.05))  # 40 tokens stream over ~2 s
+        return engines[-1]
+
     with LiveServer(engine, api_key=(KEY,)) as live:
         yield live
 
@@ -125,29 +134,94 @@ def test_the_page_and_its_files_load_without_a_key_from_relative_urls(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     urls = re.findall(r'(?:src|href)="([^"]+)"', page.text)
-    assert sorted(urls) == ["static/playground/app.js", "static/playground/style.css"]
+    assert sorted(urls) == [
+        "static/playground/app.js",
+        "static/playground/icon.svg",  # the favicon: no request for a missing /favicon.ico
+        "static/playground/style.css",
+    ]
     script = httpx.get(server.url + "/static/playground/app.js").text
     assert httpx.get(server.url + "/static/playground/style.css").status_code == 200
+    icon = httpx.get(server.url + "/static/playground/icon.svg")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     fetched = re.findall(r'fetch\("([^"]+)"', script)
     assert fetched and all(not re.match(r"[a-z]+:|/", url) for url in fetched), fetched
     assert httpx.post(server.url + "/", json={"inputs": "x"}).status_code == 401  # TGI: keyed
     assert httpx.get(server.url + "/static/playground/nothing.js").status_code == 404
 
 
+def open_page(browser, url: str):
+    """The page at `url`, given the key; returns the model label element."""
+    browser.get(url + "/")
+    model = browser.find_element(By.ID, "model")
+    wait_for(lambda: "API key" in model.text, what="the page to ask for the key")
+    browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.TAB)  # "change" fires on blur
+    wait_for(lambda: model.text == "model: fake-model", what="/info with the key")
+    return model
+
+
+def set_field(browser, field: str, value: str) -> None:
+    element = browser.find_element(By.ID, field)
+    element.clear()
+    element.send_keys(value)
+
+
+def bubbles(browser) -> list[tuple[str, str]]:
+    """(classes, text) of every bubble in the conversation, read at one instant."""
+    script = (
+        "return [...document.querySelectorAll('#messages .message')]"
+        ".map((node) => [node.className, node.innerText])"
+    )
+    return [tuple(pair) for pair in browser.execute_script(script)]
+
+
+def test_a_failed_turn_leaves_an_error_in_the_conversation_and_no_bubbles(server, browser):
+    open_page(browser, server.url)
+    set_field(browser, "max_tokens", "0")  # the server answers 400 naming max_tokens
+    browser.find_element(By.ID, "prompt").send_keys(PROMPT, Keys.ENTER)
+    wait_for(lambda: any("error" in c for c, _ in bubbles(browser)), what="the error")
+    ((classes, text),) = bubbles(browser)  # the failed turn's question and answer are gone
+    assert "error" in classes and "400" in text and "max_tokens" in text
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == PROMPT  # to retry
+    set_field(browser, "max_tokens", "3")
+    set_field(browser, "temperature", "0")
+    browser.find_element(By.ID, "prompt").send_keys(Keys.ENTER)
+    wait_for(lambda: browser.find_element(By.ID, "finish").text == "length", what="the answer")
+    shown = bubbles(browser)  # the retry alone: the error went with the new question
+    assert [c.split()[-1] for c, _ in shown] == ["user", "assistant"], shown
+    chat = [{"role": "user", "content": PROMPT}]  # the failed turn is not in the history sent
+    expected = expected_greedy_text(list(FakeTokenizer().apply_chat_template(chat).encode()), 3)
+    assert shown[1][1].endswith(expected.strip())
+    browser.find_element(By.ID, "clear").click()
+
+
+def test_the_answer_shows_a_waiting_indicator_until_its_first_token(server, engines, browser):
+    open_page(browser, server.url)
+    set_field(browser, "max_tokens", "3")
+    engines[0].stall.set()  # no step runs: no token comes
+    try:
+        browser.find_element(By.ID, "prompt").send_keys(PROMPT, Keys.ENTER)
+        waiting = wait_for(
+            lambda: browser.find_elements(By.CSS_SELECTOR, ".message.assistant.waiting .content"),
+            what="the waiting indicator",
+        )
+        shown = browser.execute_script(
+            "return getComputedStyle(arguments[0], '::after').content", waiting[0]
+        )
+        assert "…" in shown
+    finally:
+        engines[0].stall.clear()
+    wait_for(lambda: browser.find_element(By.ID, "finish").text == "length", what="the answer")
+    assert not browser.find_elements(By.CSS_SELECTOR, ".message.waiting")
+    browser.find_element(By.ID, "clear").click()
+
+
 @pytest.mark.parametrize("behind_a_prefix", [False, True])
 def test_a_prompt_streams_its_answer_and_the_figures_follow(
     server, proxied, browser, tmp_path, behind_a_prefix
 ):
-    browser.get((proxied if behind_a_prefix else server.url) + "/")
-    model = browser.find_element(By.ID, "model")
-    wait_for(lambda: "API key" in model.text, what="the page to ask for the key")
-    key = browser.find_element(By.ID, "api-key")
-    key.send_keys(KEY, Keys.TAB)  # "change" fires when the field loses focus
-    wait_for(lambda: model.text == "model: fake-model", what="/info with the key")
+    open_page(browser, proxied if behind_a_prefix else server.url)
     for field, value in (("temperature", "0"), ("max_tokens", str(MAX_TOKENS))):
-        element = browser.find_element(By.ID, field)
-        element.clear()
-        element.send_keys(value)
+        set_field(browser, field, value)
     browser.find_element(By.ID, "prompt").send_keys(PROMPT, Keys.ENTER)
 
     chat = [{"role": "user", "content": PROMPT}]
@@ -159,15 +233,20 @@ def test_a_prompt_streams_its_answer_and_the_figures_follow(
     def answered() -> bool:
         shown = browser.find_elements(By.CSS_SELECTOR, ".message.assistant .content")
         text = shown[-1].text if shown else ""
-        seen.add(text)
-        return text == expected.strip()  # the browser's innerText trims the edges
+        seen.add(text.strip())  # an edge's space is kept or trimmed as the layout falls
+        return text.strip() == expected.strip()
 
-    wait_for(answered, what="the whole answer")
+    try:
+        wait_for(answered, what="the whole answer")
+    except AssertionError:
+        print("DEBUG", bubbles(browser), browser.get_log("browser"))
+        raise
     partial = {text for text in seen if text and text != expected.strip()}
     assert len(partial) >= 2 and all(expected.startswith(text) for text in partial), partial
     finish = browser.find_element(By.ID, "finish")
     wait_for(lambda: finish.text == "length", what="the finish reason")
-    assert browser.find_element(By.ID, "tokens").text == str(MAX_TOKENS)
+    tokens = browser.find_element(By.ID, "tokens")  # the usage chunk comes after the finish
+    wait_for(lambda: tokens.text == str(MAX_TOKENS), what="the usage's token count")
     assert re.fullmatch(r"\d+\.\d{3} s", browser.find_element(By.ID, "ttft").text)
     assert float(browser.find_element(By.ID, "tps").text) > 0
     kv = browser.find_element(By.ID, "kv")

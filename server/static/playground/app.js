@@ -15,7 +15,16 @@ function headers() {
   return out;
 }
 
-function showError(text) { $("error").textContent = text || ""; }
+// A failed turn's error, shown in the conversation where the turn was (role "alert": read out);
+// it is not part of the history, and the next question removes it.
+function showError(text) {
+  const node = addMessage("error", text);
+  node.parentNode.setAttribute("role", "alert");
+}
+
+function clearErrors() {
+  for (const node of document.querySelectorAll("#messages .message.error")) node.remove();
+}
 
 async function errorText(response) {
   try {
@@ -36,7 +45,7 @@ function addMessage(role, text) {
   const body = document.createElement("span");
   body.className = "content";
   body.textContent = text;
-  node.append(label, body);
+  node.append(label, body);  // body.parentNode: the bubble, to remove or restyle
   $("messages").append(node);
   node.scrollIntoView({ block: "end" });
   return body;
@@ -97,19 +106,23 @@ function showFigures(sent, first, last, tokens, finish) {
   $("finish").textContent = finish || "–";
 }
 
+// Whether the turn's request failed (its bubbles are removed, its prompt given back) or the
+// user stopped it (what was shown stays, as the history's answer).
 async function ask(prompt) {
+  clearErrors();
   let body;
   try {
     history.push({ role: "user", content: prompt });
     body = requestBody();
   } catch (err) {
     history.pop();
+    $("prompt").value = prompt;
     showError("Options: " + err.message);
     return;
   }
-  showError("");
-  addMessage("user", prompt);
+  const question = addMessage("user", prompt).parentNode;
   const answer = addMessage("assistant", "");
+  answer.parentNode.classList.add("waiting");  // until the first token: a pulsing "…"
   running = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -122,9 +135,13 @@ async function ask(prompt) {
     });
     if (!response.ok) throw new Error(await errorText(response));
     await readEvents(response, (chunk) => {
+      if (chunk.error) throw new Error("the answer failed: " + chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
       const choice = chunk.choices && chunk.choices[0];
-      if (!choice) return;
+      if (!choice) {  // the last chunk: usage alone, the count of tokens the server gives
+        showFigures(sent, first, last, usage ? usage.completion_tokens : chunks, finish);
+        return;
+      }
       const delta = choice.delta || {};
       const piece = (delta.content || "") + (delta.reasoning_content || "");
       for (const call of delta.tool_calls || []) {
@@ -134,7 +151,10 @@ async function ask(prompt) {
       }
       if (piece || delta.tool_calls) {
         const now = performance.now();
-        if (!first) first = now;
+        if (!first) {
+          first = now;
+          answer.parentNode.classList.remove("waiting");
+        }
         last = now;
         chunks += 1;
         text += piece;
@@ -147,8 +167,18 @@ async function ask(prompt) {
     if (calls.length) message.tool_calls = calls.map((c, i) => ({ id: "call_" + i, type: "function", function: c }));
     history.push(message);
   } catch (err) {
-    if (err.name !== "AbortError") showError(err.message);
-    if (history[history.length - 1].role === "user") history.pop();
+    answer.parentNode.classList.remove("waiting");
+    if (err.name === "AbortError" && (text || calls.length)) {
+      history.push({ role: "assistant", content: text });  // stopped: keep what was shown
+    } else {
+      history.pop();  // the turn's question: failed or stopped before any token
+      question.remove();
+      answer.parentNode.remove();
+      if (err.name !== "AbortError") {
+        if (!$("prompt").value) $("prompt").value = prompt;  // to edit and send again
+        showError(err.message);
+      }
+    }
   } finally {
     running = null;
     $("send").disabled = false;
