@@ -1,9 +1,8 @@
 """The playground: a chat page at GET / (static HTML, JS and CSS in server/static/playground).
 
 Contract: `install_playground(app)` adds GET / (the page) and GET /static/playground/{name} (its
-script, style sheet and icon), and HEAD of each (uptime probes send it), all answered without a key
-and while the model loads (the guard's
-static-file rule: they hold no API data). The page asks for the API key and keeps it in its own
+script, style sheet and icon), and HEAD of each (uptime probes send it), all answered without a
+key and while the model loads (the guard's static-file rule: they hold no API data). The page asks for the API key and keeps it in its own
 memory; its requests (/info, /metrics, /v1/chat/completions) follow the usual key rule. Every URL
 in it is relative, so it works behind a path prefix; no file comes from elsewhere (no CDN, no
 build step). POST / stays the TGI route.
