@@ -132,23 +132,50 @@ def _run_ours(model, config, dtype, encoder, decoder):
     return enc_split, [torch.cat(r) for r in rows]
 
 
+def _stored_in_float32(model) -> list:
+    """Hooks that round every leaf module's output to float32 (to undo: `.remove()` each)."""
+
+    def rounded(module, args, out):
+        return out.float().to(out.dtype) if isinstance(out, torch.Tensor) else None
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    return [m.register_forward_hook(rounded) for m in leaves]
+
+
 @torch.inference_mode()
 def test_encoder_and_decoder_match_transformers_in_float32(folder, device):
-    """Against transformers in float64: our float32 run strays no more than twice as far as
-    transformers' own float32 run on the same device (the wide random weights amplify
-    rounding: up to ~2e-4 of the logits' scale; a GPU's GEMMs round otherwise than the CPU's),
-    and picks the same tokens."""
+    """Against transformers in float64, our float32 run strays no further than a bound derived
+    from the computation, not from another run's luck: transformers' float64 run with every
+    layer's output rounded to float32 (the rounding any float32 run makes where it stores an
+    intermediate, carried exactly through the rest of the model, so the wide random weights'
+    amplification is in it: up to ~8e-4 on logits of scale 25), times K, the longest sum (the
+    widest weight's inputs): each of a dot product's K additions rounds once, as storing its
+    result does. (Measured: our run within 16x of that rounding, transformers' float32 within
+    0.4x to 19x of it; the bound used to be twice transformers' own float32 error, which its
+    luck on one host's BLAS set: 4.6x apart for mBART on an AVX2 host.) Where the exact
+    logits' top two are further apart than twice the bound, ours picks the exact top token."""
     model, config = load_model(folder, "float32", device)
     encoder, decoder = _inputs()
-    exact = _hf_reference(load_hf(folder, torch.float64), encoder, decoder)
-    theirs = _hf_reference(load_hf(folder), encoder, decoder, device)
+    hf64 = load_hf(folder, torch.float64)
+    exact = _hf_reference(hf64, encoder, decoder)
+    hooks = _stored_in_float32(hf64)
+    stored = _hf_reference(hf64, encoder, decoder)
+    for hook in hooks:
+        hook.remove()
+    sums = max(p.shape[-1] for p in hf64.parameters() if p.dim() == 2)
     ours = _run_ours(model, config, torch.float32, encoder, decoder)
-    for got_part, hf_part, exact_part in zip(ours, theirs, exact, strict=True):
-        for got, hf32, want in zip(got_part, hf_part, exact_part, strict=True):
-            err, hf_err = (got.double() - want).abs().max(), (hf32 - want).abs().max()
-            assert err <= 2 * hf_err + 1e-5 * want.abs().max()
-    for got, hf32 in zip(ours[1], theirs[1], strict=True):  # decoder logits: the same tokens
-        assert torch.equal(got.argmax(-1), hf32.argmax(-1))
+    checked = 0  # decoder rows whose top token is clear of the bound
+    for got_part, stored_part, exact_part in zip(ours, stored, exact, strict=True):
+        for got, rounded, want in zip(got_part, stored_part, exact_part, strict=True):
+            floor = 2.0**-24 * want.abs().max()  # one rounding of the largest value
+            bound = sums * ((rounded - want).abs().max() + floor)
+            assert (got.double() - want).abs().max() <= bound
+            if want.shape[-1] == config.vocab_size:  # decoder logits: the same tokens
+                top2 = want.topk(2, dim=-1).values
+                clear = top2[:, 0] - top2[:, 1] > 2 * bound
+                assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+                checked += int(clear.sum())
+    assert checked >= sum(DECODER_LENS) // 2, checked  # the token check is not vacuous
 
 
 @torch.inference_mode()
