@@ -1,7 +1,7 @@
 """The FastAPI application factory: state, lifespan (load + warm-up), guard, error handlers, routes.
 
 Contract: `create_app(settings, engine_factory, admission_limit, on_fatal)` returns a FastAPI
-app whose routes are each API's (`API_ROUTERS`: server/openai/, server/anthropic/, server/tgi/,
+app whose routes are each API's (`API_ROUTERS`: server/openai/, server/anthropic/, server/responses/, server/tgi/,
 server/operations.py)
 and whose lifespan starts `ServerState.start()` (server/state.py: load in a worker thread, warm up, turn
 ready) and drains on shutdown; `Guard` (server/guard.py) answers 413 / 401 / 503 before any
@@ -35,6 +35,7 @@ from server.metrics import HttpMetrics, HttpMetricsMiddleware
 from server.openai import router as openai_router
 from server.openapi import install_openapi
 from server.playground import install_playground
+from server.responses import router as responses_router
 from server.settings import Settings
 from server.state import ServerState
 from server.tgi import router as tgi_router
@@ -44,6 +45,7 @@ __all__ = ["API_ROUTERS", "ServerState", "create_app"]
 API_ROUTERS = (
     openai_router.build_router,
     anthropic_router.build_router,
+    responses_router.build_router,
     tgi_router.build_router,
     operations.build_router,
 )

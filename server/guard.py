@@ -37,6 +37,7 @@ GENERATION_ROUTES = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/messages",
+        "/v1/responses",
         "/generate",
         "/generate_stream",
         "/",

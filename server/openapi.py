@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from server.anthropic import protocol as anthropic
 from server.errors import is_anthropic_path, is_tgi_path
 from server.openai import protocol as oai
+from server.responses import protocol as responses
 from server.settings import Settings
 from server.tgi import protocol as tgi
 
@@ -34,6 +35,7 @@ _BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/chat/completions", "post"): oai.ChatCompletionRequest,
     ("/v1/messages", "post"): anthropic.MessagesRequest,
     ("/v1/messages/count_tokens", "post"): anthropic.CountTokensRequest,
+    ("/v1/responses", "post"): responses.ResponsesRequest,
     ("/tokenize", "post"): oai.TokenizeRequest,
     ("/detokenize", "post"): oai.DetokenizeRequest,
     ("/generate", "post"): tgi.TgiRequest,
@@ -115,6 +117,15 @@ def _completion(choice_key: str) -> dict[str, Any]:
 _TGI_GENERATED = _obj(["generated_text"], generated_text=_STR, details={"type": "object"})
 _STATUS = _obj(["status"], status=_STR)
 _MODEL_CARD = _obj(["id", "object", "owned_by"], id=_STR)
+_RESPONSE = _obj(
+    ["id", "object", "created_at", "status", "model", "output"],
+    id=_STR,
+    object={"const": "response"},
+    created_at=_INT,
+    status=_STR,
+    model=_STR,
+    output={"type": "array", "items": _obj(["type"], type=_STR)},
+)
 _OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each route
     ("/v1/completions", "post"): _completion("text"),
     ("/v1/chat/completions", "post"): _completion("message"),
@@ -131,6 +142,11 @@ _OK: dict[tuple[str, str], dict[str, Any]] = {  # the 200 JSON body of each rout
     ("/detokenize", "post"): _obj(["prompt"], prompt=_STR),
     ("/v1/messages", "post"): _ANTHROPIC_MESSAGE,
     ("/v1/messages/count_tokens", "post"): _obj(["input_tokens"], input_tokens=_INT),
+    ("/v1/responses", "post"): _RESPONSE,
+    ("/v1/responses/{response_id}", "get"): _RESPONSE,
+    ("/v1/responses/{response_id}", "delete"): _obj(
+        ["id", "object", "deleted"], id=_STR, object=_STR, deleted={"type": "boolean"}
+    ),
     ("/generate", "post"): _TGI_GENERATED,
     ("/", "post"): {"type": "array", "items": _TGI_GENERATED},
     ("/info", "get"): _obj(
@@ -148,11 +164,11 @@ _STREAMING = frozenset(
     {
         ("/v1/completions", "post"),
         ("/v1/chat/completions", "post"),
-        ("/v1/messages", "post"),
         ("/generate_stream", "post"),
         ("/", "post"),
     }
 )
+_NAMED_EVENTS = frozenset({("/v1/messages", "post"), ("/v1/responses", "post")})
 _NOT_READY = frozenset({("/health", "get"), ("/ready", "get")})  # 503 carries {"status"}
 
 
@@ -161,7 +177,9 @@ def _responses(path: str, method: str) -> dict[str, Any]:
     content: dict[str, Any] = {}
     if key in _OK:
         content["application/json"] = {"schema": _OK[key]}
-    if key in _STREAMING:
+    if key in _NAMED_EVENTS:  # `event: <type>` lines: each event is read as {event, data}
+        content["text/event-stream"] = {"schema": _obj(["data"], event=_STR, data=_STR)}
+    elif key in _STREAMING:
         content["text/event-stream"] = {"schema": _STR}
     if path == "/metrics":
         content["text/plain"] = {"schema": _STR}

@@ -246,6 +246,11 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a stream may send nothing (queued, a long prefill) before an SSE comment keeps "
         "proxies from cutting it (0: never)",
     ),
+    Option(
+        "responses_store_size",
+        int,
+        "responses /v1/responses keeps in memory (least recently used dropped first; 0: none)",
+    ),
     Option("max_body_bytes", parse_size, "largest request body accepted (413 beyond)"),
     Option(
         "max_header_bytes",

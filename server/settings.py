@@ -61,6 +61,7 @@ class Settings:
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0
     sse_keepalive: float = 15.0  # seconds without an event before an SSE comment; 0: none
+    responses_store_size: int = 1024  # stored /v1/responses, least recently used dropped first
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
@@ -92,6 +93,10 @@ class Settings:
         if self.max_header_bytes < 1024:
             raise ValueError(
                 f"--max-header-bytes must be at least 1KiB, got {self.max_header_bytes}"
+            )
+        if self.responses_store_size < 0:
+            raise ValueError(
+                f"--responses-store-size must be >= 0, got {self.responses_store_size}"
             )
         if self.max_headers < 8:
             raise ValueError(f"--max-headers must be at least 8, got {self.max_headers}")

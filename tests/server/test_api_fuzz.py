@@ -55,6 +55,8 @@ def test_the_document_declares_every_route_with_its_body(live) -> None:
         "/v1/models/{model_id}",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
         "/generate",
         "/generate_stream",
         "/",

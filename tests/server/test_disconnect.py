@@ -17,6 +17,8 @@ from tests.server.live import LiveServer, metric
 STEP = 0.02
 LONG = {"prompt": "long", "max_tokens": 100, "temperature": 0}  # 100 steps = 2 s if not aborted
 MODEL = {"model_name": "fake-model"}  # FakeEngine's name: the request metrics' label
+ANTHROPIC = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "temperature": 0}
+RESPONSES = {"input": "hi", "max_output_tokens": 100, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +122,10 @@ class RecordingEngine(FakeEngine):
             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "temperature": 0},
         ),
         ("/generate", {"inputs": "long", "parameters": {"max_new_tokens": 100}}),
+        ("/v1/messages", ANTHROPIC),
+        ("/v1/responses", RESPONSES),
     ],
-    ids=["completions, two prompts", "chat", "tgi"],
+    ids=["completions, two prompts", "chat", "tgi", "anthropic", "responses"],
 )
 def test_a_non_streamed_disconnect_is_one_info_line_and_aborts_in_the_engine(route, body, caplog):
     engine = RecordingEngine(step_delay=STEP, max_num_seqs=2)
@@ -142,3 +146,20 @@ def test_a_non_streamed_disconnect_is_one_info_line_and_aborts_in_the_engine(rou
     assert not errors, [r.getMessage() for r in errors]
     said = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
     assert said == [f"client disconnected from POST {route}: its request was aborted"]
+
+
+@pytest.mark.parametrize(
+    ("route", "body"), [("/v1/messages", ANTHROPIC), ("/v1/responses", RESPONSES)]
+)
+def test_closing_a_named_event_stream_aborts_in_the_engine_and_the_route_is_counted(route, body):
+    engine = RecordingEngine(step_delay=STEP, max_num_seqs=2)
+    with LiveServer(lambda: engine) as live:
+        warm_up = list(engine.added)
+        with httpx.stream("POST", live.url + route, json={**body, "stream": True}) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("event: ")
+        wait_idle(live, within=1.0)
+        labels = {"method": "POST", "route": route, "status": "200"}
+        assert metric(scrape(live), "tgserve_http_requests_total", labels) == 1
+    added = [rid for rid in engine.added if rid not in warm_up]
+    assert len(added) == 1 and engine.aborted == added

@@ -20,10 +20,11 @@ ASSEMBLY = {"server.app", "server.openapi"}  # where the APIs meet
 ROUTE_MODULES = {
     "server.openai.router",
     "server.anthropic.router",
+    "server.responses.router",
     "server.tgi.router",
     "server.operations",
 }
-API_FOLDERS = ("server.openai", "server.anthropic", "server.tgi")
+API_FOLDERS = ("server.openai", "server.anthropic", "server.responses", "server.tgi")
 
 
 def _name(path: Path) -> str:

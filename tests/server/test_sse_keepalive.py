@@ -38,6 +38,21 @@ ROUTES = {
         [BOS, *b"hi"],
         lambda event: event["token"]["text"],
     ),
+    "/v1/messages": (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 6,
+            "temperature": 0,
+            "stream": True,
+        },
+        list(CHAT_PROMPT.encode()),
+        lambda event: event.get("delta", {}).get("text", ""),
+    ),
+    "/v1/responses": (
+        {"input": "hi", "max_output_tokens": 6, "temperature": 0, "stream": True},
+        list(CHAT_PROMPT.encode()),
+        lambda event: event["delta"] if event["type"] == "response.output_text.delta" else "",
+    ),
 }
 
 
@@ -62,7 +77,7 @@ def test_a_waiting_stream_gets_keepalive_comments_then_its_answer(live, path):
                     comments += 1
                     engine.stall.clear()  # seen one: let the request run
                     continue
-                data = block.removeprefix(b"data:").strip()
+                data = block.split(b"\n")[-1].removeprefix(b"data:").strip()  # after any event:
                 if data != b"[DONE]":
                     texts.append(text_of(json.loads(data)))
     finally:

@@ -1,8 +1,8 @@
 """/v1/messages and /v1/messages/count_tokens through the official `anthropic` client.
 
-The fake engine writes a chosen answer per prompt (`script`): a Hermes tool call when the tools
-are in the prompt (the fallback tool prompt teaches that format), a sentence once a tool result
-is there, a `<think>` block when asked to think. Oracles: the scripted answers themselves, the
+The fake engine writes a chosen answer per prompt (tests/server/scripted_model.py): a Hermes
+tool call when the tools are in the prompt (the fallback tool prompt teaches that format), a
+sentence once a tool result is there, a `<think>` block when asked to think. Oracles: the scripted answers themselves, the
 fake tokenizer's chat template (a byte per token) for token counts, and, for streams, the
 non-streamed answer of the same request as the anthropic client reassembles the events.
 """
@@ -15,11 +15,8 @@ import pytest
 
 from tests.server.fake_engine import FakeEngine, FakeTokenizer
 from tests.server.live import LiveServer
+from tests.server.scripted_model import ANSWER, CALL, HELLO, SUNNY, THOUGHT, script
 
-HELLO = "Hello from tgserve."
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-SUNNY = "It is sunny in Paris."
-THOUGHT, ANSWER = "Two and two make four.", "The answer is 4."
 TOOLS = [
     {
         "name": "get_weather",
@@ -28,16 +25,6 @@ TOOLS = [
     }
 ]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-def script(prompt: str) -> str:
-    if "<tool_response>" in prompt:
-        return SUNNY
-    if "get_weather" in prompt:
-        return CALL
-    if "think" in prompt:
-        return f"<think>{THOUGHT}</think>{ANSWER}"
-    return HELLO
 
 
 @pytest.fixture(scope="module")
