@@ -46,10 +46,13 @@ async def open_streams(
     api_fields: dict[str, str] | None = None,
     workers: WorkerPool | None = None,
     compile_timeout: float = 10.0,
+    request_id: str | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
     """Admits one engine request per prompt (all or none); raises ApiError before any byte.
     `api_fields`: engine field names -> the API's, for the `param` of a 400. `workers`: where
-    grammars compile (None: on the event loop, for callers without a server)."""
+    grammars compile (None: on the event loop, for callers without a server). `request_id`:
+    the engine's id for the request (`<id>-<i>` per prompt when there are several; None: fresh
+    ones)."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ApiError(
             400, f"timeout must be a positive number of seconds, got {timeout}", param="timeout"
@@ -57,8 +60,10 @@ async def open_streams(
     timeouts = [t for t in (timeout, default_timeout) if t is not None]
     deadline = time.monotonic() + min(timeouts) if timeouts else None
     requests = [
-        await _validate(engine, prompt, sampling, api_fields, workers, compile_timeout)
-        for prompt, sampling in zip(prompts, params, strict=True)
+        await _validate(engine, rid, prompt, sampling, api_fields, workers, compile_timeout)
+        for rid, prompt, sampling in zip(
+            engine_ids(request_id, len(prompts)), prompts, params, strict=True
+        )
     ]
     streams: list[RequestStream] = []
     try:
@@ -71,6 +76,12 @@ async def open_streams(
             stream.close()
         raise
     return [_tracked(stream, metrics.timer()) for stream in streams]
+
+
+def engine_ids(request_id: str | None, count: int) -> list[str]:
+    """The engine's ids of a request's `count` prompts: the request's id itself for one."""
+    base = request_id or uuid.uuid4().hex
+    return [base] if count == 1 else [f"{base}-{i}" for i in range(count)]
 
 
 def early_refusal(engine: AsyncEngine) -> ApiError | None:
@@ -89,13 +100,14 @@ def _refused(exc: Overloaded | EngineUnavailable) -> ApiError:
 
 async def _validate(
     engine: AsyncEngine,
+    request_id: str,
     prompt: list[int],
     sampling: SamplingParams,
     api_fields: dict[str, str] | None,
     workers: WorkerPool | None,
     compile_timeout: float,
 ) -> Request:
-    build = partial(engine.new_request, uuid.uuid4().hex, prompt, sampling)
+    build = partial(engine.new_request, request_id, prompt, sampling)
     try:
         if workers is None or sampling.structured_output is None:
             return build()  # cheap: checks of the prompt and the parameters

@@ -35,6 +35,7 @@ from server.metrics import HttpMetrics, HttpMetricsMiddleware
 from server.openai import router as openai_router
 from server.openapi import install_openapi
 from server.playground import install_playground
+from server.request_id import RequestIdMiddleware
 from server.responses import router as responses_router
 from server.settings import Settings
 from server.state import ServerState
@@ -84,13 +85,14 @@ def create_app(
     install_docs(app, app.openapi_url)
     install_playground(app)
     app.add_middleware(Guard, state=state)
+    app.add_middleware(RequestIdMiddleware)  # outside the guard: its refusals carry the id too
     if settings.allowed_origins:  # added last: it wraps the guard
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.allowed_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["*"],
-            expose_headers=["Retry-After"],
+            expose_headers=["Retry-After", "X-Request-Id"],
             allow_credentials=False,
             max_age=600,
         )

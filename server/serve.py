@@ -35,6 +35,7 @@ import uvicorn
 
 from server import settings as settings_module
 from server.app import ServerState, create_app
+from server.request_id import RequestIdLogFilter
 from server.settings import Settings
 
 logger = logging.getLogger("tgserve.serve")
@@ -123,9 +124,13 @@ def serve_engine(
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    """Log lines written while a request is handled name it (server/request_id.py)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdLogFilter())
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(request)s%(message)s")
     )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 class FatalExit:

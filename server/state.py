@@ -217,9 +217,11 @@ class ServerState:
         params: list[SamplingParams],
         timeout: float | None,
         api_fields: dict[str, str] | None = None,
+        request_id: str | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
         """Admits one engine request per prompt (all or none); raises ApiError before any byte.
-        `api_fields`: engine field names -> the request's API fields, for a 400's `param`."""
+        `api_fields`: engine field names -> the request's API fields, for a 400's `param`;
+        `request_id`: the id the client sees (server/request_id.py), the engine's too."""
         self.require_ready()
         return await open_streams(
             self.engine,
@@ -231,6 +233,7 @@ class ServerState:
             api_fields,
             self.workers,
             self.settings.grammar_compile_timeout,
+            request_id,
         )
 
 

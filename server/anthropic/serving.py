@@ -23,12 +23,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import RequestOutput
-from server.anthropic.blocks import BlockStream, message_blocks, message_body, new_id, stop_reason
+from server.anthropic.blocks import BlockStream, message_blocks, message_body, stop_reason
 from server.anthropic.convert import API_FIELDS, conversation, message_params, tool_plan
 from server.anthropic.protocol import ConversationFields, CountTokensRequest, MessagesRequest
 from server.chat.output import ChatOutputFormat
 from server.chat.render import ChatRenderer, RenderedPrompt
 from server.errors import ApiError, read_body
+from server.request_id import request_id
 from server.state import ServerState
 from server.streaming import EventStreamResponse, final_output, run_until_disconnect, sse_event
 
@@ -58,8 +59,8 @@ class MessagesServing:
         defaults = state.info.generation if state.info is not None else None
         keep = bool(fmt.tools and fmt.tools.markers)
         params = message_params(req, grammar, keep, defaults)
-        (stream,) = await state.open([prompt.token_ids], [params], None, API_FIELDS)
-        message_id = new_id("msg_")
+        message_id = "msg_" + request_id(request).unique  # the engine's id too
+        (stream,) = await state.open([prompt.token_ids], [params], None, API_FIELDS, message_id)
         if req.stream:
             events = self._events(stream, fmt, message_id, model, len(prompt.token_ids))
             return EventStreamResponse(events, state.settings.sse_keepalive)

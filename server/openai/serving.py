@@ -30,6 +30,7 @@ from server.errors import ApiError
 from server.openai.job import ChoiceUpdate, Job
 from server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.openai.responses import response_body
+from server.request_id import request_id
 from server.state import ServerState
 from server.streaming import (
     SSE_DONE,
@@ -76,7 +77,9 @@ class OpenAIServing(ABC, Generic[JobT]):
 
     async def respond(self, request: Request, job: JobT, stream: bool) -> Response:
         prompts = [p.token_ids for p in job.prompts]
-        streams = await self.state.open(prompts, job.params, job.timeout, job.api_fields)
+        job.id = request_id(request).unique  # the body's id is the engine's: one id per request
+        engine_id = self.id_prefix + job.id
+        streams = await self.state.open(prompts, job.params, job.timeout, job.api_fields, engine_id)
         if stream:
             keepalive = self.state.settings.sse_keepalive
             return EventStreamResponse(self._events(job, streams), keepalive)

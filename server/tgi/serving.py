@@ -23,6 +23,7 @@ from fastapi.responses import Response
 
 from engine import CompletionOutput, RequestOutput
 from server.errors import ApiError
+from server.request_id import request_id
 from server.state import ServerState
 from server.streaming import EventStreamResponse, final_output, run_until_disconnect, sse
 from server.tgi import protocol as tgi
@@ -35,7 +36,7 @@ class TgiServing:
         self.state = state
 
     async def _open(
-        self, req: tgi.TgiRequest, streamed: bool
+        self, request: Request, req: tgi.TgiRequest, streamed: bool
     ) -> tuple[AsyncIterator[RequestOutput], list[int]]:
         state = self.state
         if not req.inputs:
@@ -45,7 +46,8 @@ class TgiServing:
         ids = await asyncio.to_thread(state.require_tokenizer().encode, req.inputs, True)
         if params.truncate is not None:
             ids = ids[-params.truncate :]
-        [stream] = await state.open([ids], [sampling], params.timeout, api_fields(params))
+        rid = request_id(request).unique  # the engine's id: the one in X-Request-Id's logs
+        [stream] = await state.open([ids], [sampling], params.timeout, api_fields(params), rid)
         return stream, ids
 
     def _tokens(self, out: CompletionOutput) -> list[dict[str, Any]]:
@@ -74,7 +76,7 @@ class TgiServing:
         return [tgi.top_tokens(e, state.token_texts, state.tokenizer) for e in out.logprobs or []]
 
     async def generate(self, request: Request, req: tgi.TgiRequest) -> dict[str, Any]:
-        stream, _ = await self._open(req, streamed=False)
+        stream, _ = await self._open(request, req, streamed=False)
         final = await run_until_disconnect(request.receive, final_output(stream))
         params = req.parameters or tgi.TgiParameters()
         prefix = req.inputs if params.return_full_text else ""
@@ -96,7 +98,7 @@ class TgiServing:
         return body
 
     async def stream(self, request: Request, req: tgi.TgiRequest) -> Response:
-        stream, ids = await self._open(req, streamed=True)
+        stream, ids = await self._open(request, req, streamed=True)
         keepalive = self.state.settings.sse_keepalive
         return EventStreamResponse(self._events(req, stream, len(ids)), keepalive)
 
