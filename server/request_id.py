@@ -3,7 +3,7 @@ the engine and the logs.
 
 Contract: `RequestIdMiddleware` (pure ASGI: streams pass through unbuffered) reads
 `X-Request-Id`. A value outside `VALID_ID` (1-128 characters of letters, digits and
-`-_.:/+=@`) is refused with a 400 naming the header, in the route family's error shape. Each
+`-_.:+=@`: no `/`, as ids appear in paths such as /v1/responses/{id}) is refused with a 400 naming the header, in the route family's error shape. Each
 request then gets `RequestId(echo, unique)`, kept in the ASGI scope's state (`request_id(request)`
 reads it): `echo` is the client's value, or, when it sent none, a fresh hex id; `unique` is what
 the server names the request by: the fresh id, or the client's value plus `-` and 8 random hex
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.errors import ApiError, error_response
 
 HEADER = "X-Request-Id"
-VALID_ID = re.compile(r"[A-Za-z0-9_.:/+=@-]{1,128}")
+VALID_ID = re.compile(r"[A-Za-z0-9_.:+=@-]{1,128}")
 CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 _SCOPE_KEY = "tgserve_request_id"
 
@@ -65,7 +65,7 @@ class RequestIdMiddleware:
         if given is not None and not VALID_ID.fullmatch(given):
             error = ApiError(
                 400,
-                f"the {HEADER} header must be 1 to 128 letters, digits or -_.:/+=@",
+                f"the {HEADER} header must be 1 to 128 letters, digits or -_.:+=@",
                 param=HEADER,
             )
             return await error_response(scope["path"], error)(scope, receive, send)

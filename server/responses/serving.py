@@ -30,6 +30,7 @@ from engine import CompletionOutput, RequestOutput
 from server.chat.output import ChatOutputFormat
 from server.chat.render import ChatRenderer
 from server.errors import ApiError, read_body
+from server.request_id import request_id
 from server.responses.convert import (
     API_FIELDS,
     input_turns,
@@ -37,7 +38,7 @@ from server.responses.convert import (
     response_params,
     tool_plan,
 )
-from server.responses.items import ItemStream, message_items, new_id
+from server.responses.items import ItemStream, message_items
 from server.responses.protocol import ResponsesRequest
 from server.responses.store import ResponseStore, StoredResponse
 from server.state import ServerState
@@ -65,8 +66,8 @@ class ResponsesServing:
         defaults = state.info.generation if state.info is not None else None
         keep = bool(fmt.tools and fmt.tools.markers)
         params = response_params(req, grammar, keep, defaults)
-        (stream,) = await state.open([prompt.token_ids], [params], None, API_FIELDS)
-        shell = _shell(req, model)
+        shell = _shell(req, model, "resp_" + request_id(request).unique)  # the engine's id too
+        (stream,) = await state.open([prompt.token_ids], [params], None, API_FIELDS, shell["id"])
         prompt_tokens = len(prompt.token_ids)
         if req.stream:
             events = self._events(req, stream, fmt, shell, conversation, prompt_tokens)
@@ -161,12 +162,12 @@ class ResponsesServing:
         yield event(f"response.{body['status']}", {"response": body})
 
 
-def _shell(req: ResponsesRequest, model: str) -> dict[str, Any]:
+def _shell(req: ResponsesRequest, model: str, response_id: str) -> dict[str, Any]:
     """The response object before any output (status in_progress)."""
     choice = req.tool_choice or "auto"
     fmt = req.text.format if req.text is not None and req.text.format is not None else None
     return {
-        "id": new_id("resp_"),
+        "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
         "status": "in_progress",

@@ -60,10 +60,10 @@ def test_without_a_header_the_id_is_made_echoed_and_the_engines(live):
 
 
 def test_a_clients_id_is_echoed_and_names_the_engine_request(live):
-    response = completion(live, {"X-Request-Id": "trace:42/a"})
-    assert response.headers["x-request-id"] == "trace:42/a"
+    response = completion(live, {"X-Request-Id": "trace:42.a"})
+    assert response.headers["x-request-id"] == "trace:42.a"
     body_id = response.json()["id"]
-    assert re.fullmatch(r"cmpl-trace:42/a-[0-9a-f]{8}", body_id)
+    assert re.fullmatch(r"cmpl-trace:42\.a-[0-9a-f]{8}", body_id)
     assert live.engine.ids[-1] == body_id
 
 
@@ -91,6 +91,12 @@ def test_tgi_and_anthropic_requests_go_to_the_engine_under_their_id(live):
     message = httpx.post(live.url + "/v1/messages", json=body, headers={"X-Request-Id": "m"})
     assert message.status_code == 200
     assert message.json()["id"] == live.engine.ids[-1] and message.json()["id"].startswith("msg_m-")
+    body = {"model": "fake-model", "max_output_tokens": 2, "input": "x"}
+    answer = httpx.post(live.url + "/v1/responses", json=body, headers={"X-Request-Id": "r"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == live.engine.ids[-1] and answer.json()["id"].startswith("resp_r-")
+    stored = httpx.get(live.url + "/v1/responses/" + answer.json()["id"])
+    assert stored.status_code == 200  # the id is usable in the path
 
 
 def test_clients_sending_the_same_id_at_once_both_get_answers(live):
@@ -107,7 +113,7 @@ def test_clients_sending_the_same_id_at_once_both_get_answers(live):
     assert first.json()["id"] != second.json()["id"]
 
 
-@pytest.mark.parametrize("bad", ["", "a" * 129, "has space", "semi;colon", "é"])
+@pytest.mark.parametrize("bad", ["", "a" * 129, "has space", "semi;colon", "a/b", "é"])
 def test_a_bad_header_is_a_400_naming_it_in_each_familys_shape(live, bad):
     headers = [("X-Request-Id", bad.encode("utf-8"))]
     response = httpx.post(live.url + "/v1/completions", json={"prompt": "hi"}, headers=headers)
