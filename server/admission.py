@@ -5,7 +5,9 @@ become ApiErrors before any response byte: 400 invalid (the engine's ValueError,
 where the request enters the engine), 429 + Retry-After overloaded, 503 unavailable. Each
 returned stream records its timings into the metrics and aborts its request when closed early.
 A request's deadline is the smaller of its own `timeout` and the server's default.
-Every prompt is validated before any is admitted; one with a structured output is validated
+A request is refused (429 / 503) before any validation when the engine is full now (it may
+have filled since the guard let it in), so a refusal never pays for compiling a grammar. Every
+prompt is validated before any is admitted; one with a structured output is validated
 (its grammar compiled) on `workers` (server/worker_pool.py), never on the event loop, within
 `compile_timeout` seconds: past it a 400 naming the field (the grammar is too costly), or a
 429 + Retry-After when the workers were too busy to start on it.
@@ -59,6 +61,9 @@ async def open_streams(
         )
     timeouts = [t for t in (timeout, default_timeout) if t is not None]
     deadline = time.monotonic() + min(timeouts) if timeouts else None
+    refusal = early_refusal(engine)  # full since the guard let it in: refused before any work
+    if refusal is not None:
+        raise refusal
     requests = [
         await _validate(engine, rid, prompt, sampling, api_fields, workers, compile_timeout)
         for rid, prompt, sampling in zip(

@@ -1,20 +1,27 @@
 """`tgserve serve`: build the engine config and the app, then run uvicorn with our own signals.
 
-Contract: `add_arguments(parser)` declares the flags (server/settings.py); `run(args) -> int`
-serves until SIGTERM / SIGINT and returns the exit code: 0 after a graceful drain, 1 when the
+Contract: `add_arguments(parser)` declares the flags (server/settings.py); `run(args)` serves
+until SIGTERM / SIGINT and ends the process with its exit code: 0 after a graceful drain (or a
+signal during start-up), 1 when the
 model failed to load or the engine loop died (the app's `on_fatal`, given at construction,
 sets a `FatalExit` the server polls: in-flight streams get their error events, then the process
 exits so an orchestrator restarts it), 128 + the signal
 number (130 SIGINT, 143 SIGTERM, as a shell reports a process killed by it) when a second
 signal forced the exit. Bad settings raise ValueError / FileNotFoundError before anything starts.
-`serve_engine(settings, engine_factory, admission_limit)` builds the app and serves it (tests
-run it on a fake engine); `serve_app(app, settings, fatal)` is the uvicorn part alone.
+`serve_engine(settings, engine_factory, admission_limit)` builds the app, serves it (tests
+run it on a fake engine) and then ends the process with the exit code (`exit_now`: the logs
+flushed, then `os._exit`, so a thread still inside native code — the model load or a kernel
+build at start-up, a step cut short — is never finalized under, which aborted the process with
+"terminate called without an active exception"; a kernel build's child kills itself when its
+parent is gone, models/cpu_kernels/builder.py); `serve_app(app, settings, fatal)` is the
+uvicorn part alone, and returns.
 
 Shutdown: the first SIGTERM or SIGINT makes /ready answer 503 and new requests 503, gives
 in-flight requests `--shutdown-timeout` seconds (0: none), aborts what is left (open streams end with a
 final `finish_reason: "abort"` chunk and `[DONE]`), then stops uvicorn. A second signal during
-the drain forces the exit at once (as uvicorn and vLLM do): open connections are cut, nothing
-more is waited for. uvicorn's own handlers are not installed: they would re-raise the signal.
+the drain forces the exit at once (as uvicorn and vLLM do): the process ends from the signal
+handler (`exit_now`), open connections are cut by the kernel, nothing more is waited for and
+no task is cancelled (so no traceback is logged). uvicorn's own handlers are not installed: they would re-raise the signal.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 
@@ -45,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings_module.add_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> NoReturn:
     from engine import EngineConfig, speculative_config  # pure Python; torch loads lazily
 
     settings = Settings.resolve(args, os.environ)
@@ -116,11 +124,21 @@ def missing_model_message(model: str) -> str:
 
 def serve_engine(
     settings: Settings, engine_factory: Callable[[], Any], admission_limit: int
-) -> int:
-    """The app on this engine, served until a signal or a fatal engine error; the exit code."""
+) -> NoReturn:
+    """The app on this engine, served until a signal or a fatal engine error; then the process
+    ends with the exit code (module docstring)."""
     fatal = FatalExit()
     app = create_app(settings, engine_factory, admission_limit, on_fatal=fatal.set)
-    return serve_app(app, settings, fatal)
+    exit_now(serve_app(app, settings, fatal))
+
+
+def exit_now(code: int) -> NoReturn:
+    """Ends the process with `code` now: logs and standard streams flushed, no finalization."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def configure_logging(level: str) -> None:
@@ -218,9 +236,7 @@ class _Server(uvicorn.Server):
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._draining is not None:
             logger.warning("%s again: exiting now, cutting in-flight requests", sig.name)
-            self.exit_code = 128 + int(sig)
-            self.force_exit = self.should_exit = True
-            return
+            exit_now(128 + int(sig))
         timeout = self.settings.shutdown_timeout
         logger.info("%s: draining (up to %.0fs for in-flight requests)", sig.name, timeout)
         self._draining = asyncio.get_running_loop().create_task(self._drain(timeout))
