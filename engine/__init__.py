@@ -35,6 +35,7 @@ from engine.requests.outputs import (
     OutputAccumulator,
     RequestMetrics,
     RequestOutput,
+    StepEvent,
 )
 from engine.requests.request import Request
 from engine.requests.request_stream import RequestStream
@@ -75,6 +76,7 @@ __all__ = [
     "QueueFullError",
     "Request",
     "RequestMetrics",
+    "StepEvent",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",

@@ -20,7 +20,7 @@ from engine.decoding.grammar_matchers import SequenceMatchers
 from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
 from engine.decoding.stop_checker import StopCriteria
 from engine.host_transfer import fetch, to_device
-from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepEvent
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.grammar_compiler import CompiledGrammar
 from engine.sampling.sampler import gather_logprobs, seeded_generator
@@ -64,6 +64,8 @@ class RequestState:
         self.finished_time: float | None = None
         self.error: str | None = None
         self._metrics: RequestMetrics | None = None  # the last one sent, while still true
+        self.events: list[StepEvent] = []  # prefill chunks and preemptions, for traces
+        self._preemptions_seen = 0
 
     def detokenizer(self, seq_id: int) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
@@ -120,6 +122,16 @@ class RequestState:
             return True
         return False
 
+    def note_chunk(self, chunk: ScheduledChunk, now: float) -> None:
+        """Records a chunk that computes prompt tokens (and a preemption that led to it)."""
+        if self.request.num_preemptions > self._preemptions_seen:
+            self._preemptions_seen = self.request.num_preemptions
+            self.events.append(StepEvent("recompute_after_preemption", now, chunk.start))
+        prompt = chunk.seq.num_prompt_tokens
+        if chunk.start < prompt and chunk.seq.seq_id == 0:  # forks share the first's prompt
+            tokens = min(chunk.num_new_tokens, prompt - chunk.start)
+            self.events.append(StepEvent("prefill_chunk", now, chunk.start, tokens))
+
     def mark_token(self, now: float) -> None:
         if self.first_token_time is None:
             self.first_token_time = now
@@ -168,6 +180,7 @@ class RequestState:
             or metrics.first_token_time != self.first_token_time
             or metrics.finished_time != self.finished_time
             or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens
+            or len(metrics.events) != len(self.events)
         ):
             metrics = self._metrics = RequestMetrics(
                 arrival_time=request.arrival_time,
@@ -175,6 +188,7 @@ class RequestState:
                 first_token_time=self.first_token_time,
                 finished_time=self.finished_time,
                 num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+                events=tuple(self.events),
             )
         return metrics
 

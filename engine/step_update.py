@@ -95,6 +95,7 @@ class StepUpdate:
             self._isolated(state, partial(self._beam_step, state, group, logits.sampling, grammar))
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self.states[chunk.request.request_id]
+            state.note_chunk(chunk, scheduled_at)
             if state.mark_scheduled(scheduled_at):  # counted once, at first scheduling (as vLLM)
                 self.prompt_tokens_total += len(state.request.input_token_ids)
             if chunk.sample or state.error is not None:

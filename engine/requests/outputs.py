@@ -85,12 +85,26 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True)
+class StepEvent:
+    """Something a step did to a request, for traces (the server turns these into span
+    events; the engine imports no tracing library). `name`: "prefill_chunk" (`start`: the
+    first prompt position computed, `tokens`: how many) or "recompute_after_preemption" (the
+    request's KV cache was dropped and it was scheduled again from `start`)."""
+
+    name: str
+    time: float  # time.time() of the step that ran it
+    start: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_prompt_tokens: int = 0
+    events: tuple[StepEvent, ...] = ()  # every StepEvent so far, in order
 
 
 @dataclass(frozen=True)
