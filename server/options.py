@@ -162,16 +162,10 @@ OPTIONS: tuple[Option, ...] = (
         default=ENGINE_DEFAULT,
     ),
     Option(
-        "grammar_compile_timeout",
-        _positive_float,
-        "seconds a request's structured output (schema, regex, choices, grammar) may take to "
-        "compile, off the event loop; past it a 400 naming the field",
+        "grammar_compile_timeout", _positive_float, "seconds a structured output may compile (400)"
     ),
     Option(
-        "grammar_cache_bytes",
-        parse_size,
-        "compiled grammars kept for reuse, by estimated size, e.g. 512MiB (least recently used "
-        "dropped first; metric tgserve_grammar_cache_bytes)",
+        "grammar_cache_bytes", parse_size, "compiled grammars kept, by estimated size, e.g. 512MiB"
     ),
     Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     Option(
@@ -258,6 +252,13 @@ OPTIONS: tuple[Option, ...] = (
         "largest total size of a request's header names and values (431 beyond)",
     ),
     Option("max_headers", int, "most header fields one request may carry (431 beyond)"),
+    Option("max_connections", int, "open connections at most (503 beyond; under the file limit)"),
+    Option("header_timeout", _positive_float, "seconds to send request line and headers (408)"),
+    Option("body_timeout", _positive_float, "seconds to send the body after the headers (408)"),
+    Option(
+        "keep_alive_timeout", _positive_float, "idle seconds a connection is kept between requests"
+    ),
+    Option("max_requests_per_connection", int, "requests per connection, then it is closed"),
     Option("public_routes", words, "comma list of routes served without a key"),
     Option(
         "allowed_origins",

@@ -43,6 +43,7 @@ import uvicorn
 
 from server import settings as settings_module
 from server.app import ServerState, create_app
+from server.connections import uvicorn_options
 from server.request_id import RequestIdLogFilter
 from server.settings import Settings
 
@@ -174,6 +175,7 @@ def serve_app(app: Any, settings: Settings, fatal: FatalExit | None = None) -> i
         # h11 refuses (400, connection closed) a header section larger than this before the
         # guard sees it; the slack leaves the guard's 431 as the limit users meet.
         h11_max_incomplete_event_size=h11_header_bound(settings),
+        **uvicorn_options(settings, app.state.tgserve.metrics.reject),  # server/connections.py
     )
     server = _Server(config, app.state.tgserve, settings, fatal or FatalExit())
     asyncio.run(server.serve())

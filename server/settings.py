@@ -65,6 +65,11 @@ class Settings:
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
+    max_connections: int = 1000
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    keep_alive_timeout: float = 5.0
+    max_requests_per_connection: int = 10_000
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
     allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
     tool_call_parser: str = "auto"
@@ -97,6 +102,11 @@ class Settings:
         if self.responses_store_size < 0:
             raise ValueError(
                 f"--responses-store-size must be >= 0, got {self.responses_store_size}"
+            )
+        if self.max_connections < 1 or self.max_requests_per_connection < 1:
+            raise ValueError(
+                "--max-connections and --max-requests-per-connection must be at least 1, got "
+                f"{self.max_connections} and {self.max_requests_per_connection}"
             )
         if self.max_headers < 8:
             raise ValueError(f"--max-headers must be at least 8, got {self.max_headers}")

@@ -20,6 +20,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
+from server.connections import uvicorn_options
 from server.serve import h11_header_bound
 from server.settings import Settings
 
@@ -52,6 +53,7 @@ class LiveServer:
             log_level="warning",
             timeout_graceful_shutdown=2,
             h11_max_incomplete_event_size=h11_header_bound(self.settings),  # as serve_app does
+            **uvicorn_options(self.settings, self.state.metrics.reject),
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
