@@ -4,7 +4,9 @@ Contract: `open_streams(...)` admits one engine request per prompt, all or none.
 become ApiErrors before any response byte: 400 invalid (the engine's ValueError, validated once
 where the request enters the engine), 429 + Retry-After overloaded, 503 unavailable. Each
 returned stream records its timings into the metrics and aborts its request when closed early.
-A request's deadline is the smaller of its own `timeout` and the server's default.
+A request's deadline is the smaller of its own `timeout` and the server's default. Fairness
+(server/fair_share.py): a `priority` below 0 from an untrusted client is raised to 0, and a
+client holding requests is refused (429) the last places kept for clients holding none.
 A request is refused (429 / 503) before any validation when the engine is full now (it may
 have filled since the guard let it in), so a refusal never pays for compiling a grammar. Every
 prompt is validated before any is admitted; one with a structured output is validated
@@ -19,7 +21,8 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from functools import partial
 
 from engine import (
@@ -34,6 +37,7 @@ from engine import (
 )
 from server.engine_params import to_api_error
 from server.errors import ApiError
+from server.fair_share import CLIENT, FairShare, capped_priority
 from server.metrics import RequestTimer, ServerMetrics
 from server.worker_pool import PoolBusy, WorkerPool, WorkTimedOut
 
@@ -49,12 +53,13 @@ async def open_streams(
     workers: WorkerPool | None = None,
     compile_timeout: float = 10.0,
     request_id: str | None = None,
+    fair: FairShare | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
     """Admits one engine request per prompt (all or none); raises ApiError before any byte.
     `api_fields`: engine field names -> the API's, for the `param` of a 400. `workers`: where
     grammars compile (None: on the event loop, for callers without a server). `request_id`:
     the engine's id for the request (`<id>-<i>` per prompt when there are several; None: fresh
-    ones)."""
+    ones). `fair`: the per-client share (server/fair_share.py; None: none)."""
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ApiError(
             400, f"timeout must be a positive number of seconds, got {timeout}", param="timeout"
@@ -64,12 +69,16 @@ async def open_streams(
     refusal = early_refusal(engine)  # full since the guard let it in: refused before any work
     if refusal is not None:
         raise refusal
+    params = [_capped(sampling) for sampling in params]
     requests = [
         await _validate(engine, rid, prompt, sampling, api_fields, workers, compile_timeout)
         for rid, prompt, sampling in zip(
             engine_ids(request_id, len(prompts)), prompts, params, strict=True
         )
     ]
+    client = CLIENT.get()
+    if fair is not None:  # no await from here to the admissions it decides on
+        fair.check(client, engine.num_pending(), len(requests))
     streams: list[RequestStream] = []
     try:
         for request in requests:
@@ -80,7 +89,17 @@ async def open_streams(
         for stream in streams:
             stream.close()
         raise
-    return [_tracked(stream, metrics.timer()) for stream in streams]
+    held = [fair.hold(client, 1) if fair is not None else _nothing for _ in streams]
+    return [_tracked(s, metrics.timer(), release) for s, release in zip(streams, held, strict=True)]
+
+
+def _nothing() -> None:
+    pass
+
+
+def _capped(sampling: SamplingParams) -> SamplingParams:
+    priority = capped_priority(sampling.priority)
+    return sampling if priority == sampling.priority else replace(sampling, priority=priority)
 
 
 def engine_ids(request_id: str | None, count: int) -> list[str]:
@@ -166,7 +185,9 @@ def _overloaded(exc: Overloaded) -> ApiError:
     )
 
 
-async def _tracked(stream: RequestStream, timer: RequestTimer) -> AsyncIterator[RequestOutput]:
+async def _tracked(
+    stream: RequestStream, timer: RequestTimer, release: Callable[[], None]
+) -> AsyncIterator[RequestOutput]:
     try:
         async for output in stream:
             timer.observe(output)
@@ -174,3 +195,4 @@ async def _tracked(stream: RequestStream, timer: RequestTimer) -> AsyncIterator[
     finally:
         stream.close()
         timer.close()
+        release()

@@ -12,7 +12,9 @@ when they are admitted). `settings.public_routes` skip auth; only the operationa
 Retry-After while the model loads. Static files (GET / HEAD of the playground page at / and of
 anything under `STATIC_PREFIX`: the playground's and the docs pages' files) hold no API data:
 they skip auth and readiness, so the page loads and asks for the key.
-Every refusal is counted in the metrics by reason.
+Every refusal is counted in the metrics by reason. A request let through runs with its client's
+identity (the API key it matched) and trust (`--priority-keys`) in server/fair_share.py's
+context variables, for fair admission.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.admission import early_refusal
 from server.errors import ApiError, error_response, rejection_reason
+from server.fair_share import CLIENT, TRUSTED
 from server.settings import Settings
 from server.state import ServerState
 
@@ -60,7 +63,25 @@ class Guard:
         if error is not None:
             self.state.metrics.reject(rejection_reason(error.status))
             return await error_response(scope["path"], error)(scope, receive, send)
+        client, trusted = self._identity(scope)
+        CLIENT.set(client)  # for fair admission (server/fair_share.py), in this request's task
+        TRUSTED.set(trusted)
         await self.app(scope, _limited(receive, self.state.settings.max_body_bytes), send)
+
+    def _identity(self, scope: Scope) -> tuple[str | None, bool]:
+        """("key:N" for the N-th API key, or None without one; whether it may set priority < 0)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = token if scheme.lower() == "bearer" else headers.get("x-api-key", "")
+        found = None
+        for index, key in enumerate(self.keys):  # no early exit, as in `_known`
+            if hmac.compare_digest(given.strip().encode(), key):
+                found = index
+        trusted_keys = self.state.settings.priority_keys
+        trusted = "*" in trusted_keys or (
+            found is not None and self.state.settings.api_key[found] in trusted_keys
+        )
+        return (None if found is None else f"key:{found}"), trusted
 
     def _refusal(self, scope: Scope) -> ApiError | None:
         """413, 401 or 503 when this request must be answered before any route; else None."""

@@ -161,12 +161,8 @@ OPTIONS: tuple[Option, ...] = (
         "beyond it 429 with Retry-After",
         default=ENGINE_DEFAULT,
     ),
-    Option(
-        "grammar_compile_timeout", _positive_float, "seconds a structured output may compile (400)"
-    ),
-    Option(
-        "grammar_cache_bytes", parse_size, "compiled grammars kept, by estimated size, e.g. 512MiB"
-    ),
+    Option("grammar_compile_timeout", _positive_float, "seconds a grammar may compile (400)"),
+    Option("grammar_cache_bytes", parse_size, "compiled grammars kept, in bytes (LRU)"),
     Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
     Option(
         "disable_cpu_kernels",
@@ -255,10 +251,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_connections", int, "open connections at most (503 beyond; under the file limit)"),
     Option("header_timeout", _positive_float, "seconds to send request line and headers (408)"),
     Option("body_timeout", _positive_float, "seconds to send the body after the headers (408)"),
-    Option(
-        "keep_alive_timeout", _positive_float, "idle seconds a connection is kept between requests"
-    ),
+    Option("keep_alive_timeout", _positive_float, "idle seconds a connection is kept"),
     Option("max_requests_per_connection", int, "requests per connection, then it is closed"),
+    Option("max_prompts_per_request", int, "prompts per request (0: a quarter of the limit)"),
+    Option("priority_keys", str, "keys allowed priority < 0 (*: all)", repeatable=True),
     Option("public_routes", words, "comma list of routes served without a key"),
     Option(
         "allowed_origins",

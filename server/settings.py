@@ -70,6 +70,8 @@ class Settings:
     body_timeout: float = 60.0
     keep_alive_timeout: float = 5.0
     max_requests_per_connection: int = 10_000
+    max_prompts_per_request: int = 0  # 0: server/fair_share.py's share of the in-flight limit
+    priority_keys: tuple[str, ...] = field(default=(), repr=False)  # "*": every client
     public_routes: tuple[str, ...] = ("/health", "/ready", "/metrics")
     allowed_origins: tuple[str, ...] = ()  # each flag value parses to a tuple: flattened below
     tool_call_parser: str = "auto"

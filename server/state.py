@@ -38,6 +38,7 @@ from engine import (
 )
 from server.admission import open_streams
 from server.errors import ApiError
+from server.fair_share import FairShare, prompt_share
 from server.metrics import ServerMetrics
 from server.settings import Settings
 from server.token_texts import TokenTexts
@@ -78,6 +79,8 @@ class ServerState:
         # Grammars compile here (server/admission.py): two threads leave the engine's loop a
         # core on a small host; as many may wait as requests may be in flight.
         self.workers = WorkerPool(threads=2, max_waiting=admission_limit)
+        self.fair = FairShare(admission_limit)
+        self.prompt_share = settings.max_prompts_per_request or prompt_share(admission_limit)
         self.metrics = ServerMetrics(
             lambda: self.engine.stats() if self.engine else None,
             vllm_compatible=settings.vllm_compatible_metrics,
@@ -234,6 +237,7 @@ class ServerState:
             self.workers,
             self.settings.grammar_compile_timeout,
             request_id,
+            self.fair,
         )
 
 

@@ -70,7 +70,7 @@ class CompletionServing(OpenAIServing[CompletionJob]):
             raise ApiError(400, "prompt must not be empty", param="prompt")
         if isinstance(prompt[0], int):
             prompt = [prompt]
-        limit = self.state.admission_limit
+        limit = self.state.prompt_share  # a share of the in-flight limit: server/fair_share.py
         if len(prompt) > limit:
             raise ApiError(400, f"at most {limit} prompts fit in one request", param="prompt")
         prompts = []

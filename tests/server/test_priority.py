@@ -13,8 +13,10 @@ from tests.server.live import LiveServer
 
 
 class RecordingEngine(FakeEngine):
-    def __init__(self) -> None:
-        super().__init__()
+    """Records the priority and `streamed` of every request it is given."""
+
+    def __init__(self, **fake_engine_args) -> None:
+        super().__init__(**fake_engine_args)
         self.priorities: list[int] = []
         self.streamed: list[bool] = []
 
@@ -32,7 +34,7 @@ def live():
         engines.append(RecordingEngine())
         return engines[-1]
 
-    with LiveServer(factory) as server:
+    with LiveServer(factory, priority_keys=("*",)) as server:  # every client may go first
         yield server, engines[0]
 
 
