@@ -20,8 +20,9 @@ from typing import Any
 
 # Kept in step with server.chat.tool_calls.PARSERS (a test checks it); not imported, so parsing
 # settings stays free of the parsers' imports.
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
-REASONING_PARSERS = ("auto", "think", "none")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_xml", "pythonic")
+TOOL_CALL_PARSERS += ("deepseek_v3",)
+REASONING_PARSERS = ("auto", "think", "think_inside", "none")
 ENGINE_DEFAULT = "<engine>"  # Option.default: EngineConfig's field of the same name says it
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
@@ -233,8 +234,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "sse_keepalive",
         _non_negative_float,
-        "seconds a stream may send nothing (queued, a long prefill) before an SSE comment keeps "
-        "proxies from cutting it (0: never)",
+        "seconds of silence before a stream sends an SSE keep-alive comment (0: never)",
     ),
     Option(
         "responses_store_size",
@@ -273,7 +273,7 @@ OPTIONS: tuple[Option, ...] = (
         "reasoning_parser",
         str,
         "split <think>...</think> into reasoning_content: auto (when the chat template uses "
-        "<think>), think (always), none",
+        "<think>), think (always), think_inside (answers open inside it, no <think>), none",
         choices=REASONING_PARSERS,
     ),
     Option(

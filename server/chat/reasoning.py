@@ -2,7 +2,9 @@
 
 Contract: `ReasoningParser(starts_inside)` reads a model output in which the reasoning opens
 with `<think>` (after leading whitespace), or, when `starts_inside` (the prompt already ended
-with `<think>`, as templates that force thinking do), from the first character. The reasoning
+with `<think>`, as templates that force thinking do, or the model writes no opening tag: Qwen3,
+DeepSeek-R1 with `--reasoning-parser think_inside`), from the first character (a `<think>` the
+output opens with anyway is dropped). The reasoning
 runs to `</think>`; without it (a truncated output) everything after the open is reasoning.
 `parse(text)` returns (reasoning or None when the output has none, content); `stream()` reads
 the same text in any split and its `feed` / `finish` return ("reasoning" | "content", text)
@@ -34,11 +36,11 @@ class ReasoningParser:
 
     def parse(self, text: str) -> tuple[str | None, str]:
         body = text
-        if not self.starts_inside:
-            head = text.lstrip(WHITESPACE)
-            if not head.startswith(OPEN):
-                return None, text
+        head = text.lstrip(WHITESPACE)
+        if head.startswith(OPEN):  # opened here (also when it already was: a repeated tag)
             body = head[len(OPEN) :]
+        elif not self.starts_inside:
+            return None, text
         end = body.find(CLOSE)
         if end < 0:
             return body.lstrip(WHITESPACE), ""
@@ -50,7 +52,8 @@ class ReasoningParser:
 
 class ReasoningStream:
     def __init__(self, starts_inside: bool) -> None:
-        self._mode = "reasoning" if starts_inside else "lead"  # lead | reasoning | answer
+        self._inside = starts_inside
+        self._mode = "lead"  # lead | reasoning | answer
         self._buf = ""
         self._reasoning = TextUntilTag(CLOSE)
         self._reasoning.after_call = True  # whitespace after <think> is not reasoning
@@ -71,6 +74,8 @@ class ReasoningStream:
                 return pieces  # may still open a think block
             if head.startswith(OPEN):
                 self._mode, self._buf = "reasoning", head[len(OPEN) :]
+            elif self._inside:
+                self._mode = "reasoning"
             else:
                 self._mode, self._strip_answer = "answer", False
         if self._mode == "reasoning":

@@ -74,9 +74,11 @@ class ChatRenderer:
         """How to read the answer (reasoning, calls) and the grammar the tool choice asks for;
         `reasoning_asked` True reads `<think>` even where the model's setup would not."""
         setup = self.setup
-        parser = setup.parser if plan is not None and plan.parses_calls else None
+        parser = None
+        if plan is not None and plan.parses_calls:
+            parser = setup.parser.with_tools(plan.functions)
         reasoning, mode = None, None
         if setup.reasoning or reasoning_asked:
-            inside = prompt_opens_reasoning(prompt_text)
+            inside = setup.reasoning_inside or prompt_opens_reasoning(prompt_text)
             reasoning, mode = ReasoningParser(inside), "inside" if inside else "optional"
         return ChatOutputFormat(parser, reasoning), tool_grammar(setup.parser, plan, mode)

@@ -4,7 +4,9 @@ Contract: `chat_setup(tokenizer, settings)` returns a ChatSetup: the tool-call p
 `--tool-call-parser` flag, or the format the chat template teaches), whether the template
 renders `tools` itself (else server/chat/tool_calls/prompt.py's fallback prompt is used), and whether
 outputs are split into reasoning (`--reasoning-parser`: think / none, or auto: when the
-template uses `<think>`). A tokenizer without a chat template gets the defaults.
+template uses `<think>`; think_inside: every answer starts inside the reasoning, as Qwen3 and
+DeepSeek-R1 models that write no opening `<think>` do). A tokenizer without a chat template
+gets the defaults.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class ChatSetup:
     parser: ToolParser
     takes_tools: bool
     reasoning: bool
+    reasoning_inside: bool = False  # answers open inside the reasoning, without <think>
 
 
 def chat_setup(tokenizer: Any, settings: Settings) -> ChatSetup:
@@ -31,11 +34,14 @@ def chat_setup(tokenizer: Any, settings: Settings) -> ChatSetup:
     if name == "auto":
         name = detect_parser(source)
     parser = make_parser(name, _marker_ids(tokenizer, make_parser(name).markers), source)
-    reasoning = settings.reasoning_parser == "think" or (
-        settings.reasoning_parser == "auto" and uses_reasoning(source)
+    inside = settings.reasoning_parser == "think_inside"
+    reasoning = (
+        settings.reasoning_parser == "think"
+        or inside
+        or (settings.reasoning_parser == "auto" and uses_reasoning(source))
     )
     takes_tools = template is not None and template.uses("tools")
-    return ChatSetup(parser, takes_tools, reasoning)
+    return ChatSetup(parser, takes_tools, reasoning, inside)
 
 
 def _marker_ids(tokenizer: Any, markers: tuple[str, ...]) -> dict[str, int]:

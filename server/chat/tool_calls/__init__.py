@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from server.chat.tool_calls.base import FunctionSpec, ToolParser, ToolStream
+from server.chat.tool_calls.deepseek_v3 import DeepSeekV3Parser
 from server.chat.tool_calls.events import (
     ArgumentsDelta,
     CallStarted,
@@ -25,15 +26,23 @@ from server.chat.tool_calls.hermes import HermesParser
 from server.chat.tool_calls.llama3_json import Llama3JsonParser
 from server.chat.tool_calls.mistral import MistralParser
 from server.chat.tool_calls.mistral_named import ARGS
+from server.chat.tool_calls.pythonic import PythonicParser
+from server.chat.tool_calls.qwen3_xml import Qwen3XmlParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     HermesParser.name: HermesParser,
     Llama3JsonParser.name: Llama3JsonParser,
     MistralParser.name: MistralParser,
+    Qwen3XmlParser.name: Qwen3XmlParser,
+    PythonicParser.name: PythonicParser,
+    DeepSeekV3Parser.name: DeepSeekV3Parser,
 }
 
 # What a template's text shows of the format it teaches, most specific first.
 _TEMPLATE_MARKS: tuple[tuple[str, str], ...] = (
+    ("<function=", Qwen3XmlParser.name),  # Qwen3-Coder's template shows <tool_call> too
+    ("tool▁calls▁begin", DeepSeekV3Parser.name),
+    ("[func_name1(", PythonicParser.name),  # Llama 3.2 pythonic / Llama 4 templates
     ("[TOOL_CALLS]", MistralParser.name),
     ("<tool_call>", HermesParser.name),
     ("<|python_tag|>", Llama3JsonParser.name),
@@ -55,6 +64,8 @@ def make_parser(
         raise ValueError(f"unknown tool-call parser {name!r}; choose one of {', '.join(PARSERS)}")
     if name == MistralParser.name:  # the template shows which of its forms the model writes
         return MistralParser(marker_ids, named=template is not None and ARGS in template)
+    if name == DeepSeekV3Parser.name:  # V3 / R1 fence the arguments, V3.1 does not
+        return DeepSeekV3Parser(marker_ids, fenced=template is None or "```json" in template)
     return PARSERS[name]()
 
 

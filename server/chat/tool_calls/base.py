@@ -48,6 +48,11 @@ class ToolParser(ABC):
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]] = ()
 
+    def with_tools(self, functions: Sequence[FunctionSpec]) -> ToolParser:
+        """This parser for a request with these functions (formats that type values by the
+        schemas override it)."""
+        return self
+
     @abstractmethod
     def parse(self, text: str) -> ParsedOutput: ...
 

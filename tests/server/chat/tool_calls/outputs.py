@@ -17,7 +17,10 @@ from server.chat.tool_calls import PARSERS, ToolCall, ToolParser, make_parser
 
 # The line of a v11+ Mistral template that writes a call (only "[ARGS]" in it matters).
 NAMED_TEMPLATE = "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' + arguments }}"
-VARIANTS = sorted([*PARSERS, "mistral_named"])
+# The formats whose calls are JSON objects (the shared parser tests); the others (XML, pythonic,
+# DeepSeek's tokens) have their own tests, tests/server/chat/tool_calls/test_block_formats.py.
+VARIANTS = ["hermes", "llama3_json", "mistral", "mistral_named"]
+OTHER_FORMATS = sorted(set(PARSERS) - set(VARIANTS))
 
 
 def parser_for(variant: str) -> ToolParser:
