@@ -35,6 +35,7 @@ from engine import (
     RequestStream,
     SamplingParams,
 )
+from server import tracing
 from server.engine_params import to_api_error
 from server.errors import ApiError
 from server.fair_share import CLIENT, FairShare, capped_priority
@@ -70,15 +71,17 @@ async def open_streams(
     if refusal is not None:
         raise refusal
     params = [_capped(sampling) for sampling in params]
+    ids = engine_ids(request_id, len(prompts))
     requests = [
         await _validate(engine, rid, prompt, sampling, api_fields, workers, compile_timeout)
-        for rid, prompt, sampling in zip(
-            engine_ids(request_id, len(prompts)), prompts, params, strict=True
-        )
+        for rid, prompt, sampling in zip(ids, prompts, params, strict=True)
     ]
     client = CLIENT.get()
     if fair is not None:  # no await from here to the admissions it decides on
         fair.check(client, engine.num_pending(), len(requests))
+    trace = tracing.current()
+    if trace is not None:
+        trace.admitted(ids, prompts, params[0])
     streams: list[RequestStream] = []
     try:
         for request in requests:
@@ -90,7 +93,10 @@ async def open_streams(
             stream.close()
         raise
     held = [fair.hold(client, 1) if fair is not None else _nothing for _ in streams]
-    return [_tracked(s, metrics.timer(), release) for s, release in zip(streams, held, strict=True)]
+    return [
+        _tracked(s, metrics.timer(), release, trace)
+        for s, release in zip(streams, held, strict=True)
+    ]
 
 
 def _nothing() -> None:
@@ -135,7 +141,13 @@ async def _validate(
     try:
         if workers is None or sampling.structured_output is None:
             return build()  # cheap: checks of the prompt and the parameters
-        return await workers.run(build, compile_timeout)
+        started = time.time()
+        built = await workers.run(build, compile_timeout)
+        trace = tracing.current()
+        if trace is not None:  # the grammar compiled (or came from the cache) meanwhile
+            seconds = {"tgserve.grammar.seconds": time.time() - started}
+            trace.events.append(("grammar_compile", started, seconds))
+        return built
     except ValueError as exc:
         raise to_api_error(exc, api_fields) from None
     except WorkTimedOut as exc:
@@ -186,11 +198,16 @@ def _overloaded(exc: Overloaded) -> ApiError:
 
 
 async def _tracked(
-    stream: RequestStream, timer: RequestTimer, release: Callable[[], None]
+    stream: RequestStream,
+    timer: RequestTimer,
+    release: Callable[[], None],
+    trace: tracing.RequestTrace | None,
 ) -> AsyncIterator[RequestOutput]:
     try:
         async for output in stream:
             timer.observe(output)
+            if trace is not None:
+                trace.observe(output)
             yield output
     finally:
         stream.close()

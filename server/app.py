@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -40,6 +41,7 @@ from server.responses import router as responses_router
 from server.settings import Settings
 from server.state import ServerState
 from server.tgi import router as tgi_router
+from server.tracing import TracingMiddleware, tracer_provider
 
 __all__ = ["API_ROUTERS", "ServerState", "create_app"]
 # Each API's routes, built on the app's state: OpenAI, Anthropic, TGI, then the operational ones.
@@ -57,8 +59,11 @@ def create_app(
     engine_factory: Callable[[], EngineCore],
     admission_limit: int,
     on_fatal: Callable[[], None] = lambda: None,
+    span_exporter: Any = None,
 ) -> FastAPI:
+    """`span_exporter`: where traces go instead of --otlp-traces-endpoint (tests)."""
     state = ServerState(settings, engine_factory, admission_limit, on_fatal)
+    traces = tracer_provider(settings.otlp_traces_endpoint, span_exporter)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,6 +72,8 @@ def create_app(
         if not loading.done():
             loading.cancel()
         await state.drain(0.0)
+        if traces is not None:
+            traces.shutdown()  # the spans still batched are sent
 
     app = FastAPI(
         title="tgserve",
@@ -85,6 +92,8 @@ def create_app(
     install_docs(app, app.openapi_url)
     install_playground(app)
     app.add_middleware(Guard, state=state)
+    if traces is not None:  # outside the guard (its refusals are traced), inside the id
+        app.add_middleware(TracingMiddleware, provider=traces)
     app.add_middleware(RequestIdMiddleware)  # outside the guard: its refusals carry the id too
     if settings.allowed_origins:  # added last: it wraps the guard
         app.add_middleware(

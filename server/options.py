@@ -2,10 +2,9 @@
 parser and help.
 
 Contract: `OPTIONS` lists every option (`Option`: destination, parser of its text, help; a
-`repeatable` flag may be given several times and its variable is a comma list; a
-`flag_is_switch` flag takes no value; `choices`, when given, are the only values accepted, from
-the flag or the variable; `default` says in words what an unset option means where the value in
-server/settings.py is None, or `ENGINE_DEFAULT`: the engine's own default, read from
+`repeatable` flag may be given several times, its variable a comma list; a `flag_is_switch`
+flag takes no value; `choices`: the only values the flag or variable may take; `default`: in
+words what unset means where server/settings.py's value is None, or `ENGINE_DEFAULT`, read from
 EngineConfig). Parsers raise ValueError with a message a user can act on (`parse_size` reads
 "2GiB", "512MiB", "2GB"). Defaults live with the values, in server/settings.py.
 """
@@ -207,25 +206,16 @@ OPTIONS: tuple[Option, ...] = (
         choices=("ngram", "draft"),
         default="off",
     ),
-    Option(
-        "num_speculative_tokens", int, "tokens proposed per step with --speculative", default="4"
-    ),
-    Option(
-        "speculative_ngram_min", int, "shortest n-gram --speculative ngram matches", default="1"
-    ),
-    Option("speculative_ngram_max", int, "longest n-gram --speculative ngram matches", default="4"),
+    Option("num_speculative_tokens", int, "tokens proposed per step (--speculative)", default="4"),
+    Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram takes", default="1"),
+    Option("speculative_ngram_max", int, "longest n-gram --speculative ngram takes", default="4"),
     Option("speculative_model", str, "the draft model (--speculative draft)", default="none"),
     Option(
         "shutdown_timeout",
         _non_negative_float,
         "seconds in-flight requests get after SIGTERM (0: abort them at once)",
     ),
-    Option(
-        "request_timeout",
-        _positive_float,
-        "default per-request deadline in seconds",
-        default="none; a request's own `timeout` field still applies",
-    ),
+    Option("request_timeout", _positive_float, "default deadline in seconds", default="none"),
     Option(
         "health_stall_timeout",
         _positive_float,
@@ -283,6 +273,13 @@ OPTIONS: tuple[Option, ...] = (
         "(vllm:num_requests_waiting, ...), read by LLM routers and the Gateway API Inference "
         "Extension (off: the output passes `promtool check metrics`)",
         flag_is_switch=True,
+    ),
+    Option(
+        "otlp_traces_endpoint",
+        str,
+        "send OpenTelemetry traces (a span per generation request) over OTLP/HTTP to this URL, "
+        "e.g. http://collector:4318/v1/traces (the otel extra)",
+        default="off",
     ),
     Option(
         "log_level", str.lower, "lowest level logged", choices=("debug", "info", "warning", "error")

@@ -77,6 +77,7 @@ class Settings:
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
     vllm_compatible_metrics: bool = False
+    otlp_traces_endpoint: str | None = None
     log_level: str = "info"
     enable_fault_injection: bool = False
 

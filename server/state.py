@@ -36,6 +36,7 @@ from engine import (
     SamplingParams,
     warm_up_requests,
 )
+from server import tracing
 from server.admission import open_streams
 from server.errors import ApiError
 from server.fair_share import FairShare, prompt_share
@@ -195,6 +196,13 @@ class ServerState:
             raise error
 
     def model_name(self, requested: str | None) -> str:
+        name = self._model_name(requested)
+        trace = tracing.current()
+        if trace is not None:
+            trace.attributes["gen_ai.request.model"] = name
+        return name
+
+    def _model_name(self, requested: str | None) -> str:
         self.require_ready()  # before the name check: the names are known once loaded
         if requested in self.model_names:
             return requested

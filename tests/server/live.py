@@ -38,11 +38,14 @@ class LiveServer:
         admission_limit: int = 32,
         wait_ready: bool = True,
         on_fatal: Callable[[], None] = lambda: None,
+        span_exporter: Any = None,
         **settings: Any,
     ) -> None:
         self.port = free_port()
         self.settings = Settings(host="127.0.0.1", port=self.port, **settings)
-        self.app = create_app(self.settings, engine_factory, admission_limit, on_fatal)
+        self.app = create_app(
+            self.settings, engine_factory, admission_limit, on_fatal, span_exporter
+        )
         self.state = self.app.state.tgserve
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready = wait_ready
