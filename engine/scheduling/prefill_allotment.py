@@ -14,6 +14,8 @@ the scheduler then places the running chunks and admits the waiting ones in that
   only by the anchor's few tokens, and only when the decodes alone (nearly) fill it. In a step
   no stream holds to the target, the shortest prompt, when it completes within a few tokens,
   has a floor too (`PrefillBudget.first_token_floor`): a short request is never left behind.
+- A lone prompt (the only candidate, nothing placed before it) is bounded by the token
+  budget alone (`PrefillBudget.alone`).
 - Seats: waiting requests are admitted within the free sequence slots (`max_num_seqs` minus
   the running ones'), the anchor first, then in prefill order up to the first that does not
   fit. Once a waiting request gets no tokens, no waiting request behind it does (except the
@@ -69,6 +71,8 @@ def allot_prefill(candidates: PrefillCandidates, budget: PrefillBudget) -> list[
     order = sorted(c.partials + c.waiting, key=lambda r: prefill_key(r, c.arrival))
     if not order:
         return []
+    if len(order) == 1 and budget.rows == 0:  # a lone prompt: the whole token budget
+        budget.alone()
     best = order[0].params.priority
     anchor = min((r for r in order if r.params.priority == best), key=lambda r: c.arrival[r])
     seated = _seated(c, anchor)
