@@ -8,7 +8,8 @@ stamps each result with `host_label(device)` and whether its dtype was auto's ch
 names that decide tgserve's CPU speed, in this order: the widest vector unit
 ("AVX-512", else "AVX2"), then "BF16" (AVX512-BF16 dot products), "VNNI" (int8 dot products,
 AVX-512 or AVX form) and "AMX" (tiles); `host_label(device)` is "CPU AVX-512+BF16+VNNI+AMX"
-(or "CPU (no AVX2)") on a CPU and the GPU's name on CUDA.
+(or "CPU (no AVX2)") on a CPU, with " (kernels: avx2 build)" where TGSERVE_CPU_ISA forces an
+older build of the C++ kernels than the host's, and the GPU's name on CUDA.
 """
 
 from __future__ import annotations
@@ -41,7 +42,23 @@ def host_label(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     names = isa_names(cpu_flags())
-    return "CPU " + "+".join(names) if names else "CPU (no AVX2)"
+    label = "CPU " + "+".join(names) if names else "CPU (no AVX2)"
+    return label + _forced_build()
+
+
+def _forced_build() -> str:
+    """The suffix " (kernels: avx2 build)" when TGSERVE_CPU_ISA forces an older build of the C++
+    kernels than the host's own (models/cpu_kernels.selected_build), else ""."""
+    import os
+
+    from models.cpu_features import ISA_ENV, kernel_march
+
+    setting = os.environ.get(ISA_ENV)
+    try:
+        forced = kernel_march(setting) != "native"
+    except ValueError:  # the kernels refuse it and the PyTorch paths run: say so
+        return f" (kernels: {ISA_ENV}={setting} refused)"
+    return f" (kernels: {setting} build)" if forced else ""
 
 
 def bench_device(device: str) -> str:

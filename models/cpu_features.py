@@ -7,6 +7,10 @@ or "" where unknown), `cpu_model_name(cpuinfo=None)` its `model name`. `cpu_has_
 and `native_bf16(device)` whether a device computes bfloat16 natively (CUDA: asks torch).
 The engine picks its "auto" dtype with the latter; the C++ kernels' build tag hashes the
 flags (they are built with -march=native).
+`kernel_march(setting, flags=None)` is the -march of the kernel build that TGSERVE_CPU_ISA
+names (`ISA_ENV`: "native" or unset, or one of `FORCED_BUILDS`: "avx512", "avx2",
+"portable"), so an older ISA's build runs, and is measured and tested, on a newer host; it
+raises ValueError naming the setting when it is unknown or the CPU lacks the build's flags.
 """
 
 from __future__ import annotations
@@ -17,6 +21,22 @@ import torch
 
 _CPUINFO = Path("/proc/cpuinfo")
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+ISA_ENV = "TGSERVE_CPU_ISA"
+
+# -march=haswell code needs these (AVX2 + FMA + F16C and the bit-manipulation set).
+AVX2_FLAGS = frozenset({"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"})
+# -march=icelake-server adds these (AVX-512 with VNNI, no AVX512-BF16: most cloud Xeons).
+AVX512_FLAGS = AVX2_FLAGS | {
+    "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
+    "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "gfni", "vaes",
+    "vpclmulqdq", "sha_ni", "rdpid", "clwb",
+}  # fmt: skip
+# TGSERVE_CPU_ISA value -> (-march, the flags its code needs); "native" is the host's own.
+FORCED_BUILDS: dict[str, tuple[str, frozenset[str]]] = {
+    "avx512": ("icelake-server", AVX512_FLAGS),
+    "avx2": ("haswell", AVX2_FLAGS),
+    "portable": ("x86-64-v2", frozenset()),  # SSE4.2: the kernels' scalar loops
+}
 
 
 def _field(name: str, cpuinfo: str | None) -> str:
@@ -56,3 +76,18 @@ def native_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return cpu_has_native_bf16()
+
+
+def kernel_march(setting: str | None, flags: tuple[str, ...] | None = None) -> str:
+    """The -march of the C++ kernel build for TGSERVE_CPU_ISA=`setting` on a CPU with `flags`
+    (default: this host's)."""
+    if setting in (None, "", "native"):
+        return "native"
+    if setting not in FORCED_BUILDS:
+        names = ", ".join(["native", *FORCED_BUILDS])
+        raise ValueError(f"{ISA_ENV}={setting!r} is not one of: {names}")
+    march, needs = FORCED_BUILDS[setting]
+    missing = sorted(needs - set(cpu_flags() if flags is None else flags))
+    if missing:
+        raise ValueError(f"{ISA_ENV}={setting} needs CPU flags this host lacks: {missing}")
+    return march

@@ -24,6 +24,9 @@ Every build and load holds an OS lock that dies with its process
 (models/cpu_kernels/build_lock.py), so a killed build never blocks the next one.
 `extension()` returns None (logged once) when the build fails; callers keep their PyTorch
 paths. `is_built()` says, without building, whether a load would find the build done.
+The build `extension()` serves is -march=native unless TGSERVE_CPU_ISA forces another
+("avx512", "avx2", "portable": models/cpu_features.kernel_march), read when the first call
+builds or loads it, never at import; `selected_build()` names it (the bench prints it).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from types import ModuleType
 
 import torch
 
-from models.cpu_features import cpu_flags
+from models.cpu_features import ISA_ENV, cpu_flags, kernel_march
 from models.cpu_kernels.builder import BuildSpec, compile_in_child, load_or_compile
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ _HEADERS = (
     "vec_math.h",
     "vec_simd.h",
     "attention_simd.h",
+    "attention_avx2.h",
     "attention_layout.h",
     "simd16.h",
     "block_fma.h",
@@ -123,8 +127,14 @@ def stage_sources(spec: BuildSpec) -> None:
             partial.replace(target)
 
 
-def is_built(march: str = "native") -> bool:
-    """True when the library of this build exists (a load then only imports it)."""
+def is_built(march: str | None = None) -> bool:
+    """True when the library of this build (default: the one `extension()` serves) exists (a
+    load then only imports it)."""
+    if march is None:
+        try:
+            march = kernel_march(os.environ.get(ISA_ENV))
+        except ValueError:
+            return True  # nothing to build: extension() reports the setting and serves None
     return build_spec(march).library.exists()
 
 
@@ -144,14 +154,25 @@ _native_lock = threading.Lock()  # one build of the native kernels per process
 _native: list[ModuleType | None] = []  # [result] once the first extension() call returned
 
 
+def selected_build() -> str:
+    """The build `extension()` serves: "native", or e.g. "avx2 (-march=haswell, TGSERVE_CPU_ISA)".
+    Raises ValueError for a setting this host cannot run."""
+    setting = os.environ.get(ISA_ENV, "")
+    march = kernel_march(setting)
+    return "native" if march == "native" else f"{setting} (-march={march}, {ISA_ENV})"
+
+
 def extension(niceness: int = 0) -> ModuleType | None:
     """The built extension, or None (logged once) when it cannot be built here. The first call
-    builds (its compiler at `niceness`) or loads it; other threads calling meanwhile wait for
-    that result."""
+    builds (its compiler at `niceness`) or loads it, for the -march TGSERVE_CPU_ISA selects
+    (native when unset); other threads calling meanwhile wait for that result."""
     with _native_lock:
         if not _native:
             try:
-                _native.append(build("native", niceness))
+                march = kernel_march(os.environ.get(ISA_ENV))
+                if march != "native":
+                    log.info("C++ kernels: the %s build, as %s asks", march, ISA_ENV)
+                _native.append(build(march, niceness))
             except Exception as exc:  # no compiler, missing headers, ninja, a killed build, ...
                 log.warning(
                     "tgserve's C++ CPU kernels are unavailable, using PyTorch paths: %s", exc

@@ -2,9 +2,14 @@
 // contract.
 //
 // A sequence's keys are cut into ranges of a fixed length (kRangeKeys), attended one by one and
-// merged in order (see decode). A range walks its keys in chunks of 16: the chunk's cache rows are located
-// once, the next chunk's rows are prefetched, and for each KV head its G query heads are
-// scored, softmaxed (online) and V-summed together by the SIMD loops of attention_simd.h.
+// merged in order (see decode). A range walks its keys in chunks of 16: the chunk's cache rows
+// are located once, the next chunk's rows are prefetched, and for each KV head its G query
+// heads are scored, softmaxed (online) and V-summed together by the SIMD loops of
+// attention_simd.h (AVX-512), attention_avx2.h (AVX2 + FMA) or the portable ones, each naming
+// the reduction order it fixes. Up to 8 consecutive rows of one sequence (a prefill chunk's
+// queries) attend to a chunk together while its K/V rows sit in L1, each in its own order.
+// Work is split over the cores by (group of rows, key range): one long sequence's ranges
+// spread over every core, and the ranges merge in range order, whatever the split.
 #include "kernels.h"
 
 #include "attention_simd.h"
@@ -62,38 +67,51 @@ void prefetch_rows(const T* kc, const T* vc, const int64_t* off, int64_t i0, int
   }
 }
 
-// Attention of all H query heads of one sequence over its keys [k0, k1): unnormalised
-// acc [H, DA] (DA = acc_stride(D), in the attention_simd.h layout), reference max m [H] and
-// sum l [H] of the online softmax. q [H, qstride] is packed by pack_query; scratch holds
-// p [G, kChunk] and per-lane sums [H, kChunk].
+// Per-row state of attend_range: acc [H, DA] (DA = acc_stride(D), the attention_simd.h
+// layout) the unnormalised V sums, m [H] the online softmax's reference max, l [H] its sum.
+struct RangeOut {
+  float* acc;
+  float* m;
+  float* l;
+};
+
+// Attention of the R rows of a group (queries of one sequence, same block table and key start
+// k0) over keys [k0, k1[i]) of this range, row i into out[i]. q[i] [H, qstride] is packed by
+// pack_query. scratch holds p [G, kChunk] and per-lane sums [R, H, kChunk].
+// A chunk's K/V rows are located and prefetched once and stay in L1 while every row of the
+// group attends to them: rows share the memory traffic, never the arithmetic. Each row walks
+// the chunks k0, k0 + 16, ... < k1[i] with n = min(16, k1[i] - c0) keys, exactly as it does
+// alone (R = 1), so its bits do not depend on its group.
 // DC > 0 fixes head_dim at compile time (64, 128) so the D loops unroll.
 template <typename T, int DC>
-void attend_range(const typename tgserve::attn::QPack<T>::type* q, int64_t qstride, const T* kc,
-                  const T* vc, const int64_t* table, int64_t k0, int64_t k1, int64_t H,
-                  int64_t KVH, int64_t D, int64_t bs, int64_t num_blocks, float scale, float* acc,
-                  float* m, float* l, float* scratch, int* bad) {
+void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_t qstride,
+                  const T* kc, const T* vc, const int64_t* table, int64_t k0, const int64_t* k1,
+                  int R, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t num_blocks,
+                  float scale, const RangeOut* out, float* scratch, int* bad) {
   namespace simd = tgserve::attn;
   const int64_t G = H / KVH, W = KVH * D, DA = simd::acc_stride<T>(D);
   float* p = scratch;
-  float* lsum = scratch + G * kChunk;
-  std::fill(m, m + H, -std::numeric_limits<float>::infinity());
-  std::fill(lsum, lsum + H * kChunk, 0.0f);
-  std::fill(acc, acc + H * DA, 0.0f);
+  float* lsum = scratch + G * kChunk;  // [R, H, kChunk]
+  const int64_t kmax = *std::max_element(k1, k1 + R);
+  for (int i = 0; i < R; ++i) {
+    std::fill(out[i].m, out[i].m + H, -std::numeric_limits<float>::infinity());
+    std::fill(out[i].acc, out[i].acc + H * DA, 0.0f);
+  }
+  std::fill(lsum, lsum + R * H * kChunk, 0.0f);
   // Row offsets of chunk j (keys k0 + 16 j ...) live in ring slot j % (kAhead + 1).
   int64_t off[kAhead + 1][kChunk];
   auto locate = [&](int64_t j) -> int64_t {  // fills chunk j's slot; returns its key count
     const int64_t c = k0 + j * kChunk;
-    if (c >= k1) return 0;
-    if (!chunk_offsets(table, c, k1, bs, W, num_blocks, off[j % (kAhead + 1)]))
+    if (c >= kmax) return 0;
+    if (!chunk_offsets(table, c, kmax, bs, W, num_blocks, off[j % (kAhead + 1)]))
       *bad = tgserve::kBadBlock;
-    return std::min<int64_t>(kChunk, k1 - c);
+    return std::min<int64_t>(kChunk, kmax - c);
   };
   for (int64_t j = 0; j < kAhead; ++j)
     prefetch_rows(kc, vc, off[j % (kAhead + 1)], 0, locate(j), W);
   const T* krows[kChunk];
   const T* vrows[kChunk];
-  for (int64_t c0 = k0, j = 0; c0 < k1; c0 += kChunk, ++j) {
-    const int n = static_cast<int>(std::min<int64_t>(kChunk, k1 - c0));
+  for (int64_t c0 = k0, j = 0; c0 < kmax; c0 += kChunk, ++j) {
     const int64_t* cur = off[j % (kAhead + 1)];
     const int64_t* ahead = off[(j + kAhead) % (kAhead + 1)];
     const int64_t n_ahead = locate(j + kAhead);
@@ -105,21 +123,33 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* q, int64_t qstri
         krows[i] = kc + cur[i] + g * D;
         vrows[i] = vc + cur[i] + g * D;
       }
-      simd::score_chunk<T, DC>(q + g * G * qstride, qstride, krows, n, G, D, scale, p);
-      simd::softmax_chunk(p, n, G, m + g * G, lsum + g * G * kChunk, acc + g * G * DA, DA);
-      simd::accumulate_chunk<T, DC>(p, vrows, G, D, acc + g * G * DA, DA);
+      for (int i = 0; i < R; ++i) {
+        if (c0 >= k1[i]) continue;  // this row's range ended
+        const int n = static_cast<int>(std::min<int64_t>(kChunk, k1[i] - c0));
+        float* acc = out[i].acc + g * G * DA;
+        simd::score_chunk<T, DC>(q[i] + g * G * qstride, qstride, krows, n, G, D, scale, p);
+        simd::softmax_chunk(p, n, G, out[i].m + g * G, lsum + (i * H + g * G) * kChunk, acc, DA);
+        simd::accumulate_chunk<T, DC>(p, vrows, G, D, acc, DA, n);
+      }
     }
   }
-  for (int64_t h = 0; h < H; ++h)
-    l[h] = std::accumulate(lsum + h * kChunk, lsum + (h + 1) * kChunk, 0.0f);
+  for (int i = 0; i < R; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* lh = lsum + (i * H + h) * kChunk;
+      out[i].l[h] = std::accumulate(lh, lh + kChunk, 0.0f);
+    }
 }
 
 // Keys per range: a sequence's keys [start, len) are cut into ranges of kRangeKeys keys from
 // `start` (the last one shorter), each attended on its own into (acc, m, l), then merged in
 // range order. The cut depends on the sequence alone, never on the batch: a row's output is
-// the same bits whichever other rows share the call and however the work is spread over
-// threads (batch invariance; only the grouping of work items changes with the batch).
+// the same bits whichever other rows share the call, however the work is spread over
+// threads (batch invariance; only the grouping of work items changes with the batch), and
+// whichever rows share its group (attend_range).
 constexpr int64_t kRangeKeys = 256;
+// Rows per group: consecutive rows of one sequence (a prefill chunk's queries) read each K/V
+// chunk once for up to this many queries.
+constexpr int kGroupRows = 8;
 
 // out [D] = the merge of ranges 0 .. R-1 of head h, in order: weights exp(m_r - max m) on the
 // partial sums. parts: acc [R, H, DA], then m [R, H], then l [R, H], at acc / pm / pl.
@@ -141,9 +171,17 @@ void merge_ranges(const float* acc, const float* pm, const float* pl, int64_t R,
   tgserve::attn::store_row(sum, total > 0.0f ? 1.0f / total : 0.0f, D, out);
 }
 
-// Work items are the ranges of every row when the batch is too small to keep each thread
-// busy with whole rows, else whole rows (each walking its ranges in order). Either way each
-// range is computed by the same code into its own partials and merged by merge_ranges.
+// Rows b and c (c > b) may share a group: the same key start and block table.
+bool same_keys(const int64_t* tables, int64_t nb, const std::vector<int64_t>& start,
+               const std::vector<int64_t>& len, int64_t bs, int64_t b, int64_t c) {
+  if (start[b] != start[c]) return false;
+  const int64_t blocks = std::min(nb, (std::max(len[b], len[c]) + bs - 1) / bs);
+  return std::equal(tables + b * nb, tables + b * nb + blocks, tables + c * nb);
+}
+
+// Work items are (group, range) pairs when there are too few groups to keep each thread
+// busy, else whole groups (each walking its ranges in order). Either way each row's range is
+// computed by the same code into its own partials and merged by merge_ranges.
 template <typename T, int DC>
 void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
             T* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t nb,
@@ -163,55 +201,81 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
     start[b] = window > 0 ? std::max<int64_t>(0, len[b] - window) : 0;
     first[b + 1] = first[b] + std::max<int64_t>(1, (len[b] - start[b] + kRangeKeys - 1) / kRangeKeys);
   }
+  // Groups: runs of up to kGroupRows consecutive rows over the same keys; group j is rows
+  // gfirst[j] .. gfirst[j + 1] - 1, its ranges gitem[j] .. gitem[j + 1] - 1 (its longest row's).
+  std::vector<int64_t> gfirst{0}, gitem{0};
+  for (int64_t b = 1; b <= B; ++b) {
+    const int64_t g0 = gfirst.back();
+    if (b < B && b - g0 < kGroupRows && same_keys(tables, nb, start, len, bs, g0, b)) continue;
+    int64_t ranges = 0;
+    for (int64_t c = g0; c < b; ++c) ranges = std::max(ranges, first[c + 1] - first[c]);
+    gfirst.push_back(b);
+    gitem.push_back(gitem.back() + ranges);
+  }
+  const int64_t num_groups = static_cast<int64_t>(gfirst.size()) - 1;
   const int64_t max_ranges = (nb * bs + kRangeKeys - 1) / kRangeKeys + 1;
-  const bool by_row = B >= 2 * omp_get_max_threads();
-  // Partials of every range (split work) or of one row per thread (by_row).
-  std::vector<float> shared_parts(by_row ? 0 : first[B] * part_size);
+  const bool by_group = num_groups >= 2 * omp_get_max_threads();
+  // Partials of every row's ranges (split work) or of one group per thread (by_group).
+  std::vector<float> shared_parts(by_group ? 0 : first[B] * part_size);
 #pragma omp parallel
   {
-    std::vector<QT> qp(H * Dp);  // a row's query heads, packed
-    std::vector<float> own_parts(by_row ? max_ranges * part_size : 0);
-    // merge sum [DA], then attend_range's scratch [G + H, kChunk]
-    std::vector<float> scratch(DA + (H / KVH + H) * kChunk);
+    std::vector<QT> qp(kGroupRows * H * Dp);  // a group's query heads, packed
+    std::vector<float> own_parts(by_group ? kGroupRows * max_ranges * part_size : 0);
+    // merge sum [DA], then attend_range's scratch [G + kGroupRows * H, kChunk]
+    std::vector<float> scratch(DA + (H / KVH + kGroupRows * H) * kChunk);
     float* sum = scratch.data();
     float* p = sum + DA;
-    auto pack = [&](int64_t b) {  // row b's query heads into qp
-      for (int64_t h = 0; h < H; ++h) simd::pack_query(q + (b * H + h) * D, D, qp.data() + h * Dp);
+    const QT* qrows[kGroupRows];
+    int64_t k1[kGroupRows];
+    RangeOut outs[kGroupRows];
+    auto pack = [&](int64_t j) {  // group j's query heads into qp
+      for (int64_t b = gfirst[j]; b < gfirst[j + 1]; ++b) {
+        QT* dst = qp.data() + (b - gfirst[j]) * H * Dp;
+        for (int64_t h = 0; h < H; ++h) simd::pack_query(q + (b * H + h) * D, D, dst + h * Dp);
+      }
     };
-    // Range r of row b (its query packed in qp) into parts (merge_ranges' layout, R ranges).
-    auto attend = [&](int64_t b, int64_t r, float* parts, int64_t R) {
-      const int64_t k0 = std::min(len[b], start[b] + r * kRangeKeys);
-      const int64_t k1 = std::min(len[b], k0 + kRangeKeys);
-      float* acc = parts + r * H * DA;
-      float* m = parts + R * H * DA + r * H;
-      float* l = parts + R * H * (DA + 1) + r * H;
-      attend_range<T, DC>(qp.data(), Dp, kc, vc, tables + b * nb, k0, k1, H, KVH, D, bs,
-                          num_blocks, scale, acc, m, l, p, bad);
+    // Range r of group j's rows (queries packed in qp) into each row's partials: row b's
+    // range r at parts(b) (merge_ranges' layout, R(b) = its range count).
+    auto attend = [&](int64_t j, int64_t r, auto parts) {
+      int R = 0;
+      for (int64_t b = gfirst[j]; b < gfirst[j + 1]; ++b) {
+        const int64_t rb = first[b + 1] - first[b];
+        if (r >= rb) continue;  // a shorter row of the group: its ranges are done
+        float* base = parts(b);
+        qrows[R] = qp.data() + (b - gfirst[j]) * H * Dp;
+        k1[R] = std::min(len[b], start[b] + (r + 1) * kRangeKeys);
+        outs[R] = {base + r * H * DA, base + rb * H * DA + r * H, base + rb * H * (DA + 1) + r * H};
+        ++R;
+      }
+      const int64_t b0 = gfirst[j];  // every row with a range r starts it at the same key
+      const int64_t k0 = start[b0] + r * kRangeKeys;
+      attend_range<T, DC>(qrows, Dp, kc, vc, tables + b0 * nb, k0, k1, R, H, KVH, D, bs,
+                          num_blocks, scale, outs, p, bad);
     };
-    auto merge = [&](int64_t b, const float* parts, int64_t R) {
+    auto merge = [&](int64_t b, const float* parts) {
+      const int64_t R = first[b + 1] - first[b];
       for (int64_t h = 0; h < H; ++h)
         merge_ranges<T>(parts, parts + R * H * DA, parts + R * H * (DA + 1), R, H, h, DA, D, sum,
                         out + (b * H + h) * D);
     };
-    if (by_row) {
+    if (by_group) {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t R = first[b + 1] - first[b];
-        pack(b);
-        for (int64_t r = 0; r < R; ++r) attend(b, r, own_parts.data(), R);
-        merge(b, own_parts.data(), R);
+      for (int64_t j = 0; j < num_groups; ++j) {
+        auto parts = [&](int64_t b) { return own_parts.data() + (b - gfirst[j]) * max_ranges * part_size; };
+        pack(j);
+        for (int64_t r = 0; r < gitem[j + 1] - gitem[j]; ++r) attend(j, r, parts);
+        for (int64_t b = gfirst[j]; b < gfirst[j + 1]; ++b) merge(b, parts(b));
       }
     } else {
+      auto parts = [&](int64_t b) { return shared_parts.data() + first[b] * part_size; };
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t it = 0; it < first[B]; ++it) {
-        const int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
-        const int64_t R = first[b + 1] - first[b];
-        pack(b);
-        attend(b, it - first[b], shared_parts.data() + first[b] * part_size, R);
+      for (int64_t it = 0; it < gitem[num_groups]; ++it) {
+        const int64_t j = std::upper_bound(gitem.begin(), gitem.end(), it) - gitem.begin() - 1;
+        pack(j);
+        attend(j, it - gitem[j], parts);
       }
 #pragma omp for
-      for (int64_t b = 0; b < B; ++b)
-        merge(b, shared_parts.data() + first[b] * part_size, first[b + 1] - first[b]);
+      for (int64_t b = 0; b < B; ++b) merge(b, parts(b));
     }
   }
 }

@@ -1,6 +1,7 @@
 // Row layouts shared by the paged attention kernel (attention.cpp) and its inner loops
 // (attention_simd.h): chunk size, how query rows are packed, how float32 accumulator rows are
-// padded, and the lazy-softmax slack. AVX-512 builds pad bf16 rows to 32 for pair loads.
+// padded, and the lazy-softmax slack. AVX-512 builds pad bf16 rows to 32 for pair loads;
+// AVX2 builds use the portable layouts (float32 query rows padded to 16, no deinterleave).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -11,6 +12,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define TGSERVE_ATTN_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TGSERVE_ATTN_AVX2 1  // attention_avx2.h
 #endif
 
 namespace tgserve::attn {

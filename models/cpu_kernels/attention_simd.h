@@ -1,9 +1,15 @@
 // Inner loops of the paged decode attention (attention.cpp). Each works on one chunk of
 // kChunk = 16 keys of one KV head against the G query heads sharing it, so a K/V row is
 // loaded once for all G heads and the 16 scores of a head fill exactly one AVX-512 vector.
-// AVX-512 versions (bf16 dot products on _mm512_dpbf16_ps where the CPU has it) and portable
-// scalar fallbacks share the same contracts; all math is float32 except that bf16 q and K
-// are multiplied as bf16 pairs (exact products, float32 sums).
+// AVX-512 versions (bf16 dot products on _mm512_dpbf16_ps where the CPU has it), AVX2 versions
+// (attention_avx2.h) and portable scalar fallbacks share the same contracts; all math is
+// float32 except that bf16 q and K are multiplied as bf16 pairs on AVX512-BF16 (exact
+// products, float32 sums).
+// Reduction order of the AVX-512 build: a score is 16 lane sums over d (lane, lane + 16, ...)
+// added by reduce16's fixed tree; the V sum is two FMA chains per column (even and odd keys
+// of a chunk) added at the chunk's end. The portable build: whatever order the compiler's
+// `omp simd` reduction fixes for the build (the same for every row). The softmax and the
+// merge of key ranges (attention.cpp) are shared.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -157,23 +163,23 @@ inline void weighted_tile(const float* p, const __m512* v, int64_t G, float* acc
 
 template <typename T, int DC>
 void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t Drt, float* acc,
-                      int64_t astride) {
+                      int64_t astride, int n) {  // rows past n (weight 0) read as 0
   const int64_t D = DC > 0 ? DC : Drt;
   __m512 v[kChunk];
   if constexpr (std::is_same_v<T, c10::BFloat16>) {  // 32 columns: even, then odd (AccPad)
     for (int64_t d = 0; d < D; d += 32) {
       for (int i = 0; i < kChunk; ++i)
-        v[i] = _mm512_castsi512_ps(_mm512_slli_epi32(load32x16(rows[i] + d, D - d), 16));
+        v[i] = _mm512_castsi512_ps(_mm512_slli_epi32(load32x16(rows[i] + d, i < n ? D - d : 0), 16));
       weighted_tile(p, v, G, acc + d, astride);
       const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
       for (int i = 0; i < kChunk; ++i)
-        v[i] = _mm512_castsi512_ps(_mm512_and_si512(load32x16(rows[i] + d, D - d), hi));
+        v[i] = _mm512_castsi512_ps(_mm512_and_si512(load32x16(rows[i] + d, i < n ? D - d : 0), hi));
       weighted_tile(p, v, G, acc + d + 16, astride);
     }
   } else {
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 m = tail_mask16(D - d);
-      for (int i = 0; i < kChunk; ++i) v[i] = load16(rows[i] + d, m);
+      for (int i = 0; i < kChunk; ++i) v[i] = load16(rows[i] + d, i < n ? m : __mmask16(0));
       weighted_tile(p, v, G, acc + d, astride);
     }
   }
@@ -199,7 +205,7 @@ void store_row(const float* acc, float inv, int64_t D, T* out) {
   }
 }
 
-#else  // portable fallbacks: same contracts, plain loops
+#elif !defined(TGSERVE_ATTN_AVX2)  // portable fallbacks: same contracts, plain loops
 
 template <typename T, int DC>
 void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, int64_t G,
@@ -235,10 +241,10 @@ inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, flo
 
 template <typename T, int DC>
 void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t Drt, float* acc,
-                      int64_t astride) {
+                      int64_t astride, int n) {  // keys past n weigh 0: skipped
   const int64_t D = DC > 0 ? DC : Drt;
   for (int64_t h = 0; h < G; ++h)
-    for (int i = 0; i < kChunk; ++i) {
+    for (int i = 0; i < n; ++i) {
       const float w = p[h * kChunk + i];
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) acc[h * astride + d] += w * static_cast<float>(rows[i][d]);
@@ -253,3 +259,7 @@ void store_row(const float* acc, float inv, int64_t D, T* out) {
 #endif
 
 }  // namespace tgserve::attn
+
+#if defined(TGSERVE_ATTN_AVX2)
+#include "attention_avx2.h"  // the same contracts in 8-lane AVX2 vectors
+#endif

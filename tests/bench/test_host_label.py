@@ -39,3 +39,13 @@ def test_the_default_dtype_is_what_a_default_engine_loads_and_tables_say_so(caps
     assert main(argv.split()) == 0
     table = capsys.readouterr().out
     assert f"{served} (--dtype auto)" in table and f"on CPU {isa}" in table
+
+
+def test_a_forced_kernel_build_is_named_beside_the_host(monkeypatch):
+    from bench.host_label import host_label
+
+    native = host_label("cpu")
+    monkeypatch.setenv("TGSERVE_CPU_ISA", "portable")  # every x86-64 host can run it
+    assert host_label("cpu") == f"{native} (kernels: portable build)"
+    monkeypatch.setenv("TGSERVE_CPU_ISA", "avx3")
+    assert host_label("cpu") == f"{native} (kernels: TGSERVE_CPU_ISA=avx3 refused)"

@@ -3,6 +3,7 @@ bfloat16 the engine's "auto" dtype asks it about."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from models.cpu_features import cpu_flags, cpu_has_native_bf16, cpu_model_name, native_bf16
@@ -30,3 +31,25 @@ def test_the_model_name_is_that_of_the_first_cpu():
     info += "processor : 1\nmodel name\t: another\n"
     assert cpu_model_name(info) == "Intel(R) Xeon(R) Gold 6430"
     assert cpu_model_name("flags : fpu\n") == ""
+
+
+def test_the_forced_kernel_build_is_read_from_the_setting_and_checked_against_the_flags():
+    from models.cpu_features import AVX2_FLAGS, AVX512_FLAGS, kernel_march
+
+    assert kernel_march(None) == kernel_march("") == kernel_march("native") == "native"
+    assert kernel_march("avx2", tuple(AVX512_FLAGS)) == "haswell"  # older build, newer host
+    assert kernel_march("avx512", tuple(AVX512_FLAGS)) == "icelake-server"
+    assert kernel_march("portable", ("sse2",)) == "x86-64-v2"
+    with pytest.raises(ValueError, match="TGSERVE_CPU_ISA='avx3'.*native, avx512, avx2"):
+        kernel_march("avx3", tuple(AVX512_FLAGS))
+    with pytest.raises(ValueError, match=r"TGSERVE_CPU_ISA=avx512 needs .*'avx512f'"):
+        kernel_march("avx512", tuple(AVX2_FLAGS))
+
+
+def test_the_kernels_read_the_setting_when_built_not_at_import(monkeypatch):
+    from models import cpu_kernels
+
+    monkeypatch.setenv("TGSERVE_CPU_ISA", "portable")
+    assert cpu_kernels.selected_build() == "portable (-march=x86-64-v2, TGSERVE_CPU_ISA)"
+    monkeypatch.delenv("TGSERVE_CPU_ISA")
+    assert cpu_kernels.selected_build() == "native"

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from models import cpu_kernels
+from models.attention import reference_attention
 from models.cpu_kernels.fused_decoder import FusedDecoder
 from models.cpu_kernels.paged_attention import paged_decode_attention
 from tests.checkpoints import VOCAB, make_hf_model
@@ -118,6 +119,43 @@ def test_an_attention_row_does_not_depend_on_the_batch(dtype: torch.dtype, windo
         if solo is None:
             solo = out[0]
         assert torch.equal(out[0], solo), f"batch of {batch}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 300])
+def test_a_prefill_row_gives_the_same_bits_whichever_rows_share_its_group(dtype, window) -> None:
+    """A prefill chunk's rows (one sequence: the same block table, consecutive lengths) attend
+    to each K/V chunk together, up to 8 at a time: every row equals its solo call, for chunks
+    of 1 to 21 rows starting anywhere, contexts of several key ranges; and the float64
+    reference."""
+    gen = torch.Generator().manual_seed(8)
+    heads, kv_heads, head_dim, block_size = 6, 2, 64, 16
+    seq_len, chunk = 700, 21
+    blocks = -(-seq_len // block_size)
+    k_cache = torch.randn(blocks + 2, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(blocks + 2, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    table = torch.randperm(blocks + 2, generator=gen)[:blocks].view(1, blocks)
+    q = torch.randn(chunk, heads, head_dim, generator=gen).to(dtype)
+    lens = torch.arange(seq_len - chunk + 1, seq_len + 1)  # row i: the token at lens[i] - 1
+    scale = head_dim**-0.5
+
+    def call(rows: slice) -> torch.Tensor:
+        n = len(range(*rows.indices(chunk)))
+        tables = table.expand(n, blocks).contiguous()
+        return paged_decode_attention(q[rows].contiguous(), k_cache, v_cache, tables,
+                                      lens[rows].contiguous(), scale, window)  # fmt: skip
+
+    solo = [call(slice(i, i + 1))[0] for i in range(chunk)]
+    for rows in (slice(0, chunk), slice(3, 12), slice(5, 6), slice(2, 19)):
+        out = call(rows)
+        for i, row in zip(range(*rows.indices(chunk)), out, strict=True):
+            assert torch.equal(row, solo[i]), (rows, i)
+    keys = torch.arange(seq_len)
+    k_seq = k_cache[table[0, keys // block_size], keys % block_size].float()
+    v_seq = v_cache[table[0, keys // block_size], keys % block_size].float()
+    want = reference_attention(q.float(), k_seq, v_seq, scale, window)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(torch.stack(solo).float(), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -25,21 +25,13 @@ from gguf.quants import quantize
 from bench.kquantize import quantize_k
 from models import cpu_kernels
 from models.block_linear import BlockWeight
-from models.cpu_features import cpu_flags
+from models.cpu_features import AVX2_FLAGS, AVX512_FLAGS, cpu_flags
 
 pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
 
-# -march=haswell code needs these; a CPU without them can only check the scalar build.
-HASWELL_FLAGS = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
-# -march=icelake-server adds these (AVX-512 with VNNI, no AVX512-BF16).
-ICELAKE_FLAGS = HASWELL_FLAGS | {
-    "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
-    "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "gfni", "vaes",
-    "vpclmulqdq", "sha_ni", "rdpid", "clwb",
-}  # fmt: skip
 SIMD_ISAS = [
     march
-    for march, flags in (("haswell", HASWELL_FLAGS), ("icelake-server", ICELAKE_FLAGS))
+    for march, flags in (("haswell", AVX2_FLAGS), ("icelake-server", AVX512_FLAGS))
     if set(cpu_flags()) >= flags
 ]
 ISAS = SIMD_ISAS + ["x86-64-v2"]

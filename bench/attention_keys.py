@@ -1,0 +1,94 @@
+"""The C++ paged attention's cost per key at every context length, against the read bound:
+`python -m bench.attention_keys [--model M] [--lens 128,1024,4096,8192] [--dtype float32]`.
+
+Contract: prints the kernel build that ran (models/cpu_kernels.selected_build, e.g. an AVX2
+build forced by TGSERVE_CPU_ISA on an AVX-512 host) and the host's ISA, then for each context
+length L, with the model's attention shape (query heads, KV heads, head dim) over a paged
+cache of 16-token blocks in shuffled order:
+- decode: one query row over L keys (one layer's call), as ns per key and as the fraction of
+  the read bound (the K and V bytes of a key, 2 x KV heads x head dim x dtype size, at the
+  best read GB/s of bench/machine_limits.py's probe);
+- prefill: a chunk of `--chunk` rows, the last ones of an L-token prompt, each over its own
+  causal context (how the engine runs a chunk: one query per row), as ns per (row, key) pair.
+Timings are the median of `--rounds` calls after one warm-up. A development aid for the
+kernel's scaling (a flat ns/key from 128 to 8,192 keys is the aim), not part of `tgserve
+bench`'s reports; on a shared machine compare builds in one command (PYTHONPATH per tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def _median_seconds(fn, args: tuple, rounds: int) -> float:
+    fn(*args)  # warm-up: first touch, the OpenMP pool
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default model)")
+    parser.add_argument("--lens", default="128,1024,4096,8192", help="context lengths")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--chunk", type=int, default=256, help="prefill rows per call")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from bench.host_label import host_label
+    from bench.machine_limits import probe_read_gb_s
+    from bench.model_source import resolve_model
+    from models import cpu_kernels
+
+    ext = cpu_kernels.extension()
+    if ext is None:
+        raise SystemExit("the C++ kernels are unavailable here")
+    config = resolve_model(args.model).config
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    dtype = getattr(torch, args.dtype)
+    key_bytes = 2 * kv_heads * head_dim * dtype.itemsize
+    read_gb_s = max(probe_read_gb_s(), default=float("nan"))
+    bound_ns = key_bytes / read_gb_s  # ns per key at the read bound (bytes / (GB/s) = ns)
+    print(
+        f"build {cpu_kernels.selected_build()} ({ext.__name__}) on {host_label('cpu')}, "
+        f"{torch.get_num_threads()} threads; {heads} heads / {kv_heads} KV heads x {head_dim}, "
+        f"{args.dtype}; read bound {read_gb_s:.1f} GB/s = {bound_ns:.2f} ns/key"
+    )
+    gen = torch.Generator().manual_seed(0)
+    block = 16
+    for length in (int(v) for v in args.lens.split(",")):
+        blocks = -(-length // block)
+        k_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(dtype)
+        v_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(dtype)
+        table = torch.randperm(blocks, generator=gen).view(1, blocks)
+        scale = head_dim**-0.5
+        q1 = torch.randn(1, heads, head_dim, generator=gen).to(dtype)
+        lens1 = torch.tensor([length])
+        decode = _median_seconds(
+            ext.paged_decode, (q1, k_cache, v_cache, table, lens1, scale, 0), args.rounds
+        )
+        rows = min(args.chunk, length)
+        qc = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
+        lens_c = torch.arange(length - rows + 1, length + 1)
+        tables_c = table.expand(rows, blocks).contiguous()
+        prefill = _median_seconds(
+            ext.paged_decode, (qc, k_cache, v_cache, tables_c, lens_c, scale, 0), args.rounds
+        )
+        pairs = int(lens_c.sum())
+        decode_ns = decode / length * 1e9
+        print(
+            f"L={length:>5}: decode {decode_ns:7.2f} ns/key ({bound_ns / decode_ns:5.1%} of the "
+            f"read bound), prefill {rows} rows {prefill / pairs * 1e9:6.3f} ns/(row, key)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The AVX2 build of the C++ kernels, forced as a user forces it (TGSERVE_CPU_ISA=avx2, read
+when the kernels are first built or loaded), keeps the batch-invariance and fidelity guarantees
+on any host that can run it, AVX-512 hosts included (where it is not the native build): CI runs
+these on every x86 host, so an AVX2-only path cannot break unseen on an AVX-512 machine.
+
+Each case is a test of the native build's suite run again with the forced build serving
+`cpu_kernels.extension()`: the attention row alone vs in batches of 2..64 (both work splits),
+the whole C++ step alone vs chunked beside other sequences (same logits and K/V bits), the
+attention against its float64 reference, and the C++ step against transformers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import cpu_kernels
+from models.cpu_features import AVX2_FLAGS, cpu_flags
+from tests.models import test_cpu_kernel_invariance as invariance
+from tests.models import test_cpu_paged_attention as attention
+from tests.models import test_fused_decoder as fused
+
+pytestmark = [
+    pytest.mark.cpu_kernels,
+    pytest.mark.skipif(not set(cpu_flags()) >= AVX2_FLAGS, reason="the CPU cannot run AVX2 code"),
+]
+
+
+@pytest.fixture
+def avx2_build(monkeypatch):
+    """`cpu_kernels.extension()` serves the -march=haswell build for this test (built once and
+    cached like any build), as a process started with TGSERVE_CPU_ISA=avx2 would."""
+    monkeypatch.setenv("TGSERVE_CPU_ISA", "avx2")
+    monkeypatch.setattr(cpu_kernels, "_native", [])  # the next extension() call builds or loads
+    ext = cpu_kernels.extension()
+    assert ext is not None, "the AVX2 build must build on an AVX2 host"
+    assert cpu_kernels.selected_build().startswith("avx2 (-march=haswell")
+    assert ext.__name__.startswith("tgserve_cpu_kernels_haswell_")
+    return ext
+
+
+@pytest.mark.parametrize("dtype", invariance.DTYPES)
+@pytest.mark.parametrize("window", [None, 300])
+def test_an_attention_row_does_not_depend_on_the_batch(avx2_build, dtype, window) -> None:
+    invariance.test_an_attention_row_does_not_depend_on_the_batch(dtype, window)
+
+
+@pytest.mark.parametrize("dtype", invariance.DTYPES)
+def test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(avx2_build, dtype) -> None:
+    invariance.test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(dtype, "qwen3")
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (6, 1)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_equals_its_float64_reference(avx2_build, heads, kv_heads, window) -> None:
+    attention.test_float32_equals_reference(heads, kv_heads, 4, window)
+    attention.test_bfloat16_equals_reference(heads, kv_heads, 16)
+
+
+def test_the_split_keys_path_and_odd_head_dims_equal_the_reference(avx2_build) -> None:
+    attention.test_split_keys_path_equals_reference(300)
+    attention.test_head_dim_without_compiled_specialisation()
+    for head_dim in (128, 40, 17):
+        attention.test_half_precisions_and_head_dims_equal_reference(torch.float16, 2e-3, head_dim)
+
+
+def test_the_cpp_step_equals_transformers(avx2_build) -> None:
+    fused.test_fused_steps_equal_transformers("llama3")
