@@ -44,7 +44,7 @@ from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
-from engine.sampling.token_mask import TokenMask
+from engine.sampling.token_mask import TokenMask, with_failed_rows
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.draft import DraftProposer
 from engine.speculative.speculator import Speculator, grammar_jobs
@@ -208,30 +208,31 @@ class Engine:
             self.scheduler.block_manager.forget_cached_blocks()
 
     def _execute(self, sched: SchedulerOutput) -> tuple[StepLogits, TokenMask | None]:
-        """One forward over every scheduled chunk; afterwards their tokens are in the KV cache.
-        The grammar masks of the rows to sample are computed meanwhile on a worker thread."""
+        """One forward over the scheduled chunks (the grammar masks meanwhile, on a worker)."""
         full_rows = frozenset(
             i
             for i, c in enumerate(sched.chunks)
             if self._states[c.request.request_id].wants_prompt_logprobs(c)
         )
-        pending = self._start_grammar_masks(sched)
+        pending, failed = self._start_grammar_masks(sched)
         try:
             logits = self.runner.execute(sched.chunks, sched.block_copies, full_rows)
         finally:  # wait even when the forward failed: the matchers are the engine's again
             grammar = pending.result() if pending is not None else None
         self.scheduler.on_step_done(sched)
-        return logits, grammar
+        return logits, with_failed_rows(grammar, failed, self.info.vocab_size)
 
-    def _start_grammar_masks(self, sched: SchedulerOutput) -> PendingMask | None:
-        if self.grammars is None:
-            return None
-        jobs = []
-        for row, chunk in sched.sampled_rows():
-            matchers = self._states[chunk.request.request_id].grammar
-            if matchers is not None:  # a speculated row: one mask per scored position
-                jobs += grammar_jobs(matchers.matcher(chunk.seq), chunk.proposal, row)
-        return self.grammars.start_masks(jobs)
+    def _start_grammar_masks(self, sched: SchedulerOutput) -> tuple[PendingMask | None, list[int]]:
+        """The pending masks, and the rows whose matcher raised (failed after the forward)."""
+        jobs, failed = [], []
+        for row, chunk in sched.sampled_rows() if self.grammars is not None else ():
+            try:  # a speculated row: one mask per scored position
+                if (matchers := self._states[chunk.request.request_id].grammar) is not None:
+                    jobs += grammar_jobs(matchers.matcher(chunk.seq), chunk.proposal, row)
+            except Exception:
+                log.exception("the grammar of request %s failed", chunk.request.request_id)
+                failed += range(row, row + len(chunk.proposal) + 1)
+        return (self.grammars.start_masks(jobs) if self.grammars else None), failed
 
     def _propose(self, request: Request, seq: TokenSequence) -> tuple[int, ...]:
         """The scheduler's proposal for a decode of `seq` (engine/speculative/speculator.py)."""

@@ -82,7 +82,13 @@ class StepUpdate:
         targets: list[SampleTarget] = []
         scored: list[ScoredProposal] = []
         beam_groups: dict[str, list[tuple[TokenSequence, int]]] = {}
+        failed = frozenset(grammar.failed) if grammar is not None else frozenset()
         for row, chunk in sched.sampled_rows():
+            state = self.states[chunk.request.request_id]
+            if row in failed and state.error is None:  # its grammar's mask could not be made
+                self._fail_alone(state, "internal error while computing this request's grammar")
+            if state.error is not None:
+                continue
             if chunk.request.params.use_beam_search:
                 beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
             elif chunk.proposal:
@@ -111,11 +117,15 @@ class StepUpdate:
             work()
         except Exception as exc:
             log.exception("request %s failed in its step update", state.request.request_id)
-            message = f"internal error while sampling this request: {type(exc).__name__}"
-            if state.request.is_finished:
-                state.error = message  # ended in the same breath: the error still shows
-            else:
-                state.fail(self.scheduler, message)
+            self._fail_alone(
+                state, f"internal error while sampling this request: {type(exc).__name__}"
+            )
+
+    def _fail_alone(self, state: RequestState, message: str) -> None:
+        if state.request.is_finished:
+            state.error = message  # ended in the same breath: the error still shows
+        else:
+            state.fail(self.scheduler, message)
 
     def _sample(
         self,

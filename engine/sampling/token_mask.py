@@ -11,6 +11,8 @@ forward). A `TokenMask` names which rows of a logits batch the G rows belong to;
   of each row, re-done over the allowed tokens only for the rows whose raw pick the grammar
   refuses. It equals `argmax` of the masked logits, ties included (when the lowest index
   holding a row's maximum is allowed, it is also the lowest allowed one);
+- `failed`: the rows whose mask could not be computed (their grammar work raised): the engine
+  fails those requests alone, the others of the step sample as usual;
 - `select(rows)` re-targets a mask when a step's targets reuse or reorder logits rows (n > 1
   forks, beam groups).
 Masking adds 0 / -inf rows built from the bool rows by integer arithmetic: branch-free, so the
@@ -70,6 +72,8 @@ class TokenMask:
 
     rows: tuple[int, ...]  # [G] distinct logits rows that are constrained, ascending
     allowed: torch.Tensor  # [G, V] bool: True where the row's grammar allows the token
+    # Logits rows whose grammar work raised: no mask, their requests fail alone (step_update)
+    failed: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.rows) != self.allowed.shape[0]:
@@ -110,3 +114,14 @@ class TokenMask:
         else:
             allowed = self.allowed[torch.tensor([g for _, g in picked], dtype=torch.int64)]
         return TokenMask(tuple(i for i, _ in picked), allowed)
+
+
+def with_failed_rows(
+    mask: TokenMask | None, failed: Sequence[int], vocab_size: int
+) -> TokenMask | None:
+    """`mask` with `failed` rows added to its failed ones (a mask of no rows when None)."""
+    if not failed:
+        return mask
+    if mask is None:
+        return TokenMask((), torch.zeros(0, vocab_size, dtype=torch.bool), tuple(failed))
+    return TokenMask(mask.rows, mask.allowed, mask.failed + tuple(failed))
