@@ -38,9 +38,12 @@ class FaultFields(BaseModel):
     """Tests only (--enable-fault-injection): exactly one of these, counted in generated tokens;
     see engine/faults.py. Unknown keys are refused, so a typo never passes silently."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     fail_after_tokens: int | None = None
+    """Fail this request (finish_reason error) after this many generated tokens, >= 0."""
     kill_engine_after_tokens: int | None = None
+    """Kill the engine loop (the server exits for its orchestrator to restart it) after this many
+    generated tokens, >= 0."""
 
 
 def to_api_error(exc: ValueError, api_fields: Mapping[str, str] | None = None) -> ApiError:

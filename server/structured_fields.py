@@ -28,16 +28,22 @@ _PERSON_SCHEMA = {
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, use_attribute_docstrings=True)
     name: str | None = None
+    """A name for the schema (accepted; not used)."""
     description: str | None = None
+    """What the answer is (accepted; not used)."""
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
-    strict: bool | None = None  # always strict here: the grammar is enforced either way
+    """The JSON Schema the answer must follow (generated compactly; a keyword the engine cannot
+    enforce is refused)."""
+    strict: bool | None = None
+    """Accepted; the schema is always enforced strictly."""
 
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(
         extra="ignore",
+        use_attribute_docstrings=True,  # each field's docstring: its OpenAPI description
         json_schema_extra={
             "examples": [
                 {"type": "json_object"},
@@ -49,7 +55,9 @@ class ResponseFormat(BaseModel):
         },
     )
     type: Literal["text", "json_object", "json_schema"]
+    """text: no constraint; json_object: any JSON object; json_schema: the schema in json_schema."""
     json_schema: JsonSchemaFormat | None = None
+    """With type json_schema: the schema."""
     value: dict[str, Any] | bool | None = Field(
         default=None, description='TGI\'s form: {"type": "json_object", "value": schema}'
     )
@@ -67,16 +75,25 @@ class ResponseFormat(BaseModel):
 class GuidedFields(BaseModel):
     """vLLM's structured-output fields, on /v1/completions and /v1/chat/completions."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     guided_json: dict[str, Any] | bool | str | None = None
+    """vLLM's: the answer follows this JSON Schema (an object, or its JSON text)."""
     guided_regex: str | None = None
+    """vLLM's: the answer matches this regular expression."""
     guided_choice: list[str] | None = None
+    """vLLM's: the answer is exactly one of these strings."""
     guided_grammar: str | None = None
+    """vLLM's: the answer follows this Lark grammar (llguidance's dialect)."""
 
 
 class TgiGrammar(BaseModel):
     model_config = ConfigDict(
         extra="ignore",
+        use_attribute_docstrings=True,  # each field's docstring: its OpenAPI description
         json_schema_extra={"examples": [{"type": "json", "value": _PERSON_SCHEMA}]},
     )
     type: Literal["json", "regex"]
+    """json: value is a JSON Schema; regex: value is a regular expression."""
     value: dict[str, Any] | bool | str
+    """The schema (object or JSON text) or the regular expression."""

@@ -21,38 +21,71 @@ from server.token_texts import clamp
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Each field's docstring is its description in the OpenAPI document (server/openapi.py).
+    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
 
 
 class TgiParameters(_Body):
     max_new_tokens: int | None = None
+    """Tokens to generate at most, >= 1 (default 100)."""
     do_sample: bool | None = None
+    """Sample instead of greedy decoding (default false; a temperature other than 1, top_k or
+    top_p turn sampling on too)."""
     temperature: float | None = None
+    """Sampling temperature, > 0 (TGI refuses 0; use do_sample false for greedy)."""
     top_k: int | None = None
+    """Sample among the k most likely tokens, > 0."""
     top_p: float | None = None
+    """Nucleus sampling, in (0, 1)."""
     repetition_penalty: float | None = None
+    """Divides positive (multiplies negative) logits of tokens already seen, in [0.01, 100];
+    1 is off."""
     frequency_penalty: float | None = None
+    """Subtracted from a token's logit per time it was generated, in [-2, 2]."""
     stop: list[str] | None = None
+    """Up to 16 strings (1 to 256 characters each) that end the generation."""
     seed: int | None = None
+    """In [0, 2**63): a seeded request gets the same tokens whatever else runs beside it."""
     details: bool | None = None
+    """Return details: finish reason, generated tokens, seed, the tokens with their log
+    probabilities."""
     decoder_input_details: bool | None = None
+    """With details: also the prompt's tokens and log probabilities (prefill)."""
     return_full_text: bool | None = None
+    """Prepend the input to generated_text (default false)."""
     top_n_tokens: int | None = None
+    """With details: the this many most likely tokens at each position, 0 to 20."""
     best_of: int | None = None
+    """Sequences to sample, 1 to 16 (needs do_sample); the most likely is returned, the others in
+    details.best_of_sequences."""
     truncate: int | None = None
+    """Keep only the last this many tokens of the input, >= 1."""
     typical_p: float | None = None
+    """Typical sampling; refused unless null (not supported)."""
     watermark: bool | None = None
+    """Watermarking; refused unless false (not supported)."""
     grammar: TgiGrammar | None = None
+    """Constrain the answer to a JSON Schema or a regular expression."""
     adapter_id: str | None = None
-    timeout: float | None = None  # seconds; an extension of ours
-    priority: int | None = None  # ours too: lower runs first (as vLLM's); default 0
-    fault: FaultFields | None = None  # ours, tests only: 422 unless --enable-fault-injection
+    """A LoRA adapter; refused unless null (not supported)."""
+    timeout: float | None = None
+    """tgserve's: seconds, > 0; the request is aborted after this, queued or running."""
+    priority: int | None = None
+    """tgserve's: an integer in [-2**31, 2**31), lower runs first (default 0); below 0 only for
+    keys in --priority-keys."""
+    fault: FaultFields | None = None
+    """Tests only, with --enable-fault-injection: fail this request or kill the engine after some
+    tokens."""
 
 
 class TgiRequest(_Body):
     inputs: str
+    """The prompt text (not empty)."""
     parameters: TgiParameters | None = None
+    """Generation parameters (TGI's defaults: greedy, 100 new tokens)."""
     stream: bool | None = None
+    """POST / only: answer as /generate_stream does (server-sent events) when true, else as
+    /generate."""
 
 
 def finish_reason(output: CompletionOutput) -> str | None:
