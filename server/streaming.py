@@ -8,9 +8,10 @@ Contract:
 - `EventStreamResponse(events, keepalive)` streams an async iterator of already framed bytes
   while it watches the connection: when the client disconnects, the task pulling `events` is
   cancelled, so the generator's cleanup (closing its RequestStream) aborts the engine request at
-  once, even while the request is still queued and produces nothing to write. While no event
-  comes for `keepalive` seconds (> 0; a queued request, a long prefill), it sends the SSE
-  comment `: keep-alive` (SSE_KEEPALIVE), which clients ignore and proxies count as traffic.
+  once, even while the request is still queued and produces nothing to write. While nothing
+  was sent for `keepalive` seconds (> 0; a queued request, a long prefill), a task of its own
+  sends the SSE comment `: keep-alive` (SSE_KEEPALIVE), which clients ignore and proxies count
+  as traffic.
 - `run_until_disconnect(receive, awaitable)` does the same for non-streaming responses:
   it raises `ClientDisconnected` after cancelling the work when the client goes away first.
 - `final_output(stream)` drains a stream and returns its finished output, or raises a 500
@@ -84,13 +85,14 @@ class EventStreamResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        sender = _Sender(send)
         async with anyio.create_task_group() as group:
 
             async def pump() -> None:
                 try:
-                    async for chunk in _with_keepalive(self._events, self._keepalive):
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    async for chunk in self._events:
+                        await sender.send(chunk)
+                    await sender.send(b"", last=True)
                 except OSError:  # the transport broke mid-write: the client is gone
                     pass
                 finally:
@@ -104,37 +106,37 @@ class EventStreamResponse(Response):
 
             group.start_soon(pump)
             group.start_soon(watch)
+            if self._keepalive > 0:
+                group.start_soon(sender.keep_alive, self._keepalive)
 
 
-async def _with_keepalive(events: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
-    """`events`, with SSE_KEEPALIVE whenever the next one takes over `interval` seconds. Each
-    event is awaited in a task of its own (so the wait can time out without cancelling it);
-    a task left pending when this generator is closed is cancelled and awaited first, so the
-    caller can then close `events`."""
-    if interval <= 0:
-        async for event in events:
-            yield event
-        return
-    pending: asyncio.Future[bytes] | None = None
-    try:
-        while True:
-            pending = pending or asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield SSE_KEEPALIVE
-                continue
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
+class _Sender:
+    """The body's writer: events and keep-alive comments, one message at a time (a lock), none
+    after the last. The keep-alive task wakes once per interval, so an event costs no timer."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._lock = asyncio.Lock()  # no checkpoint when free: an event costs no loop turn
+        self._clock = asyncio.get_running_loop().time
+        self._last = self._clock()
+        self._done = False
+
+    async def send(self, body: bytes, last: bool = False) -> None:
+        async with self._lock:
+            if self._done:
                 return
-            finally:
-                pending = None
-            yield event
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
+            self._done = last
+            await self._send({"type": "http.response.body", "body": body, "more_body": not last})
+            self._last = self._clock()
+
+    async def keep_alive(self, interval: float) -> None:
+        with contextlib.suppress(OSError):  # the client is gone: the watcher ends the response
+            while not self._done:
+                wait = self._last + interval - self._clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                else:
+                    await self.send(SSE_KEEPALIVE)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
