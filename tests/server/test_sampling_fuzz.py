@@ -140,7 +140,9 @@ def check_draw(response: httpx.Response, route: str, field: str, beam: bool, str
     """200 without an "error" finish, or a 4xx naming the drawn field (or, for a combination
     the draw made invalid, a field it set with it: beam search's, stream)."""
     if response.status_code == 200:
-        if route not in (*OPENAI, "/generate"):  # (their engine errors: reported to the lead)
+        if route not in (*OPENAI, "/generate"):  # whole: an engine error would be a 500
+            assert not stream or "engine_error" not in response.text, response.text
+            assert not stream or "event: error" not in response.text, response.text
             return
         if stream:
             assert '"finish_reason": "error"' not in response.text.replace('":"', '": "')
