@@ -76,7 +76,7 @@ class ResponsesServing:
         out = final.outputs[0]
         message = await asyncio.to_thread(fmt.message, out.text, out.finish_reason)
         body = _finished(shell, message_items(message), out, prompt_tokens)
-        self._remember(req, body, conversation, message)
+        self._remember(req, body, conversation)
         return JSONResponse(body)
 
     def retrieve(self, response_id: str) -> dict[str, Any]:
@@ -107,17 +107,26 @@ class ResponsesServing:
         )
 
     def _remember(
-        self,
-        req: ResponsesRequest,
-        body: dict[str, Any],
-        conversation: list[dict[str, Any]],
-        message: dict[str, Any],
+        self, req: ResponsesRequest, body: dict[str, Any], conversation: list[dict[str, Any]]
     ) -> None:
+        """Stores the response with its conversation, its answer as the chat turn its output
+        items say (the calls under the call_ids the client was given)."""
         if req.store is False:
             return
-        answer: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
-        if message.get("tool_calls"):
-            answer["tool_calls"] = message["tool_calls"]
+        items = body["output"]
+        text = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
+        answer: dict[str, Any] = {"role": "assistant", "content": text}
+        calls = [
+            {
+                "id": i["call_id"],
+                "type": "function",
+                "function": {"name": i["name"], "arguments": i["arguments"]},
+            }
+            for i in items
+            if i["type"] == "function_call"
+        ]
+        if calls:
+            answer["tool_calls"] = calls
         self.store.put(body["id"], StoredResponse(body, [*conversation, answer]))
 
     async def _events(
@@ -138,12 +147,11 @@ class ResponsesServing:
         yield event("response.in_progress", {"response": shell})
         reader, items = fmt.stream(), ItemStream()
         chars = tokens = 0
-        text = ""
         async with aclosing(stream) as outputs:  # closed early: the engine request is aborted
             async for output in outputs:
                 out = output.outputs[0]
                 new = out.unseen(chars, tokens)
-                chars, tokens, text = out.text_end, out.num_tokens, text + new.text
+                chars, tokens = out.text_end, out.num_tokens
                 if output.error is not None or out.finish_reason == "abort":
                     message = output.error or "the request was aborted before it finished"
                     yield event(
@@ -158,7 +166,7 @@ class ResponsesServing:
         for kind, fields in items.close():
             yield event(kind, fields)
         body = _finished(shell, items.items, out, prompt_tokens)
-        self._remember(req, body, conversation, fmt.message(text, out.finish_reason))
+        self._remember(req, body, conversation)
         yield event(f"response.{body['status']}", {"response": body})
 
 
