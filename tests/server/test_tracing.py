@@ -137,8 +137,53 @@ def test_without_an_endpoint_nothing_is_traced():
         assert not any(m.cls is TracingMiddleware for m in live.app.user_middleware)
 
 
-def test_an_endpoint_builds_the_otlp_exporter():
-    with LiveServer(FakeEngine, otlp_traces_endpoint="http://127.0.0.1:9/v1/traces") as live:
-        (traced,) = [m for m in live.app.user_middleware if m.cls is TracingMiddleware]
-        processor = traced.kwargs["provider"]._active_span_processor._span_processors[0]
-        assert type(processor.span_exporter).__name__ == "OTLPSpanExporter"
+def test_spans_reach_an_otlp_receiver_over_http():
+    """--otlp-traces-endpoint end to end: an in-process OTLP/HTTP receiver decodes what the
+    exporter sends (protobuf ExportTraceServiceRequest) and finds the request's span."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(ExportTraceServiceRequest.FromString(body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    try:
+        with LiveServer(FakeEngine, otlp_traces_endpoint=endpoint) as live:
+            body = {"prompt": "hi", "max_tokens": 3}
+            answer = httpx.post(
+                live.url + "/v1/completions", json=body, headers={"X-Request-Id": "w"}
+            )
+    finally:
+        receiver.shutdown()
+    spans = [
+        span
+        for request in received
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    (span,) = [s for s in spans if s.kind == s.SPAN_KIND_SERVER]
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["tgserve.request_id"].string_value == "w"
+    assert attributes["gen_ai.response.id"].string_value == answer.json()["id"]
+    assert attributes["gen_ai.usage.output_tokens"].int_value == 3
+    service = {
+        a.key: a.value.string_value for a in received[0].resource_spans[0].resource.attributes
+    }
+    assert service["service.name"] == "tgserve"
