@@ -187,3 +187,14 @@ def test_spans_reach_an_otlp_receiver_over_http():
         a.key: a.value.string_value for a in received[0].resource_spans[0].resource.attributes
     }
     assert service["service.name"] == "tgserve"
+
+
+def test_without_the_otel_extra_the_flag_says_what_to_install(monkeypatch):
+    import sys
+
+    from server.tracing import tracer_provider
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"pip install 'tgserve\[otel\]'"):
+        tracer_provider("http://127.0.0.1:4318/v1/traces")
+    assert tracer_provider(None) is None  # off: nothing imported, nothing needed
