@@ -89,6 +89,11 @@ def current() -> RequestTrace | None:
 def tracer_provider(endpoint: str | None, exporter: Any = None) -> Any:
     if endpoint is None and exporter is None:
         return None
+    if exporter is None and not endpoint.startswith(("http://", "https://")):
+        raise ValueError(
+            f"--otlp-traces-endpoint must be an http(s) URL such as "
+            f"http://collector:4318/v1/traces (OTLP over HTTP), got {endpoint!r}"
+        )
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider

@@ -198,3 +198,5 @@ def test_without_the_otel_extra_the_flag_says_what_to_install(monkeypatch):
     with pytest.raises(ValueError, match=r"pip install 'tgserve\[otel\]'"):
         tracer_provider("http://127.0.0.1:4318/v1/traces")
     assert tracer_provider(None) is None  # off: nothing imported, nothing needed
+    with pytest.raises(ValueError, match="http"):
+        tracer_provider("collector:4317")  # a gRPC-style address: this exporter speaks HTTP
