@@ -59,3 +59,17 @@ def test_unset_fields_take_the_model_folders_generation_defaults() -> None:
     )
     assert (own.temperature, own.repetition_penalty) == (0.8, 1.0)  # the request's own values
     assert completion_params(CompletionRequest(model="m", prompt="x")).temperature == 1.0
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, 1e-6, 1e-38])
+def test_greedy_n_runs_one_sequence_under_the_engines_greedy_floor(temperature) -> None:
+    """Below GREEDY_BELOW_TEMPERATURE the engine decodes greedily, so n > 1 there is the one
+    greedy sequence copied: the server's rule and the engine's agree (were they to differ,
+    1e-6 with n=3 would be the engine's 400 on `n`)."""
+    params = build_params({}, max_tokens=4, temperature=temperature, n=3)
+    assert params.n == 1 and params.greedy
+
+
+def test_n_above_the_greedy_floor_samples_n_sequences() -> None:
+    params = build_params({}, max_tokens=4, temperature=1e-5, n=3)
+    assert params.n == 3 and not params.greedy
