@@ -26,46 +26,11 @@
 
 namespace {
 
+using tgserve::attn::chunk_offsets;
+using tgserve::attn::kAhead;
 using tgserve::attn::kChunk;
+using tgserve::attn::prefetch_rows;
 using tgserve::attn::round_up;
-
-// Cache offsets (in elements) of the rows of tokens c0 .. c0 + 15 (the cache is
-// [blocks, bs, KVH, D], a token's row is W = KVH * D long). Tokens at or past k1 repeat the last
-// valid row so the inner loops can always read 16 rows. False if a block id is outside the cache
-// (its rows are then read from block 0; the error is reported after the parallel region).
-bool chunk_offsets(const int64_t* table, int64_t c0, int64_t k1, int64_t bs, int64_t W,
-                   int64_t num_blocks, int64_t* off) {
-  const int64_t n = std::min<int64_t>(kChunk, k1 - c0);
-  int64_t bi = c0 / bs, within = c0 % bs;  // one division per chunk, then count
-  bool ok = true;
-  int64_t blk = -1;
-  for (int64_t i = 0; i < n; ++i, ++within) {
-    if (i == 0 || within == bs) {
-      if (within == bs) ++bi, within = 0;
-      blk = table[bi];
-      if (blk < 0 || blk >= num_blocks) ok = false, blk = 0;
-    }
-    off[i] = (blk * bs + within) * W;
-  }
-  for (int64_t i = n; i < kChunk; ++i) off[i] = off[n - 1];
-  return ok;
-}
-
-// Blocks sit anywhere in memory, so the hardware prefetcher cannot guess the coming rows: ask
-// for them (K and V, all KV heads) kAhead chunks before they are used.
-constexpr int kAhead = 1;
-template <typename T>
-void prefetch_rows(const T* kc, const T* vc, const int64_t* off, int64_t i0, int64_t i1,
-                   int64_t W) {
-  for (int64_t i = i0; i < i1; ++i) {
-    const char* k = reinterpret_cast<const char*>(kc + off[i]);
-    const char* v = reinterpret_cast<const char*>(vc + off[i]);
-    for (int64_t j = 0; j < W * static_cast<int64_t>(sizeof(T)); j += 64) {
-      __builtin_prefetch(k + j);
-      __builtin_prefetch(v + j);
-    }
-  }
-}
 
 // Per-row state of attend_range: acc [H, DA] (DA = acc_stride(D), the attention_simd.h
 // layout) the unnormalised V sums, m [H] the online softmax's reference max, l [H] its sum.

@@ -1,12 +1,14 @@
 // Row layouts shared by the paged attention kernel (attention.cpp) and its inner loops
 // (attention_simd.h): chunk size, how query rows are packed, how float32 accumulator rows are
-// padded, and the lazy-softmax slack. AVX-512 builds pad bf16 rows to 32 for pair loads;
+// padded, the lazy-softmax slack, and where a chunk's cache rows are (chunk_offsets, with
+// prefetch_rows ahead of use). AVX-512 builds pad bf16 rows to 32 for pair loads;
 // AVX2 builds use the portable layouts (float32 query rows padded to 16, no deinterleave).
 #pragma once
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -65,6 +67,44 @@ void pack_query(const T* src, int64_t D, typename QPack<T>::type* dst) {
   const int64_t Dp = round_up(D, QPack<T>::pad);
   for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<typename QPack<T>::type>(src[d]);
   for (int64_t d = D; d < Dp; ++d) dst[d] = typename QPack<T>::type(0.0f);
+}
+
+// Cache offsets (in elements) of the rows of tokens c0 .. c0 + 15 (the cache is
+// [blocks, bs, KVH, D], a token's row is W = KVH * D long). Tokens at or past k1 repeat the last
+// valid row so the inner loops can always read 16 rows. False if a block id is outside the cache
+// (its rows are then read from block 0; the error is reported after the parallel region).
+inline bool chunk_offsets(const int64_t* table, int64_t c0, int64_t k1, int64_t bs, int64_t W,
+                   int64_t num_blocks, int64_t* off) {
+  const int64_t n = std::min<int64_t>(kChunk, k1 - c0);
+  int64_t bi = c0 / bs, within = c0 % bs;  // one division per chunk, then count
+  bool ok = true;
+  int64_t blk = -1;
+  for (int64_t i = 0; i < n; ++i, ++within) {
+    if (i == 0 || within == bs) {
+      if (within == bs) ++bi, within = 0;
+      blk = table[bi];
+      if (blk < 0 || blk >= num_blocks) ok = false, blk = 0;
+    }
+    off[i] = (blk * bs + within) * W;
+  }
+  for (int64_t i = n; i < kChunk; ++i) off[i] = off[n - 1];
+  return ok;
+}
+
+// Blocks sit anywhere in memory, so the hardware prefetcher cannot guess the coming rows: ask
+// for them (K and V, all KV heads) kAhead chunks before they are used.
+constexpr int kAhead = 1;
+template <typename T>
+void prefetch_rows(const T* kc, const T* vc, const int64_t* off, int64_t i0, int64_t i1,
+                   int64_t W) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const char* k = reinterpret_cast<const char*>(kc + off[i]);
+    const char* v = reinterpret_cast<const char*>(vc + off[i]);
+    for (int64_t j = 0; j < W * static_cast<int64_t>(sizeof(T)); j += 64) {
+      __builtin_prefetch(k + j);
+      __builtin_prefetch(v + j);
+    }
+  }
 }
 
 }  // namespace tgserve::attn
