@@ -13,7 +13,8 @@ a `Request`, which an engine of one's own (the tests' fake engine) builds too. `
 says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold);
 `GenerationDefaults` what a model folder's generation_config.json asks of unset fields;
 `warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
-start-up, the benchmark after loading).
+start-up, the benchmark after loading); `fake_device_engine` an engine with no model whose
+steps take a fixed device time (engine/fake_device.py: the host's share of a step, measured).
 """
 
 from engine.api import EngineCore, EngineInfo
@@ -85,6 +86,7 @@ __all__ = [
     "StructuredOutput",
     "TokenLogprob",
     "dtype_bytes",
+    "fake_device_engine",
     "resolve_device",
     "resolve_dtype_name",
     "serves_blocks_as_stored",
@@ -99,6 +101,13 @@ def __getattr__(name: str):
         from engine.engine import Engine
 
         return Engine
+    if name == "fake_device_engine":  # a model-free engine for host-time benchmarks
+        from functools import partial
+
+        from engine.engine import Engine
+        from engine.engine_factory import fake_device_engine
+
+        return partial(fake_device_engine, Engine)
     if name == "serves_blocks_as_stored":  # imports torch: loaded on first use, as Engine
         from engine.runner_factory import serves_blocks_as_stored
 

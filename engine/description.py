@@ -2,7 +2,9 @@
 and memory figures, a start-up log), read through `Engine.describe()` and never through the
 runner or the model behind it.
 
-Contract: `describe_runner(runner)` reads a built `ModelRunner` once and returns a frozen
+Contract: `describe_runner(model, config, kv_caches, path, cuda_graphs, packed_bytes)` (what a
+runner's `describe()` passes: its model and the whole model's config, its KV cache, its forward path's report, whether decode steps
+replay captured graphs, the bytes of packed weight copies) returns a frozen
 `EngineDescription`; nothing is measured by running (no step, no allocation). Held bytes count
 each storage once (tied weights, shared GGUF blocks): the model's weights (parameters, buffers
 and GGUF blocks kept as stored), the KV cache tensors as allocated (the CUDA-graph scratch block
@@ -17,10 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,14 @@ class EngineDescription:
     kv_bytes_per_token_all_heads: int
 
 
-def describe_runner(runner: ModelRunner) -> EngineDescription:
+def describe_runner(
+    model: Any, config: Any, kv_caches: list, path: Any, cuda_graphs: bool, packed_bytes: int
+) -> EngineDescription:
+    """`model`: a torch module; `config`: its models.config.ModelConfig; `kv_caches`: per
+    layer (K, V) tensors; `path`: has `description` and `attention_kernel`."""
     from models.activation_quant import Q8Linear
     from models.block_linear import BlockEmbedding, BlockLinear
 
-    model, config = runner.model, runner.config
     blocks = [
         m.block_weight for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)
     ]
@@ -50,18 +52,17 @@ def describe_runner(runner: ModelRunner) -> EngineDescription:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     for w in blocks:
         storages[w.packed.data_ptr()] = w.nbytes
-    k0 = runner.kv_caches[0][0]  # [num_blocks, block_size, kv_heads, head_dim]
-    kv_bytes = sum(k.nbytes + v.nbytes for k, v in runner.kv_caches)
+    k0 = kv_caches[0][0]  # [num_blocks, block_size, kv_heads, head_dim]
+    kv_bytes = sum(k.nbytes + v.nbytes for k, v in kv_caches)
     held = {"weights": sum(storages.values()), "KV cache": kv_bytes}
     # K and V per layer for every query head of the whole model (not this rank's shard).
     no_gqa_bytes = 2 * config.num_layers * config.num_heads * config.head_dim * k0.element_size()
-    packed = getattr(runner.forward_path, "packed_bytes", 0)  # only the C++ step packs copies
-    if packed:
-        held["packed copies"] = packed
+    if packed_bytes:
+        held["packed copies"] = packed_bytes
     return EngineDescription(
-        forward_path=runner.forward_path.description,
-        cpu_kernels=runner.forward_path.attention_kernel,
-        cuda_graphs=runner.decode_graphs is not None and runner.device.type == "cuda",
+        forward_path=path.description,
+        cpu_kernels=path.attention_kernel,
+        cuda_graphs=cuda_graphs,
         gguf_blocks_as_stored=bool(blocks),
         held_bytes=MappingProxyType(held),
         kv_cache_itemsize=k0.element_size(),

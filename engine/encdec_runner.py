@@ -1,11 +1,9 @@
-"""EncoderDecoderRunner: the model runner of an encoder-decoder model (models/encdec), with the
-`ModelRunner` interface the engine steps through (`execute(chunks, block_copies,
-full_logits_for) -> StepLogits`).
+"""EncoderDecoderRunner: the `Runner` (engine/runner.py, whose `execute` skeleton it fills in)
+of an encoder-decoder model (models/encdec).
 
 Each sequence is laid out as engine/encoder_layout.py says: an encoder region of whole blocks,
 then the decoder's tokens. Per step:
-1. copy-on-write copies (decoder blocks only: the region's blocks are never written twice);
-2. the encoder runs once per request, as its prefill, chunked like any prefill: a chunk of the
+1. the encoder runs once per request, as its prefill, chunked like any prefill: a chunk of the
    region pays for its share of the request's `EncoderPass` (models/encdec/staged_encoder.py:
    the encoder layer-major, a tile of rows through one layer per unit; slots s..e of a region
    of R slots run units up to e * num_units // R), so a step's encoder work follows the step's
@@ -13,6 +11,7 @@ then the decoder's tokens. Per step:
    per request; the passes of a step run together; the pass's staged cross K/V go into the
    region's slots of each sequence whose chunk completes the region (one, or after a
    preemption each live beam), and the pass is dropped once every live sequence has them;
+2. copy-on-write copies (decoder blocks only: the region's blocks are never written twice);
 3. one decoder forward over every chunk's decoder rows: self-attention over the blocks after
    the region (positions from the region's end), cross-attention over the region;
 4. logits of the sampled rows, in chunk order.
@@ -24,14 +23,16 @@ Prompt logprobs are refused at intake, so `full_logits_for` is always empty.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.description import EngineDescription, describe_runner
 from engine.host_transfer import to_device
-from engine.model_runner import StepLogits, copy_blocks
+from engine.runner import StepRunner
+from engine.step_inputs import StepInputs
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
 from models.config import ModelConfig
@@ -51,23 +52,16 @@ class EncoderDecoderPath:
     graph_support: GraphSupport = GraphSupport.NONE
 
 
-@dataclass
-class _DecoderRows:
-    ids: list[int]
-    positions: list[int]
-    self_tables: list[list[int]]
-    self_lens: list[int]
-    query_lens: list[int]
-    cross_tables: list[list[int]]
-    cross_lens: list[int]
-    sample_rows: list[int]
+@dataclass(frozen=True)
+class DecoderStep(StepInputs):
+    """A step's decoder rows: `tables` / `seq_lens` are the self-attention's (the blocks after
+    the encoder region, lengths from its end), and per chunk its cross-attention's region."""
+
+    cross_tables: tuple[tuple[int, ...], ...] = ()
+    cross_lens: tuple[int, ...] = ()
 
 
-class EncoderDecoderRunner:
-    pending_path = None  # no C++ kernel path to switch to
-    decode_graphs = None
-    parallel = None
-
+class EncoderDecoderRunner(StepRunner):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -100,42 +94,48 @@ class EncoderDecoderRunner:
     def description(self) -> str:
         return self.forward_path.description
 
-    def switch_to_pending_path(self) -> bool:
-        return False
+    def _prepare(self, chunks: Sequence[Any]) -> None:
+        self._run_encoders(chunks)
 
-    @torch.inference_mode()
-    def execute(
+    def _inputs(
         self,
         chunks: Sequence[Any],
-        block_copies: Sequence[tuple[int, int]] = (),
-        full_logits_for: frozenset[int] = frozenset(),
-    ) -> StepLogits:
+        block_copies: Sequence[tuple[int, int]],
+        full_logits_for: frozenset[int],
+    ) -> DecoderStep:
         if full_logits_for:
             raise ValueError("an encoder-decoder model gives no prompt logprobs")
-        if block_copies:
-            copy_blocks(self.kv_caches, block_copies, self.device)
-        self._run_encoders(chunks)
-        rows = self._decoder_rows(chunks)
-        vocab = self.sampleable_vocab or self.config.vocab_size
-        if not rows.ids:  # only encoder-region chunks that do not complete it
-            return StepLogits(torch.empty(0, vocab, device=self.device), {})
-        bs = self.block_size
-        kernel = self.cpu_kernel
+        return self._decoder_rows(chunks, block_copies)
+
+    def _hidden(self, step: DecoderStep) -> torch.Tensor:
+        bs, kernel, device = self.block_size, self.cpu_kernel, self.device
         spans = SeqSpans.build(
-            rows.self_tables, rows.self_lens, rows.query_lens, bs, self.device, cpu_kernel=kernel
+            step.tables, step.seq_lens, step.query_lens, bs, device, cpu_kernel=kernel
         )
         cross = SeqSpans.build(
-            rows.cross_tables, rows.cross_lens, rows.query_lens, bs, self.device, False, kernel
+            step.cross_tables, step.cross_lens, step.query_lens, bs, device, False, kernel
         )
-        hidden = self.model(  # [T, hidden]
-            to_device(rows.ids, torch.int64, self.device),
-            to_device(rows.positions, torch.int64, self.device),
+        return self.model(  # [T, hidden]
+            to_device(step.ids, torch.int64, device),
+            to_device(step.positions, torch.int64, device),
             spans,
             self.kv_caches,
             cross,
         )
-        picked = hidden[to_device(rows.sample_rows, torch.int64, self.device)]
-        return StepLogits(self.model.compute_logits(picked)[:, :vocab], {})
+
+    # ----- the engine's hooks (engine/runner.py) -------------------------------------------
+    def describe(self) -> EngineDescription:
+        path = self.forward_path
+        return describe_runner(self.model, self.config, self.kv_caches, path, False, 0)
+
+    def between_requests(self, idle: Callable[[], bool]) -> bool:
+        return False  # one way to run, chosen at load
+
+    def watch_failures(self, on_failure: Callable[[str], None]) -> None:
+        pass  # no tensor-parallel group
+
+    def close(self) -> None:
+        pass
 
     def _run_encoders(self, chunks: Sequence[Any]) -> None:
         """Advances the encoder pass of each request with a chunk in its region by the units
@@ -171,24 +171,38 @@ class EncoderDecoderRunner:
             if all(id(s) in done for s in waiting):
                 del self._passes[request]
 
-    def _decoder_rows(self, chunks: Sequence[Any]) -> _DecoderRows:
-        rows = _DecoderRows([], [], [], [], [], [], [], [])
+    def _decoder_rows(
+        self, chunks: Sequence[Any], block_copies: Sequence[tuple[int, int]]
+    ) -> DecoderStep:
+        ids: list[int] = []
+        positions: list[int] = []
+        tables, lens, query_lens, cross_tables, cross_lens, sample_rows = [], [], [], [], [], []
         for chunk in chunks:
             region = chunk.seq.decoder_start
             first, end = max(chunk.start, region), chunk.seq_len
             if end <= first:
                 continue  # inside the encoder region
             table = chunk.seq.block_table
-            rows.ids.extend(chunk.seq.token_ids[first:end])
-            rows.positions.extend(range(first - region, end - region))
-            rows.self_tables.append(table[region // self.block_size :])
-            rows.self_lens.append(end - region)
-            rows.query_lens.append(end - first)
-            rows.cross_tables.append(table[: region // self.block_size])
-            rows.cross_lens.append(len(chunk.request.encoder_token_ids))
+            ids.extend(chunk.seq.token_ids[first:end])
+            positions.extend(range(first - region, end - region))
+            tables.append(tuple(table[region // self.block_size :]))
+            lens.append(end - region)
+            query_lens.append(end - first)
+            cross_tables.append(tuple(table[: region // self.block_size]))
+            cross_lens.append(len(chunk.request.encoder_token_ids))
             if chunk.sample:
-                rows.sample_rows.append(len(rows.ids) - 1)
-        return rows
+                sample_rows.append(len(ids) - 1)
+        return DecoderStep(
+            ids=tuple(ids),
+            positions=tuple(positions),
+            tables=tuple(tables),
+            seq_lens=tuple(lens),
+            query_lens=tuple(query_lens),
+            sample_rows=tuple(sample_rows),
+            block_copies=tuple(block_copies),
+            cross_tables=tuple(cross_tables),
+            cross_lens=tuple(cross_lens),
+        )
 
 
 def _stale(request: Any, generation: int) -> bool:

@@ -31,21 +31,22 @@ import torch
 from engine import offline
 from engine.api import EngineInfo
 from engine.config import EngineConfig
-from engine.description import EngineDescription, describe_runner
+from engine.description import EngineDescription
 from engine.encoder_layout import layout_for
 from engine.faults import apply_faults
 from engine.intake import RequestIntake
-from engine.model_runner import ModelRunner, StepLogits
 from engine.request_state import RequestState
 from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import RequestOutput
-from engine.requests.request import Request, TokenSequence
+from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
+from engine.runner import Runner, StepLogits
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.sampler import Sampler
 from engine.sampling.token_mask import TokenMask, with_failed_rows
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from engine.scheduling.step_plan import Proposals
 from engine.speculative.draft import DraftProposer
 from engine.speculative.speculator import Speculator, grammar_jobs
 from engine.stats import EngineStats, StepTimings
@@ -57,7 +58,7 @@ log = logging.getLogger("tgserve.engine")
 class Engine:
     def __init__(
         self,
-        runner: ModelRunner,
+        runner: Runner,
         scheduler: Scheduler,
         tokenizer,
         config: EngineConfig,
@@ -77,7 +78,7 @@ class Engine:
             kv_blocks_total=scheduler.stats().blocks.num_blocks,
             kv_block_size=config.block_size,
             # Ids past the tokenizer (padded embedding rows) are nothing a prompt can hold.
-            vocab_size=runner.sampleable_vocab or runner.config.vocab_size,
+            vocab_size=runner.vocab_size,
             encoder_decoder=runner.config.is_encoder_decoder,
             device=runner.device.type,
             generation=GenerationDefaults.from_file(runner.config.generation),
@@ -93,7 +94,6 @@ class Engine:
         self._states: dict[str, RequestState] = {}
         # Speculative decoding (engine/speculative; `draft`: the draft model's proposer).
         self.speculator = Speculator(config.speculative, draft) if config.speculative else None
-        scheduler.speculate_with(self._propose if self.speculator is not None else None)
         self.updater = StepUpdate(
             self._states,
             scheduler,
@@ -175,7 +175,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
         start = time.perf_counter()
-        self._switch_forward_path_between_requests()
+        if self.runner.between_requests(self._idle):  # it changed how it runs
+            self.scheduler.block_manager.forget_cached_blocks()
         sched = self.scheduler.schedule()
         scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
         self._num_steps += 1
@@ -187,25 +188,21 @@ class Engine:
         try:
             logits, grammar = self._execute(sched)
             moved = self.updater.update_from_output(sched, logits, grammar, scheduled_at)
+            self._propose()
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._fail(sched, exc)
         self._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
         return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
 
-    def _switch_forward_path_between_requests(self) -> None:
-        """The C++ kernels built in the background (engine/kernel_switch.py) serve from here, if
-        ready and no live request (preempted too) has K/V cached or tokens out: the paths agree
-        to rounding, not bit for bit, so cached prefixes (the old path's K/V) go too."""
-        if self.runner.pending_path is None:
-            return
-        started = any(
+    def _idle(self) -> bool:
+        """No live request (preempted too) has K/V cached or tokens out: only then may the runner
+        change how it runs (kernel_switch.py; so cached prefixes, the old way's K/V, go too)."""
+        return not any(
             seq.num_computed_tokens or seq.num_output_tokens
             for state in self._states.values()
             for seq in state.request.seqs
         )
-        if not started and self.runner.switch_to_pending_path():
-            self.scheduler.block_manager.forget_cached_blocks()
 
     def _execute(self, sched: SchedulerOutput) -> tuple[StepLogits, TokenMask | None]:
         """One forward over the scheduled chunks (the grammar masks meanwhile, on a worker)."""
@@ -234,10 +231,15 @@ class Engine:
                 failed += range(row, row + len(chunk.proposal) + 1)
         return (self.grammars.start_masks(jobs) if self.grammars else None), failed
 
-    def _propose(self, request: Request, seq: TokenSequence) -> tuple[int, ...]:
-        """The scheduler's proposal for a decode of `seq` (engine/speculative/speculator.py)."""
-        matchers = self._states[request.request_id].grammar
-        return self.speculator.propose(request, seq, matchers and matchers.matcher(seq))
+    def _propose(self) -> None:
+        """After a step, the proposals for the next go to the scheduler as data (speculator.py)."""
+        if self.speculator is not None:
+            wanted = [
+                (state.request, seq, state.grammar and state.grammar.matcher(seq))
+                for state in self._states.values()
+                for seq in state.request.awaiting_decode()
+            ]
+            self.scheduler.take_proposals(Proposals.of(self.speculator.propose_all(wanted)))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
         for state in moved:  # a finished request's state leaves; its output is its own
@@ -264,7 +266,7 @@ class Engine:
 
     def describe(self) -> EngineDescription:
         """What this engine runs and holds (forward path, graphs, held bytes; description.py)."""
-        return describe_runner(self.runner)
+        return self.runner.describe()
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
@@ -291,10 +293,8 @@ class Engine:
 
     def watch_failures(self, on_failure: Callable[[str], None]) -> None:
         """`on_failure(reason)` once if another tensor-parallel rank dies (never without TP)."""
-        if self.runner.parallel is not None:
-            self.runner.parallel.watch_failures(on_failure)
+        self.runner.watch_failures(on_failure)
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks (no-op without TP); on the engine's thread."""
-        if self.runner.parallel is not None:
-            self.runner.parallel.close()
+        self.runner.close()

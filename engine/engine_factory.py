@@ -91,5 +91,21 @@ def build_engine(
     if config.speculative is not None and config.speculative.method == "draft":
         from engine.speculative.draft import build_draft
 
-        draft = build_draft(config, runner.sampleable_vocab or model_config.vocab_size)
+        draft = build_draft(config, runner.vocab_size)
     return cls(runner, scheduler, tokenizer, config, name, eos, draft=draft)
+
+
+def fake_device_engine(
+    cls, device_s: float, config: EngineConfig | None = None, vocab_size: int = 256
+):
+    """A `cls` (Engine) with no model whose every step holds a device thread `device_s`
+    seconds (engine/fake_device.py): the engine's host time against a device's, on any
+    machine. No tokenizer: token-id prompts; greedy outputs cycle through the vocabulary."""
+    from engine.fake_device import FakeDeviceRunner
+
+    config = config or EngineConfig()
+    runner = FakeDeviceRunner(vocab_size, device_s, config.max_model_len or 4096)
+    max_len = runner.config.max_position_embeddings
+    blocks = config.max_num_seqs * -(-max_len // config.block_size)  # every seat a full context
+    manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
+    return cls(runner, Scheduler(config, manager, max_len), None, config, "fake-device", ())

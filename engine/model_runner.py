@@ -1,7 +1,8 @@
-"""ModelRunner: turns one step's scheduled chunks into tensors, runs ONE forward over all of
-them (prefill chunks and decodes mixed), and returns logits only for the rows that sample.
+"""ModelRunner: the decoder-only `Runner` (engine/runner.py, whose skeleton it fills in): turns
+one step's scheduled chunks into tensors, runs ONE forward over all of them (prefill chunks and
+decodes mixed), and returns logits only for the rows that sample.
 
-Contract: `execute(chunks, block_copies)` where each chunk has `.seq` (with `token_ids` and
+Contract: `execute(chunks, block_copies, full_logits_for)` where each chunk has `.seq` (with `token_ids` and
 `block_table`), `.start` (tokens already in the cache), `.num_new_tokens`, `.seq_len` (start +
 num_new_tokens) and `.sample`.
 Returns `[num_sampling_chunks, vocab]` float32 logits in chunk order, plus, when asked,
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,10 +39,12 @@ from engine.cuda_graphs.decode_graphs import (
     GraphSettings,
     recorder_for,
 )
+from engine.description import EngineDescription, describe_runner
 from engine.errors import FatalEngineError
 from engine.host_transfer import to_device
 from engine.kernel_switch import PendingKernelPath
 from engine.parallel.rank import ParallelRank
+from engine.runner import StepLogits, StepRunner, copy_blocks
 from engine.step_inputs import StepInputs
 from models import allocate_kv_cache
 from models.attention_backend import GraphSupport
@@ -53,13 +55,7 @@ from models.host_memory import release_freed_memory
 log = logging.getLogger("tgserve.engine")
 
 
-@dataclass(frozen=True)
-class StepLogits:
-    sampling: torch.Tensor  # [num_sampling_chunks, vocab] float32, in chunk order
-    all_rows: dict[int, torch.Tensor]  # chunk index -> [num_new_tokens, vocab] when asked
-
-
-class ModelRunner:
+class ModelRunner(StepRunner):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -80,7 +76,7 @@ class ModelRunner:
         (captured on CUDA; elsewhere, e.g. in CPU tests, re-run over the same persistent
         buffers and padding). None: every step eager. `kernels_in_background` (CPU, no graphs):
         start on PyTorch ops while the C++ kernels build (engine/kernel_switch.py); the engine
-        calls `switch_to_pending_path` between requests. `kernel_model()`, when given, loads the
+        calls `between_requests` before each step. `kernel_model()`, when given, loads the
         model the kernels then run in place of `model` (a GGUF file's blocks as stored)."""
         self.model = model
         self.config = config
@@ -137,12 +133,14 @@ class ModelRunner:
         captured = self.decode_graphs is not None and self.device.type == "cuda"
         return self.forward_path.description + (", CUDA graphs" if captured else "")
 
-    def switch_to_pending_path(self) -> bool:
-        """Adopts the C++ kernel path once it is ready (engine/kernel_switch.py); True when it
-        switched. The engine calls it only where no request has started."""
-        ready = self.pending_path.take() if self.pending_path is not None else None
+    def between_requests(self, idle: Callable[[], bool]) -> bool:
+        """Adopts the C++ kernel path once it is ready (engine/kernel_switch.py) and `idle()`
+        says no request has started; True when it switched."""
+        if self.pending_path is None or not idle():
+            return False
+        ready = self.pending_path.take()
         if ready is None:
-            if self.pending_path is not None and self.pending_path.settled:
+            if self.pending_path.settled:
                 self.pending_path = None  # the build failed: PyTorch ops for good
             return False
         model, path = ready
@@ -167,22 +165,31 @@ class ModelRunner:
         decode.capture()
         return decode
 
-    @torch.inference_mode()
-    def execute(
+    def _prepare(self, chunks: Sequence[Any]) -> None:
+        self._pick_thread_count()
+
+    def _replay(
         self,
         chunks: Sequence[Any],
-        block_copies: Sequence[tuple[int, int]] = (),
-        full_logits_for: frozenset[int] = frozenset(),
-    ) -> StepLogits:
-        self._pick_thread_count()
-        if self.decode_graphs is not None and not full_logits_for and _decode_only(chunks):
-            if block_copies:
-                self._copy_blocks(block_copies)
-            logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks))
-            if logits is not None:
-                return StepLogits(sampling=self._sampleable(logits), all_rows={})
-            block_copies = ()  # done above
-        step = StepInputs.from_chunks(chunks, block_copies, full_logits_for)
+        block_copies: Sequence[tuple[int, int]],
+        full_logits_for: frozenset[int],
+    ) -> StepLogits | None:
+        if self.decode_graphs is None or full_logits_for or not _decode_only(chunks):
+            return None
+        if block_copies:  # applied again if no graph holds the step: a copy is idempotent
+            copy_blocks(self.kv_caches, block_copies, self.device)
+        logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks))
+        return None if logits is None else StepLogits(sampling=self._cut(logits), all_rows={})
+
+    def _inputs(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]],
+        full_logits_for: frozenset[int],
+    ) -> StepInputs:
+        return StepInputs.from_chunks(chunks, block_copies, full_logits_for)
+
+    def _dispatch(self, step: StepInputs) -> StepLogits:
         if self.parallel is None:
             return self.run(step)
         try:  # rank 0: every rank runs the same step, so it goes out first
@@ -194,44 +201,34 @@ class ModelRunner:
                 "the ranks are out of step"
             ) from exc
 
-    @torch.inference_mode()
-    def run(self, step: StepInputs) -> StepLogits:
-        """One forward over a step's inputs (every rank of a tensor-parallel group runs it)."""
-        if step.block_copies:
-            self._copy_blocks(step.block_copies)
+    def _hidden(self, step: StepInputs) -> torch.Tensor:
         # Built before the forward, in one host-to-device copy (models/attention_backend.py).
         meta = self.forward_path.attention.build(step.tables, step.seq_lens, step.query_lens)
-        hidden = self.forward_path.hidden(  # [T, hidden]
+        return self.forward_path.hidden(  # [T, hidden]
             to_device(step.ids, torch.int64, self.device),
             to_device(step.positions, torch.int64, self.device),
             meta,
         )
-        rows = hidden
-        if len(step.sample_rows) != len(step.ids):
-            rows = hidden[to_device(step.sample_rows, torch.int64, self.device)]
-        sampling = self._sampleable(self.forward_path.logits(rows))
-        # Prompt logprobs: the model's own LM head over every new row, whatever the path.
-        starts = step.row_starts
-        all_rows = {
-            i: self.model.compute_logits(hidden[starts[i] : starts[i] + step.query_lens[i]])
-            for i in step.full_logits_for
-        }
-        return StepLogits(sampling=sampling, all_rows=all_rows)
 
-    def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits if self.sampleable_vocab is None else logits[:, : self.sampleable_vocab]
+    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.forward_path.logits(rows)
 
-    def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        copy_blocks(self.kv_caches, copies, self.device)
+    # ----- the engine's hooks (engine/runner.py) -------------------------------------------
+    def describe(self) -> EngineDescription:
+        captured = self.decode_graphs is not None and self.device.type == "cuda"
+        # only the C++ step packs copies of the weights
+        packed = getattr(self.forward_path, "packed_bytes", 0)
+        return describe_runner(
+            self.model, self.config, self.kv_caches, self.forward_path, captured, packed
+        )
 
+    def watch_failures(self, on_failure: Callable[[str], None]) -> None:
+        if self.parallel is not None:
+            self.parallel.watch_failures(on_failure)
 
-def copy_blocks(kv_caches, copies: Sequence[tuple[int, int]], device: torch.device) -> None:
-    """Copy-on-write: a sharer about to write into a shared block got a fresh copy of it."""
-    src = to_device([s for s, _ in copies], torch.int64, device)
-    dst = to_device([d for _, d in copies], torch.int64, device)
-    for k_cache, v_cache in kv_caches:
-        k_cache.index_copy_(0, dst, k_cache[src])
-        v_cache.index_copy_(0, dst, v_cache[src])
+    def close(self) -> None:
+        if self.parallel is not None:
+            self.parallel.close()
 
 
 def _decode_only(chunks: Sequence[Any]) -> bool:

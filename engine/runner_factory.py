@@ -1,4 +1,5 @@
-"""Building any rank's ModelRunner from a model path and an EngineConfig: resolve device and
+"""Building any rank's runner (engine/runner.py: a ModelRunner, or for T5 / BART an
+EncoderDecoderRunner) from a model path and an EngineConfig: resolve device and
 dtype, load (or randomly initialise) the weights, shard them under tensor parallel, quantise or
 compile them when asked, size the KV cache from the memory budget, and pick decode graphs.
 
@@ -30,11 +31,12 @@ from engine.config import (
 from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
+from engine.runner import Runner
 
 
 @dataclass(frozen=True)
 class BuiltRunner:
-    runner: ModelRunner
+    runner: Runner
     model_config: object  # models.config.ModelConfig
     dtype_name: str
     max_model_len: int

@@ -36,9 +36,9 @@ import torch
 from engine.decoding.parallel_sampling import SampleTarget, sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.host_transfer import to_device
-from engine.model_runner import StepLogits
 from engine.request_state import RequestState
 from engine.requests.request import TokenSequence
+from engine.runner import StepLogits
 from engine.sampling.sampler import Sampler
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.token_mask import TokenMask

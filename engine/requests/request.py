@@ -175,6 +175,13 @@ class Request:
         """The sequences still generating, in creation order (scheduled together each step)."""
         return [s for s in self.seqs if not s.is_finished]
 
+    def awaiting_decode(self) -> list[TokenSequence]:
+        """The live sequences of a running request whose next step is a one-token decode
+        (the sequences speculative decoding proposes for)."""
+        if self.status is not RequestStatus.RUNNING:
+            return []
+        return [s for s in self.live_seqs if s.num_uncomputed_tokens == 1]
+
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED

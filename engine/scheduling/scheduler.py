@@ -5,9 +5,10 @@ Policy, every `schedule()`:
    in `SchedulerOutput.aborted` and their blocks are freed.
 2. Running decodes first: one token per live sequence, higher priority first (a lower
    `SamplingParams.priority` value runs first, as vLLM's), within `max_num_batched_tokens`.
-   With speculative decoding (`speculate_with(propose)`), a decode also carries the tokens
-   `propose(request, seq)` guesses (cut to the budget left; dropped, before anyone is
-   preempted, when the blocks for them are not free): its chunk then computes 1 + k rows.
+   With speculative decoding, a decode also carries the tokens proposed for its sequence after
+   the last step (`take_proposals`, data the engine hands over; the scheduler calls nobody),
+   cut to the budget left and dropped, before anyone is preempted, when the blocks for them
+   are not free: its chunk then computes 1 + k rows.
 3. Prefill: engine/scheduling/prefill_allotment.py shares the step's remaining budget
    (sized in tokens and time by engine/scheduling/prefill_budget.py) between running partial
    prefills and waiting requests, shortest remaining prefill first, the oldest (the anchor)
@@ -40,7 +41,13 @@ from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.request_queues import RequestQueues
 from engine.scheduling.step_builder import StepBuilder
 from engine.scheduling.step_cost import StepCostModel
-from engine.scheduling.step_plan import Propose, ScheduledChunk, SchedulerOutput, SchedulerStats
+from engine.scheduling.step_plan import (
+    NO_PROPOSALS,
+    Proposals,
+    ScheduledChunk,
+    SchedulerOutput,
+    SchedulerStats,
+)
 from engine.types import FINISH_REASONS
 
 __all__ = ["ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulerStats"]
@@ -68,11 +75,12 @@ class Scheduler:
         self._queues = RequestQueues()
         self._pending_aborts: list[Request] = []
         self._prefill_capacity = config.max_num_batched_tokens
-        self._propose: Propose | None = None
+        self._proposals = NO_PROPOSALS
 
-    def speculate_with(self, propose: Propose | None) -> None:
-        """Decodes carry `propose(request, seq)`'s tokens from the next step (None: none)."""
-        self._propose = propose
+    def take_proposals(self, proposals: Proposals) -> None:
+        """Speculative decoding's proposals made after a step, replacing the last ones: a
+        decode of a sequence still as long as when they were made carries its proposal."""
+        self._proposals = proposals
 
     # ----- intake --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -106,7 +114,7 @@ class Scheduler:
             self.config,
             self.cost_model,
             self._target_s,
-            self._propose,
+            self._proposals,
         ).build(aborted)
         self._prefill_capacity = step.prefill_capacity
         return step.output

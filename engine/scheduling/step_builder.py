@@ -24,7 +24,13 @@ from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_
 from engine.scheduling.prefill_budget import PrefillBudget
 from engine.scheduling.request_queues import RequestQueues
 from engine.scheduling.step_cost import StepCostModel, chunk_pairs
-from engine.scheduling.step_plan import Propose, ScheduledChunk, SchedulerOutput, chunk_sizes
+from engine.scheduling.step_plan import (
+    NO_PROPOSALS,
+    Proposals,
+    ScheduledChunk,
+    SchedulerOutput,
+    chunk_sizes,
+)
 
 
 @dataclass
@@ -49,7 +55,7 @@ class StepBuilder:
     config: EngineConfig
     cost_model: StepCostModel
     target_s: float | None  # the step-time target (None: budget in tokens only)
-    propose: Propose | None = None  # speculative decoding's proposals for decodes
+    proposals: Proposals = NO_PROPOSALS  # speculative decoding's, for decodes
     budget: int = field(init=False)
     plans: dict[str, _Plan] = field(default_factory=dict, init=False)
     preempted: list[str] = field(default_factory=list, init=False)
@@ -97,11 +103,11 @@ class StepBuilder:
 
     def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
         """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""
-        if self.propose is None:
+        if not self.proposals.tokens:
             return None
         proposals = []
         for seq in request.live_seqs:
-            proposal = self.propose(request, seq)[: max(spare, 0)]
+            proposal = self.proposals.get(seq)[: max(spare, 0)]
             spare -= len(proposal)
             proposals.append(proposal)
         return proposals if any(proposals) else None

@@ -22,14 +22,32 @@ was appended or the sequence was finished/removed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from engine.requests.request import Request, TokenSequence
 from engine.scheduling.block_manager import BlockUsage
 
-# Speculative decoding: the tokens proposed after a running sequence's last one (may be none).
-Propose = Callable[[Request, TokenSequence], tuple[int, ...]]
+
+@dataclass(frozen=True)
+class Proposals:
+    """Speculative decoding's proposals, made after a step (engine/speculative) and handed to
+    the scheduler as data: per sequence, the tokens guessed after its last one, valid while it
+    holds `num_tokens[seq]` tokens (a proposal for a sequence that has moved on is ignored)."""
+
+    tokens: Mapping[TokenSequence, tuple[int, ...]]
+    num_tokens: Mapping[TokenSequence, int]
+
+    @classmethod
+    def of(cls, tokens: Mapping[TokenSequence, tuple[int, ...]]) -> Proposals:
+        return cls(dict(tokens), {seq: seq.num_tokens for seq in tokens})
+
+    def get(self, seq: TokenSequence) -> tuple[int, ...]:
+        proposal = self.tokens.get(seq, ())
+        return proposal if proposal and self.num_tokens[seq] == seq.num_tokens else ()
+
+
+NO_PROPOSALS = Proposals({}, {})
 
 
 @dataclass(frozen=True)

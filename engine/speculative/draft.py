@@ -4,18 +4,12 @@ greedy continuation of each sequence, for all the step's decoding sequences in o
 Contract: `build_draft(config, vocab_size)` loads `config.speculative.model` as a runner of its
 own (engine/runner_factory.py, with the target's device, dtype, block size and CPU kernels; no
 decode graphs, no tensor parallel) with its own paged KV cache and block manager (no prefix
-caching). `DraftProposer.propose(seq, limit)` returns up to min(k, limit) tokens.
-
-Batching: the scheduler asks for one sequence at a time, but the draft decodes a *batch*: the
-first call that finds no fresh proposal for its sequence drafts for that sequence and for every
-other sequence the draft knows (it proposed for it before) that waits for a decode (unfinished,
-exactly its last token uncomputed) and has no fresh proposal: one draft forward per proposed
-position for all of them. Each sequence's proposal is kept, stamped with its length, and handed
-out when the scheduler asks for that sequence (cut to its `limit`); a sequence that has grown
-since has a stale proposal, drafted again. So with B sequences speculating, a step runs k draft
-forwards of B rows each, not B * k forwards of one row; only a sequence's first proposal (its
-prompt's catch-up) may run in a batch of its own. `num_forwards` counts the draft forwards;
-`on_forward(seconds)`, when set, hears each one's wall time (the Speculator's counters).
+caching). `DraftProposer.propose_all(limits)` (after a step, for every sequence awaiting a
+decode: `{seq: limit}`) returns each sequence's proposal of up to min(k, limit) tokens, drafted
+as one batch: one draft forward per proposed position for all of them, so with B sequences
+speculating a step runs k draft forwards of B rows each, not B * k forwards of one row.
+`num_forwards` counts the draft forwards; `on_forward(seconds)`, when set, hears each one's
+wall time (the Speculator's counters).
 
 Each forward: a sequence's first chunk catches its draft cache up with the committed tokens
 (those it has not computed, or those after the first one that differs from what it computed
@@ -43,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
 from engine.requests.request import TokenSequence
+from engine.runner import Runner
 from engine.runner_factory import build_runner
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
 from engine.scheduling.step_plan import ScheduledChunk
@@ -54,7 +48,7 @@ log = logging.getLogger("tgserve.engine")
 
 class DraftProposer:
     def __init__(
-        self, runner: ModelRunner, num_blocks: int, block_size: int, k: int, max_model_len: int
+        self, runner: Runner, num_blocks: int, block_size: int, k: int, max_model_len: int
     ) -> None:
         self.runner = runner
         self.num_tokens = k
@@ -64,29 +58,13 @@ class DraftProposer:
         self.on_forward: Callable[[float], None] | None = None
         # target sequence -> its draft mirror, least recently proposed first
         self._mirrors: OrderedDict[TokenSequence, TokenSequence] = OrderedDict()
-        # target sequence -> (its num_tokens when drafted, the proposal): handed out once
-        self._fresh: dict[TokenSequence, tuple[int, tuple[int, ...]]] = {}
         self._copied: dict[TokenSequence, int] = {}  # target sequence -> tokens its mirror copied
 
-    def propose(self, seq: TokenSequence, limit: int) -> tuple[int, ...]:
+    def propose_all(self, limits: dict[TokenSequence, int]) -> dict[TokenSequence, tuple[int, ...]]:
         self._forget_finished()
-        fresh = self._fresh.pop(seq, None)
-        if fresh is None or fresh[0] != seq.num_tokens:
-            steps = {seq: min(limit, self.num_tokens)}
-            for other in self._mirrors:
-                if other is not seq and self._awaits_proposal(other):
-                    steps[other] = self.num_tokens  # its limit is cut when it is handed out
-            self._draft_batch(steps)
-            fresh = self._fresh.pop(seq)
-        return fresh[1][: max(limit, 0)]
+        return self._draft_batch({seq: min(n, self.num_tokens) for seq, n in limits.items()})
 
-    def _awaits_proposal(self, seq: TokenSequence) -> bool:
-        """Waits for a decode step and has no proposal drafted for its current length."""
-        fresh = self._fresh.get(seq)
-        stale = fresh is None or fresh[0] != seq.num_tokens
-        return stale and not seq.is_finished and seq.num_uncomputed_tokens == 1
-
-    def _draft_batch(self, steps: dict[TokenSequence, int]) -> None:
+    def _draft_batch(self, steps: dict[TokenSequence, int]) -> dict[TokenSequence, tuple[int, ...]]:
         """Drafts up to `steps[seq]` tokens for each sequence, all of them in each forward."""
         drafts = {seq: self._mirror(seq) for seq in steps}
         proposals: dict[TokenSequence, list[int]] = {seq: [] for seq in steps}
@@ -113,8 +91,7 @@ class DraftProposer:
                 chunk.seq.token_ids.append(token)
                 proposals[seq].append(token)
             active = [seq for seq in rows if len(proposals[seq]) < steps[seq]]
-        for seq, proposal in proposals.items():
-            self._fresh[seq] = (seq.num_tokens, tuple(proposal))
+        return {seq: tuple(proposal) for seq, proposal in proposals.items()}
 
     def _mirror(self, seq: TokenSequence) -> TokenSequence:
         """The draft's copy of `seq`: its tokens, computed as far as the cache still agrees."""
@@ -151,7 +128,6 @@ class DraftProposer:
 
     def _drop(self, seq: TokenSequence) -> None:
         self.blocks.free(self._mirrors.pop(seq))
-        self._fresh.pop(seq, None)
         self._copied.pop(seq, None)
 
     def _forget_finished(self) -> None:
@@ -170,7 +146,7 @@ def build_draft(config: EngineConfig, vocab_size: int) -> DraftProposer:
         cpu_kernels_background=False,
     )
     built = build_runner(Path(spec.model), draft_config, False, sampleable_vocab=vocab_size)
-    draft_vocab = built.runner.sampleable_vocab or built.model_config.vocab_size
+    draft_vocab = built.runner.vocab_size
     if draft_vocab != vocab_size:
         raise ValueError(
             f"speculative_model {spec.model!r} has a vocabulary of {draft_vocab} tokens, the "

@@ -2,12 +2,15 @@
 object; None when `EngineConfig.speculative` is None).
 
 Contract:
-- `propose(request, seq, matcher)` (the scheduler calls it for each running sequence it is
-  about to give a one-token decode): up to k tokens continuing `seq` (n-gram lookup, or the
-  draft model's greedy continuation), or () when the sequence does not speculate. n-gram
+- `propose_all(wanted)`: after a step (the scheduler never calls it), for each
+  `(request, seq, matcher)` of a running sequence awaiting a one-token decode, up to k tokens
+  continuing `seq` (n-gram lookup, or the draft model's greedy continuation, drafted for all of
+  them in one batch), or () when the sequence does not speculate; the engine hands the result
+  to the scheduler (`Scheduler.take_proposals`) as data. n-gram
   proposals are cut to the length `gate` (gate.py) finds pays for its rows, from how often
   the sequence's proposals were kept (none when they mostly are not); a draft model's are not
-  (its cost is the draft's forwards, paid before the gate could cut). Beam search never does (a beam step compares all beams at one position). At most
+  (its cost is the draft's forwards, paid before the gate could cut). Beam search never does
+  (a beam step compares all beams at one position). At most
   `max_tokens - num_output - 1` tokens, so the tokens a verification emits (kept proposals +
   one) never pass max_tokens and their K/V slots stay within what admission reserved. Under a
   grammar (`matcher`, the sequence's llguidance matcher, fed its output) the proposal is cut
@@ -47,23 +50,31 @@ class Speculator:
         if draft is not None:
             draft.on_forward = self.counters.record_draft
 
-    def propose(
-        self, request: Request, seq: TokenSequence, matcher: llguidance.LLMatcher | None = None
-    ) -> tuple[int, ...]:
-        params = request.params
-        if params.use_beam_search or params.max_tokens is None:
-            return ()
-        limit = params.max_tokens - seq.num_output_tokens - 1
-        if limit <= 0:
-            return ()
+    def propose_all(
+        self, wanted: Sequence[tuple[Request, TokenSequence, llguidance.LLMatcher | None]]
+    ) -> dict[TokenSequence, tuple[int, ...]]:
+        limits = {seq: _limit(request, seq) for request, seq, _ in wanted}
         if self.draft is not None:
-            proposal = self.draft.propose(seq, limit)
+            proposals = self.draft.propose_all({s: n for s, n in limits.items() if n > 0})
         else:
-            proposal = self.ngram.propose(seq.token_ids, limit)
-            proposal = proposal[: self.gate.length(seq, proposal)]
-        if proposal and matcher is not None:
-            proposal = proposal[: matcher.validate_tokens(list(proposal))]
-        return proposal
+            proposals = {}
+            for seq, limit in limits.items():
+                if limit > 0:
+                    proposal = self.ngram.propose(seq.token_ids, limit)
+                    proposals[seq] = proposal[: self.gate.length(seq, proposal)]
+        for _, seq, matcher in wanted:
+            proposal = proposals.get(seq, ())
+            if proposal and matcher is not None:
+                proposals[seq] = proposal[: matcher.validate_tokens(list(proposal))]
+        return {seq: p for seq, p in proposals.items() if p}
+
+
+def _limit(request: Request, seq: TokenSequence) -> int:
+    """How many tokens `seq` may be proposed (0: it does not speculate)."""
+    params = request.params
+    if params.use_beam_search or params.max_tokens is None:
+        return 0
+    return max(params.max_tokens - seq.num_output_tokens - 1, 0)
 
 
 def grammar_jobs(

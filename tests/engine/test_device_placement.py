@@ -15,9 +15,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model_runner import StepLogits
 from engine.requests.sampling_params import SamplingParams
 from engine.requests.structured_output import StructuredOutput
+from engine.runner import StepLogits
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.token_mask import TokenMask

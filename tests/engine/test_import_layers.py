@@ -7,7 +7,8 @@ arrow, to the engine module it names (`from engine.x import y` is an arrow to `e
 that is a module, else to `engine.x`). The implicit import of a package's `__init__` that Python
 performs is not an arrow. Every module must be placed in a layer, so a new module states where
 it stands. The checker is itself tested on synthetic graphs: an upward arrow, a circle, an
-unplaced module and a TYPE_CHECKING import are each reported.
+unplaced module and a TYPE_CHECKING import are each reported. The torch floor is
+test_torch_floor.py.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.kernel_switch",
             "engine.cuda_graphs",
             "engine.parallel",
+            "engine.runner",
             "engine.model_runner",
             "engine.runner_factory",
             "engine.description",
             "engine.encoder_layout",
             "engine.encdec_runner",
+            "engine.fake_device",
         ),
     ),
     ("requests", ("engine.requests",)),

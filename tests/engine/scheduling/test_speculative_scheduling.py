@@ -12,6 +12,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.requests.request import RequestStatus
+from engine.scheduling.step_plan import Proposals
 from engine.speculative.acceptance import accept_matching
 from tests.engine.scheduling.scheduler_driver import VOCAB, Driver, next_token, prompt, solo
 
@@ -25,7 +27,6 @@ class SpeculatingDriver(Driver):
         self.k = k
         self.rng = random.Random(seed)
         self.proposed = self.accepted = 0
-        self.sched.speculate_with(self.propose)
 
     def propose(self, request, seq) -> tuple[int, ...]:
         limit = min(self.k, request.params.max_tokens - seq.num_output_tokens - 1)
@@ -69,6 +70,15 @@ class SpeculatingDriver(Driver):
             if not seq.is_finished:  # blocks past its tokens (rejected ones') were freed
                 assert len(seq.block_table) <= self.bm.blocks_for(seq.num_tokens)
         self.bm.check_invariants()
+        # after the step, as the engine does: proposals handed to the scheduler as data
+        awaiting = [
+            (request, seq)
+            for request in self.requests.values()
+            if request.status is RequestStatus.RUNNING
+            for seq in request.live_seqs
+            if seq.num_uncomputed_tokens == 1
+        ]
+        self.sched.take_proposals(Proposals.of({s: self.propose(r, s) for r, s in awaiting}))
         return out
 
 

@@ -128,4 +128,4 @@ def test_speculating_sequences_draft_together_and_keep_their_tokens(folders, ker
     assert spec.speculator.draft.num_forwards <= k * len(steps) + 4 * k  # + first proposals
     spec.speculator.draft.blocks.check_invariants()
     assert_no_leaks(spec)
-    assert not spec.speculator.draft._fresh  # finished sequences' proposals are dropped
+    assert not spec.speculator.draft._mirrors  # finished sequences' draft states are dropped

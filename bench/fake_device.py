@@ -1,0 +1,89 @@
+"""The engine's host time per step against a fake device (issue 38), on any machine.
+
+    python -m bench.fake_device [--device-ms 5] [--rows 64 256] [--steps 40]
+
+For each row count R, R greedy requests (16-token prompts, never stopping before the run ends)
+decode on `engine.fake_device_engine` (no model: each step holds a device thread for a fixed
+time, engine/fake_device.py). Once every request decodes, `--steps` steps are timed twice on
+fresh engines: with a device of 0 ms (the period is then the engine's host time: scheduling,
+handing the step over, sampling, updating, outputs) and with `--device-ms`. Printed per R: the
+period, the device time, the host time, max(host, device) (what an overlapped loop can reach)
+and host + device (what a synchronous loop pays), and period / max(host, device). Figures are
+wall-clock on a shared machine: noisy; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+from engine import EngineConfig, SamplingParams, fake_device_engine
+
+PROMPT = list(range(1, 17))
+
+
+@dataclass(frozen=True)
+class Period:
+    rows: int
+    device_s: float
+    host_s: float  # per step, measured with a 0 ms device
+    period_s: float  # per step, with the device
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.host_s, self.device_s)
+
+    def line(self) -> str:
+        ms = 1e3
+        return (
+            f"{self.rows:4d} rows: step period {self.period_s * ms:6.2f} ms | device "
+            f"{self.device_s * ms:5.2f} ms | host {self.host_s * ms:5.2f} ms | "
+            f"max {self.bound_s * ms:5.2f} ms | sum {(self.host_s + self.device_s) * ms:5.2f} ms"
+            f" | period / max {self.period_s / self.bound_s:4.2f}"
+        )
+
+
+def step_period(rows: int, device_s: float, steps: int) -> float:
+    """Seconds per step over `steps` decode steps of `rows` requests on a fresh engine."""
+    config = EngineConfig(
+        block_size=16,
+        max_num_seqs=rows,
+        max_num_batched_tokens=max(2048, rows * len(PROMPT)),
+        max_model_len=len(PROMPT) + steps + 64,
+        enable_prefix_caching=False,
+    )
+    engine = fake_device_engine(device_s, config)
+    params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True)
+    try:
+        for i in range(rows):
+            engine.add_request(str(i), PROMPT, params)
+        while engine.stats().num_waiting or engine.stats().num_running < rows:
+            engine.step()
+        for _ in range(3):  # every request past its first token
+            engine.step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        return (time.perf_counter() - start) / steps
+    finally:
+        engine.close()
+
+
+def measure(rows: int, device_s: float, steps: int) -> Period:
+    host = step_period(rows, 0.0, steps)
+    return Period(rows, device_s, host, step_period(rows, device_s, steps))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device-ms", type=float, default=5.0)
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    for rows in args.rows:
+        print(measure(rows, args.device_ms / 1e3, args.steps).line(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

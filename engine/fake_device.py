@@ -1,0 +1,112 @@
+"""FakeDeviceRunner: a `Runner` (engine/runner.py) with no model, whose every step takes a fixed
+device time on a device thread of its own: what the engine's host time per step is measured
+against, on a machine with no accelerator (bench/fake_device.py, `Engine.with_fake_device`).
+
+Contract: `FakeDeviceRunner(vocab_size, device_s)`. `execute(chunks, ...)` hands the step to
+the device thread, which holds it `device_s` seconds (a sleep: the host's cores stay free, as
+they do while a GPU runs) and then writes its logits: greedy decoding of row r in step k picks
+(7 * k + r) % vocab_size, so outputs are deterministic and never stop on their own; the host
+waits for the result, and `waited_s` adds up how long it waited (a step's host time is its wall
+time less that wait). The thread is a daemon and `close()` stops it. `num_steps` counts the
+steps run. Prompt logprobs are answered as zeros.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from queue import SimpleQueue
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from engine.description import EngineDescription
+from engine.runner import StepLogits
+from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class FakePath:
+    description: str
+    attention_kernel: bool = False
+
+
+class FakeDeviceRunner:
+    def __init__(self, vocab_size: int, device_s: float, max_model_len: int = 4096) -> None:
+        one = dict(hidden_size=1, intermediate_size=1, num_layers=1, num_heads=1, head_dim=1)
+        self.config = ModelConfig(
+            architecture="FakeDevice",
+            family="llama",
+            vocab_size=vocab_size,
+            num_kv_heads=1,
+            max_position_embeddings=max_model_len,
+            **one,
+        )
+        self.device = torch.device("cpu")
+        self.device_s = device_s
+        self.forward_path = FakePath(f"a fake device: {device_s * 1e3:g} ms a step")
+        self.num_steps = 0
+        self.waited_s = 0.0
+        self._jobs: SimpleQueue[tuple[int, int, Future] | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._device, name="fake-device", daemon=True)
+        self._thread.start()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def description(self) -> str:
+        return self.forward_path.description
+
+    def execute(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        full_logits_for: frozenset[int] = frozenset(),
+    ) -> StepLogits:
+        rows = sum(c.num_sampled_rows for c in chunks)
+        done: Future = Future()
+        self._jobs.put((self.num_steps, rows, done))
+        self.num_steps += 1
+        waiting = time.perf_counter()
+        sampling = done.result()
+        self.waited_s += time.perf_counter() - waiting
+        vocab = self.vocab_size
+        full = {i: torch.zeros(chunks[i].num_new_tokens, vocab) for i in full_logits_for}
+        return StepLogits(sampling=sampling, all_rows=full)
+
+    def _device(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            step, rows, done = job
+            until = time.perf_counter() + self.device_s
+            logits = torch.zeros(rows, self.vocab_size)  # [rows, vocab]
+            picks = (7 * step + torch.arange(rows)) % self.vocab_size
+            logits[torch.arange(rows), picks] = 1.0
+            time.sleep(max(until - time.perf_counter(), 0.0))
+            done.set_result(logits)
+
+    def describe(self) -> EngineDescription:
+        return EngineDescription(
+            forward_path=self.forward_path.description,
+            cpu_kernels=False,
+            cuda_graphs=False,
+            gguf_blocks_as_stored=False,
+            held_bytes=MappingProxyType({"weights": 0, "KV cache": 0}),
+            kv_cache_itemsize=0,
+            kv_bytes_per_token=0,
+            kv_bytes_per_token_all_heads=0,
+        )
+
+    def between_requests(self, idle: Callable[[], bool]) -> bool:
+        return False
+
+    def watch_failures(self, on_failure: Callable[[str], None]) -> None:
+        pass
+
+    def close(self) -> None:
+        self._jobs.put(None)
