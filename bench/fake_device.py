@@ -4,12 +4,13 @@
 
 For each row count R, R greedy requests (16-token prompts, never stopping before the run ends)
 decode on `engine.fake_device_engine` (no model: each step holds a device thread for a fixed
-time, engine/fake_device.py). Once every request decodes, `--steps` steps are timed twice on
-fresh engines: with a device of 0 ms (the period is then the engine's host time: scheduling,
-handing the step over, sampling, updating, outputs) and with `--device-ms`. Printed per R: the
-period, the device time, the host time, max(host, device) (what an overlapped loop can reach)
-and host + device (what a synchronous loop pays), and period / max(host, device). Figures are
-wall-clock on a shared machine: noisy; compare within one run.
+time, engine/fake_device.py). Once every request decodes, `--steps` steps are timed: the step
+period (wall clock) and the engine's host time per step, the process's CPU time (scheduling,
+handing the step over, sampling, updating, outputs, on every thread; the device thread sleeps,
+its few microseconds writing logits aside, and CPU time does not grow when other processes
+share the cores as wall time does). Printed per R: period, device, host, max(host, device) (what an
+overlapped loop can reach), host + device (what a synchronous loop pays) and
+period / max(host, device).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ PROMPT = list(range(1, 17))
 class Period:
     rows: int
     device_s: float
-    host_s: float  # per step, measured with a 0 ms device
+    host_s: float  # per step: the process's CPU time
     period_s: float  # per step, with the device
 
     @property
@@ -44,8 +45,8 @@ class Period:
         )
 
 
-def step_period(rows: int, device_s: float, steps: int) -> float:
-    """Seconds per step over `steps` decode steps of `rows` requests on a fresh engine."""
+def measure(rows: int, device_s: float, steps: int) -> Period:
+    """`steps` decode steps of `rows` requests on a fresh engine."""
     config = EngineConfig(
         block_size=16,
         max_num_seqs=rows,
@@ -62,17 +63,13 @@ def step_period(rows: int, device_s: float, steps: int) -> float:
             engine.step()
         for _ in range(3):  # every request past its first token
             engine.step()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             engine.step()
-        return (time.perf_counter() - start) / steps
+        host = (time.process_time() - cpu) / steps
+        return Period(rows, device_s, host, (time.perf_counter() - start) / steps)
     finally:
         engine.close()
-
-
-def measure(rows: int, device_s: float, steps: int) -> Period:
-    host = step_period(rows, 0.0, steps)
-    return Period(rows, device_s, host, step_period(rows, device_s, steps))
 
 
 def main(argv: list[str] | None = None) -> None:
