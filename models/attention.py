@@ -6,17 +6,19 @@ tokens: the cached prefix plus the new tokens. K/V live per layer in a cache of 
 `[num_blocks, block_size, num_kv_heads, head_dim]` (KV heads only, never repeated for GQA);
 token t of a sequence sits in block `block_table[t // block_size]` at offset
 `t % block_size`. The attention itself is models/block_attention.py, the C++ kernel
-(models/cpu_kernels) or, on a GPU, the Triton kernels (models/triton_attention): one
-`AttentionKernel` value in the metadata says which. A forward path's attention backend
-(models/attention_backend.py) builds the metadata, its kernel's plan included, before the
-forward; the lazy plan builders here serve callers that build metadata by hand (tests).
+(models/cpu_kernels) or, on a GPU, the Triton kernels (models/triton_attention), each behind
+an attention backend object (models/attention_backend.py) chosen once by the forward path: it
+builds the metadata, its kernel's plan included, before the forward, and the metadata names
+it (`meta.backend`), so `write_step_kv` and `paged_attention` go to its kernel without asking
+which one it is. Metadata built by hand (`AttentionMetadata.build`, tests) names a backend or
+none (the PyTorch key-block attention); the lazy plan builders here serve it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from typing import Protocol
 
 import torch
 
@@ -29,13 +31,16 @@ KVCache = tuple[
 ]  # (k, v), each [num_blocks, block_size, kv_heads, head_dim]
 
 
-class AttentionKernel(Enum):
-    """Which kernel a step's K/V writes and attention go through."""
+class AttentionForward(Protocol):
+    """What a layer calls on the backend its metadata names (models/attention_backend.py)."""
 
-    BLOCKS = "blocks"  # PyTorch key-block attention (models/block_attention.py)
-    CPP = "cpp"  # tgserve's C++ paged attention (models/cpu_kernels/paged_attention)
-    TRITON = "triton"  # Triton K/V write and attention (models/triton_attention; CUDA, or
-    # CPU tensors under TRITON_INTERPRET=1 in tests)
+    def write_kv(
+        self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> None: ...
+
+    def forward(
+        self, q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -47,15 +52,10 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # host copy of seq_lens, to slice without device syncs
     block_size: int = 16
     sliding_window: int | None = None
-    kernel: AttentionKernel = AttentionKernel.BLOCKS  # set by the forward path's backend
+    backend: AttentionForward | None = None  # what built it (None: key-block attention)
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _blocks: BlockPlan | None = field(default=None, init=False, repr=False)
     _tiles: TilePlan | None = field(default=None, init=False, repr=False)
-
-    @property
-    def use_triton(self) -> bool:
-        """K/V writes through models/triton_attention (read by models/layers.py)."""
-        return self.kernel is AttentionKernel.TRITON
 
     @property
     def num_seqs(self) -> int:
@@ -74,7 +74,7 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         sliding_window: int | None = None,
-        kernel: AttentionKernel = AttentionKernel.BLOCKS,
+        backend: AttentionForward | None = None,
     ) -> AttentionMetadata:
         """Builds the tensors from host lists (tests; the engine's steps go through the forward
         path's backend, models/attention_backend.py, which copies them in one transfer)."""
@@ -87,7 +87,7 @@ class AttentionMetadata:
             seq_lens_list=list(seq_lens),
             block_size=block_size,
             sliding_window=sliding_window,
-            kernel=kernel,
+            backend=backend,
         )
 
     def row_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,17 +111,6 @@ class AttentionMetadata:
                     torch.tensor(lens, dtype=torch.int64, device=device),
                 )
         return self._rows
-
-    def with_plans(self, group: int) -> AttentionMetadata:
-        """Itself, its kernel's plan for `group` query heads per KV head built now (before
-        the forward: the layers then only read it)."""
-        if self.kernel is AttentionKernel.TRITON:
-            self.tile_plan(group)
-        elif self.kernel is AttentionKernel.CPP:
-            self.row_plan()
-        else:
-            self.block_plan(group)
-        return self
 
     def use_tile_plan(self, plan: TilePlan) -> AttentionMetadata:
         """Itself with `plan` as its Triton tile plan (one built on the device, e.g. a decode
@@ -161,21 +150,19 @@ def host_layout(
     return slots, padded
 
 
-def write_kv(
-    cache: KVCache,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    use_triton: bool = False,
-) -> None:
-    """Stores this step's keys/values ([num_tokens, kv_heads, head_dim]) at their slots."""
-    k_cache, v_cache = cache
-    if use_triton:
-        from models.triton_attention.kv_write import triton_write_kv
+def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Stores keys/values ([num_tokens, kv_heads, head_dim]) at their slots (PyTorch ops)."""
+    reference_write_kv(cache[0], cache[1], k, v, slot_mapping)
 
-        triton_write_kv(k_cache, v_cache, k, v, slot_mapping)
-        return
-    reference_write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+def write_step_kv(
+    cache: KVCache, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+) -> None:
+    """This step's keys/values through the kernel of the backend that built `meta`."""
+    if meta.backend is None:
+        write_kv(cache, k, v, meta.slot_mapping)
+    else:
+        meta.backend.write_kv(cache, k, v, meta)
 
 
 def _attend_mask(query_pos, key_pos, seq_len, window: int | None) -> torch.Tensor:
@@ -192,23 +179,23 @@ def paged_attention(
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], this step's K/V
     already written to `cache`.
 
-    Every row, prefill or decode, goes through one batch-invariant kernel: the C++ paged
-    attention (`meta.kernel` CPP), the Triton one (TRITON,
-    models/triton_attention/paged_attention.py), else the PyTorch key-block attention
-    (BLOCKS, models/block_attention.py); each documents the order it fixes.
+    Every row, prefill or decode, goes through one batch-invariant kernel: the one of the
+    backend that built `meta` (models/attention_backend.py; each kernel documents the order it
+    fixes), else the PyTorch key-block attention.
     """
+    if meta.backend is None:
+        return key_block_attention(q, cache, meta, scale)
+    return meta.backend.forward(q, cache, meta, scale)
+
+
+def key_block_attention(
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """The PyTorch key-block attention (models/block_attention.py) of `paged_attention`."""
     k_cache, v_cache = cache
-    group = q.shape[1] // k_cache.shape[2]
-    if meta.kernel is AttentionKernel.TRITON:  # K/V read in place through the block tables
-        from models.triton_attention.paged_attention import triton_paged_attention
-
-        return triton_paged_attention(q, k_cache, v_cache, meta.tile_plan(group), scale)
-    if meta.kernel is AttentionKernel.CPP:  # every row reads K/V in place through its block table
-        from models.cpu_kernels.paged_attention import paged_decode_attention
-
-        tables, lens = meta.row_plan()
-        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.sliding_window)
-    return block_attention(q, k_cache, v_cache, meta.block_plan(group), scale)
+    return block_attention(
+        q, k_cache, v_cache, meta.block_plan(q.shape[1] // k_cache.shape[2]), scale
+    )
 
 
 def reference_attention(

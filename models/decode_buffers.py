@@ -2,9 +2,10 @@
 builders: what a captured (CUDA graph) decode forward reads.
 
 Contract: `DecodeBuffers(max_rows, max_blocks_per_seq, block_size, scratch_block, group,
-sliding_window, device)` allocates once, and never reallocates (a captured graph holds the
-addresses), one int64 device buffer of `max_rows * (4 + max_blocks_per_seq)` values, plus the
-Triton tile plan's constant tensors. A step of b rows (b: its batch bucket) reads the first
+sliding_window, device, split_decode, backend=...)` (`backend`: the attention backend the
+steps' metadata names, the Triton one) allocates once, and never reallocates (a captured graph
+holds the addresses), one int64 device buffer of `max_rows * (4 + max_blocks_per_seq)` values,
+plus the Triton tile plan's constant tensors. A step of b rows (b: its batch bucket) reads the first
 `b * (4 + W)` values laid out as [ids b | positions b | slots b | seq_lens b | tables b x W]:
 every view is contiguous and sits at the same address for every step of b rows.
 - `build_for_capture(b) -> DecodeStep`: the buffers hold b padding rows (valid dummy metadata);
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.attention import AttentionKernel, AttentionMetadata
+from models.attention import AttentionForward, AttentionMetadata
 from models.triton_attention.tile_plan import TilePlan
 
 COLUMNS = 4  # ids, positions, slots, seq_lens
@@ -56,7 +57,10 @@ class DecodeBuffers:
         sliding_window: int | None,
         device: torch.device,
         split_decode: bool = False,
+        *,
+        backend: AttentionForward,
     ) -> None:
+        self.backend = backend
         self.max_rows = max_rows
         self.split_decode = split_decode  # TilePlan.for_decode's (the backend's rule)
         self.width = max_blocks_per_seq
@@ -137,7 +141,7 @@ class DecodeBuffers:
             seq_lens_list=[self.width * self.block_size] * b,
             block_size=self.block_size,
             sliding_window=self.sliding_window,
-            kernel=AttentionKernel.TRITON,
+            backend=self.backend,
         )
         plan = TilePlan.for_decode(
             self.group,

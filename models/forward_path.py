@@ -8,8 +8,9 @@ returns a `ForwardPath`:
 - `logits(hidden [R, hidden]) -> [R, vocab]` float32;
 - `attention`: its `AttentionBackend` (models/attention_backend.py): the runner builds every
   step's `AttentionMetadata` with it, before the forward;
-- `graph_support`: a `GraphSupport`: what engine/cuda_graphs may capture (DECODE_ONLY: decode
-  steps over `attention.decode_buffers(...)`, replayed per batch bucket; NONE: every step eager);
+- `graph_support`: a `GraphSupport`, its attention backend's: what engine/cuda_graphs may
+  capture (DECODE_ONLY: decode steps over `attention.decode_buffers(...)`, replayed per batch
+  bucket; NONE: every step eager);
 - `attention_kernel`: True when the C++ paged attention serves the path;
 - `description`: one line for the engine's start-up log.
 
@@ -33,8 +34,13 @@ import torch
 from torch import nn
 
 from models import cpu_kernels, triton_attention
-from models.attention import AttentionKernel, AttentionMetadata, KVCache
-from models.attention_backend import AttentionBackend, GraphSupport
+from models.attention import AttentionMetadata, KVCache
+from models.attention_backend import (
+    AttentionBackend,
+    BlockAttentionBackend,
+    CppAttentionBackend,
+    GraphSupport,
+)
 from models.linear_backend import use_invariant_linears
 
 
@@ -69,19 +75,22 @@ class PyTorchPath:
     Batch-invariant on CPU (issue #14): each op's order is written in models/layers.py,
     models/block_attention.py and models/linear_backend.py."""
 
-    graph_support = GraphSupport.NONE  # the key-block plan is built from host lengths
-
     def __init__(self, model: nn.Module, kv_caches: list[KVCache], attention_kernel: bool) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.attention_kernel = attention_kernel
-        kernel = AttentionKernel.CPP if attention_kernel else AttentionKernel.BLOCKS
-        self.attention = AttentionBackend.for_model(model, kv_caches, kernel)
+        backend = CppAttentionBackend if attention_kernel else BlockAttentionBackend
+        self.attention: AttentionBackend = backend.for_model(model, kv_caches)
         self.description = (
             "PyTorch layers with tgserve's C++ paged attention"
             if attention_kernel
             else "PyTorch ops only"
         )
+
+    @property
+    def graph_support(self) -> GraphSupport:
+        """What engine/cuda_graphs may capture: its attention backend's promise."""
+        return self.attention.graph_support
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -98,23 +107,23 @@ class TritonPath(PyTorchPath):
     Decode steps can be captured: every length and block id is read from device tensors,
     and a decode batch's tile plan is fixed by its size (models/decode_buffers.py)."""
 
-    graph_support = GraphSupport.DECODE_ONLY
-
     def __init__(
         self, model: nn.Module, kv_caches: list[KVCache], split_decode: bool = True
     ) -> None:
         """`split_decode`: decode-only steps of a few rows split each row's keys across
         programs (models/triton_attention/split_decode.py); False under --batch-invariant."""
         super().__init__(model, kv_caches, attention_kernel=False)
-        self.attention = AttentionBackend.for_model(
-            model, kv_caches, AttentionKernel.TRITON, split_decode
+        from models.triton_attention.backend import TritonAttentionBackend
+
+        self.attention = TritonAttentionBackend.for_model(
+            model, kv_caches, split_decode=split_decode
         )
         self.description = "PyTorch layers with tgserve's Triton paged attention"
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        if meta.kernel is not AttentionKernel.TRITON:  # a host attribute: no sync
+        if meta.backend is not self.attention:  # a host attribute: no sync
             raise ValueError("the Triton path runs metadata its own backend built")
         return self.model(input_ids, positions, meta, self.kv_caches)
 
@@ -124,13 +133,13 @@ class CppStepPath:
 
     description = "forward steps by tgserve's C++ CPU kernels"
     attention_kernel = True
-    graph_support = GraphSupport.NONE
 
     def __init__(self, decoder, attention: AttentionBackend) -> None:
         self.hidden = decoder.hidden
         self.logits = decoder.logits
         self.packed_bytes = decoder.packed_bytes  # its weight copies (Engine.describe reports)
         self.attention = attention
+        self.graph_support = attention.graph_support
 
 
 def cpu_kernels_ready(device: torch.device) -> bool:
@@ -147,9 +156,7 @@ def _cpp_step(req: PathRequest) -> ForwardPath | None:
     decoder = FusedDecoder.build(req.model, req.kv_caches)
     if decoder is None:
         return None
-    return CppStepPath(
-        decoder, AttentionBackend.for_model(req.model, req.kv_caches, AttentionKernel.CPP)
-    )
+    return CppStepPath(decoder, CppAttentionBackend.for_model(req.model, req.kv_caches))
 
 
 def _pytorch_cpu(req: PathRequest) -> ForwardPath:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from models import pointwise, triton_kernels
-from models.attention import AttentionMetadata, KVCache, paged_attention, write_kv
+from models.attention import AttentionMetadata, KVCache, paged_attention, write_step_kv
 
 
 class RMSNorm(nn.Module):
@@ -226,7 +226,7 @@ class PagedSelfAttention(nn.Module):
         cache: KVCache,
     ) -> torch.Tensor:
         """Stores k/v at their slots, attends over the cache: [T, H * D] (before o_proj)."""
-        write_kv(cache, k, v, meta.slot_mapping, use_triton=meta.use_triton)
+        write_step_kv(cache, k, v, meta)
         return paged_attention(q, cache, meta, self.scale).reshape(-1, self.q_size)
 
 

@@ -27,8 +27,8 @@ from engine.sampling import sampler as sampler_module
 from engine.sampling import sampling_batch
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from models.attention import AttentionKernel
-from models.attention_backend import AttentionBackend, GraphSupport
+from models.attention_backend import GraphSupport
+from models.triton_attention.backend import TritonAttentionBackend
 
 aten = torch.ops.aten
 _DATA_DEPENDENT = {
@@ -200,7 +200,7 @@ class _StubPath:
 
     def __init__(self, vocab: int, hidden: int, block_size: int) -> None:
         cpu = torch.device("cpu")
-        self.attention = AttentionBackend(AttentionKernel.TRITON, 1, block_size, None, cpu)
+        self.attention = TritonAttentionBackend(1, block_size, None, cpu)
         gen = torch.Generator().manual_seed(0)
         self.embed = torch.randn(vocab, hidden, generator=gen)
         self.head = torch.randn(hidden, vocab, generator=gen)

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from models.attention import (
-    AttentionKernel,
     AttentionMetadata,
     paged_attention,
     reference_attention,
     write_kv,
 )
+from models.attention_backend import CppAttentionBackend
 
 HEAD_DIM = 16
 
@@ -27,7 +27,7 @@ def run_case(
     block_size: int,
     cases: list[tuple[int, int]],
     window,
-    kernel: AttentionKernel = AttentionKernel.BLOCKS,
+    cpp: bool = False,
     device: torch.device | str = "cpu",
 ):
     """cases: (cached prefix length, new tokens) per sequence. Inputs are drawn on the CPU and
@@ -59,8 +59,11 @@ def run_case(
         full_k.append(k)
         full_v.append(v)
         qs.append(torch.randn(new, num_heads, HEAD_DIM))
+    # the C++ paged attention's backend, or none: the PyTorch key-block attention
+    group = num_heads // kv_heads
+    backend = CppAttentionBackend(group, block_size, window, torch.device(device)) if cpp else None
     meta = AttentionMetadata.build(
-        tables, seq_lens, query_lens, block_size, device, window, kernel=kernel
+        tables, seq_lens, query_lens, block_size, device, window, backend=backend
     )
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, cases, strict=True)]).to(device)
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, cases, strict=True)]).to(device)
@@ -90,7 +93,7 @@ def test_paged_equals_reference_mixed_batch(
         block_size=4,
         cases=cases,
         window=window,
-        kernel=AttentionKernel.CPP if kernel else AttentionKernel.BLOCKS,
+        cpp=kernel,
         device="cpu" if kernel else device,  # the C++ kernel is CPU-only by nature
     )
 
@@ -100,8 +103,7 @@ def test_paged_equals_reference_mixed_batch(
 def test_paged_equals_reference_across_block_sizes(block_size: int, kernel: bool, device) -> None:
     cases = [(0, 20), (19, 1), (5, 12)]
     dev = "cpu" if kernel else device
-    chosen = AttentionKernel.CPP if kernel else AttentionKernel.BLOCKS
-    run_case(6, 2, block_size, cases=cases, window=None, kernel=chosen, device=dev)
+    run_case(6, 2, block_size, cases=cases, window=None, cpp=kernel, device=dev)
 
 
 def test_row_plan_gives_each_token_its_sequence_table_and_context() -> None:

@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 import torch
 
-from models.attention import AttentionKernel, reference_attention
-from models.attention_backend import AttentionBackend
+from models.attention import reference_attention
+from models.triton_attention.backend import TritonAttentionBackend
 from models.triton_attention.paged_attention import triton_paged_attention
 from models.triton_attention.tile_plan import DECODE_SPLITS, SPLIT_MAX_ROWS, decode_splits
 from models.triton_attention.tile_step import KEY_TILE
@@ -93,7 +93,7 @@ def test_only_decode_only_steps_of_a_few_rows_split() -> None:
 
 @pytest.mark.parametrize("split", [True, False])
 def test_eager_and_captured_decode_steps_follow_the_same_rule(split) -> None:
-    backend = AttentionBackend(AttentionKernel.TRITON, 4, 16, None, torch.device("cpu"), split)
+    backend = TritonAttentionBackend(4, 16, None, torch.device("cpu"), split)
     want = DECODE_SPLITS if split else 0
     eager = backend.build([[0], [1]], [5, 9], [1, 1])
     assert eager.tile_plan(4).decode_splits == want
