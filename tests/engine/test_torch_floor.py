@@ -19,6 +19,7 @@ TORCH_ABOVE_THE_RUNNER = frozenset(
         "engine.decoding.beam_search",
         "engine.engine",
         "engine.request_state",
+        "engine.sampling.grammar_masker",
         "engine.sampling.inverse_cdf",
         "engine.sampling.logits_processors",
         "engine.sampling.sampler",
