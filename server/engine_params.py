@@ -54,7 +54,7 @@ def to_api_error(exc: ValueError, api_fields: Mapping[str, str] | None = None) -
     param = (api_fields or {}).get(exc.field, exc.field)
     # Most engine messages open with the engine's field name ("max_tokens must be at least 1"):
     # the API's name takes its place rather than repeating it after a prefix.
-    if exc.message.startswith(f"{exc.field} "):
+    if exc.message.startswith((f"{exc.field} ", f"{exc.field}: ")):  # "x: ..." stays one "x:"
         return ApiError(400, param + exc.message[len(exc.field) :], param=param)
     return ApiError(400, f"{param}: {exc.message}", param=param)
 

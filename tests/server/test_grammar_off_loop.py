@@ -82,6 +82,10 @@ def test_health_answers_while_the_worst_grammars_compile(server):
         error = answer.json()["error"]
         assert error["param"] in ("guided_choice", "guided_grammar")
         assert "panic" not in answer.text and "backtrace" not in answer.text
+        assert error["message"].startswith(error["param"] + ": ")
+        assert (
+            "structured_output" not in error["message"]
+        )  # the engine's name, said once as the API's
     assert beside["choices"][0]["text"] == solo["choices"][0]["text"]
     assert len(latencies) > 20
     latencies.sort()
