@@ -1,6 +1,6 @@
 """A prompt at the context limit completes, on the C++ path the CPU serves with (issue 46: on
 a 2-core AVX2 host a prompt at the default model's 8,192-token limit did not answer within
-120 s): a 2,044-token prompt on a tiny Llama whose limit is 2,048 tokens, prefilled in chunks
+120 s): a 1,020-token prompt on a tiny Llama whose limit is 1,024 tokens, prefilled in chunks
 against its growing cached context (the attention's long-context path, every chunk's rows
 grouped over the same keys), then decoded to the limit. Oracle: transformers' greedy tokens
 in float64 on the same folder; and nothing leaks.
@@ -17,7 +17,7 @@ from tests.checkpoints import make_hf_model, save_checkpoint
 from tests.devices import selected_device
 from tests.engine.engine_fixtures import assert_no_leaks, random_prompts, tiny_engine
 
-LIMIT = 2048  # the checkpoint's max_position_embeddings and the engine's max_model_len
+LIMIT = 1024  # the checkpoint's max_position_embeddings and the engine's max_model_len
 NEW = 4
 
 
@@ -28,7 +28,7 @@ def test_a_prompt_at_the_context_limit_completes_with_transformers_tokens(tmp_pa
         folder,
         max_model_len=LIMIT,
         kv_cache_memory_bytes=32_000_000,
-        max_num_batched_tokens=512,  # 4 chunks, the later ones over up to 1,536 cached keys
+        max_num_batched_tokens=256,  # 4 chunks, the later ones over up to 768 cached keys
         block_size=16,
     )
     assert CppStepPath.description in engine.runner.description, engine.runner.description
