@@ -19,9 +19,15 @@ class Int8Linear(nn.Module):
         super().__init__()
         weight = linear.weight.detach().float()  # [out, in]
         scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # [out]
-        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer(
+            "weight_int8", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        )
         self.register_buffer("scale", scale.to(linear.weight.dtype))
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.bias = (
+            None
+            if linear.bias is None
+            else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        )
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,9 @@ class WeightLoader:
             with torch.no_grad():
                 dest.copy_(tensor)
             filled[target] = filled.get(target, 0) + (dest.shape[0] if dest.dim() else 1)
-        missing = [n for n, p in self.params.items() if filled.get(n, 0) < (p.shape[0] if p.dim() else 1)]
+        missing = [
+            n for n, p in self.params.items() if filled.get(n, 0) < (p.shape[0] if p.dim() else 1)
+        ]
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise ValueError(f"checkpoint is missing {len(missing)} tensor(s): {shown}")
