@@ -11,13 +11,16 @@ an `ApiError(400)` whose `param` is the API's name for the engine's `InvalidRequ
 opens with it (TGI's error body has no `param`), read from the attribute, never the message.
 `fault_spec` maps the tests' `fault` field (`FaultFields`, engine/faults.py): a 400 naming it
 unless `allowed` (--enable-fault-injection). `schema_text` checks a JSON schema given as text
-(a 400 when it is not JSON or is nested past Python's parser, ~1000 levels); `structured(kind,
+(a 400 when it is not JSON or nests arrays / objects deeper than MAX_JSON_DEPTH, 512: an explicit
+bound, since the interpreter's recursion limit is a process-wide setting any library may raise);
+`structured(kind,
 value, field)` is the engine's StructuredOutput, or a 400 naming `field` (e.g. over 1 MiB).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,9 +112,29 @@ def fault_spec(fault: FaultFields | None, allowed: bool) -> FaultSpec | None:
         raise ApiError(400, str(exc), param="fault") from None
 
 
+MAX_JSON_DEPTH = 512  # arrays / objects in a schema given as text; real schemas nest < 50
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def nests_too_deeply(text: str) -> bool:
+    """Whether JSON text nests arrays / objects past MAX_JSON_DEPTH (brackets inside strings
+    ignored); linear, the scanning done by `re` (a 1 MiB text in milliseconds)."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return False  # too few brackets to nest that deep: no scan
+    depth = 0
+    for bracket in _BRACKET.finditer(_JSON_STRING.sub("", text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            return True
+    return False
+
+
 def schema_text(value: dict[str, Any] | bool | str, field: str) -> str:
     """A schema given as an object or as JSON text, as JSON text (the engine checks it)."""
     if isinstance(value, str):
+        if nests_too_deeply(value):
+            raise ApiError(400, f"{field} nests deeper than {MAX_JSON_DEPTH} levels", param=field)
         try:
             json.loads(value)
         except json.JSONDecodeError as exc:

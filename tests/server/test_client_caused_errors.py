@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 
 import httpx
 import pytest
 
+from server.engine_params import MAX_JSON_DEPTH, nests_too_deeply
 from server.serve import exposure_warning
 from server.settings import Settings
 from tests.server.fake_engine import FakeEngine
@@ -65,6 +67,32 @@ def test_json_text_nested_past_the_parser_is_a_400_naming_its_field(server, text
     assert answer.json()["error"]["param"] == "guided_json"
     tgi = {"inputs": "hi", "parameters": {"grammar": {"type": "json", "value": text}}}
     assert _post(server, "/generate", tgi).status_code == 422
+
+
+def test_the_depth_bound_holds_whatever_the_interpreters_recursion_limit(server):
+    """Another library raising the process's recursion limit (the whole suite's run did) once let
+    1,500 levels parse and compile: the bound is tgserve's own."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        answer = _post(server, "/v1/completions", {"prompt": "hi", "guided_json": DEEP_OBJECT})
+    finally:
+        sys.setrecursionlimit(limit)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "guided_json"
+
+
+@pytest.mark.parametrize(
+    ("text", "deep"),
+    [
+        ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), True),
+        ("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH, False),
+        ('{"a": "' + "[" * 2000 + '"}', False),  # brackets inside a string nest nothing
+        ('{"a": "\\"' + "[" * 600 + '", "b": 1}', False),  # an escaped quote stays in the string
+        ("[" * 300 + "{}" * 400 + "]" * 300, False),  # many brackets, shallow
+    ],
+)
+def test_nesting_depth_counts_only_the_brackets_outside_strings(text, deep):
+    assert nests_too_deeply(text) is deep
 
 
 def test_a_client_gone_while_sending_its_body_is_an_info_line_not_an_error(server, caplog):
