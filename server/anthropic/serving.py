@@ -26,6 +26,7 @@ from engine import RequestOutput
 from server.anthropic.blocks import BlockStream, message_blocks, message_body, stop_reason
 from server.anthropic.convert import API_FIELDS, conversation, message_params, tool_plan
 from server.anthropic.protocol import ConversationFields, CountTokensRequest, MessagesRequest
+from server.chat.delta_stream import message_deltas
 from server.chat.output import ChatOutputFormat
 from server.chat.render import ChatRenderer, RenderedPrompt
 from server.errors import ApiError, read_body
@@ -88,22 +89,17 @@ class MessagesServing:
         yield sse_event("message_start", {"type": "message_start", "message": start})
         yield sse_event("ping", {"type": "ping"})
         reader, blocks = fmt.stream(), BlockStream()
-        chars = tokens = 0
-        async with aclosing(stream) as outputs:  # closed early: the engine request is aborted
-            async for output in outputs:
-                out = output.outputs[0]
-                new = out.unseen(chars, tokens)
-                chars, tokens = out.text_end, out.num_tokens
-                if output.error is not None or out.finish_reason == "abort":
-                    error = {"type": "api_error", "message": output.error or "aborted"}
+        tokens = 0
+        async with aclosing(message_deltas(stream, reader)) as batches:
+            async for batch in batches:
+                if batch.failed:
+                    error = {"type": "api_error", "message": batch.error or "aborted"}
                     yield sse_event("error", {"type": "error", "error": error})
                     return
-                deltas = reader.feed(new.text) if new.text else []
-                if out.finish_reason is not None:
-                    deltas += reader.finish(out.finish_reason)
-                for kind, data in blocks.feed(deltas):
+                for kind, data in blocks.feed(batch.deltas):
                     yield sse_event(kind, data)
-                if out.finish_reason is not None:
+                out, tokens = batch.out, batch.out.num_tokens
+                if batch.finished:
                     reason = stop_reason(out.finish_reason, out.stop_reason, reader.made_calls)
                     stop = out.stop_reason if reason == "stop_sequence" else None
         for kind, data in blocks.close():

@@ -27,6 +27,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import CompletionOutput, RequestOutput
+from server.chat.delta_stream import message_deltas
 from server.chat.output import ChatOutputFormat
 from server.chat.render import ChatRenderer
 from server.errors import ApiError, read_body
@@ -146,23 +147,17 @@ class ResponsesServing:
         yield event("response.created", {"response": shell})
         yield event("response.in_progress", {"response": shell})
         reader, items = fmt.stream(), ItemStream()
-        chars = tokens = 0
-        async with aclosing(stream) as outputs:  # closed early: the engine request is aborted
-            async for output in outputs:
-                out = output.outputs[0]
-                new = out.unseen(chars, tokens)
-                chars, tokens = out.text_end, out.num_tokens
-                if output.error is not None or out.finish_reason == "abort":
-                    message = output.error or "the request was aborted before it finished"
+        async with aclosing(message_deltas(stream, reader)) as batches:
+            async for batch in batches:
+                if batch.failed:
+                    message = batch.error or "the request was aborted before it finished"
                     yield event(
                         "error", {"code": "engine_error", "message": message, "param": None}
                     )
                     return
-                deltas = reader.feed(new.text) if new.text else []
-                if out.finish_reason is not None:
-                    deltas += reader.finish(out.finish_reason)
-                for kind, fields in items.feed(deltas):
+                for kind, fields in items.feed(batch.deltas):
                     yield event(kind, fields)
+                out = batch.out
         for kind, fields in items.close():
             yield event(kind, fields)
         body = _finished(shell, items.items, out, prompt_tokens)
