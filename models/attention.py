@@ -53,6 +53,9 @@ class AttentionMetadata:
     block_size: int = 16
     sliding_window: int | None = None
     backend: AttentionForward | None = None  # what built it (None: key-block attention)
+    # [num_tokens] int64: each new token's LoRA adapter slot, -1 for the base model; None when
+    # no row of the step uses an adapter (models/lora/bank.py).
+    lora_rows: torch.Tensor | None = None
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _blocks: BlockPlan | None = field(default=None, init=False, repr=False)
     _tiles: TilePlan | None = field(default=None, init=False, repr=False)

@@ -18,6 +18,7 @@ tested against the PyTorch code here; elsewhere that code runs, unchanged.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +26,13 @@ from torch import nn
 
 from models import pointwise, triton_kernels
 from models.attention import AttentionMetadata, KVCache, paged_attention, write_step_kv
+
+# A projection's LoRA: (its input [T, K], its output [T, N]) -> output + the adapters' deltas.
+LoraApply = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def with_lora(lora: LoraApply | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return y if lora is None else lora(x, y)
 
 
 class RMSNorm(nn.Module):
@@ -144,15 +152,20 @@ class GatedMLP(nn.Module):
         self.intermediate = intermediate
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        # LoRA adapters' (x, y) -> y + delta per projection (models/lora/bank.py), or None.
+        self.gate_up_lora: LoraApply | None = None
+        self.down_lora: LoraApply | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        gate_up = with_lora(self.gate_up_lora, x, self.gate_up_proj(x))  # [T, 2 * intermediate]
         if triton_kernels.enabled(gate_up):
             from models.triton_kernels.silu_mul import silu_mul
 
-            return self.down_proj(silu_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(pointwise.silu(gate) * up)
+            act = silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            act = pointwise.silu(gate) * up
+        return with_lora(self.down_lora, act, self.down_proj(act))
 
 
 class GeluMLP(nn.Module):
@@ -202,12 +215,15 @@ class PagedSelfAttention(nn.Module):
         # Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before rotary.
         self.q_norm = None if qk_norm_eps is None else RMSNorm(head_dim, qk_norm_eps)
         self.k_norm = None if qk_norm_eps is None else RMSNorm(head_dim, qk_norm_eps)
+        self.qkv_lora: LoraApply | None = None  # models/lora/bank.py, when adapters are on
+        self.o_lora: LoraApply | None = None
 
     def project(
         self, x: torch.Tensor, rope: Rope | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> q [T, H, D], k [T, KVH, D], v [T, KVH, D]."""
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = with_lora(self.qkv_lora, x, self.qkv_proj(x))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -228,6 +244,10 @@ class PagedSelfAttention(nn.Module):
         """Stores k/v at their slots, attends over the cache: [T, H * D] (before o_proj)."""
         write_step_kv(cache, k, v, meta)
         return paged_attention(q, cache, meta, self.scale).reshape(-1, self.q_size)
+
+    def out(self, attn_out: torch.Tensor) -> torch.Tensor:
+        """The out projection (with its LoRA when adapters are on): [T, q] -> [T, hidden]."""
+        return with_lora(self.o_lora, attn_out, self.o_proj(attn_out))
 
 
 class DecoderBlock(nn.Module):

@@ -9,6 +9,7 @@ Contract: `forward(input_ids[T], positions[T], meta, kv_caches) -> hidden[T, hid
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +26,9 @@ from models.layers import (
     embedding,
 )
 from models.weights import WeightLoader
+
+if TYPE_CHECKING:
+    from models.lora.bank import LoraBank
 
 
 class LlamaDecoderLayer(DecoderBlock):
@@ -52,7 +56,7 @@ class LlamaDecoderLayer(DecoderBlock):
         return self.self_attn.project(self.input_layernorm(x), rope)
 
     def dense_out(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        normed, x = self.post_attention_layernorm.add_and_norm(self.self_attn.o_proj(attn_out), x)
+        normed, x = self.post_attention_layernorm.add_and_norm(self.self_attn.out(attn_out), x)
         return x + self.mlp(normed)
 
 
@@ -71,6 +75,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lora_bank: LoraBank | None = None  # adapters' slots (LoraBank.attach sets it)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -91,6 +96,8 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
+        if self.lora_bank is not None:  # each row's adapter slot, read by every projection
+            self.lora_bank.begin_step(meta.lora_rows)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope = self.model.rotary_emb(positions, x.dtype)
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):

@@ -29,10 +29,16 @@ class PagedDriver:
         self.lens.append(0)
         return len(self.tables) - 1
 
-    def step(self, new_tokens: dict[int, list[int]], fused=None) -> dict[int, torch.Tensor]:
+    def step(
+        self,
+        new_tokens: dict[int, list[int]],
+        fused=None,
+        adapters: dict[int, int] | None = None,
+    ) -> dict[int, torch.Tensor]:
         """Feeds new tokens for some sequences in ONE forward; returns logits [n, V] per seq.
         With `fused` (a FusedDecoder or a forward path over self.kv), the step runs through it
-        (a path's metadata built by its attention backend)."""
+        (a path's metadata built by its attention backend). `adapters`: a sequence's LoRA slot
+        (models/lora), put on every one of its rows (-1, the base model, for the others)."""
         ids, positions, tables, seq_lens, query_lens = [], [], [], [], []
         for seq, toks in new_tokens.items():
             start = self.lens[seq]
@@ -57,6 +63,9 @@ class PagedDriver:
                 self.device,
                 sliding_window=self.model.config.sliding_window,
             )
+        if adapters is not None:
+            slots = [adapters.get(seq, -1) for seq, toks in new_tokens.items() for _ in toks]
+            meta.lora_rows = torch.tensor(slots, dtype=torch.int64, device=self.device)
         ids_t = torch.tensor(ids, device=self.device)
         positions_t = torch.tensor(positions, device=self.device)
         with torch.inference_mode():
