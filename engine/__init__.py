@@ -11,6 +11,7 @@ own rules for what `device="auto"` / `dtype="auto"` become and a dtype's size, a
 out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_request` returns
 a `Request`, which an engine of one's own (the tests' fake engine) builds too. `EncoderLayout`
 says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold);
+`KVTierConfig` / `kv_tier_config` the K/V tiers behind the pool (engine/kv_tiers: RAM, disk);
 `GenerationDefaults` what a model folder's generation_config.json asks of unset fields;
 `warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
 start-up, the benchmark after loading); `fake_device_engine` an engine with no model whose
@@ -29,6 +30,7 @@ from engine.errors import (
     Overloaded,
     QueueFullError,
 )
+from engine.kv_tiers.config import KVTierConfig, kv_tier_config
 from engine.requests.fault_spec import FaultSpec
 from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import (
@@ -72,6 +74,7 @@ __all__ = [
     "FaultSpec",
     "GenerationDefaults",
     "InvalidRequest",
+    "KVTierConfig",
     "OutputAccumulator",
     "Overloaded",
     "QueueFullError",
@@ -87,6 +90,7 @@ __all__ = [
     "TokenLogprob",
     "dtype_bytes",
     "fake_device_engine",
+    "kv_tier_config",
     "resolve_device",
     "resolve_dtype_name",
     "serves_blocks_as_stored",

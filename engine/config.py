@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.kv_tiers.config import KVTierConfig
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -78,6 +79,8 @@ class EngineConfig:
     batch_invariant: bool = False
     # Speculative decoding (engine/speculative/config.py): None decodes one token per step.
     speculative: SpeculativeConfig | None = None
+    # K/V tiers behind the pool (engine/kv_tiers: RAM, disk); None: the pool alone.
+    kv_tiers: KVTierConfig | None = None
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:
@@ -167,6 +170,10 @@ class EngineConfig:
         positive_int("tensor_parallel_size", self.tensor_parallel_size, "1 runs in one process")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
+        if self.kv_tiers is not None and not isinstance(self.kv_tiers, KVTierConfig):
+            raise ValueError(f"kv_tiers must be a KVTierConfig, got {self.kv_tiers!r}")
+        if self.kv_tiers is not None and self.tensor_parallel_size > 1:
+            raise ValueError("kv_offload_* tiers need tensor_parallel_size 1 (whole KV blocks)")
         quantized = self.quantization or self.activation_quantization
         if self.tensor_parallel_size > 1 and (quantized or self.compile):
             raise ValueError(

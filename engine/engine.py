@@ -51,6 +51,7 @@ from engine.speculative.draft import DraftProposer
 from engine.speculative.speculator import Speculator, grammar_jobs
 from engine.stats import EngineStats, StepTimings
 from engine.step_update import StepUpdate
+from engine.tier_hooks import close_tiers, schedule_step, tier_stats
 
 log = logging.getLogger("tgserve.engine")
 
@@ -175,9 +176,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
         start = time.perf_counter()
-        if self.runner.between_requests(self._idle):  # it changed how it runs
-            self.scheduler.block_manager.forget_cached_blocks()
-        sched = self.scheduler.schedule()
+        sched = schedule_step(self.scheduler, self.runner, self._idle)  # tier_hooks.py
         scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
         self._num_steps += 1
         outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
@@ -196,8 +195,7 @@ class Engine:
         return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
 
     def _idle(self) -> bool:
-        """No live request (preempted too) has K/V cached or tokens out: only then may the runner
-        change how it runs (kernel_switch.py; so cached prefixes, the old way's K/V, go too)."""
+        """No live request has K/V or tokens out: the runner may change how it runs now."""
         return not any(
             seq.num_computed_tokens or seq.num_output_tokens
             for state in self._states.values()
@@ -289,6 +287,7 @@ class Engine:
             cpu_kernels_active=self.runner.forward_path.attention_kernel,
             speculation=self.speculator.counters.snapshot() if self.speculator else None,
             grammar_cache_bytes=self.grammars.cache_bytes_held if self.grammars else 0,
+            kv_tiers=tier_stats(self.scheduler.block_manager),
         )
 
     def watch_failures(self, on_failure: Callable[[str], None]) -> None:
@@ -296,5 +295,6 @@ class Engine:
         self.runner.watch_failures(on_failure)
 
     def close(self) -> None:
-        """Stops the other tensor-parallel ranks (no-op without TP); on the engine's thread."""
+        """K/V tier writes land, other tensor-parallel ranks stop (if any); engine's thread."""
+        close_tiers(self.scheduler.block_manager)
         self.runner.close()

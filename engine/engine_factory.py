@@ -61,9 +61,16 @@ def build_engine(
             workers.stop(timeout=5.0)
         raise
     runner, model_config = built.runner, built.model_config
+    tiers = {}  # K/V tiers behind the pool (engine/kv_tiers): strong chained keys
+    if config.kv_tiers is not None and config.enable_prefix_caching:
+        from engine.kv_tiers.keys import chained_block_hash
+        from engine.kv_tiers.open_store import open_tier_store
+
+        store = open_tier_store(config, path, tokenizer, built, random_weights)
+        tiers = {"hash_fn": chained_block_hash, "tiers": store} if store else {}
     scheduler = Scheduler(
         config,
-        BlockManager(built.num_blocks, config.block_size, config.enable_prefix_caching),
+        BlockManager(built.num_blocks, config.block_size, config.enable_prefix_caching, **tiers),
         built.max_model_len,
     )
     eos = tuple(

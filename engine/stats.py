@@ -11,6 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+from engine.kv_tiers.tier_stats import TierStats
 from engine.scheduling.step_cost import StepCostModel
 from engine.scheduling.step_plan import SchedulerOutput
 from engine.speculative.counters import SpeculationStats
@@ -101,6 +102,8 @@ class EngineStats:
     speculation: SpeculationStats | None = None
     # Estimated bytes of the compiled grammars kept for reuse (engine/sampling/grammar_cache.py).
     grammar_cache_bytes: int = 0
+    # The K/V tiers behind the pool: hits and bytes per tier (engine/kv_tiers; None: off).
+    kv_tiers: TierStats | None = None
 
     @property
     def kv_cache_usage(self) -> float:

@@ -164,6 +164,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("grammar_compile_timeout", _positive_float, "seconds a grammar may compile (400)"),
     Option("grammar_cache_bytes", parse_size, "compiled grammars kept, in bytes (LRU)"),
     Option("disable_prefix_caching", _bool, "turn prefix caching off", flag_is_switch=True),
+    Option("kv_offload_dir", str, "disk tier of evicted K/V blocks", default="none"),
+    Option("kv_offload_bytes", parse_size, "disk K/V tier bound (LRU)", default="16GiB"),
+    Option("kv_offload_ram_bytes", parse_size, "RAM tier of evicted K/V blocks", default="1GiB"),
     Option(
         "disable_cpu_kernels",
         _bool,

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> NoReturn:
-    from engine import EngineConfig, speculative_config  # pure Python; torch loads lazily
+    from engine import EngineConfig, kv_tier_config, speculative_config  # pure Python
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> NoReturn:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,
         "batch_invariant": settings.batch_invariant,
+        "kv_tiers": kv_tier_config(
+            settings.kv_offload_ram_bytes, settings.kv_offload_dir, settings.kv_offload_bytes
+        ),
         "speculative": speculative_config(
             settings.speculative,
             settings.num_speculative_tokens,

@@ -47,6 +47,9 @@ class Settings:
     grammar_compile_timeout: float = 10.0
     grammar_cache_bytes: int = 512 * 1024 * 1024
     disable_prefix_caching: bool = False
+    kv_offload_dir: str | None = None  # K/V tiers behind the pool (engine/kv_tiers)
+    kv_offload_bytes: int | None = None
+    kv_offload_ram_bytes: int | None = None
     disable_cpu_kernels: bool = False
     dequantize: bool = False
     tensor_parallel_size: int = 1

@@ -18,6 +18,9 @@ Contract (pure Python, no torch):
   registered the sequence switches to it and its own copy is released (dedup). `match_prefix`
   returns the longest confirmed chain of cached blocks for a token list, leaving at least one token
   uncomputed so the model still produces logits.
+- K/V tiers (`tiers`; engine/scheduling/tier_bridge.py): evicted registered blocks are copied
+  out to them, and a hit continues past the pool into them (`PrefixMatch.tier_blocks`: fresh
+  blocks filled before the forward); `prefetch` / `is_loading`; the engine takes the step's copies.
 - Usage figures: `usage()`; prefix-cache queries and hits are counted in TOKENS, once per
   admission (queried = the sequence's tokens, hits = tokens served from the cache).
 - `check_invariants()` re-derives every ref count from the tables; tests call it.
@@ -25,18 +28,22 @@ Contract (pure Python, no torch):
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from engine.requests.request import TokenSequence
+from engine.scheduling.block_invariants import check_block_invariants
 from engine.scheduling.prefix_cache import HashFn, PrefixCache, block_hash
+from engine.scheduling.tier_bridge import TierBridge, TierIndex
 
 
 @dataclass(frozen=True)
 class PrefixMatch:
     block_ids: tuple[int, ...]  # cached blocks holding the first len(block_ids) full blocks
-    num_tokens: int  # tokens they hold (len(block_ids) * block_size)
+    num_tokens: int  # tokens they and tier_blocks hold (a multiple of block_size)
     num_queried_tokens: int  # tokens of the sequence that was looked up
+    tier_blocks: tuple[Any, ...] = ()  # the next blocks, held by a K/V tier (RAM)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         hash_fn: HashFn = block_hash,
+        tiers: TierIndex | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
@@ -73,6 +81,8 @@ class BlockManager:
         self._ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._cache = PrefixCache(hash_fn)
+        on = tiers is not None and enable_prefix_caching
+        self.tiers = TierBridge(tiers, hash_fn) if on else None
         self._seqs: dict[TokenSequence, _SeqState] = {}
         self._queries = 0
         self._hits = 0
@@ -106,16 +116,32 @@ class BlockManager:
     def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
         """Longest chain of cached blocks equal to the start of `token_ids`; no side effects."""
         found: list[int] = []
-        if self.enable_prefix_caching:
-            parent = None
-            bs = self.block_size
-            for i in range((len(token_ids) - 1) // bs):  # keep >= 1 token to compute
-                entry = self._cache.lookup(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-                if entry is None:
-                    break
-                found.append(entry.block_id)
-                parent = entry
-        return PrefixMatch(tuple(found), len(found) * self.block_size, len(token_ids))
+        parent, tier = None, ()
+        blocks = self._full_blocks(token_ids) if self.enable_prefix_caching else []
+        for tokens in blocks:
+            if (entry := self._cache.lookup(parent, tokens)) is None:
+                break
+            found.append(entry.block_id)
+            parent = entry
+        if self.tiers is not None:  # the chain goes on in the tiers
+            tier = self.tiers.extend(parent.hash if parent else None, blocks[len(found) :])
+        num = (len(found) + len(tier)) * self.block_size
+        return PrefixMatch(tuple(found), num, len(token_ids), tier)
+
+    def _full_blocks(self, token_ids: list[int]) -> list[tuple[int, ...]]:
+        bs = self.block_size  # keep >= 1 token to compute
+        return [tuple(token_ids[i * bs : (i + 1) * bs]) for i in range((len(token_ids) - 1) // bs)]
+
+    def prefetch(self, seq: TokenSequence) -> None:
+        """A new sequence: starts reading the blocks of its prefix the disk tier holds."""
+        if self.tiers is not None:
+            match = self.match_prefix(seq.token_ids)
+            last = self._cache.entry(match.block_ids[-1]) if match.block_ids else None
+            rest = self._full_blocks(seq.token_ids)[len(match.block_ids) :]
+            self.tiers.prefetch(seq, last.hash if last else None, rest)
+
+    def is_loading(self, seq: TokenSequence) -> bool:
+        return self.tiers is not None and self.tiers.is_loading(seq)
 
     def blocks_to_admit(self, matches: list[PrefixMatch], num_tokens: list[int]) -> int:
         """Free-pool blocks `admit` takes: parked hits leave the pool, plus fresh blocks."""
@@ -145,7 +171,10 @@ class BlockManager:
             self._seqs[seq] = _SeqState(num_registered=len(match.block_ids))
             self._queries += match.num_queried_tokens
             self._hits += match.num_tokens
-        for seq, n in zip(seqs, num_tokens, strict=True):
+        for seq, n, match in zip(seqs, num_tokens, matches, strict=True):
+            for block in match.tier_blocks:  # filled from the tier before the forward
+                seq.block_table.append(self._take_block())
+                self.tiers.load(seq.block_table[-1], block)
             while len(seq.block_table) < self.blocks_for(n):
                 seq.block_table.append(self._take_block())
 
@@ -207,6 +236,8 @@ class BlockManager:
                 self._release(seq.block_table.pop())
             if not keep:
                 del self._seqs[seq]
+        if not keep and self.tiers is not None:
+            self.tiers.forget(seq)
 
     def mark_computed(self, seq: TokenSequence) -> None:
         """Registers the sequence's full computed blocks in the prefix cache (after a step)."""
@@ -238,7 +269,7 @@ class BlockManager:
         For a change of forward path: K/V computed by the old one must not serve a prefix."""
         count = 0
         while self._cache.num_parked:
-            self._free.append(self._cache.evict_lru())
+            self._free.append(self._cache.evict_lru().block_id)
             count += 1
         return count
 
@@ -246,7 +277,10 @@ class BlockManager:
         if self._free:
             b = self._free.popleft()
         elif self._cache.num_parked:
-            b = self._cache.evict_lru()
+            entry = self._cache.evict_lru()
+            b = entry.block_id
+            if self.tiers is not None:  # its K/V goes to the tiers before it is reused
+                self.tiers.evicted(entry)
         else:
             raise RuntimeError("out of KV blocks; the scheduler must check before allocating")
         self._ref[b] = 1
@@ -261,40 +295,5 @@ class BlockManager:
                 self._free.append(b)
 
     def check_invariants(self) -> None:
-        """Raises AssertionError if the bookkeeping is inconsistent (used by tests)."""
-        counts = Counter(b for seq in self._seqs for b in seq.block_table)
-        for b in range(self.num_blocks):
-            if self._ref[b] != counts[b]:
-                raise AssertionError(
-                    f"block {b}: ref count {self._ref[b]} but {counts[b]} table references"
-                )
-        free, parked = set(self._free), set(self._cache.parked_blocks())
-        if len(free) != len(self._free):
-            raise AssertionError("a block is on the free list twice")
-        if free & parked or (free | parked) & set(counts):
-            raise AssertionError("a block is both free and referenced (or free and parked)")
-        if len(free) + len(parked) + len(counts) != self.num_blocks:
-            raise AssertionError("some block is neither free, parked nor referenced")
-        if any(self._cache.entry(b) is not None for b in free):
-            raise AssertionError("a truly free block is still registered in the prefix cache")
-        if any(self._cache.entry(b) is None for b in parked):
-            raise AssertionError("a parked block is not registered in the prefix cache")
-        for seq, state in self._seqs.items():
-            table = seq.block_table
-            if len(set(table)) != len(table):
-                raise AssertionError(f"sequence {seq.seq_id} holds a block twice")
-            if len(table) < self.blocks_for(seq.num_computed_tokens):
-                raise AssertionError(f"sequence {seq.seq_id}: table does not cover computed tokens")
-            full = seq.num_computed_tokens // self.block_size
-            for idx, b in enumerate(table):
-                entry = self._cache.entry(b)
-                if entry is not None and (
-                    idx >= full
-                    or entry.tokens
-                    != tuple(seq.token_ids[idx * self.block_size : (idx + 1) * self.block_size])
-                ):
-                    raise AssertionError(
-                        f"sequence {seq.seq_id}: cached block {b} at {idx} does not hold its tokens"
-                    )
-            if any(self._cache.entry(b) is None for b in table[: state.num_registered]):
-                raise AssertionError(f"sequence {seq.seq_id}: a registered block lost its entry")
+        """Raises AssertionError if the bookkeeping is inconsistent (block_invariants.py)."""
+        check_block_invariants(self, self._ref, self._free, self._cache, self._seqs)

@@ -102,9 +102,10 @@ class PrefixCache:
         """A lookup hit reuses a parked block."""
         del self._parked[block_id]
 
-    def evict_lru(self) -> int:
-        """Forgets the least recently parked block and returns its id (now truly free)."""
+    def evict_lru(self) -> CacheEntry:
+        """Forgets the least recently parked block and returns its entry (the block is now
+        truly free; the entry says what it held, for the K/V tiers)."""
         block_id, _ = self._parked.popitem(last=False)
         entry = self._by_block.pop(block_id)
         del self._by_hash[entry.hash]
-        return block_id
+        return entry

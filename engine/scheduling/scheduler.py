@@ -97,6 +97,8 @@ class Scheduler:
                 f"{self.config.max_queued_requests}); retry later"
             )
         self._queues.add(request)
+        for seq in request.seqs:  # K/V tiers: its prefix may be read from disk meanwhile
+            self.block_manager.prefetch(seq)
 
     def abort(self, request: Request) -> None:
         """Aborts at the next `schedule()`; finished or unknown requests are ignored."""

@@ -15,6 +15,7 @@ A builder serves one step.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
@@ -154,7 +155,8 @@ class StepBuilder:
         ]
         candidates = PrefillCandidates(
             partials=partials,
-            waiting=[] if self.preempted else list(queues.waiting),  # freed blocks: running first
+            # After a preemption nobody: its freed blocks go to the running first.
+            waiting=[] if self.preempted else self._admissible(queues.waiting),
             arrival=queues.arrival,
             free_seats=self.config.max_num_seqs - queues.running_seq_slots,
             prefix_match=self._prefix_match,
@@ -170,6 +172,13 @@ class StepBuilder:
         for allot in admits:
             if not self._admit(allot):
                 return  # nobody overtakes a request that waits for blocks
+
+    def _admissible(self, waiting: Iterable[Request]) -> list[Request]:
+        """The waiting requests but those whose prefix a K/V tier is still reading from disk."""
+        if self.block_manager.tiers is None:
+            return list(waiting)
+        loading = self.block_manager.is_loading
+        return [r for r in waiting if not any(loading(s) for s in r.seqs)]
 
     def _admit(self, allot: Allot) -> bool:
         bm, request = self.block_manager, allot.request

@@ -27,6 +27,7 @@ from prometheus_client import (
 
 from engine import FINISH_REASONS
 from server.metrics.engine_collectors import EngineStatsCollector, SchedulerCollector
+from server.metrics.kv_tiers import KVTierCollector
 from server.metrics.request_timer import RequestFamilies, RequestTimer
 from server.metrics.router_gauges import RouterGaugesCollector
 from server.metrics.speculation import SpeculationCollector
@@ -48,6 +49,7 @@ class ServerMetrics:
         if vllm_compatible:
             self.registry.register(RouterGaugesCollector(stats_source))
         self.registry.register(SpeculationCollector(stats_source))  # only while speculating
+        self.registry.register(KVTierCollector(stats_source))  # only with K/V tiers
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...
 
     def bind_model(self, name: str) -> None:

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.errors",
             "engine.config",
             "engine.speculative.config",  # held by EngineConfig
+            "engine.kv_tiers.config",  # held by EngineConfig
             "engine.host_transfer",
         ),
     ),
@@ -48,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.encoder_layout",
             "engine.encdec_runner",
             "engine.fake_device",
+            "engine.kv_tiers",  # the K/V tiers behind the pool, and their copies
         ),
     ),
     ("requests", ("engine.requests",)),
@@ -73,6 +75,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.engine_inbox",
             "engine.engine_loop",
             "engine.async_engine",
+            "engine.tier_hooks",
         ),
     ),
 )

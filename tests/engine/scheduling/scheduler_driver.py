@@ -40,10 +40,16 @@ class Driver:
         block_size: int = 4,
         max_model_len: int = 512,
         cost_model=None,
+        tiers=None,
         **cfg,
     ):
         self.config = EngineConfig(block_size=block_size, **cfg)
-        self.bm = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching)
+        prefix = self.config.enable_prefix_caching
+        if tiers is not None:  # a fake K/V tier store (test_tier_bridge.py) over these slots
+            self.bm = BlockManager(num_blocks, block_size, prefix, tiers.hash_fn, tiers)
+        else:
+            self.bm = BlockManager(num_blocks, block_size, prefix)
+        self.tiers = tiers
         self.sched = Scheduler(self.config, self.bm, max_model_len, cost_model)
         self.bs = block_size
         self.slots: list[list[tuple[int, int] | None]] = [
@@ -83,6 +89,8 @@ class Driver:
     def step(self) -> SchedulerOutput:
         waiting = self.waiting_keys()
         out = self.sched.schedule()
+        if self.tiers is not None:  # as the engine does before the forward
+            self.tiers.transfer(self.slots, self.bm.tiers.take_moves())
         self.outputs.append(out)
         assert out.num_batched_tokens <= self.config.max_num_batched_tokens
         assert len(out.chunks) <= self.config.max_num_seqs

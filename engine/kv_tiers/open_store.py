@@ -1,0 +1,58 @@
+"""Opening the K/V tiers for an engine being built: its namespace and its `TierStore`.
+
+Contract: `open_tier_store(config, path, tokenizer, built, random_weights)` returns the store
+for `config.kv_tiers` over the runner's KV cache, under the namespace of what decides the K/V
+bytes (keys.py): the model's identity (its resolved path, and the name, size and modification
+time of its files, so weights replaced in place are a new model; a random-weights shape its
+config and seed), the weight and activation quantization, the tokenizer, the dtype, the KV
+cache dtype, the forward path and the tgserve version. None when the runner holds no local KV
+cache (tensor parallel: every rank holds a shard; tiers are refused there by the config).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.kv_tiers.keys import TierNamespace, tgserve_version
+from engine.kv_tiers.tier_store import TierStore
+
+
+def model_identity(path: Path, random_weights: dict[str, Any] | None, seed: int) -> str:
+    if random_weights is not None:
+        shape = json.dumps(random_weights, sort_keys=True, default=str)
+        return f"random:{path.name}:{hashlib.sha256(shape.encode()).hexdigest()}:seed={seed}"
+    path = path.resolve()
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    stamps = []
+    for f in files:
+        st = f.stat()
+        stamps.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return f"{path}|" + hashlib.sha256("\n".join(stamps).encode()).hexdigest()
+
+
+def open_tier_store(
+    config: EngineConfig,
+    path: Path,
+    tokenizer: Any,
+    built: Any,  # engine.runner_factory.BuiltRunner
+    random_weights: dict[str, Any] | None,
+) -> TierStore | None:
+    kv_caches = getattr(built.runner, "kv_caches", None)
+    if config.kv_tiers is None or not kv_caches:
+        return None
+    model = model_identity(path, random_weights, config.seed)
+    quant = f"q={config.quantization},aq={config.activation_quantization},deq={config.dequantize}"
+    tok = "none" if tokenizer is None else f"{type(tokenizer).__name__}:{tokenizer.vocab_size}"
+    namespace = TierNamespace(
+        model=f"{model}|{quant}",
+        tokenizer=tok,
+        dtype=built.dtype_name,
+        kv_dtype=str(kv_caches[0][0].dtype),
+        forward_path=built.runner.forward_path.description,
+        version=tgserve_version(),
+    )
+    return TierStore(config.kv_tiers, namespace, kv_caches)

@@ -1,0 +1,157 @@
+"""TierStore: the RAM and disk tiers behind the pool, and the copies between them and the pool.
+
+Contract (the block manager's `TierIndex`, engine/scheduling/block_manager.py, plus the copies):
+- `lookup(key, tokens)`: the block held in the RAM tier under that key and those tokens, or
+  None. Only RAM blocks are served: a disk block is read, checked and staged in RAM by
+  `prefetch` first, so a hit the scheduler counts can never turn out corrupt later.
+- `prefetch(chain)`: for a request's `(key, tokens)` chain (its blocks past the pool's hit),
+  starts reading the run of blocks found on disk into the RAM tier on the store's worker thread
+  and returns its future (None when nothing needs reading). The scheduler holds the request
+  back until it is done, so the reads overlap other requests' steps instead of stalling them.
+- `transfer(kv_caches, moves)` runs on the engine's thread before a forward: first the pool
+  blocks evicted since the last step (`moves.saves`: block id, key, tokens) are copied out into
+  the RAM tier (and queued for the disk tier on the worker, written through so a restart finds
+  them), then the RAM blocks given to admitted sequences (`moves.loads`) are copied into their
+  pool blocks. In that order: an evicted block may be handed out and filled in the same step.
+- `set_forward_path(name)`: K/V of another forward path is not this one's (they agree to
+  rounding only): the namespace changes and the RAM tier is emptied.
+- `stats()`: hits and bytes per tier. `flush()` waits for queued disk writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from engine.kv_tiers.config import KVTierConfig
+from engine.kv_tiers.disk_tier import DiskTier
+from engine.kv_tiers.keys import TierNamespace
+from engine.kv_tiers.moves import TierMoves
+from engine.kv_tiers.ram_tier import RamBlock, RamTier
+from engine.kv_tiers.tier_stats import TierStats
+
+log = logging.getLogger("tgserve.engine")
+
+Chain = list[tuple[int, tuple[int, ...]]]  # (block key, block tokens), first block first
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer [num_blocks, bs, heads, dim]
+
+
+class TierStore:
+    def __init__(self, config: KVTierConfig, namespace: TierNamespace, kv_caches: KVCaches) -> None:
+        k0 = kv_caches[0][0]
+        self.block_shape = (len(kv_caches), 2, *k0.shape[1:])  # [layers, K/V, bs, heads, dim]
+        self.dtype = k0.dtype
+        self.namespace = namespace
+        self.ram = RamTier(config.ram_limit)
+        self.disk = DiskTier(config.disk_dir, config.disk_limit) if config.disk_dir else None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="tgserve-kv-tier")
+        self._writes: list[Future] = []
+        self._prefetches: list[Future] = []
+        self._lock = threading.Lock()
+        self._saved = 0
+
+    # ----- the scheduler's side (pure data) --------------------------------------------------
+    def lookup(self, key: int, tokens: tuple[int, ...]) -> RamBlock | None:
+        return self.ram.get(key, tokens)
+
+    def count_hit(self, block: RamBlock) -> None:
+        self.ram.count_hit(block)
+
+    def prefetch(self, chain: Chain) -> Future | None:
+        if self.disk is None:
+            return None
+        namespace, todo = self.namespace, []
+        for key, tokens in chain:
+            if key in self.ram:
+                continue
+            if not self.disk.has(namespace, key):
+                break
+            todo.append((key, tokens))
+        if not todo:
+            return None
+        future = self._worker.submit(self._read_run, namespace, todo)
+        with self._lock:
+            self._prefetches = [f for f in self._prefetches if not f.done()] + [future]
+        return future
+
+    def wait_for_prefetches(self, timeout: float) -> None:
+        """Blocks up to `timeout` s for the reads in flight (an engine with nothing else to do)."""
+        with self._lock:
+            pending = [f for f in self._prefetches if not f.done()]
+        for future in pending:
+            try:
+                future.result(timeout)
+            except Exception:  # a timeout, or a read failure already logged by the worker
+                return
+
+    # ----- the engine's side (device copies) -------------------------------------------------
+    def transfer(self, kv_caches: KVCaches, moves: TierMoves) -> None:
+        if moves.saves:
+            self._save([b for b, _, _ in moves.saves], moves, kv_caches)
+        if moves.loads:
+            device = kv_caches[0][0].device
+            ids = torch.tensor([b for b, _ in moves.loads], dtype=torch.int64, device=device)
+            kv = torch.stack([block.kv for _, block in moves.loads]).to(device)  # [N, L, 2, ...]
+            for layer, (k_cache, v_cache) in enumerate(kv_caches):
+                k_cache.index_copy_(0, ids, kv[:, layer, 0])
+                v_cache.index_copy_(0, ids, kv[:, layer, 1])
+
+    def _save(self, block_ids: list[int], moves: TierMoves, kv_caches: KVCaches) -> None:
+        ids = torch.tensor(block_ids, dtype=torch.int64, device=kv_caches[0][0].device)
+        out = torch.empty((len(block_ids), *self.block_shape), dtype=self.dtype)
+        for layer, (k_cache, v_cache) in enumerate(kv_caches):
+            out[:, layer, 0] = k_cache[ids].cpu()
+            out[:, layer, 1] = v_cache[ids].cpu()
+        for i, (_, key, tokens) in enumerate(moves.saves):
+            kv = out[i].clone()  # its own storage: the RAM tier counts and frees it alone
+            self.ram.put(key, tokens, kv)
+            if self.disk is not None:
+                future = self._worker.submit(self.disk.write, self.namespace, key, tokens, kv)
+                with self._lock:
+                    self._writes = [f for f in self._writes if not f.done()] + [future]
+        self._saved += len(block_ids)
+
+    def _read_run(self, namespace: TierNamespace, todo: Chain) -> int:
+        """On the worker: reads blocks in chain order into RAM; stops at the first bad one."""
+        assert self.disk is not None
+        for count, (key, tokens) in enumerate(todo):
+            kv = self.disk.read(namespace, key, tokens, self.block_shape, self.dtype)
+            if kv is None or namespace != self.namespace:
+                return count
+            self.ram.put(key, tokens, kv)
+        return len(todo)
+
+    # ----- lifetime and figures --------------------------------------------------------------
+    def set_forward_path(self, forward_path: str) -> None:
+        if forward_path != self.namespace.forward_path:
+            self.namespace = dataclasses.replace(self.namespace, forward_path=forward_path)
+            self.ram.clear()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending = list(self._writes)
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        self.flush()
+        self._worker.shutdown(wait=True)
+
+    def stats(self) -> TierStats:
+        disk = self.disk
+        return TierStats(
+            ram_hits=self.ram.hits,
+            ram_hit_bytes=self.ram.bytes_read,
+            ram_bytes=self.ram.bytes_held,
+            ram_blocks=len(self.ram),
+            disk_hits=disk.hits if disk else 0,
+            disk_hit_bytes=disk.bytes_read if disk else 0,
+            disk_bytes=disk.bytes_held if disk else 0,
+            disk_written_bytes=disk.bytes_written if disk else 0,
+            disk_rejected=disk.rejected if disk else 0,
+            saved_blocks=self._saved,
+        )
