@@ -20,6 +20,7 @@ from models.encdec.t5 import T5ForConditionalGeneration
 from models.gpt2 import GPT2LMHeadModel
 from models.linear_backend import pin_mkl_code_path
 from models.llama import LlamaForCausalLM
+from models.moe.model import MoeForCausalLM
 
 pin_mkl_code_path()  # before any GEMM: MKL reads it once (models/linear_backend.py)
 
@@ -28,6 +29,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "gpt2": GPT2LMHeadModel,
     "t5": T5ForConditionalGeneration,  # encoder-decoders: models/encdec
     "bart": BartForConditionalGeneration,
+    "moe": MoeForCausalLM,  # Mixtral, Qwen3-MoE, Qwen2-MoE: models/moe
 }
 
 

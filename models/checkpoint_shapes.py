@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from models.config import ModelConfig
+from models.moe.shapes import moe_mlp_shapes
 
 Shape = tuple[int, ...]
 
@@ -50,6 +51,9 @@ def _llama_shapes(c: ModelConfig) -> tuple[dict[str, Shape], set[str]]:
             "mlp.up_proj.weight": (i, h),
             "mlp.down_proj.weight": (h, i),
         }
+        if c.moe is not None:  # a mixture-of-experts layer: its MLP is models/moe/shapes.py's
+            layer = {k: s for k, s in layer.items() if not k.startswith("mlp.")}
+            layer |= moe_mlp_shapes(c, n)
         required |= {p + k for k in layer}
         biases: dict[str, Shape] = {
             "self_attn.q_proj.bias": (q,),

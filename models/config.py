@@ -2,7 +2,8 @@
 config.json dict (GGUF metadata is mapped to the same dict by the loader).
 
 Contract: `ModelConfig.from_hf_dict(d)` accepts the config.json of LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense) and GPT2LMHeadModel, and of the
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense), the mixture-of-experts MixtralForCausalLM, Qwen3MoeForCausalLM and
+Qwen2MoeForCausalLM (models/moe/config.py: their experts in `moe`) and GPT2LMHeadModel, and of the
 encoder-decoders T5ForConditionalGeneration, BartForConditionalGeneration and
 MBartForConditionalGeneration (models/encdec/config.py: the decoder's shape here, the rest in
 `encoder_decoder`), and raises `ValueError` naming the architecture for anything else. The dataclass is frozen; nothing computed at run time is
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.encdec.config import EncoderDecoderConfig, encoder_decoder_fields
+from models.moe.config import MoeConfig, moe_config
 
 # HF architecture name -> our model family (the registry key in models/__init__.py).
 ARCHITECTURE_FAMILIES: dict[str, str] = {
@@ -26,6 +28,10 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "T5ForConditionalGeneration": "t5",
     "BartForConditionalGeneration": "bart",
     "MBartForConditionalGeneration": "bart",
+    # mixture-of-experts decoders (models/moe)
+    "MixtralForCausalLM": "moe",
+    "Qwen3MoeForCausalLM": "moe",
+    "Qwen2MoeForCausalLM": "moe",
 }
 
 
@@ -40,7 +46,7 @@ def _as_id_tuple(value: Any) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str  # the HF class name, e.g. "LlamaForCausalLM"
-    family: str  # "llama" | "gpt2" | "t5" | "bart"
+    family: str  # "llama" | "moe" | "gpt2" | "t5" | "bart"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -60,6 +66,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     encoder_decoder: EncoderDecoderConfig | None = None  # T5 / BART: the encoder and generation
+    moe: MoeConfig | None = None  # mixture-of-experts decoders: experts, routing, sparse layers
     # generation_config.json as the folder ships it (models/generation_config.py); {}: none
     generation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -102,7 +109,7 @@ class ModelConfig:
         heads = d["num_attention_heads"]
         sliding = d.get("sliding_window")
         # Qwen configs carry a sliding_window value but only apply it when use_sliding_window is set.
-        qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+        qwen = arch.startswith("Qwen")
         if qwen and not d.get("use_sliding_window", False):
             sliding = None
         return cls(
@@ -122,12 +129,15 @@ class ModelConfig:
             ),
             rope_scaling=_rope_scaling(d),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            sliding_window=sliding,
-            qk_norm=arch == "Qwen3ForCausalLM",
+            attention_bias=bool(
+                d.get("attention_bias", d.get("qkv_bias", arch.startswith("Qwen2")))
+            ),
+            sliding_window=sliding or None,
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             hidden_act=d.get("hidden_act", "silu"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_tuple(d.get("eos_token_id")),
+            moe=moe_config(d, arch),
         )
 
 
@@ -151,5 +161,8 @@ def _guess_architecture(model_type: str | None) -> str:
         "t5": "T5ForConditionalGeneration",
         "bart": "BartForConditionalGeneration",
         "mbart": "MBartForConditionalGeneration",
+        "mixtral": "MixtralForCausalLM",
+        "qwen2_moe": "Qwen2MoeForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
     }
     return by_type.get(model_type or "", str(model_type))

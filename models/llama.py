@@ -108,6 +108,10 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.weight_loader().load(weights)
+
+    def weight_loader(self) -> WeightLoader:
+        """The name map from checkpoint tensors to this model's (fused) parameters."""
         c = self.config
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         loader = WeightLoader(self)
@@ -120,4 +124,4 @@ class LlamaForCausalLM(nn.Module):
         if c.tie_word_embeddings:
             loader.ignore("lm_head.weight")
         loader.ignore_suffix("rotary_emb.inv_freq")
-        loader.load(weights)
+        return loader

@@ -25,6 +25,27 @@ _LLAMA_COMMON = dict(
     pad_token_id=0,
 )
 
+# Mixture-of-experts checkpoints (models/moe): 8 experts, top-2 / top-4, with Qwen3-MoE's
+# dense first layer (mlp_only_layers) and Qwen2-MoE's shared expert and qkv bias.
+_MOE_COMMON = dict(
+    _LLAMA_COMMON,
+    hidden_size=64,  # 4 heads of 16
+    intermediate_size=80,
+    num_attention_heads=4,
+    initializer_range=0.1,  # weights large enough that a wrong expert or weight shows
+)
+_MOE = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=48)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32,
+                       norm_topk_prob=True, mlp_only_layers=[0], head_dim=24)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=48, norm_topk_prob=False)),
+}  # fmt: skip
+MOE_ARCHITECTURES = tuple(_MOE)
+
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
 
 
@@ -62,6 +83,9 @@ def make_hf_model(arch: str, seed: int = 0, **overrides):
     elif arch == "mistral":
         config = tf.MistralConfig(**{**_LLAMA_COMMON, "sliding_window": 8, **overrides})
         cls = tf.MistralForCausalLM
+    elif arch in _MOE:
+        config_cls, cls = (getattr(tf, name) for name in _MOE[arch][:2])
+        config = config_cls(**{**_MOE_COMMON, **_MOE[arch][2], **overrides})
     elif arch == "gpt2":
         config = tf.GPT2Config(
             **{
@@ -81,6 +105,13 @@ def make_hf_model(arch: str, seed: int = 0, **overrides):
         raise ValueError(arch)
     config._attn_implementation = "eager"
     model = cls(config).eval()
+    if arch in _MOE:  # Qwen routers start at zero (every expert tied): make routing decisive
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                    param.normal_(0, 1.0)
+                elif name.endswith("proj.bias"):
+                    param.normal_(0, 0.5)
     if arch == "qwen2":  # random init leaves biases at zero; make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:

@@ -104,8 +104,8 @@ class FusedDecoder:
     def build(cls, model: nn.Module, kv_caches: list[KVCache]) -> FusedDecoder | None:
         from models.llama import LlamaForCausalLM
 
-        if not isinstance(model, LlamaForCausalLM):
-            return None
+        if not isinstance(model, LlamaForCausalLM) or model.config.moe is not None:
+            return None  # mixture-of-experts layers (models/moe) run their own expert kernels
         dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None
