@@ -16,6 +16,9 @@ says how an encoder-decoder request lays out its tokens (what `max_model_len` mu
 `warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
 start-up, the benchmark after loading); `fake_device_engine` an engine with no model whose
 steps take a fixed device time (engine/fake_device.py: the host's share of a step, measured).
+`Cluster` says which machines a tensor-parallel group spans (`leader_engine(model_path,
+config, cluster, progress)`, Engine.from_model's equal, on rank 0's machine;
+`serve_follower_node(model_path, cluster)` on each other one).
 """
 
 from engine.api import EngineCore, EngineInfo
@@ -31,6 +34,7 @@ from engine.errors import (
     QueueFullError,
 )
 from engine.kv_tiers.config import KVTierConfig, kv_tier_config
+from engine.parallel.cluster import Cluster
 from engine.requests.fault_spec import FaultSpec
 from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import (
@@ -61,6 +65,7 @@ __all__ = [
     "MAX_N",
     "MAX_STOP_STRINGS",
     "AsyncEngine",
+    "Cluster",
     "CompletionOutput",
     "Engine",
     "EngineConfig",
@@ -93,6 +98,8 @@ __all__ = [
     "kv_tier_config",
     "resolve_device",
     "resolve_dtype_name",
+    "leader_engine",
+    "serve_follower_node",
     "serves_blocks_as_stored",
     "speculative_config",
     "warm_up",
@@ -112,6 +119,17 @@ def __getattr__(name: str):
         from engine.engine_factory import fake_device_engine
 
         return partial(fake_device_engine, Engine)
+    if name == "leader_engine":  # Engine.from_model on rank 0 of a group over machines
+        from functools import partial
+
+        from engine.engine import Engine
+        from engine.engine_factory import leader_engine
+
+        return partial(leader_engine, Engine)
+    if name == "serve_follower_node":  # a machine of a group that does not hold rank 0
+        from engine.parallel.follower import serve_follower_node
+
+        return serve_follower_node
     if name == "serves_blocks_as_stored":  # imports torch: loaded on first use, as Engine
         from engine.runner_factory import serves_blocks_as_stored
 

@@ -1,8 +1,9 @@
 """Building an Engine from a model path and an EngineConfig: load the tokenizer, build the
 runner (engine/runner_factory.py: weights, KV cache), wire runner and scheduler.
 
-With `tensor_parallel_size` N > 1 this process is rank 0: it starts ranks 1..N-1
-(engine/parallel/workers.py), joins their process group, and every rank builds its runner the
+With `tensor_parallel_size` N > 1 this process is rank 0: it starts the other ranks of its
+machine (engine/parallel/workers.py; other machines' ranks join it, `cluster`), joins their
+process group, and every rank builds its runner the
 same way (`build_runner`: load the one set of model files, keep its shard, size its KV cache;
 the number of blocks is the smallest any rank can hold). Only rank 0 has a scheduler.
 `random_weights` (a config.json dict) builds that shape with seeded random weights instead
@@ -31,8 +32,11 @@ def build_engine(
     progress: bool,
     random_weights: dict[str, Any] | None = None,
     tokenizer=None,
+    cluster=None,
 ):
-    """`tokenizer`: with `random_weights` only, one to use (the random shape has no files)."""
+    """`tokenizer`: with `random_weights` only, one to use (the random shape has no files);
+    `cluster`: the machines a tensor-parallel group spans (engine/parallel/cluster.py; None:
+    this one)."""
     from models.default_model import default_model_path
     from models.tokenizer import load_tokenizer
 
@@ -44,7 +48,12 @@ def build_engine(
     if config.tensor_parallel_size > 1:
         from engine.parallel.workers import start_ranks
 
-        workers, group = start_ranks(str(path), config)
+        workers, group = start_ranks(str(path), config, cluster)
+    elif cluster is not None and cluster.nnodes > 1:
+        raise ValueError(
+            f"--nnodes {cluster.nnodes} splits the model's ranks over machines: give "
+            "--tensor-parallel-size (all ranks, a multiple of --nnodes)"
+        )
     try:
         try:
             if random_weights is None:
@@ -100,6 +109,11 @@ def build_engine(
 
         draft = build_draft(config, runner.vocab_size)
     return cls(runner, scheduler, tokenizer, config, name, eos, draft=draft)
+
+
+def leader_engine(cls, model_path: str | None, config: EngineConfig, cluster, progress: bool):
+    """`cls.from_model` on rank 0 of a group whose ranks `cluster` places over machines."""
+    return build_engine(cls, model_path, config, progress, cluster=cluster)
 
 
 def fake_device_engine(

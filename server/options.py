@@ -186,6 +186,33 @@ OPTIONS: tuple[Option, ...] = (
         "torch.distributed: gloo on CPU, NCCL on CUDA",
     ),
     Option(
+        "nnodes",
+        int,
+        "machines the --tensor-parallel-size ranks are split over (equal shares); each runs "
+        "`tgserve serve` with its --node-rank, and node 0 serves HTTP [or torchrun's variables]",
+        default="1",
+    ),
+    Option("node_rank", int, "this machine's index in [0, --nnodes)", default="0 (or NODE_RANK)"),
+    Option(
+        "master_addr",
+        str,
+        "address of node 0, whose rank 0 hosts the group's rendezvous",
+        default="127.0.0.1 (or MASTER_ADDR)",
+    ),
+    Option(
+        "master_port",
+        int,
+        "TCP port of the rendezvous on node 0 (open to every node)",
+        default="a free port with one node (or MASTER_PORT)",
+    ),
+    Option(
+        "dist_init_timeout",
+        _positive_float,
+        "seconds rank 0 waits for every node to join (then fails naming the missing ones), "
+        "and a node waits for rank 0",
+        default="120",
+    ),
+    Option(
         "enforce_eager",
         _bool,
         "on CUDA: run every step eagerly (else decode steps replay CUDA graphs captured at "

@@ -1,7 +1,9 @@
 """`tgserve serve`: build the engine config and the app, then run uvicorn with our own signals.
 
 Contract: `add_arguments(parser)` declares the flags (server/settings.py); `run(args)` serves
-until SIGTERM / SIGINT and ends the process with its exit code: 0 after a graceful drain (or a
+until SIGTERM / SIGINT and ends the process with its exit code (on a machine of a multi-node
+group that does not hold rank 0, `--node-rank` > 0 or torchrun's RANK > 0, it serves no HTTP:
+its ranks follow rank 0's steps, engine.serve_follower_node, until rank 0 stops them): 0 after a graceful drain (or a
 signal during start-up), 1 when the
 model failed to load or the engine loop died (the app's `on_fatal`, given at construction,
 sets a `FatalExit` the server polls: in-flight streams get their error events, then the process
@@ -35,7 +37,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -60,6 +62,20 @@ def run(args: argparse.Namespace) -> NoReturn:
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
         raise FileNotFoundError(missing_model_message(settings.model))
+    cluster = cluster_of(settings, os.environ)
+    if not cluster.is_leader:  # another machine's ranks: no HTTP, rank 0's settings
+        import engine
+
+        configure_logging(settings.log_level)
+        exit_now(engine.serve_follower_node(settings.model, cluster))
+    tensor_parallel_size = settings.tensor_parallel_size
+    if cluster.world_size is not None and tensor_parallel_size == 1:  # torchrun's WORLD_SIZE
+        tensor_parallel_size = cluster.world_size
+    if cluster.world_size not in (None, tensor_parallel_size):
+        raise ValueError(
+            f"--tensor-parallel-size {tensor_parallel_size} differs from torchrun's WORLD_SIZE "
+            f"{cluster.world_size} (one process per rank)"
+        )
     values = {
         "block_size": settings.block_size,
         "max_num_seqs": settings.max_num_seqs,
@@ -79,7 +95,7 @@ def run(args: argparse.Namespace) -> NoReturn:
         "cpu_kernels": not settings.disable_cpu_kernels,
         "cpu_kernels_background": True,  # answer at once on PyTorch ops while they build
         "dequantize": settings.dequantize,
-        "tensor_parallel_size": settings.tensor_parallel_size,
+        "tensor_parallel_size": tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,
         "batch_invariant": settings.batch_invariant,
         "kv_tiers": kv_tier_config(
@@ -99,13 +115,29 @@ def run(args: argparse.Namespace) -> NoReturn:
     config = EngineConfig(**values)
 
     def load_engine() -> Any:
-        from engine import Engine
+        from engine import leader_engine
 
         logger.info("loading %s", settings.model or "the default model (SmolLM2-135M-Instruct)")
-        return Engine.from_model(settings.model, config, progress=True)
+        return leader_engine(settings.model, config, cluster, progress=True)
 
     configure_logging(settings.log_level)
     return serve_engine(settings, load_engine, config.max_in_flight)  # the one admission rule
+
+
+def cluster_of(settings: Settings, environ: Mapping[str, str]) -> Any:
+    """The machines of the group (engine.Cluster): the flags, else torchrun's variables."""
+    from engine import Cluster
+
+    return Cluster.from_environ(
+        {
+            "nnodes": settings.nnodes,
+            "node_rank": settings.node_rank,
+            "master_addr": settings.master_addr,
+            "master_port": settings.master_port,
+            "init_timeout_s": settings.dist_init_timeout,
+        },
+        environ,
+    )
 
 
 # owner/name, as the Hugging Face hub spells a repository id

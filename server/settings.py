@@ -53,6 +53,11 @@ class Settings:
     disable_cpu_kernels: bool = False
     dequantize: bool = False
     tensor_parallel_size: int = 1
+    nnodes: int | None = None  # None: torchrun's variables, else 1 (engine's Cluster)
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    dist_init_timeout: float | None = None
     enforce_eager: bool = False
     batch_invariant: bool = False
     speculative: str | None = None

@@ -1,22 +1,28 @@
-"""Rank 0's side of the other ranks' processes: start them, watch them, stop them.
+"""The ranks' processes seen from the process that started them: start, watch, stop.
 
 Contract:
-- `start_ranks(model_path, config)` starts ranks 1..N-1 as `python -m
-  engine.parallel.worker_main` processes (the same interpreter and environment), joins their
-  process group as rank 0 (gloo on CPU, NCCL on CUDA, rendezvous on a free loopback port) and
-  returns (WorkerSet, ParallelGroup). If a rank never joins (it died starting), the
-  rendezvous fails after `RENDEZVOUS_TIMEOUT` and the ranks started are stopped.
-- `WorkerSet.watch(on_failure)`: a daemon thread calls `on_failure(reason)` once when a rank's
-  process exits while it was not asked to stop (rank 0 then fails /health and exits
-  non-zero, see AsyncEngine.kill); it notices within `POLL_SECONDS`.
-- `WorkerSet.stop(timeout)`: waits up to `timeout` for the ranks to exit (after the stop
-  message, `ParallelRank.close`), then SIGTERM... SIGKILL what is left: no orphan process.
-Each rank gets an equal share of the CPU cores as its thread count.
+- `start_ranks(model_path, config, cluster)` (rank 0): opens the rendezvous
+  (engine/parallel/membership.py: the config published for every rank), starts the other ranks
+  of its own node as `python -m engine.parallel.worker_main` processes (the same interpreter
+  and environment), waits for every rank of every node to check in (`RendezvousError` naming
+  the missing nodes after `cluster.init_timeout_s`; at once when a local rank's process dies
+  starting), joins the process group (gloo on CPU, NCCL on CUDA) and returns
+  (WorkerSet, ParallelGroup). On any failure the ranks it started are stopped.
+- `spawn_ranks(ranks, cluster, model_path, threads)`: those processes alone (a node other than
+  rank 0's starts the rest of its ranks with it).
+- `WorkerSet.watch(on_failure)`: a daemon thread calls `on_failure(reason)` once when a local
+  rank's process exits while it was not asked to stop, or a rank's heartbeat stops (a node
+  died or was cut off; rank 0 then fails /health and exits non-zero, see AsyncEngine.kill);
+  it notices within `POLL_SECONDS` (a heartbeat: `HEARTBEAT_TIMEOUT_S`).
+- `WorkerSet.stop(timeout)`: waits up to `timeout` for the local ranks to exit and every rank
+  to acknowledge the stop message (`ParallelRank.close` sends it), then SIGTERM... SIGKILL
+  what is left here: no orphan process.
+Each rank of a node gets an equal share of its CPU cores as its thread count.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import subprocess
@@ -24,29 +30,36 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from datetime import timedelta
+from dataclasses import replace
 
 import torch
 
 from engine.config import EngineConfig, resolve_device
+from engine.parallel.cluster import LOOPBACK, Cluster
+from engine.parallel.membership import Membership
 from models.parallel import ParallelGroup, free_port, init_group
 
 log = logging.getLogger("tgserve.engine")
 
 POLL_SECONDS = 0.5
-RENDEZVOUS_TIMEOUT = timedelta(minutes=2)
 
 
 class WorkerSet:
-    def __init__(self, procs: list[subprocess.Popen]) -> None:
-        self.procs = procs
+    def __init__(self, procs: dict[int, subprocess.Popen], members: Membership | None) -> None:
+        self.procs = procs  # rank -> its process, for the ranks this process started
+        self.members = members
         self._stopping = False
         self._watcher: threading.Thread | None = None
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
+        return [p.pid for p in self.procs.values()]
+
+    def dead(self) -> str | None:
+        for rank, proc in self.procs.items():
+            if (code := proc.poll()) is not None:
+                return f"tensor-parallel rank {rank} (pid {proc.pid}) exited with {code}"
+        return None
 
     def watch(self, on_failure: Callable[[str], None]) -> None:
         if self._watcher is not None:
@@ -54,13 +67,14 @@ class WorkerSet:
 
         def loop() -> None:
             while not self._stopping:
-                for rank, proc in enumerate(self.procs, start=1):
-                    code = proc.poll()
-                    if code is not None and not self._stopping:
-                        reason = f"tensor-parallel rank {rank} (pid {proc.pid}) exited with {code}"
-                        log.error("%s; the replica cannot go on", reason)
-                        on_failure(reason)
-                        return
+                reason = self.dead()
+                if reason is None and self.members is not None:
+                    with contextlib.suppress(Exception):  # the store is closing: stopping
+                        reason = self.members.stale()
+                if reason is not None and not self._stopping:
+                    log.error("%s; the replica cannot go on", reason)
+                    on_failure(reason)
+                    return
                 time.sleep(POLL_SECONDS)
 
         self._watcher = threading.Thread(target=loop, name="tgserve-ranks", daemon=True)
@@ -69,9 +83,14 @@ class WorkerSet:
     def stop(self, timeout: float) -> None:
         self._stopping = True
         end = time.monotonic() + timeout
-        for proc in self.procs:
+        for proc in self.procs.values():
             _wait(proc, max(0.0, end - time.monotonic()))
-        for proc in self.procs:
+        if self.members is not None and timeout > 0:
+            try:
+                self.members.await_stopped(max(0.1, end - time.monotonic()))
+            except Exception as exc:  # a rank on another node already gone, or stuck
+                log.warning("not every rank acknowledged the stop: %s", exc)
+        for proc in self.procs.values():
             if proc.poll() is None:
                 log.warning("rank pid %d did not stop in %.0fs; terminating it", proc.pid, timeout)
                 proc.terminate()
@@ -88,43 +107,58 @@ def _wait(proc: subprocess.Popen, timeout: float) -> bool:
         return False
 
 
-def start_ranks(model_path: str, config: EngineConfig) -> tuple[WorkerSet, ParallelGroup]:
+def node_threads(cluster: Cluster, world: int) -> int:
+    """Each rank of this node gets an equal share of its cores."""
+    return max(1, (os.cpu_count() or 1) // len(cluster.local_ranks(world)))
+
+
+def spawn_ranks(
+    ranks: list[int], cluster: Cluster, model_path: str, threads: int
+) -> dict[int, subprocess.Popen]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    flags = {
+        "--master-addr": cluster.master_addr,
+        "--master-port": cluster.master_port,
+        "--nnodes": cluster.nnodes,
+        "--node-rank": cluster.node_rank,
+        "--init-timeout": cluster.init_timeout_s,
+        "--model": model_path,
+        "--threads": threads,
+    }
+    argv = [sys.executable, "-m", "engine.parallel.worker_main"]
+    argv += [str(x) for item in flags.items() for x in item]
+    return {rank: subprocess.Popen([*argv, "--rank", str(rank)], env=env) for rank in ranks}
+
+
+def start_ranks(
+    model_path: str, config: EngineConfig, cluster: Cluster | None = None
+) -> tuple[WorkerSet, ParallelGroup]:
     world = config.tensor_parallel_size
+    cluster = cluster or Cluster()
+    if cluster.master_port is None:  # one node: a free loopback port
+        cluster = replace(cluster, master_addr=LOOPBACK, master_port=free_port())
+    cluster.check_world(world)
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    port = free_port()
-    threads = max(1, (os.cpu_count() or 1) // world)
-    env = dict(os.environ)
+    threads = node_threads(cluster, world)
     if device.type == "cpu":
-        torch.set_num_threads(threads)  # rank 0 too: the ranks share the cores
-        env["OMP_NUM_THREADS"] = str(threads)
-    settings = json.dumps(asdict(config))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "engine.parallel.worker_main",
-                "--rank",
-                str(rank),
-                "--world",
-                str(world),
-                "--port",
-                str(port),
-                "--model",
-                model_path,
-                "--config",
-                settings,
-                "--threads",
-                str(threads),
-            ],
-            env=env,
+        torch.set_num_threads(threads)  # rank 0 too: the node's ranks share its cores
+    members = Membership.lead(cluster, world, config)
+    local = cluster.local_ranks(world)[1:]
+    workers = WorkerSet(spawn_ranks(local, cluster, model_path, threads), members)
+    if local:
+        log.info("tensor parallel: started ranks %s (pids %s)", local, workers.pids)
+    if cluster.nnodes > 1:
+        log.info(
+            "waiting up to %.0fs for %d node(s) to join at %s",
+            cluster.init_timeout_s,
+            cluster.nnodes - 1,
+            members.address,
         )
-        for rank in range(1, world)
-    ]
-    workers = WorkerSet(procs)
-    log.info("tensor parallel: started ranks 1..%d (pids %s)", world - 1, workers.pids)
     try:
-        group = init_group(0, world, port, device, RENDEZVOUS_TIMEOUT)
+        members.await_joined(workers.dead)
+        group = init_group(
+            0, world, 0, device, store=members.store, master_addr=cluster.master_addr
+        )
     except BaseException:
         workers.stop(timeout=0.0)
         raise

@@ -2,8 +2,9 @@
 code uses.
 
 Contract: `init_group(rank, world, port, device)` joins a torch.distributed group on loopback
-(gloo on CPU, NCCL on CUDA; rank 0 hosts the rendezvous at `port`, see `free_port`) and
-returns a `ParallelGroup`: `all_reduce(t)` sums in place over the ranks (a row-parallel
+(gloo on CPU, NCCL on CUDA; rank 0 hosts the rendezvous at `port`, see `free_port`), or
+through a `store` the caller opened at `master_addr` (ranks on several hosts: gloo then binds
+to the interface that reaches `master_addr`, see `bind_gloo_towards`), and returns a `ParallelGroup`: `all_reduce(t)` sums in place over the ranks (a row-parallel
 layer's partial products, the vocabulary-parallel embedding), `gather_columns(t, width)` puts
 every rank's [R, <= width] block side by side on every rank, `broadcast(t)` copies rank 0's
 tensor to all, `all_reduce_min(n)` agrees on the smallest of an int. Every rank must call the same collectives in the same order. A dead peer makes
@@ -12,9 +13,11 @@ a pending collective raise (gloo sees the closed connection), never hang silentl
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
+import struct
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,6 +71,39 @@ class ParallelGroup:
             dist.destroy_process_group()
 
 
+def bind_gloo_towards(master_addr: str) -> None:
+    """Makes gloo listen on the interface this host reaches `master_addr` through.
+
+    Why: gloo binds by default to the address the host name resolves to, and falls back to
+    loopback; on a host whose name resolves elsewhere (a network namespace, a container with a
+    foreign /etc/hosts) the other hosts could never connect. gloo reads its interface from
+    GLOO_SOCKET_IFNAME when the group is made, so it is set here, unless already given.
+    """
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_addr, 9))  # UDP: picks the route, sends nothing
+        local = probe.getsockname()[0]
+    if local.startswith("127."):
+        return  # one host: gloo's default (loopback) reaches every rank
+    for _, name in socket.if_nameindex():
+        if _ipv4_of(name) == local:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+
+
+def _ipv4_of(interface: str) -> str | None:
+    siocgifaddr = 0x8915  # Linux: an interface's IPv4 address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(
+                s.fileno(), siocgifaddr, struct.pack("256s", interface[:15].encode())
+            )
+        except OSError:  # no IPv4 address on it
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
 def exit_rank(code: int) -> None:
     """Ends a rank's process now, skipping the interpreter's finalization (never returns).
 
@@ -90,13 +126,23 @@ def init_group(
     port: int,
     device: torch.device,
     rendezvous_timeout: timedelta = COLLECTIVE_TIMEOUT,
+    *,
+    store: dist.Store | None = None,
+    master_addr: str = "127.0.0.1",
+    local_rank: int | None = None,
 ) -> ParallelGroup:
-    """Joins the group; rank 0 waits at most `rendezvous_timeout` for the others to arrive."""
+    """Joins the group; rank 0 waits at most `rendezvous_timeout` for the others to arrive.
+    `local_rank`: the rank's index on its own host (its CUDA device; default `rank`)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", rank if local_rank is None else local_rank)
         torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=rendezvous_timeout)
+    else:
+        bind_gloo_towards(master_addr)
+    if store is None:
+        store = dist.TCPStore(
+            master_addr, port, world, is_master=rank == 0, timeout=rendezvous_timeout
+        )
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
     )

@@ -1,0 +1,190 @@
+"""Membership: who is in a parallel group, through the rendezvous store every rank reaches.
+
+Contract (the store is a torch.distributed TCPStore at the cluster's master address; rank 0
+hosts it unless torchrun's agent does):
+- rank 0: `Membership.lead(cluster, world, config)` opens the store and publishes the engine
+  config (every other rank builds its runner from it: one set of settings per group);
+  `await_joined(alive)` waits until every rank checked in, and raises `RendezvousError`
+  naming the nodes (and their ranks) still missing after `cluster.init_timeout_s` (or at once,
+  naming the rank, when `alive()` reports a local rank's process dead);
+  `stale()` names a rank whose heartbeat stopped for `HEARTBEAT_TIMEOUT_S` (None while all
+  beat); `await_stopped(timeout)` waits for every rank's acknowledgement of the stop message.
+- rank > 0: `Membership.join(cluster, rank)` connects (retrying until the init timeout: start
+  order is free), reads the config and checks in; `start_heartbeat()` beats every
+  `HEARTBEAT_S` from a daemon thread, and ends this process with exit code 1 and a logged
+  reason if rank 0's store is gone (rank 0 died: nothing would ever send a step again);
+  `mark_stopped()` acknowledges the stop message (after it the heartbeat's failure is none).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from engine.config import EngineConfig
+from engine.parallel.cluster import Cluster
+from engine.speculative.config import SpeculativeConfig
+
+log = logging.getLogger("tgserve.engine")
+
+HEARTBEAT_S = 1.0
+HEARTBEAT_TIMEOUT_S = 10.0  # a rank silent this long is gone (a step's wait is not silence)
+_CONFIG = "tgserve/config"
+
+
+class RendezvousError(RuntimeError):
+    """The group could not be formed: which nodes or ranks are missing, and why."""
+
+
+class Membership:
+    def __init__(self, store: dist.Store, cluster: Cluster, world: int, rank: int) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.world = world
+        self.rank = rank
+        self._stopping = False
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (last beat, when it changed)
+
+    @property
+    def address(self) -> str:
+        return f"{self.cluster.master_addr}:{self.cluster.master_port}"
+
+    # ----- rank 0 ---------------------------------------------------------------------------
+    @classmethod
+    def lead(cls, cluster: Cluster, world: int, config: EngineConfig) -> Membership:
+        store = _open_store(cluster, is_master=not cluster.agent_store)
+        store.set(_CONFIG, json.dumps({"nnodes": cluster.nnodes, "engine": asdict(config)}))
+        return cls(store, cluster, world, 0)
+
+    def await_joined(self, alive: Callable[[], str | None] = lambda: None) -> None:
+        deadline = time.monotonic() + self.cluster.init_timeout_s
+        while missing := [r for r in range(1, self.world) if not self.store.check([_joined(r)])]:
+            if (dead := alive()) is not None:
+                raise RendezvousError(f"{dead} before joining the group")
+            if time.monotonic() > deadline:
+                raise RendezvousError(self._missing_message(missing))
+            time.sleep(0.1)
+        hosts = {r: self.store.get(_joined(r)).decode() for r in range(1, self.world)}
+        log.info("every rank joined the group at %s: %s", self.address, hosts)
+
+    def _missing_message(self, missing: list[int]) -> str:
+        by_node: dict[int, list[int]] = {}
+        for rank in missing:
+            by_node.setdefault(self.cluster.node_of(rank, self.world), []).append(rank)
+        names = "; ".join(
+            f"node {node} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+            for node, ranks in sorted(by_node.items())
+        )
+        c = self.cluster
+        hint = (
+            f"start each with `tgserve serve --nnodes {c.nnodes} --node-rank N --master-addr "
+            f"{c.master_addr} --master-port {c.master_port}`, check that it reaches "
+            f"{self.address}, or raise --dist-init-timeout"
+        )
+        if set(by_node) == {0}:  # only this machine's own ranks: their processes are stuck
+            hint = "see their log lines above"
+        return (
+            f"the parallel group at {self.address} is incomplete after "
+            f"{c.init_timeout_s:.0f}s: {names} never joined; {hint}"
+        )
+
+    def stale(self) -> str | None:
+        now = time.monotonic()
+        for rank in range(1, self.world):
+            beat = self.store.add(_beat(rank), 0)
+            last, since = self._seen.get(rank, (-1, now))
+            if beat != last:
+                self._seen[rank] = (beat, now)
+            elif now - since > HEARTBEAT_TIMEOUT_S:
+                node = self.cluster.node_of(rank, self.world)
+                return (
+                    f"node {node} (rank {rank}) stopped answering: no heartbeat for "
+                    f"{now - since:.1f}s"
+                )
+        return None
+
+    def await_stopped(self, timeout: float) -> None:
+        keys = [_stopped(r) for r in range(1, self.world)]
+        self.store.set_timeout(timedelta(seconds=max(timeout, 0.1)))
+        self.store.wait(keys)
+
+    # ----- ranks > 0 ------------------------------------------------------------------------
+    @classmethod
+    def join(cls, cluster: Cluster, rank: int | None = None) -> tuple[Membership, EngineConfig]:
+        """`rank` None: the first of this node's ranks (known once rank 0's config is read)."""
+        try:
+            store = _open_store(cluster, is_master=False)
+            published = json.loads(store.get(_CONFIG))
+        except (RuntimeError, dist.DistError) as exc:
+            raise RendezvousError(
+                f"node {cluster.node_rank} could not reach rank 0's rendezvous at {cluster.master_addr}:"
+                f"{cluster.master_port} within {cluster.init_timeout_s:.0f}s ({exc}); is the "
+                "node with --node-rank 0 started, and its --master-port open to this host?"
+            ) from None
+        if published["nnodes"] != cluster.nnodes:
+            raise RendezvousError(
+                f"this node was started with --nnodes {cluster.nnodes}, rank 0 with "
+                f"{published['nnodes']}: every node must be given the same"
+            )
+        config = config_from_dict(published["engine"])
+        cluster.check_world(config.tensor_parallel_size)
+        if rank is None:
+            rank = cluster.local_ranks(config.tensor_parallel_size)[0]
+        store.set(_joined(rank), f"node {cluster.node_rank} on {socket.gethostname()}")
+        return cls(store, cluster, config.tensor_parallel_size, rank), config
+
+    def start_heartbeat(self, on_lost: Callable[[str], None]) -> None:
+        def loop() -> None:
+            while not self._stopping:
+                try:
+                    self.store.add(_beat(self.rank), 1)
+                except Exception as exc:  # the store's host (rank 0) is gone
+                    if not self._stopping:
+                        on_lost(f"lost rank 0's rendezvous at {self.address} ({exc})")
+                    return
+                time.sleep(HEARTBEAT_S)
+
+        self.store.set_timeout(timedelta(seconds=HEARTBEAT_TIMEOUT_S))
+        threading.Thread(target=loop, name="tgserve-heartbeat", daemon=True).start()
+
+    def mark_stopped(self) -> None:
+        self._stopping = True
+        self.store.set(_stopped(self.rank), "1")
+
+
+def config_from_dict(values: dict) -> EngineConfig:
+    """An EngineConfig from its `asdict` form (the nested speculative config included)."""
+    if isinstance(values.get("speculative"), dict):
+        values = {**values, "speculative": SpeculativeConfig(**values["speculative"])}
+    return EngineConfig(**values)
+
+
+def _open_store(cluster: Cluster, is_master: bool) -> dist.TCPStore:
+    # A client retries connecting until the timeout: a rank may start before rank 0.
+    return dist.TCPStore(
+        cluster.master_addr,
+        cluster.master_port,
+        is_master=is_master,
+        timeout=timedelta(seconds=cluster.init_timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def _joined(rank: int) -> str:
+    return f"tgserve/joined/{rank}"
+
+
+def _beat(rank: int) -> str:
+    return f"tgserve/beat/{rank}"
+
+
+def _stopped(rank: int) -> str:
+    return f"tgserve/stopped/{rank}"

@@ -1,0 +1,130 @@
+"""`tgserve serve --nnodes 2`: tensor parallel over two machines, each a network namespace
+made by the test (tests/netns.py), the ranks reaching each other only through their own
+10.x addresses, over gloo.
+
+Guarantees defended: a node that comes late joins (rank 0 waits for it); greedy and seeded
+text through HTTP equals the one-process engine's; node 1 killed while the server is idle
+makes node 0's /health fail within a bound and node 0 exit non-zero naming the node (its
+heartbeat stopped); node 1 with no node 0 waits --dist-init-timeout, then fails naming the
+address it could not reach, and node 0 with no node 1 fails naming the missing node (neither
+hangs). One group (two processes of torch) serves every HTTP case: starting one is the cost.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from tests import netns
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["Hello world! How are", "The quick brown fox"]
+MAX_TOKENS = 16
+SEEDED = {"temperature": 0.9, "seed": 7}
+PORT, MASTER_PORT = 8000, 29500  # inside the namespaces: nothing else listens there
+HEALTH_BOUND_S = 20.0  # heartbeat timeout (10 s) + polling + a busy machine's slack
+
+pytestmark = pytest.mark.skipif(
+    (reason := netns.unavailable()) is not None, reason=f"no network namespaces: {reason}"
+)
+
+
+SERVE = "-m server.cli serve --kv-cache-memory 4MB --block-size 4 --dtype float32 "
+SERVE += "--max-num-seqs 8 --shutdown-timeout 10"
+
+
+def _node(hosts: netns.Hosts, node: int, model: Path, log: Path, *flags: str):
+    argv = [sys.executable, *SERVE.split(), "--model", str(model), "--nnodes", "2"]
+    argv += ["--node-rank", str(node), "--master-addr", hosts.addr[0]]
+    argv += ["--master-port", str(MASTER_PORT), *flags]
+    if node == 0:
+        argv += ["--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port", str(PORT)]
+    with log.open("w") as out:  # the process holds its own copy
+        return hosts.run(node, argv, cwd=ROOT, stdout=out, stderr=out, text=True)
+
+
+def _wait_ready(client: httpx.Client, proc, log: Path) -> None:
+    deadline = time.monotonic() + 240  # a cold build of the C++ kernels takes ~1 min
+    while True:
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "node 0 did not become ready"
+        try:
+            if client.get("/ready").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
+def _texts(client: httpx.Client, extra: dict) -> list[str]:
+    texts = []
+    for prompt in PROMPTS:
+        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, **extra}
+        reply = client.post("/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        texts.append(reply.json()["choices"][0]["text"])
+    return texts
+
+
+@pytest.fixture(scope="module")
+def solo(tiny_model_folder) -> dict[str, list[str]]:
+    """The one-process engine's greedy and seeded texts: the oracle."""
+    config = EngineConfig(dtype="float32", device="cpu", block_size=4, max_num_seqs=8)
+    engine = Engine.from_model(str(tiny_model_folder), config)
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    seeded = SamplingParams(max_tokens=MAX_TOKENS, **SEEDED)
+    return {
+        "greedy": [o.outputs[0].text for o in engine.generate(PROMPTS, greedy)],
+        "seeded": [o.outputs[0].text for o in engine.generate(PROMPTS, seeded)],
+    }
+
+
+def test_two_nodes_same_text_and_a_killed_node_fails_health_in_bounded_time(
+    tiny_model_folder, solo, tmp_path
+) -> None:
+    with netns.hosts(2) as hosts:
+        client = httpx.Client(base_url=f"http://{hosts.client_addr}:{PORT}", trust_env=False)
+        logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+        node0 = _node(hosts, 0, tiny_model_folder, logs[0])
+        time.sleep(2)  # node 1 comes late: rank 0 waits for it
+        node1 = _node(hosts, 1, tiny_model_folder, logs[1])
+        _wait_ready(client, node0, logs[0])
+        assert _texts(client, {"temperature": 0}) == solo["greedy"]
+        assert _texts(client, SEEDED) == solo["seeded"]
+        assert client.get("/health").status_code == 200
+        node1.kill()  # idle: no step in flight, only the missing heartbeat tells
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < HEALTH_BOUND_S:
+            try:
+                if client.get("/health", timeout=2).status_code != 200:
+                    break
+            except httpx.TransportError:  # node 0 has exited already: health failed too
+                break
+            time.sleep(0.2)
+        failed_after = time.monotonic() - t0
+        code = node0.wait(30)
+    log = logs[0].read_text()
+    assert failed_after < HEALTH_BOUND_S, log
+    assert code not in (0, None), log
+    assert "node 1 (rank 1) stopped answering" in log
+
+
+def test_a_node_that_never_comes_is_named_and_a_missing_leader_too(
+    tiny_model_folder, tmp_path
+) -> None:
+    with netns.hosts(2) as hosts:
+        logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+        timeout = ("--dist-init-timeout", "3")
+        node1 = _node(hosts, 1, tiny_model_folder, logs[1], *timeout)
+        assert node1.wait(60) == 1  # it waited for rank 0's rendezvous, then gave up
+        node0 = _node(hosts, 0, tiny_model_folder, logs[0], *timeout)
+        assert node0.wait(60) == 1
+    assert "node 1 (rank 1) never joined" in logs[0].read_text()
+    assert f"could not reach rank 0's rendezvous at {hosts.addr[0]}:{MASTER_PORT}" in (
+        logs[1].read_text()
+    )
