@@ -42,6 +42,7 @@ from models.attention_backend import (
     GraphSupport,
 )
 from models.linear_backend import use_invariant_linears
+from models.moe.cpu_experts import use_cpp_experts
 
 
 class ForwardPath(Protocol):
@@ -165,7 +166,11 @@ def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     here once."""
     use_invariant_linears(req.model)
     kernel = req.cpu_kernels and cpu_kernels_ready(req.device)
-    return PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
+    path = PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
+    # Mixture-of-experts layers (models/moe): each expert's rows through the C++ linear.
+    if kernel and use_cpp_experts(req.model):
+        path.description += " and C++ expert kernels"
+    return path
 
 
 def _triton_cuda(req: PathRequest) -> ForwardPath | None:

@@ -1,4 +1,5 @@
-"""Mixture-of-experts models through the engine: greedy equals transformers' generate;
+"""Mixture-of-experts models through the engine (on a CPU: the C++ paged attention and expert
+kernels, models/moe/cpu_experts.py): greedy equals transformers' generate;
 a request's tokens do not depend on its batch, on preemption or on a prefix-cache hit."""
 
 from __future__ import annotations
@@ -7,7 +8,9 @@ import pytest
 import torch
 
 from engine.requests.sampling_params import SamplingParams
+from models import cpu_kernels
 from tests.checkpoints import MOE_ARCHITECTURES, make_hf_model
+from tests.devices import selected_device
 from tests.engine.engine_fixtures import (
     assert_no_leaks,
     random_prompts,
@@ -21,6 +24,8 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 @pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
 def test_greedy_equals_transformers_generate(arch: str, tmp_path) -> None:
     engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32)
+    if selected_device().type == "cpu" and cpu_kernels.extension() is not None:
+        assert "C++ expert kernels" in engine.describe().forward_path  # models/moe/cpu_experts
     hf = make_hf_model(arch)
     prompts = random_prompts(3, (3, 30), seed=1)
     for prompt, out in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
