@@ -8,12 +8,15 @@ config, starts the rest of this node's ranks as processes (engine/parallel/worke
 the node's first rank in this process (engine/parallel/worker_main.serve_rank) until rank 0's
 stop message or the group's failure, then stops its other ranks; returns the exit code (0
 after a stop, 1 with the reason logged otherwise). `model_path` is this host's copy of the
-model (the same files as rank 0's); None: the default model.
+model (the same files as rank 0's); None: the default model. SIGTERM is logged and otherwise
+ignored: an orchestrator stopping the group signals every machine at once, and rank 0 first
+drains its in-flight requests, which need this node's ranks, then sends the stop.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 
 from engine.parallel.cluster import Cluster
 from engine.parallel.membership import Membership, RendezvousError
@@ -26,6 +29,7 @@ STOP_TIMEOUT_S = 10.0  # how long this node's other ranks get to exit after the 
 
 
 def serve_follower_node(model_path: str | None, cluster: Cluster) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if model_path is None:
         from models.default_model import default_model_path
 
@@ -54,3 +58,7 @@ def serve_follower_node(model_path: str | None, cluster: Cluster) -> int:
         workers.stop(timeout=STOP_TIMEOUT_S)
     log.info("node %d: %s", cluster.node_rank, "stopped" if code == 0 else "failed")
     return code
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    log.info("SIGTERM: this node keeps serving until rank 0, which drains first, stops it")

@@ -43,11 +43,12 @@ def serve_rank(members: Membership, config: EngineConfig, model_path: str, threa
     members.start_heartbeat(lost)
     torch.set_num_threads(threads)
     device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-    local_rank = rank - cluster.local_ranks(members.world)[0] if cluster.rank is None else None
+    world = members.world
+    local_rank = rank - cluster.ranks_on(cluster.node_of(rank, world), world)[0]  # its GPU
     try:
         group = init_group(
             rank,
-            members.world,
+            world,
             0,
             device,
             store=members.store,

@@ -108,8 +108,8 @@ def _wait(proc: subprocess.Popen, timeout: float) -> bool:
 
 
 def node_threads(cluster: Cluster, world: int) -> int:
-    """Each rank of this node gets an equal share of its cores."""
-    return max(1, (os.cpu_count() or 1) // len(cluster.local_ranks(world)))
+    """Each rank of this node (torchrun's too) gets an equal share of its cores."""
+    return max(1, (os.cpu_count() or 1) // len(cluster.ranks_on(cluster.node_rank, world)))
 
 
 def spawn_ranks(

@@ -3,7 +3,8 @@ made by the test (tests/netns.py), the ranks reaching each other only through th
 10.x addresses, over gloo.
 
 Guarantees defended: a node that comes late joins (rank 0 waits for it); greedy and seeded
-text through HTTP equals the one-process engine's; node 1 killed while the server is idle
+text through HTTP equals the one-process engine's; node 1 keeps serving through a SIGTERM
+(rank 0 drains first, then stops it); node 1 killed while the server is idle
 makes node 0's /health fail within a bound and node 0 exit non-zero naming the node (its
 heartbeat stopped); node 1 with no node 0 waits --dist-init-timeout, then fails naming the
 address it could not reach, and node 0 with no node 1 fails naming the missing node (neither
@@ -12,6 +13,7 @@ hangs). One group (two processes of torch) serves every HTTP case: starting one 
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -96,6 +98,8 @@ def test_two_nodes_same_text_and_a_killed_node_fails_health_in_bounded_time(
         _wait_ready(client, node0, logs[0])
         assert _texts(client, {"temperature": 0}) == solo["greedy"]
         assert _texts(client, SEEDED) == solo["seeded"]
+        node1.send_signal(signal.SIGTERM)  # ignored: node 1 serves until rank 0 stops it
+        assert _texts(client, {"temperature": 0}) == solo["greedy"]
         assert client.get("/health").status_code == 200
         node1.kill()  # idle: no step in flight, only the missing heartbeat tells
         t0 = time.monotonic()
