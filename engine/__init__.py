@@ -13,6 +13,7 @@ a `Request`, which an engine of one's own (the tests' fake engine) builds too. `
 says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold);
 `KVTierConfig` / `kv_tier_config` the K/V tiers behind the pool (engine/kv_tiers: RAM, disk);
 `GenerationDefaults` what a model folder's generation_config.json asks of unset fields;
+`release_kv_pool` / `restore_kv_pool` (loaded on first use) a level-1 sleep's (engine/sleep.py);
 `warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
 start-up, the benchmark after loading); `fake_device_engine` an engine with no model whose
 steps take a fixed device time (engine/fake_device.py: the host's share of a step, measured).
@@ -100,6 +101,8 @@ __all__ = [
     "resolve_dtype_name",
     "leader_engine",
     "serve_follower_node",
+    "release_kv_pool",
+    "restore_kv_pool",
     "serves_blocks_as_stored",
     "speculative_config",
     "warm_up",
@@ -130,6 +133,10 @@ def __getattr__(name: str):
         from engine.parallel.follower import serve_follower_node
 
         return serve_follower_node
+    if name in ("release_kv_pool", "restore_kv_pool"):  # level-1 sleep; imports torch
+        from engine import sleep
+
+        return getattr(sleep, name)
     if name == "serves_blocks_as_stored":  # imports torch: loaded on first use, as Engine
         from engine.runner_factory import serves_blocks_as_stored
 

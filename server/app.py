@@ -39,6 +39,7 @@ from server.playground import install_playground
 from server.request_id import RequestIdMiddleware
 from server.responses import router as responses_router
 from server.settings import Settings
+from server.sleep import build_router as sleep_router
 from server.state import ServerState
 from server.tgi import router as tgi_router
 from server.tracing import TracingMiddleware, tracer_provider
@@ -68,9 +69,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(state.start())
+        idle = (
+            state.sleep
+            and state.sleep.idle_timeout
+            and asyncio.create_task(state.sleep.watch_idle())
+        )
         yield
-        if not loading.done():
-            loading.cancel()
+        for task in (loading, idle):
+            if task and not task.done():
+                task.cancel()
         await state.drain(0.0)
         if traces is not None:
             traces.shutdown()  # the spans still batched are sent
@@ -86,6 +93,8 @@ def create_app(
     app.state.tgserve = state
     install_error_handlers(app, state.metrics.reject)
     routers = [build(state) for build in API_ROUTERS]
+    if state.sleep is not None:  # --enable-sleep-mode
+        routers.append(sleep_router(state.sleep))
     for router in routers:
         app.include_router(router)
     install_openapi(app, settings)

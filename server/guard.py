@@ -27,6 +27,7 @@ from server.admission import early_refusal
 from server.errors import ApiError, error_response, rejection_reason
 from server.fair_share import CLIENT, TRUSTED
 from server.settings import Settings
+from server.sleep import ROUTES as SLEEP_ROUTES
 from server.state import ServerState
 
 OPERATIONAL_ROUTES = frozenset(
@@ -102,7 +103,7 @@ class Guard:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if path in OPERATIONAL_ROUTES:
+        if path in OPERATIONAL_ROUTES or path in SLEEP_ROUTES:  # wake_up answers while asleep
             return None
         error = state.readiness_error()
         generation = scope["method"] == "POST" and path in GENERATION_ROUTES

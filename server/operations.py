@@ -30,6 +30,7 @@ def build_router(state: ServerState) -> APIRouter:
         if state.ready:
             return JSONResponse({"status": "ready"})
         status = "dead" if state.dead_reason else "draining" if state.draining else "loading"
+        status = "sleeping" if state.sleep is not None and state.sleep.level else status
         return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
 
     @router.get("/metrics")

@@ -320,4 +320,6 @@ OPTIONS: tuple[Option, ...] = (
         "FOR TESTS ONLY: accept the `fault` request field (fail a request or kill the engine)",
         flag_is_switch=True,
     ),
+    Option("enable_sleep_mode", _bool, "POST /sleep?level=1|2, /wake_up", flag_is_switch=True),
+    Option("sleep_idle_timeout", _positive_float, "idle seconds, then sleep", default="never"),
 )

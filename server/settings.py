@@ -88,6 +88,8 @@ class Settings:
     otlp_traces_endpoint: str | None = None
     log_level: str = "info"
     enable_fault_injection: bool = False
+    enable_sleep_mode: bool = False  # POST /sleep, /wake_up, GET /is_sleeping (server/sleep.py)
+    sleep_idle_timeout: float | None = None  # seconds idle before a level-1 sleep
 
     def __post_init__(self) -> None:
         flat = tuple(
@@ -133,6 +135,8 @@ class Settings:
                 f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                 f"got {self.reasoning_parser!r}"
             )
+        if self.sleep_idle_timeout is not None and not self.enable_sleep_mode:
+            raise ValueError("--sleep-idle-timeout needs --enable-sleep-mode")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(
                 f"--log-level must be debug, info, warning or error, got {self.log_level!r}"

@@ -14,6 +14,8 @@ Contract:
   `model_name()` takes a served name, none, or a placeholder TGI-style clients send for "the
   model this server serves" (`PLACEHOLDER_MODEL_NAMES`), which it answers with the served name.
 - `drain(timeout)`: not ready any more; in-flight work gets `timeout` seconds, then is aborted.
+- `sleep` (with --enable-sleep-mode; server/sleep.py): while asleep `readiness_error` is its
+  503, after dead and draining.
 - When the engine loop dies (AsyncEngine's `on_dead`), the state turns not ready, logs why and
   calls `on_fatal` on the event loop: `tgserve serve` then exits non-zero to be restarted.
 """
@@ -42,6 +44,7 @@ from server.errors import ApiError
 from server.fair_share import FairShare, prompt_share
 from server.metrics import ServerMetrics
 from server.settings import Settings
+from server.sleep import SleepMode
 from server.token_texts import TokenTexts
 from server.worker_pool import WorkerPool, settle
 
@@ -82,6 +85,12 @@ class ServerState:
         self.workers = WorkerPool(threads=2, max_waiting=admission_limit)
         self.fair = FairShare(admission_limit)
         self.prompt_share = settings.max_prompts_per_request or prompt_share(admission_limit)
+        # Sleep mode (server/sleep.py; None: off): the pool, or the engine, freed while idle.
+        self.sleep = (
+            SleepMode(self, settings.sleep_idle_timeout, self._load)
+            if settings.enable_sleep_mode
+            else None
+        )
         self.metrics = ServerMetrics(
             lambda: self.engine.stats() if self.engine else None,
             vllm_compatible=settings.vllm_compatible_metrics,
@@ -108,8 +117,7 @@ class ServerState:
                 "engine on purpose; for tests only, never in production"
             )
         try:
-            engine = await _in_daemon_thread(self.engine_factory)
-            self._adopt(engine)
+            self._adopt(await self._load())
             t0 = time.monotonic()
             await self._warm_up()
         except Exception as exc:
@@ -119,6 +127,9 @@ class ServerState:
         if not self.draining:
             self.ready = True
             logger.info("ready (warm-up took %.2fs)", time.monotonic() - t0)
+
+    async def _load(self) -> EngineCore:
+        return await _in_daemon_thread(self.engine_factory)
 
     def _adopt(self, engine: EngineCore) -> None:
         info = self.info = engine.info
@@ -181,6 +192,8 @@ class ServerState:
             return ApiError(
                 503, "the server is shutting down", code="draining", headers=RETRY_AFTER
             )
+        if self.sleep is not None and (asleep := self.sleep.error()) is not None:
+            return asleep
         if not self.ready:
             return ApiError(
                 503,

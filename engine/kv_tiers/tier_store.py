@@ -138,8 +138,9 @@ class TierStore:
             future.result()
 
     def close(self) -> None:
+        """An engine's close: its queued writes land (the worker stays: a level-1 sleep's
+        engine runs again)."""
         self.flush()
-        self._worker.shutdown(wait=True)
 
     def stats(self) -> TierStats:
         disk = self.disk

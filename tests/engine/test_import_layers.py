@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.engine_loop",
             "engine.async_engine",
             "engine.tier_hooks",
+            "engine.sleep",
         ),
     ),
 )
