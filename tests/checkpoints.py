@@ -30,19 +30,19 @@ _LLAMA_COMMON = dict(
 _MOE_COMMON = dict(
     _LLAMA_COMMON,
     hidden_size=64,  # 4 heads of 16
-    intermediate_size=80,
+    intermediate_size=96,  # every matrix width a multiple of 32: GGUF Q8_0 / Q4_0 blocks
     num_attention_heads=4,
     initializer_range=0.1,  # weights large enough that a wrong expert or weight shows
 )
 _MOE = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=48)),
+                dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32,
                        norm_topk_prob=True, mlp_only_layers=[0], head_dim=24)),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=48, norm_topk_prob=False)),
+                       shared_expert_intermediate_size=64, norm_topk_prob=False)),
 }  # fmt: skip
 MOE_ARCHITECTURES = tuple(_MOE)
 

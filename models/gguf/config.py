@@ -1,6 +1,9 @@
 """GGUF metadata -> a Hugging Face style config.json dict (then `ModelConfig.from_hf_dict`).
 
-Contract: `gguf_to_hf_config(gguf)` reads `general.architecture` ("llama", "qwen2", "gpt2") and
+Contract: `gguf_to_hf_config(gguf)` reads `general.architecture` ("llama", "qwen2", "qwen3", "gpt2",
+and the mixture-of-experts "qwen3moe", "qwen2moe" and "llama" with `expert_count` (Mixtral), whose
+`expert_used_count`, `expert_feed_forward_length`, `expert_shared_feed_forward_length` and
+`expert_weights_norm` keys become the experts' config keys) and
 that architecture's keys (`<arch>.block_count`, `.embedding_length`, `.feed_forward_length`,
 `.attention.head_count(_kv)`, `.rope.freq_base`, `.attention.layer_norm_rms_epsilon`,
 `.context_length`, `.vocab_size` (else the rows of `token_embd.weight`), rope scaling keys)
@@ -31,7 +34,13 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
+    # mixture-of-experts (models/moe); llama.cpp writes Mixtral as "llama" with experts
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
 }
+# GGUF architecture -> whether llama.cpp renormalises the top-k expert weights (its norm_w;
+# Qwen3-MoE always does, Qwen2-MoE never, Mixtral always) when no expert_weights_norm key says.
+_EXPERT_WEIGHTS_NORM = {"llama": True, "qwen3moe": True, "qwen2moe": False}
 
 # (factor is read from the tensor) low_freq_factor, high_freq_factor, original context: the
 # values every published Llama-3.1/3.2/3.3 uses.
@@ -98,10 +107,34 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
         "rope_theta": float(key("rope.freq_base", 10000.0)),
         "rope_scaling": _rope_scaling(gguf, arch, key),
     }
+    if key("expert_count"):
+        out |= _moe_keys(gguf, arch, key, out)
     if key("attention.sliding_window") is not None:
         out["sliding_window"] = int(key("attention.sliding_window"))
         out["use_sliding_window"] = True
     return out
+
+
+def _moe_keys(gguf: GGUFFile, arch: str, key: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """The experts' config.json keys; a layer without a router (`ffn_gate_inp`) is dense."""
+    experts, layers = int(key("expert_count")), out["num_hidden_layers"]
+    norm = key("expert_weights_norm", _EXPERT_WEIGHTS_NORM.get(arch, False))
+    moe: dict[str, Any] = {
+        "num_experts_per_tok": int(key("expert_used_count", required=True)),
+        "norm_topk_prob": bool(norm),
+        "mlp_only_layers": [
+            n for n in range(layers) if f"blk.{n}.ffn_gate_inp.weight" not in gguf.tensor_names
+        ],
+    }
+    if arch == "llama":  # Mixtral: the experts' width is feed_forward_length
+        return moe | {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                      "num_local_experts": experts}  # fmt: skip
+    return moe | {
+        "model_type": arch.replace("moe", "_moe"),
+        "num_experts": experts,
+        "moe_intermediate_size": int(key("expert_feed_forward_length", required=True)),
+        "shared_expert_intermediate_size": int(key("expert_shared_feed_forward_length", 0)),
+    }
 
 
 def _embedding_rows(gguf: GGUFFile) -> int:

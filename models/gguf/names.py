@@ -6,6 +6,9 @@ the file, named exactly as transformers' state_dict names them, in transformers'
   bias) so that rotary pairs are interleaved (its "normal" rope); the permutation is undone here.
   qwen2 and qwen3 GGUFs use NeoX rope and are stored unpermuted.
 - gpt2: llama.cpp stores Conv1D weights transposed to [out, in]; they go back to HF's [in, out].
+- mixture-of-experts: the router `ffn_gate_inp`, the shared expert `ffn_*_shexp` (its gate
+  `ffn_gate_inp_shexp` [hidden] -> [1, hidden]) and the experts' 3-D `ffn_{gate,up,down}_exps`
+  [E, rows, cols], yielded expert by expert under the files' per-expert names.
 - `rope_freqs.weight` is not a weight: it becomes config (models/gguf/config.py) and is skipped.
 A tensor name we do not know raises `ValueError` naming the file and the tensor.
 """
@@ -38,7 +41,16 @@ _LLAMA_BLOCK = {
     "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm",  # qwen3
     "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",  # mixture-of-experts: the router (Mixtral: block_sparse_moe.gate)
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",  # qwen2moe's shared expert and its gate
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# The experts' 3-D tensors [E, rows, cols]: one plan entry (a row of dim 0) per expert, under
+# the files' per-expert names (Qwen's projections; Mixtral's w1 / w3 / w2).
+_EXPERT_PARTS = {"ffn_gate_exps": ("gate_proj", "w1"), "ffn_up_exps": ("up_proj", "w3"),
+                 "ffn_down_exps": ("down_proj", "w2")}  # fmt: skip
 _GPT2_GLOBAL = {
     "token_embd.weight": "transformer.wte.weight",
     "position_embd.weight": "transformer.wpe.weight",
@@ -86,6 +98,10 @@ def _hf_name_and_fixup(gguf_name: str, arch: str, cfg: dict[str, Any]) -> tuple[
         raise KeyError(gguf_name)
     layer, part, kind = m.groups()
     name = f"{prefix}.{layer}.{blocks[part]}.{kind}"
+    if cfg.get("model_type") == "mixtral":
+        name = name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
+    if part == "ffn_gate_inp_shexp":  # llama.cpp stores the shared expert's gate as [hidden]
+        return name, lambda w: w.reshape(1, -1)
     fixup: Fixup | None = None
     if arch == "gpt2" and part in _GPT2_TRANSPOSED and kind == "weight":
         fixup = _transpose
@@ -107,9 +123,33 @@ def gguf_to_hf_tensors(
     gguf: GGUFFile, hf_config: dict[str, Any]
 ) -> Iterator[tuple[str, str, torch.Tensor]]:
     """Yields (gguf_name, hf_name, tensor), checking every name and type before any work."""
+    last: tuple[GGUFTensorInfo | None, torch.Tensor | None] = (None, None)
     for info, hf_name, fixup in gguf_to_hf_plan(gguf, hf_config):
-        tensor = gguf.tensor(info)
+        # An expert tensor's entries follow each other: it is read (dequantised) once.
+        tensor = last[1] if last[0] is info else gguf.tensor(info)
+        last = (info, tensor)
         yield info.name, hf_name, fixup(tensor) if fixup else tensor
+
+
+def _expert_entries(
+    info: GGUFTensorInfo, cfg: dict[str, Any]
+) -> list[tuple[GGUFTensorInfo, str, Fixup | None]] | None:
+    """One entry per expert of an experts' 3-D tensor (its expert's [rows, cols], cloned so the
+    tensor it came from can be freed), None for any other tensor."""
+    m = _BLOCK_NAME.fullmatch(info.name)
+    if m is None or m.group(2) not in _EXPERT_PARTS:
+        return None
+    layer, part, _ = m.groups()
+    qwen, mixtral = _EXPERT_PARTS[part]
+    if cfg.get("model_type") == "mixtral":
+        stem, proj = f"model.layers.{layer}.block_sparse_moe.experts", mixtral
+    else:
+        stem, proj = f"model.layers.{layer}.mlp.experts", qwen
+    return [(info, f"{stem}.{e}.{proj}.weight", _expert_row(e)) for e in range(info.shape[0])]
+
+
+def _expert_row(e: int) -> Fixup:
+    return lambda w: w[e].clone()
 
 
 def gguf_to_hf_plan(
@@ -123,6 +163,10 @@ def gguf_to_hf_plan(
     plan = []
     for info in gguf.infos:
         if info.name in _SKIPPED:
+            continue
+        experts = _expert_entries(info, hf_config)
+        if experts is not None:
+            plan += experts
             continue
         try:
             plan.append((info, *_hf_name_and_fixup(info.name, arch, hf_config)))

@@ -22,9 +22,15 @@ from bench.kquantize import KQUANT_TYPES, quantize_k
 
 
 def write_tensors(
-    path: Path, tensors: dict[str, tuple[np.ndarray, QT | None]], arch: str = "llama"
+    path: Path,
+    tensors: dict[str, tuple[np.ndarray, QT | None]],
+    arch: str = "llama",
+    meta: dict[str, int | float] | None = None,
 ) -> Path:
+    """`meta`: metadata keys, ints written as uint32, floats as float32."""
     writer = gguf.GGUFWriter(str(path), arch=arch)
+    for key, value in (meta or {}).items():
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
     for name, (array, raw_dtype) in tensors.items():
         writer.add_tensor(name, array, raw_dtype=raw_dtype)
     writer.write_header_to_file()
