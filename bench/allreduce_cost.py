@@ -6,7 +6,11 @@ tgserve's ranks run) and times, on rank 0, the collectives of one decode step of
 Llama-family model at TP=world: 2 all-reduces of [rows, hidden] per layer (o and down
 projections), 1 for the vocabulary-parallel embedding, plus the step's broadcast of packed
 inputs (~64 int64). Prints one JSON line: microseconds per all-reduce and per step's
-collectives (medians over `iters` steps). Defaults: SmolLM2-135M's shapes.
+collectives (medians over `iters` steps), and the bytes one rank sends per step (a ring
+all-reduce sends 2 (world - 1) / world of the tensor). Defaults: SmolLM2-135M's shapes.
+
+Across hosts: `--rank R --master-addr A --master-port P` runs rank R alone (start one per
+host, rank 0 at A); rank 0 prints the line.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from models.parallel import free_port, init_group
 
 def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
     torch.set_num_threads(1)
-    group = init_group(rank, args.world, port, torch.device("cpu"))
+    group = init_group(rank, args.world, port, torch.device("cpu"), master_addr=args.master_addr)
     x = torch.randn(args.rows, args.hidden).to(getattr(torch, args.dtype))
     packet = torch.zeros(64, dtype=torch.int64)
     per_reduce, per_step = [], []
@@ -48,9 +52,15 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
                 "collectives_per_step": 2 * args.layers + 2,
                 "all_reduce_us_p50": 1e6 * statistics.median(per_reduce),
                 "step_collectives_us_p50": 1e6 * statistics.median(per_step),
+                "sent_bytes_per_step": sent_per_step(args, x.element_size()),
             }
         )
     group.close()
+
+
+def sent_per_step(args: argparse.Namespace, element_bytes: int) -> int:
+    reduce = args.rows * args.hidden * element_bytes * 2 * (args.world - 1) // args.world
+    return (2 * args.layers + 1) * reduce + 64 * 8  # the broadcast: rank 0 sends its packet
 
 
 def main() -> None:
@@ -61,7 +71,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--iters", type=int, default=500)
+    parser.add_argument("--rank", type=int, default=None, help="run this rank alone")
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=None)
     args = parser.parse_args()
+    if args.rank is not None:  # one rank of a group over hosts
+        out = _Print()
+        _rank(args.rank, args, args.master_port, out)
+        return
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     port = free_port()
@@ -71,6 +88,11 @@ def main() -> None:
     print(json.dumps(out.get()))
     for p in procs:
         p.join()
+
+
+class _Print:
+    def put(self, line: dict) -> None:
+        print(json.dumps(line))
 
 
 if __name__ == "__main__":
