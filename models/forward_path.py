@@ -166,6 +166,9 @@ def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     here once."""
     use_invariant_linears(req.model)
     kernel = req.cpu_kernels and cpu_kernels_ready(req.device)
+    bank = getattr(req.model, "lora_bank", None)
+    if kernel and bank is not None:  # LoRA rows through the C++ kernel (models/lora)
+        bank.use_kernel(cpu_kernels.extension().lora_add)
     path = PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
     # Mixture-of-experts layers (models/moe): each expert's rows through the C++ linear.
     if kernel and use_cpp_experts(req.model):

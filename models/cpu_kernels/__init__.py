@@ -13,6 +13,8 @@
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
   Llama-family model in one call;
   wrapped by `models.cpu_kernels.fused_decoder`.
+- `lora_add`, `LoraWeights` (lora.cpp): LoRA adapters' shrink / expand, each row its own
+  adapter slot (models/lora/stack.py; inside `LlamaDecoder`'s linear layers too).
 
 The sources are compiled (-O3 -march=native -fopenmp, ~1-2 minutes cold on 2 cores) by a child
 process (models/cpu_kernels/build_child.py, driven by models/cpu_kernels/builder.py: progress
@@ -55,12 +57,14 @@ _SOURCES = (
     "mixed_blocks.cpp",
     "q8_linear.cpp",
     "decoder.cpp",
+    "lora.cpp",
     "read_probe.cpp",
     "bindings.cpp",
 )
 _HEADERS = (
     "kernels.h",
     "decoder.h",
+    "lora.h",
     "vec_math.h",
     "vec_simd.h",
     "attention_simd.h",

@@ -4,6 +4,7 @@
 
 #include "decoder.h"
 #include "kernels.h"
+#include "lora.h"
 #include "q8_linear.h"
 
 namespace {
@@ -208,4 +209,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("buffer"), py::arg("streams"), py::arg("prefetch"));
   tgserve::bind_decoder(m);
   tgserve::bind_q8_linear(m);
+  tgserve::bind_lora(m);
 }

@@ -41,8 +41,12 @@ class LlamaDecoder {
   // Every linear layer runs packed_linear (linear.cpp), whose per-row accumulation order does
   // not depend on B: a row's values are the same whatever else shares the step.
   torch::Tensor forward(torch::Tensor x, torch::Tensor rope_cos, torch::Tensor rope_sin,
-                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens) {
+                        torch::Tensor slots, torch::Tensor tables, torch::Tensor seq_lens,
+                        std::optional<torch::Tensor> lora_rows) {
     x = x.clone();
+    // [B] int64 adapter slot per row (-1: base), read by every linear with LoRA slots.
+    TORCH_CHECK(!lora_rows || lora_rows->numel() == x.size(0), "LlamaDecoder: a slot per row");
+    lora_rows_ = lora_rows ? lora_rows->data_ptr<int64_t>() : nullptr;
     torch::Tensor out;
     switch (x.scalar_type()) {
       case at::kFloat:
@@ -66,9 +70,19 @@ class LlamaDecoder {
     all_reduce_(partial);
   }
 
-  // [B, N] = x [B, K] @ w^T (* scales) (+ bias), from w's packed copy (int8 or x's dtype).
+  // The product below, plus each row's LoRA adapter where the layer has slots (lora.cpp).
   template <typename T>
   torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w) const {
+    torch::Tensor y = base_linear<T>(x, w);
+    if (w.lora && lora_rows_)
+      lora_add<T>(*w.lora, static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()),
+                  x.size(0), lora_rows_);
+    return y;
+  }
+
+  // [B, N] = x [B, K] @ w^T (* scales) (+ bias), from w's packed copy (int8 or x's dtype).
+  template <typename T>
+  torch::Tensor base_linear(const torch::Tensor& x, const LinearWeights& w) const {
     const int64_t N = w.out_features;
     auto y = torch::empty({x.size(0), N}, x.options());
     const T* xp = static_cast<const T*>(x.data_ptr());
@@ -175,6 +189,7 @@ class LlamaDecoder {
   float eps_;
   int64_t window_;
   pybind11::object all_reduce_;
+  const int64_t* lora_rows_ = nullptr;  // the running step's, or none
 };
 
 }  // namespace
@@ -185,7 +200,8 @@ void bind_decoder(pybind11::module& m) {
   py::class_<LinearWeights>(m, "LinearWeights", py::module_local())
       .def(py::init([](torch::Tensor weight, torch::Tensor packed,
                        std::optional<torch::Tensor> bias, std::optional<torch::Tensor> scales,
-                       int64_t block_type, int64_t out_features) {
+                       int64_t block_type, int64_t out_features,
+                       std::optional<LoraWeights> lora) {
              const bool int8 = packed.scalar_type() == at::kChar;
              TORCH_CHECK(int8 == scales.has_value() &&
                              (!scales || (scales->scalar_type() == at::kFloat &&
@@ -199,11 +215,11 @@ void bind_decoder(pybind11::module& m) {
                          "blocks and out_features");
              const int64_t n = block_type ? out_features : weight.size(0);
              return LinearWeights{std::move(weight), std::move(packed), std::move(bias),
-                                  std::move(scales), block_type, n};
+                                  std::move(scales), block_type, n, std::move(lora)};
            }),
            py::kw_only(), py::arg("weight"), py::arg("packed"), py::arg("bias") = py::none(),
            py::arg("scales") = py::none(), py::arg("block_type") = 0,
-           py::arg("out_features") = 0)
+           py::arg("out_features") = 0, py::arg("lora") = py::none())
       .def_readonly("weight", &LinearWeights::weight)
       .def_readonly("packed", &LinearWeights::packed)
       .def_readonly("bias", &LinearWeights::bias)
@@ -231,7 +247,7 @@ void bind_decoder(pybind11::module& m) {
            py::arg("all_reduce") = py::none())
       .def("forward", &LlamaDecoder::forward, py::kw_only(), py::arg("x"), py::arg("rope_cos"),
            py::arg("rope_sin"), py::arg("slots"), py::arg("tables"), py::arg("seq_lens"),
-           py::call_guard<py::gil_scoped_release>());
+           py::arg("lora_rows") = py::none(), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tgserve

@@ -6,6 +6,8 @@
 
 #include <optional>
 
+#include "lora.h"
+
 namespace tgserve {
 
 // A linear layer: its weight [N, K] as stored (int8 when quantized), its packed copy for
@@ -17,6 +19,7 @@ struct LinearWeights {
   torch::Tensor weight, packed;
   std::optional<torch::Tensor> bias, scales;
   int64_t block_type = 0, out_features = 0;
+  std::optional<LoraWeights> lora;  // adapter slots added after the product (lora.h), or none
 };
 
 // One pre-norm decoder layer of the Llama family, named as in models/llama.py.

@@ -14,7 +14,9 @@ runs (not the Llama family, a dtype other than float32 / bfloat16, weight-only i
 with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
 `hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states
 [T, hidden] that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
-`compute_logits`'s [R, vocab] float32; `packed_bytes` is what its packed weight copies hold. Rounding follows the eager path (tested in
+`compute_logits`'s [R, vocab] float32; `packed_bytes` is what its packed weight copies hold. A model with a LoRA bank
+(models/lora/bank.py) adds each row's adapter (`meta.lora_rows`) in every linear layer, reading
+the bank's slots in place (models/cpu_kernels/lora.cpp). Rounding follows the eager path (tested in
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
 depend on the other rows of the step (batch invariance: the linear and attention kernels fix
 their reduction orders, see linear.cpp and attention.cpp). The model runner reaches it only
@@ -46,32 +48,40 @@ class FusedDecoder:
         # Bytes of the packed copies made here (GGUF blocks are run in place: no copy).
         self.packed_bytes = 0
 
-        def linear(layer: nn.Module):
+        # LoRA adapters (models/lora): the bank's slots, shared in place with the C++ layers.
+        bank = getattr(model, "lora_bank", None)
+
+        def linear(layer: nn.Module, index: int, proj: str):
             bias = None if layer.bias is None else layer.bias.detach()
+            lora = None if bank is None else bank.layers[index][proj]
+            if lora is not None:
+                lora = ext.LoraWeights(a=lora.a, b=lora.b, scales=lora.scales, offsets=lora.offsets)
             if isinstance(layer, BlockLinear | Q8Linear):  # already packed, the only copy
                 w = layer.block_weight if isinstance(layer, BlockLinear) else layer.q8_weight
                 kind = w.type_id if isinstance(layer, BlockLinear) else w.kind
                 return ext.LinearWeights(
                     weight=w.packed, packed=w.packed, bias=bias, block_type=kind,
-                    out_features=w.out_features,
+                    out_features=w.out_features, lora=lora,
                 )  # fmt: skip
             weight, scales = _weight_and_scales(layer)
             packed = ext.pack_linear(weight)
             self.packed_bytes += packed.nbytes
-            return ext.LinearWeights(weight=weight, packed=packed, bias=bias, scales=scales)
+            return ext.LinearWeights(
+                weight=weight, packed=packed, bias=bias, scales=scales, lora=lora
+            )
 
         layers = [
             ext.LayerWeights(
                 input_norm=layer.input_layernorm.weight.detach(),
-                qkv=linear(layer.self_attn.qkv_proj),
-                o_proj=linear(layer.self_attn.o_proj),
+                qkv=linear(layer.self_attn.qkv_proj, i, "qkv"),
+                o_proj=linear(layer.self_attn.o_proj, i, "o"),
                 post_norm=layer.post_attention_layernorm.weight.detach(),
-                gate_up=linear(layer.mlp.gate_up_proj),
-                down=linear(layer.mlp.down_proj),
+                gate_up=linear(layer.mlp.gate_up_proj, i, "gate_up"),
+                down=linear(layer.mlp.down_proj, i, "down"),
                 q_norm=_norm_weight(layer.self_attn.q_norm),
                 k_norm=_norm_weight(layer.self_attn.k_norm),
             )
-            for layer in inner.layers
+            for i, layer in enumerate(inner.layers)
         ]
         self._model = model
         self._ext = ext
@@ -136,6 +146,7 @@ class FusedDecoder:
             slots=meta.slot_mapping,
             tables=tables,
             seq_lens=lens,
+            lora_rows=meta.lora_rows,  # each row's adapter slot (models/lora), or None
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

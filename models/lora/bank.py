@@ -81,13 +81,17 @@ class LoraBank:
             mlp.down_lora = _Applied(stacks["down"], self.step)
         model.lora_bank = self
 
-    def write(self, slot: int, adapter: LoraAdapter) -> None:
+    def check(self, adapter: LoraAdapter) -> None:
+        """LoraRefused when the adapter does not fit the model or the bank's max rank."""
         adapter.check_fits(self.config)
         if adapter.max_rank > self.max_rank:
             raise LoraRefused(
                 f"adapter {adapter.name!r} has rank {adapter.max_rank}, above --max-lora-rank "
                 f"{self.max_rank}"
             )
+
+    def write(self, slot: int, adapter: LoraAdapter) -> None:
+        self.check(adapter)
         self.clear(slot)
         for (layer, module), lora in adapter.modules.items():
             proj, piece = TARGET_MODULES[module]
