@@ -12,6 +12,8 @@ out as `RequestOutput` deltas (see engine/requests/outputs.py); `EngineCore.new_
 a `Request`, which an engine of one's own (the tests' fake engine) builds too. `EncoderLayout`
 says how an encoder-decoder request lays out its tokens (what `max_model_len` must hold);
 `KVTierConfig` / `kv_tier_config` the K/V tiers behind the pool (engine/kv_tiers: RAM, disk);
+`LoraConfig` the LoRA adapters an engine serves (`parse_lora_flag` reads `--lora NAME=PATH`;
+`AsyncEngine.adapters` loads and unloads them while serving: `AdapterInUse`, `AdapterSlotsBusy`);
 `GenerationDefaults` what a model folder's generation_config.json asks of unset fields;
 `release_kv_pool` / `restore_kv_pool` (loaded on first use) a level-1 sleep's (engine/sleep.py);
 `warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
@@ -35,6 +37,8 @@ from engine.errors import (
     QueueFullError,
 )
 from engine.kv_tiers.config import KVTierConfig, kv_tier_config
+from engine.lora_adapters import AdapterInUse, AdapterSlotsBusy
+from engine.lora_config import LoraConfig, parse_lora_flag
 from engine.parallel.cluster import Cluster
 from engine.requests.fault_spec import FaultSpec
 from engine.requests.generation_defaults import GenerationDefaults
@@ -65,6 +69,8 @@ __all__ = [
     "GREEDY_BELOW_TEMPERATURE",
     "MAX_N",
     "MAX_STOP_STRINGS",
+    "AdapterInUse",
+    "AdapterSlotsBusy",
     "AsyncEngine",
     "Cluster",
     "CompletionOutput",
@@ -81,6 +87,7 @@ __all__ = [
     "GenerationDefaults",
     "InvalidRequest",
     "KVTierConfig",
+    "LoraConfig",
     "OutputAccumulator",
     "Overloaded",
     "QueueFullError",
@@ -97,6 +104,7 @@ __all__ = [
     "dtype_bytes",
     "fake_device_engine",
     "kv_tier_config",
+    "parse_lora_flag",
     "resolve_device",
     "resolve_dtype_name",
     "leader_engine",

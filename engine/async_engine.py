@@ -56,6 +56,7 @@ from engine.api import EngineCore, EngineInfo
 from engine.engine_inbox import AbortItem, AddItem, EngineInbox, KillItem
 from engine.engine_loop import EngineLoop
 from engine.errors import EngineUnavailable, Overloaded
+from engine.lora_adapters import LoraAdapters
 from engine.requests.request import Request
 from engine.requests.request_stream import OutputSlot, RequestStream
 from engine.requests.sampling_params import SamplingParams
@@ -150,6 +151,12 @@ class AsyncEngine:
     @property
     def info(self) -> EngineInfo:
         return self.engine.info
+
+    @property
+    def adapters(self) -> LoraAdapters | None:
+        """The engine's LoRA adapters by name (engine/lora_adapters.py: thread-safe), or None
+        for an engine without (the tests' fake one)."""
+        return getattr(getattr(self.engine, "intake", None), "adapters", None)
 
     def is_healthy(self) -> bool:
         if self._inbox.dead_reason is not None or self._killed is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.kv_tiers.config import KVTierConfig
+from engine.lora_config import LoraConfig
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -81,6 +82,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # K/V tiers behind the pool (engine/kv_tiers: RAM, disk); None: the pool alone.
     kv_tiers: KVTierConfig | None = None
+    lora: LoraConfig | None = None  # LoRA adapters (engine/lora_config.py); None: the base alone
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object, hint: str) -> None:

@@ -89,8 +89,8 @@ class Engine:
         )
         # T5 / BART: a prompt is the encoder's input, laid out as engine/encoder_layout.py says.
         layout = layout_for(runner.config, config.block_size)
-        self.intake = RequestIntake(
-            self.info, self.grammars, config.max_num_seqs, scheduler.block_manager, layout
+        self.intake = RequestIntake(  # with the runner's LoRA adapters (lora_adapters.py)
+            self.info, self.grammars, config.max_num_seqs, scheduler.block_manager, layout, runner
         )
         self._states: dict[str, RequestState] = {}
         # Speculative decoding (engine/speculative; `draft`: the draft model's proposer).
@@ -144,7 +144,7 @@ class Engine:
         """Queues a request made by `new_request` (QueueFullError when the queue is full)."""
         if request.request_id in self._states:
             raise ValueError(f"request id {request.request_id!r} is already in use (unique ids)")
-        self.scheduler.add_request(request)  # its grammar was compiled by new_request, not here
+        self.intake.adapters.admit(request, self.scheduler.add_request)  # a LoRA slot, queued
         self._states[request.request_id] = RequestState(
             request, self.tokenizer, self.eos_token_ids, self.runner.device, request.grammar
         )

@@ -108,7 +108,12 @@ def build_engine(
         from engine.speculative.draft import build_draft
 
         draft = build_draft(config, runner.vocab_size)
-    return cls(runner, scheduler, tokenizer, config, name, eos, draft=draft)
+    engine = cls(runner, scheduler, tokenizer, config, name, eos, draft=draft)
+    for adapter, adapter_path in config.lora.adapters if config.lora else ():
+        engine.intake.adapters.register(
+            adapter, adapter_path
+        )  # read and checked now: fails at start
+    return engine
 
 
 def leader_engine(cls, model_path: str | None, config: EngineConfig, cluster, progress: bool):

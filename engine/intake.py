@@ -21,6 +21,7 @@ from engine.api import EngineInfo
 from engine.decoding.beam_search import check_beam_params
 from engine.encoder_layout import EncoderLayout
 from engine.errors import InvalidRequest
+from engine.lora_adapters import LoraAdapters
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
 from engine.sampling.grammar_compiler import CompiledGrammar
@@ -37,12 +38,15 @@ class RequestIntake:
         max_num_seqs: int,
         block_manager: BlockManager,
         encoder_layout: EncoderLayout | None = None,
+        runner: object = None,
     ) -> None:
+        """`runner`: its LoRA bank serves the adapters `params.adapter` names (none without)."""
         self.info = info
         self.grammars = grammars  # None: no tokenizer, so requests with a grammar are refused
         self.max_num_seqs = max_num_seqs
         self.block_manager = block_manager
         self.encoder_layout = encoder_layout
+        self.adapters = LoraAdapters.for_runner(runner)  # by name (engine/lora_adapters.py)
 
     def new_request(
         self,
@@ -52,6 +56,9 @@ class RequestIntake:
         arrival_time: float | None = None,
     ) -> Request:
         info = self.info
+        name = params.adapter
+        if name is not None and not self.adapters.known(name):
+            raise InvalidRequest("adapter", f"model {name!r} is not a LoRA adapter being served")
         check_request(prompt_token_ids, params, info.vocab_size, info.tokenizer is not None)
         encoder_ids: tuple[int, ...] = ()
         decoder_start = 0

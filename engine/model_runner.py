@@ -176,6 +176,8 @@ class ModelRunner(StepRunner):
     ) -> StepLogits | None:
         if self.decode_graphs is None or full_logits_for or not _decode_only(chunks):
             return None
+        if any(c.request.lora_slot >= 0 for c in chunks):  # graphs hold no adapter rows
+            return None
         if block_copies:  # applied again if no graph holds the step: a copy is idempotent
             copy_blocks(self.kv_caches, block_copies, self.device)
         logits = self.decode_graphs.run(DecodeRows.from_chunks(chunks))
@@ -204,6 +206,9 @@ class ModelRunner(StepRunner):
     def _hidden(self, step: StepInputs) -> torch.Tensor:
         # Built before the forward, in one host-to-device copy (models/attention_backend.py).
         meta = self.forward_path.attention.build(step.tables, step.seq_lens, step.query_lens)
+        rows = step.adapter_rows()
+        if rows is not None:  # each row's LoRA slot: step metadata, read by every projection
+            meta.lora_rows = to_device(rows, torch.int64, self.device)
         return self.forward_path.hidden(  # [T, hidden]
             to_device(step.ids, torch.int64, self.device),
             to_device(step.positions, torch.int64, self.device),
@@ -212,6 +217,24 @@ class ModelRunner(StepRunner):
 
     def _logits(self, rows: torch.Tensor) -> torch.Tensor:
         return self.forward_path.logits(rows)
+
+    # ----- LoRA adapters (models/lora; the engine's table: engine/lora_adapters.py) --------
+    @property
+    def lora_slots(self) -> int:
+        """Slots of the model's adapter bank (0: adapters are off)."""
+        bank = getattr(self.model, "lora_bank", None)
+        return 0 if bank is None else bank.slots
+
+    def check_adapter(self, name: str, path: str) -> None:
+        """Reads and validates an adapter (LoraRefused says why not) without loading it."""
+        from models.lora import load_adapter
+
+        self.model.lora_bank.check(load_adapter(path, name, self.config))
+
+    def load_adapter(self, slot: int, name: str, path: str) -> None:
+        from models.lora import load_adapter
+
+        self.model.lora_bank.write(slot, load_adapter(path, name, self.config))
 
     # ----- the engine's hooks (engine/runner.py) -------------------------------------------
     def describe(self) -> EngineDescription:

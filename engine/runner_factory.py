@@ -115,6 +115,8 @@ def build_runner(
         from models.compiled_layers import compile_dense_halves
 
         compile_dense_halves(model)
+    if config.lora is not None:  # before the KV cache is sized: the bank's bytes are taken
+        attach_lora_bank(model, model_config, config, TORCH_DTYPE_BY_NAME[dtype_name], device)
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
@@ -159,12 +161,41 @@ def build_runner(
         kernels_in_background=kernels_later,
         batch_invariant=config.batch_invariant,
         kernel_model=(
-            (lambda: load_model(path, dtype_name, device, False, dequantize=False)[0])
+            (
+                lambda: _same_bank(
+                    load_model(path, dtype_name, device, False, dequantize=False)[0], model
+                )
+            )
             if blocks_later
             else None
         ),
     )
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+
+
+def attach_lora_bank(model, model_config, config: EngineConfig, dtype, device) -> None:
+    """The LoRA bank (models/lora/bank.py) of `config.lora.slots` slots on the model's device;
+    the Llama family only (the projections the bank knows)."""
+    from models.llama import LlamaForCausalLM
+    from models.lora import LoraBank
+
+    if not isinstance(model, LlamaForCausalLM):
+        raise ValueError(
+            f"LoRA adapters are served on the Llama family (Llama, Mistral, Qwen2/3, SmolLM2); "
+            f"{model_config.architecture} is not one yet"
+        )
+    if config.tensor_parallel_size > 1 or config.kv_tiers is not None:
+        raise ValueError("LoRA adapters run with tensor_parallel_size 1 and no kv_offload tiers")
+    lora = config.lora
+    LoraBank(model_config, lora.slots, lora.max_lora_rank, dtype, device).attach(model)
+
+
+def _same_bank(new: torch.nn.Module, old: torch.nn.Module) -> torch.nn.Module:
+    """The model the kernels run later serves the adapters of the first (their bank)."""
+    bank = getattr(old, "lora_bank", None)
+    if bank is not None:
+        bank.attach(new)
+    return new
 
 
 def dequantizes(config: EngineConfig, tensor_parallel: bool) -> bool:

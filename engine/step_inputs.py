@@ -4,9 +4,9 @@ packing into ONE int64 tensor (what rank 0 broadcasts to the other ranks each st
 Contract: `StepInputs.from_chunks(chunks, block_copies, full_logits_for)` lays a step out as
 the model runner runs it (tokens flat, chunk by chunk); `pack()` -> 1-D int64 tensor and
 `StepInputs.unpack(t)` invert each other exactly. Layout of a packed step (all int64):
-header [n_tokens, n_chunks, n_samples, n_copies, n_full], then ids, positions,
+header [n_tokens, n_chunks, n_samples, n_copies, n_full, n_adapters], then ids, positions,
 seq_lens, query_lens, sample_rows, table lengths (one per chunk), the block tables flat,
-copies (src, dst pairs), full-logit chunk indices.
+copies (src, dst pairs), full-logit chunk indices, adapter slots (none, or one per chunk).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-_HEADER = 5
+_HEADER = 6
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class StepInputs:
     sample_rows: tuple[int, ...]  # rows of [T] whose logits are sampled, in chunk order
     block_copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (src, dst) before the step
     full_logits_for: tuple[int, ...] = ()  # chunk indices that want every row's logits
+    # per chunk: its request's LoRA slot (-1: the base model); () when no chunk has an adapter
+    adapters: tuple[int, ...] = ()
 
     @classmethod
     def from_chunks(
@@ -56,6 +58,7 @@ class StepInputs:
             sample_rows=tuple(sample_rows),
             block_copies=tuple((int(s), int(d)) for s, d in block_copies),
             full_logits_for=tuple(sorted(full_logits_for)),
+            adapters=_adapter_slots(chunks),
         )
 
     @property
@@ -66,7 +69,7 @@ class StepInputs:
     def pack(self) -> torch.Tensor:
         lens = [len(t) for t in self.tables]
         header = [len(self.ids), len(self.tables), len(self.sample_rows)]
-        header += [len(self.block_copies), len(self.full_logits_for)]
+        header += [len(self.block_copies), len(self.full_logits_for), len(self.adapters)]
         values = [
             *header,
             *self.ids,
@@ -78,13 +81,14 @@ class StepInputs:
             *(b for t in self.tables for b in t),
             *(x for pair in self.block_copies for x in pair),
             *self.full_logits_for,
+            *self.adapters,
         ]
         return torch.tensor(values, dtype=torch.int64)
 
     @classmethod
     def unpack(cls, packed: torch.Tensor) -> StepInputs:
         values = packed.tolist()
-        n_tokens, n_chunks, n_samples, n_copies, n_full = values[:_HEADER]
+        n_tokens, n_chunks, n_samples, n_copies, n_full, n_adapters = values[:_HEADER]
         pos = _HEADER
 
         def take(n: int) -> list[int]:
@@ -107,4 +111,16 @@ class StepInputs:
             sample_rows=tuple(sample_rows),
             block_copies=tuple(zip(flat[::2], flat[1::2], strict=True)),
             full_logits_for=tuple(take(n_full)),
+            adapters=tuple(take(n_adapters)),
         )
+
+    def adapter_rows(self) -> list[int] | None:
+        """[T] each row's LoRA slot (its chunk's), or None when every row is the base model's."""
+        if not any(slot >= 0 for slot in self.adapters):
+            return None
+        return [s for s, n in zip(self.adapters, self.query_lens, strict=True) for _ in range(n)]
+
+
+def _adapter_slots(chunks: Sequence[Any]) -> tuple[int, ...]:
+    slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
+    return slots if any(s >= 0 for s in slots) else ()

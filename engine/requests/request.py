@@ -147,6 +147,10 @@ class Request:
     # The CompiledGrammar of params.structured_output (engine/sampling), made by new_request off
     # the engine's thread; the engine's cache may have dropped it since, so it travels here.
     grammar: Any = field(default=None, repr=False)
+    # Its LoRA adapter (params.adapter) while it holds one (engine/lora_adapters.py): the bank
+    # slot its rows use and the key its prefix-cache blocks chain from; -1 / None: the base.
+    lora_slot: int = -1
+    lora_key: str | None = None
     _next_seq_id: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:

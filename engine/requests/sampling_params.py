@@ -73,6 +73,9 @@ class SamplingParams:
     # A grammar the output must follow (JSON schema, regex, choice, Lark); compiled and checked
     # by the engine at request validation (engine/requests/structured_output.py).
     structured_output: StructuredOutput | None = None
+    # The LoRA adapter the request runs under, by its served name (None: the base model); the
+    # engine refuses a name it does not know (engine/lora_adapters.py).
+    adapter: str | None = None
     # Tests only (engine/requests/fault_spec.py): fail this request or kill the engine after k tokens.
     fault: FaultSpec | None = None
 

@@ -44,6 +44,7 @@ class PrefixMatch:
     num_tokens: int  # tokens they and tier_blocks hold (a multiple of block_size)
     num_queried_tokens: int  # tokens of the sequence that was looked up
     tier_blocks: tuple[Any, ...] = ()  # the next blocks, held by a K/V tier (RAM)
+    root: str | None = None  # the LoRA adapter key looked up under (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class BlockUsage:
 class _SeqState:
     num_registered: int = 0  # leading blocks of the table known to the prefix cache
     broken: bool = False  # a hash collision stopped registration for this sequence
+    root: str | None = None  # the LoRA adapter key its K/V was computed under (None: base)
 
 
 class BlockManager:
@@ -113,20 +115,20 @@ class BlockManager:
         return self._ref[block_id]
 
     # ----- admission -----------------------------------------------------------------------
-    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+    def match_prefix(self, token_ids: list[int], root: str | None = None) -> PrefixMatch:
         """Longest chain of cached blocks equal to the start of `token_ids`; no side effects."""
         found: list[int] = []
         parent, tier = None, ()
         blocks = self._full_blocks(token_ids) if self.enable_prefix_caching else []
         for tokens in blocks:
-            if (entry := self._cache.lookup(parent, tokens)) is None:
+            if (entry := self._cache.lookup(parent, tokens, root)) is None:
                 break
             found.append(entry.block_id)
             parent = entry
-        if self.tiers is not None:  # the chain goes on in the tiers
+        if self.tiers is not None:  # the chain goes on in the tiers (never with LoRA: config)
             tier = self.tiers.extend(parent.hash if parent else None, blocks[len(found) :])
         num = (len(found) + len(tier)) * self.block_size
-        return PrefixMatch(tuple(found), num, len(token_ids), tier)
+        return PrefixMatch(tuple(found), num, len(token_ids), tier, root)
 
     def _full_blocks(self, token_ids: list[int]) -> list[tuple[int, ...]]:
         bs = self.block_size  # keep >= 1 token to compute
@@ -168,7 +170,7 @@ class BlockManager:
                     self._cache.unpark(b)
                 self._ref[b] += 1
             seq.block_table = list(match.block_ids)
-            self._seqs[seq] = _SeqState(num_registered=len(match.block_ids))
+            self._seqs[seq] = _SeqState(num_registered=len(match.block_ids), root=match.root)
             self._queries += match.num_queried_tokens
             self._hits += match.num_tokens
         for seq, n, match in zip(seqs, num_tokens, matches, strict=True):
@@ -227,7 +229,7 @@ class BlockManager:
             self._ref[b] += 1
         child.block_table = list(parent.block_table)
         state = self._seqs[parent]
-        self._seqs[child] = _SeqState(state.num_registered, state.broken)
+        self._seqs[child] = _SeqState(state.num_registered, state.broken, state.root)
 
     def free(self, seq: TokenSequence, keep: int = 0) -> None:
         """Drops its blocks past the first `keep` (0: all), tail first (tails are evicted first)."""
@@ -247,11 +249,9 @@ class BlockManager:
         table, bs = seq.block_table, self.block_size
         for idx in range(state.num_registered, min(seq.num_computed_tokens // bs, len(table))):
             parent = self._cache.entry(table[idx - 1]) if idx > 0 else None
-            entry = None
-            if idx == 0 or parent is not None:
-                entry = self._cache.register(
-                    table[idx], parent, tuple(seq.token_ids[idx * bs : (idx + 1) * bs])
-                )
+            tokens = tuple(seq.token_ids[idx * bs : (idx + 1) * bs])
+            fits = idx == 0 or parent is not None  # (root: the adapter's key, block 0 only)
+            entry = self._cache.register(table[idx], parent, tokens, state.root) if fits else None
             if entry is None:  # collision: later blocks have no registered parent either
                 state.broken = True
                 return

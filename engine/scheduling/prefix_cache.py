@@ -1,7 +1,8 @@
 """PrefixCache: which full, computed KV blocks hold which token prefix, and which may be evicted.
 
 Contract: a full block is registered under `hash_fn(parent_hash, tokens)` where `parent_hash` is
-the hash of the block before it in its sequence (None for the first block). A hash is only an
+the hash of the block before it in its sequence (for the first block: None, or under a LoRA
+adapter a hash of the adapter's `root` key, which the entry keeps and a lookup checks). A hash is only an
 index: `lookup` confirms a hit by comparing the block's own tokens AND the identity of its parent
 entry (a serial number unique to each registration), so a hash collision can only cost a miss,
 never return a wrong block. At most one block is registered per hash; a second block with the
@@ -33,6 +34,7 @@ class CacheEntry:
     tokens: tuple[int, ...]
     parent_serial: int | None  # serial of the entry of the previous block; None for block 0
     serial: int  # unique per registration: a recycled block id gets a new serial
+    root: str | None = None  # block 0 only: what computed it (a LoRA adapter's key; None: base)
 
 
 class PrefixCache:
@@ -59,27 +61,34 @@ class PrefixCache:
     def parked_blocks(self) -> list[int]:
         return list(self._parked)
 
-    def lookup(self, parent: CacheEntry | None, tokens: tuple[int, ...]) -> CacheEntry | None:
-        """The registered block holding `tokens` right after `parent`, confirmed, or None."""
-        parent_hash = parent.hash if parent is not None else None
-        entry = self._by_hash.get(self._hash_fn(parent_hash, tokens))
+    def lookup(
+        self, parent: CacheEntry | None, tokens: tuple[int, ...], root: str | None = None
+    ) -> CacheEntry | None:
+        """The registered block holding `tokens` right after `parent` (block 0: computed under
+        `root`), confirmed, or None."""
+        entry = self._by_hash.get(self._hash_fn(_parent_hash(parent, root), tokens))
         if entry is None or entry.tokens != tokens:
             return None
         if entry.parent_serial != (parent.serial if parent is not None else None):
             return None
+        if parent is None and entry.root != root:  # a hit never crosses adapters
+            return None
         return entry
 
     def register(
-        self, block_id: int, parent: CacheEntry | None, tokens: tuple[int, ...]
+        self,
+        block_id: int,
+        parent: CacheEntry | None,
+        tokens: tuple[int, ...],
+        root: str | None = None,
     ) -> CacheEntry | None:
         """Registers an owned, computed full block. Returns the entry that now holds this
         content: the new one, an equal one registered before (the caller switches to it), or
         None when a different block already holds the hash (a collision: not cacheable)."""
-        existing = self.lookup(parent, tokens)
+        existing = self.lookup(parent, tokens, root)
         if existing is not None:
             return existing
-        parent_hash = parent.hash if parent is not None else None
-        h = self._hash_fn(parent_hash, tokens)
+        h = self._hash_fn(_parent_hash(parent, root), tokens)
         if h in self._by_hash or block_id in self._by_block:
             return None
         entry = CacheEntry(
@@ -88,6 +97,7 @@ class PrefixCache:
             tokens=tokens,
             parent_serial=parent.serial if parent is not None else None,
             serial=self._next_serial,
+            root=root if parent is None else None,
         )
         self._next_serial += 1
         self._by_hash[h] = entry
@@ -109,3 +119,11 @@ class PrefixCache:
         entry = self._by_block.pop(block_id)
         del self._by_hash[entry.hash]
         return entry
+
+
+def _parent_hash(parent: CacheEntry | None, root: str | None) -> int | None:
+    """Block 0 chains from its root: the base model's None, or a hash of the adapter's key, so
+    the same tokens under two adapters (their K/V differ) are two chains."""
+    if parent is not None:
+        return parent.hash
+    return None if root is None else hash(("lora", root))

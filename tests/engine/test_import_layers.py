@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.config",
             "engine.speculative.config",  # held by EngineConfig
             "engine.kv_tiers.config",  # held by EngineConfig
+            "engine.lora_config",  # held by EngineConfig
             "engine.host_transfer",
         ),
     ),
@@ -64,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.api",
             "engine.stats",
             "engine.request_state",
+            "engine.lora_adapters",  # LoRA adapters by name, for intake and the engine
             "engine.intake",
             "engine.step_update",
             "engine.faults",
