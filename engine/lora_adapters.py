@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.errors import QueueFullError
+from engine.errors import InvalidRequest, QueueFullError
 from engine.requests.request import Request, RequestStatus
 
 
@@ -124,7 +124,7 @@ class LoraAdapters:
     def _admit(self, request: Request, name: str, add: Callable[[Request], None]) -> None:
         adapter = self._adapters.get(name)
         if adapter is None:  # unloaded between validation and queueing
-            raise ValueError(f"the LoRA adapter {name!r} is not loaded")
+            raise InvalidRequest("adapter", f"the LoRA adapter {name!r} is not loaded")
         if adapter.slot is None:
             adapter.slot = self._free_slot()
             self._load(adapter.slot, name, adapter.path)

@@ -45,6 +45,13 @@ def _bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _name_path(text: str) -> tuple[str, str]:
+    name, _, path = text.partition("=")
+    if not name or not path:
+        raise ValueError(f"expected NAME=PATH (e.g. sql=/adapters/sql), got {text!r}")
+    return name, path
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not (value > 0 and math.isfinite(value)):
@@ -240,6 +247,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("speculative_ngram_min", int, "shortest n-gram --speculative ngram takes", default="1"),
     Option("speculative_ngram_max", int, "longest n-gram --speculative ngram takes", default="4"),
     Option("speculative_model", str, "the draft model (--speculative draft)", default="none"),
+    Option(
+        "lora",
+        _name_path,
+        "a LoRA adapter served as model NAME: NAME=PATH (repeatable)",
+        repeatable=True,
+    ),
+    Option("max_loras", int, "LoRA adapters held at once (LRU slots)", default="one per --lora"),
+    Option("max_lora_rank", int, "the largest LoRA rank a slot holds", default="16"),
+    Option(
+        "enable_lora_runtime_updates",
+        _bool,
+        "POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
+        flag_is_switch=True,
+    ),
     Option(
         "shutdown_timeout",
         _non_negative_float,

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> NoReturn:
-    from engine import EngineConfig, kv_tier_config, speculative_config  # pure Python
+    from engine import EngineConfig, LoraConfig, kv_tier_config, speculative_config
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
@@ -109,6 +109,13 @@ def run(args: argparse.Namespace) -> NoReturn:
             settings.speculative_model,
         ),
     }
+    if settings.lora or settings.max_loras or settings.enable_lora_runtime_updates:
+        values["lora"] = LoraConfig(
+            adapters=settings.lora,
+            max_loras=settings.max_loras,
+            max_lora_rank=settings.max_lora_rank or 16,
+            runtime_updates=settings.enable_lora_runtime_updates,
+        )
     values = {k: v for k, v in values.items() if v is not None}
     if settings.target_itl_ms == 0:  # off: steps sized by the token budget alone
         values["target_itl_ms"] = None

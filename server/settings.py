@@ -65,6 +65,10 @@ class Settings:
     speculative_ngram_min: int | None = None
     speculative_ngram_max: int | None = None
     speculative_model: str | None = None
+    lora: tuple[tuple[str, str], ...] = ()  # (name, path) of each --lora
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    enable_lora_runtime_updates: bool = False
     shutdown_timeout: float = 30.0
     request_timeout: float | None = None
     health_stall_timeout: float = 120.0

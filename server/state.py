@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -217,7 +218,7 @@ class ServerState:
 
     def _model_name(self, requested: str | None) -> str:
         self.require_ready()  # before the name check: the names are known once loaded
-        if requested in self.model_names:
+        if requested in self.model_names or requested in self.adapter_names():
             return requested
         if requested is None or requested in PLACEHOLDER_MODEL_NAMES:
             return self.model_names[0]
@@ -227,6 +228,17 @@ class ServerState:
             param="model",
             code="model_not_found",
         )
+
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters served as models (engine/lora_adapters.py), each a `model` name."""
+        adapters = self.engine.adapters if self.engine is not None else None
+        return adapters.names() if adapters is not None else []
+
+    def with_adapter(self, params: list[SamplingParams], model: str) -> list[SamplingParams]:
+        """`params` run under the LoRA adapter `model` names (unchanged for the base model)."""
+        if model not in self.adapter_names():
+            return params
+        return [dataclasses.replace(p, adapter=model) for p in params]
 
     def require_tokenizer(self) -> Any:
         if self.tokenizer is None:

@@ -61,6 +61,7 @@ class MessagesServing:
         keep = bool(fmt.tools and fmt.tools.markers)
         params = message_params(req, grammar, keep, defaults)
         message_id = "msg_" + request_id(request).unique  # the engine's id too
+        (params,) = state.with_adapter([params], model)  # `model` may name a LoRA adapter
         (stream,) = await state.open([prompt.token_ids], [params], None, API_FIELDS, message_id)
         if req.stream:
             events = self._events(stream, fmt, message_id, model, len(prompt.token_ids))

@@ -7,7 +7,9 @@ are theirs. /v1/models lists the served names (`token_ids_only`: the model has n
 so only token-id prompts are served); /v1/models/{id} is one of them (404 in the OpenAI error
 shape, param "model", for any other id; ids may hold "/"). /tokenize takes `prompt` (text) or
 `messages` (through the chat template, as the chat route renders them) and returns `{"tokens",
-"count", "max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`.
+"count", "max_model_len"}`; /detokenize turns `tokens` back into `{"prompt"}`. LoRA adapters are models too (`parent`: the
+base; server/openai/lora_adapters.py), with vLLM's POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter under --enable-lora-runtime-updates.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server.errors import ApiError, read_body
+from server.openai import lora_adapters
 from server.openai.protocol import DetokenizeRequest, TokenizeRequest
 from server.openai.serving_chat import ChatServing
 from server.openai.serving_completions import CompletionServing
@@ -48,21 +51,36 @@ def build_router(state: ServerState) -> APIRouter:
             "token_ids_only": state.tokenizer is None,
         }
 
+    def cards() -> list[dict[str, Any]]:
+        base = [{**card(name), "root": name, "parent": None} for name in state.model_names]
+        return base + lora_adapters.adapter_cards(state, card)  # LoRA: parent = the base
+
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card(name) for name in state.model_names]}
+        return {"object": "list", "data": cards()}
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         state.require_ready()  # the names are known once loaded
-        if model_id not in state.model_names:
-            raise ApiError(
-                404,
-                f"the model '{model_id}' does not exist; see /v1/models",
-                param="model",
-                code="model_not_found",
-            )
-        return card(model_id)
+        for found in cards():
+            if found["id"] == model_id:
+                return found
+        raise ApiError(
+            404,
+            f"the model '{model_id}' does not exist; see /v1/models",
+            param="model",
+            code="model_not_found",
+        )
+
+    if state.settings.enable_lora_runtime_updates:  # vLLM's run-time adapter routes
+
+        @router.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request) -> Response:
+            return await lora_adapters.load_adapter(state, request)
+
+        @router.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(request: Request) -> Response:
+            return await lora_adapters.unload_adapter(state, request)
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

@@ -79,7 +79,8 @@ class OpenAIServing(ABC, Generic[JobT]):
         prompts = [p.token_ids for p in job.prompts]
         job.id = request_id(request).unique  # the body's id is the engine's: one id per request
         engine_id = self.id_prefix + job.id
-        streams = await self.state.open(prompts, job.params, job.timeout, job.api_fields, engine_id)
+        params = self.state.with_adapter(job.params, job.model)  # `model` may name a LoRA adapter
+        streams = await self.state.open(prompts, params, job.timeout, job.api_fields, engine_id)
         if stream:
             keepalive = self.state.settings.sse_keepalive
             return EventStreamResponse(self._events(job, streams), keepalive)

@@ -68,6 +68,7 @@ class ResponsesServing:
         keep = bool(fmt.tools and fmt.tools.markers)
         params = response_params(req, grammar, keep, defaults)
         shell = _shell(req, model, "resp_" + request_id(request).unique)  # the engine's id too
+        (params,) = state.with_adapter([params], model)  # `model` may name a LoRA adapter
         (stream,) = await state.open([prompt.token_ids], [params], None, API_FIELDS, shell["id"])
         prompt_tokens = len(prompt.token_ids)
         if req.stream:

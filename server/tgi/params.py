@@ -46,7 +46,7 @@ def tgi_params(
     p: TgiParameters | None, allow_faults: bool = False, streamed: bool = True
 ) -> SamplingParams:
     p = p or TgiParameters()
-    for name in ("typical_p", "adapter_id"):
+    for name in ("typical_p",):
         if getattr(p, name) is not None:
             raise ApiError(400, f"{name} is not supported by this server", param=name)
     if p.watermark:

@@ -15,6 +15,7 @@ that disconnects aborts its request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +44,11 @@ class TgiServing:
             raise ApiError(400, "`inputs` cannot be empty", param="inputs")
         params = req.parameters or tgi.TgiParameters()
         sampling = tgi_params(params, state.settings.enable_fault_injection, streamed)
+        if params.adapter_id is not None:  # TGI's choice of a LoRA adapter (its served name)
+            if params.adapter_id not in state.adapter_names():
+                raise ApiError(400, f"adapter_id {params.adapter_id!r} is not a LoRA adapter "
+                               "being served; see /v1/models", param="adapter_id")  # fmt: skip
+            sampling = dataclasses.replace(sampling, adapter=params.adapter_id)
         ids = await asyncio.to_thread(state.require_tokenizer().encode, req.inputs, True)
         if params.truncate is not None:
             ids = ids[-params.truncate :]
