@@ -15,6 +15,9 @@ rows (on a CPU models/linear_backend.invariant_linear, the PyTorch path's GEMM; 
 subclass, models/moe/cpu_experts.py, the C++ kernels), the activation is elementwise, and the
 weighted sum of a token runs over its own slots in a fixed order: a row's bits never depend
 on which other tokens chose the same experts.
+
+On CUDA (where Triton is available) the experts run as models/moe/triton_experts.py's two
+launches instead, tested against this reference.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import pointwise
+from models import pointwise, triton_kernels
 from models.linear_backend import invariant_linear
 
 
@@ -60,6 +63,12 @@ class GroupedExperts(nn.Module):
     def forward(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
+        if triton_kernels.enabled(x):  # CUDA: two launches, no host read (capture-safe)
+            from models.moe.triton_experts import triton_experts
+
+            return triton_experts(
+                x, experts, weights, self.gate_up_proj.weight, self.down_proj.weight
+            )
         slots = x.new_zeros(*experts.shape, self.hidden)  # [T, k, H]
         # Which experts this step's tokens chose (one host read: the grouping's sizes need it).
         for e in torch.unique(experts).tolist():
