@@ -26,6 +26,7 @@ from pathlib import Path
 from bench.backends import BACKENDS
 from bench.cli_tools import (
     add_grow_model_arguments,
+    add_lora_arguments,
     add_soak_arguments,
     add_write_gguf_arguments,
 )
@@ -175,6 +176,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "gpu-check",
             help="on a GPU machine: install carried wheels, benchmarks against the measured "
             "bounds, CUDA suite, profile; one report (gpu/check.sh; --tiny: a CPU dry run)",
+        )
+    )
+    add_lora_arguments(
+        sub.add_parser(
+            "lora",
+            help="LoRA adapters' cost: offline and batch-1 decode with random adapters against "
+            "the base model in the same run (bench/lora_speed.py)",
         )
     )
     add_soak_arguments(

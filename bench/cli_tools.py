@@ -1,5 +1,5 @@
 """Arguments of bench's auxiliary subcommands (bench/cli.py declares the benchmarks themselves):
-`soak` (a long run at a fixed rate against a running server, bench/soak.py) and `write-gguf`
+`soak` (a long run at a fixed rate against a running server, bench/soak.py), `lora` (bench/lora_speed.py) and `write-gguf`
 (a GGUF file with random weights in a real model's shape, bench/random_gguf.py).
 
 Contract: `add_soak_arguments(parser)` and `add_write_gguf_arguments(parser)` declare the flags
@@ -62,3 +62,15 @@ def add_soak_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+
+
+def add_lora_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF folder or GGUF (default: the default model)")
+    p.add_argument("--adapters", type=int, default=8, help="random adapters (default 8)")
+    p.add_argument("--rank", type=int, default=16, help="their rank (default 16)")
+    p.add_argument("--requests", type=int, default=64, help="offline requests (default 64)")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=64, help="batch-1 decode steps timed")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each, best kept (default 2)")
+    p.add_argument("--dtype", default="auto")

@@ -57,6 +57,10 @@ def run_command(args: argparse.Namespace) -> int:
         path = write_grown_gguf(args.out, args.extra_layers, args.noise, args.source, args.seed)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
         return 0
+    if args.bench_command == "lora":
+        from bench.lora_speed import run_lora_bench
+
+        return run_lora_bench(args)
     if args.bench_command == "soak":
         return _run_soak(args)
     if args.bench_command == "gpu-check":
