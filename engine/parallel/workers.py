@@ -13,7 +13,10 @@ Contract:
 - `WorkerSet.watch(on_failure)`: a daemon thread calls `on_failure(reason)` once when a local
   rank's process exits while it was not asked to stop, or a rank's heartbeat stops (a node
   died or was cut off; rank 0 then fails /health and exits non-zero, see AsyncEngine.kill);
-  it notices within `POLL_SECONDS` (a heartbeat: `HEARTBEAT_TIMEOUT_S`).
+  it notices within `POLL_SECONDS` (a heartbeat: `HEARTBEAT_TIMEOUT_S`). If the group is not
+  being stopped `STUCK_GRACE_S` later (the engine's step waits in a collective on a peer cut
+  off without a closed connection, which gloo would wait out for minutes), it ends the
+  process itself (`exit_process(1)`, the reason logged).
 - `WorkerSet.stop(timeout)`: waits up to `timeout` for the local ranks to exit and every rank
   to acknowledge the stop message (`ParallelRank.close` sends it), then SIGTERM... SIGKILL
   what is left here: no orphan process.
@@ -37,17 +40,27 @@ import torch
 from engine.config import EngineConfig, resolve_device
 from engine.parallel.cluster import LOOPBACK, Cluster
 from engine.parallel.membership import Membership
-from models.parallel import ParallelGroup, free_port, init_group
+from models.parallel import ParallelGroup, exit_rank, free_port, init_group
 
 log = logging.getLogger("tgserve.engine")
 
 POLL_SECONDS = 0.5
+# After a failure, how long the engine gets to end its loop and stop the group before this
+# process ends itself: a step waiting in a collective on a peer that is cut off (no closed
+# connection to see) would otherwise wait out the collective timeout (minutes), unhealthy.
+STUCK_GRACE_S = 10.0
 
 
 class WorkerSet:
-    def __init__(self, procs: dict[int, subprocess.Popen], members: Membership | None) -> None:
+    def __init__(
+        self,
+        procs: dict[int, subprocess.Popen],
+        members: Membership | None,
+        exit_process: Callable[[int], None] = exit_rank,
+    ) -> None:
         self.procs = procs  # rank -> its process, for the ranks this process started
         self.members = members
+        self._exit = exit_process
         self._stopping = False
         self._watcher: threading.Thread | None = None
 
@@ -74,11 +87,25 @@ class WorkerSet:
                 if reason is not None and not self._stopping:
                     log.error("%s; the replica cannot go on", reason)
                     on_failure(reason)
+                    self._end_if_stuck(reason)
                     return
                 time.sleep(POLL_SECONDS)
 
         self._watcher = threading.Thread(target=loop, name="tgserve-ranks", daemon=True)
         self._watcher.start()
+
+    def _end_if_stuck(self, reason: str) -> None:
+        deadline = time.monotonic() + STUCK_GRACE_S
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        if not self._stopping:
+            log.error(
+                "the engine is still inside a step %.0fs after: %s (a collective waits on a "
+                "peer that is cut off); ending this process",
+                STUCK_GRACE_S,
+                reason,
+            )
+            self._exit(1)
 
     def stop(self, timeout: float) -> None:
         self._stopping = True
