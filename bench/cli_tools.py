@@ -15,7 +15,9 @@ from pathlib import Path
 def add_write_gguf_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="the .gguf file to write")
     p.add_argument("--type", default="Q4_1", help="GGML type of the matrices, e.g. Q4_1, Q8_0")
-    p.add_argument("--shape", default="llama-3.2-1b", help="model shape (llama-3.2-1b)")
+    p.add_argument(
+        "--shape", default="llama-3.2-1b", help="model shape (llama-3.2-1b, qwen3-moe-0.5b)"
+    )
     p.add_argument(
         "--vocab-from",
         type=Path,

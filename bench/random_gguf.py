@@ -5,7 +5,9 @@ Contract: `write_random_gguf(dest, qtype, shape="llama-3.2-1b", vocab_from=None,
 `dest` and returns it.
 - Shape: `SHAPES[shape]` (Llama-3.2-1B: 16 layers, hidden 2048, intermediate 8192, 32 query /
   8 KV heads of 64, rope theta 500000, tied embeddings), written as llama.cpp's converter
-  writes a Llama (names from gguf-py's map, `general.file_type` set to the type's).
+  writes a Llama (names from gguf-py's map, `general.file_type` set to the type's); or
+  "qwen3-moe-0.5b", a mixture of experts written as llama.cpp writes Qwen3-MoE (`qwen3moe`,
+  3-D expert tensors, the router F32).
 - Vocabulary: every `tokenizer.*` field of the GGUF `vocab_from` (default: the default model's,
   49152 GPT-2 BPE tokens; no Llama-3 tokenizer ships offline, so the embedding and the LM head
   are 49152 x 2048 unless a GGUF with that vocabulary is given, e.g. llama.cpp's
@@ -47,6 +49,22 @@ SHAPES: dict[str, dict[str, float | int]] = {
         rms_eps=1e-5,
         context_length=8192,
     ),  # fmt: skip
+    # A Qwen3-MoE of ~0.47B parameters (0.40B in experts), ~0.13B active per token: 8 layers,
+    # 32 experts of 512, top-4, q/k norms; the router stays F32 as llama-quantize keeps it.
+    "qwen3-moe-0.5b": dict(
+        arch="qwen3moe",
+        block_count=8,
+        embedding_length=1024,
+        feed_forward_length=3072,
+        head_count=16,
+        head_count_kv=4,
+        rope_freq_base=1000000.0,
+        rms_eps=1e-6,
+        context_length=8192,
+        expert_count=32,
+        expert_used_count=4,
+        expert_feed_forward_length=512,
+    ),  # fmt: skip
 }
 WRITABLE_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "F16", "BF16", "F32"
@@ -70,7 +88,7 @@ def write_random_gguf(
     s = SHAPES[shape]
     vocab = GGUFReader(vocab_from or default_model_path())
     vocab_size = len(vocab.fields["tokenizer.ggml.tokens"].data)
-    writer = GGUFWriter(str(dest), arch="llama")
+    writer = GGUFWriter(str(dest), arch=str(s.get("arch", "llama")))
     writer.add_name(f"random {shape} {qtype}")
     writer.add_file_type(
         MIXES[qtype] if qtype in MIXES else _file_type(GGMLQuantizationType[qtype])
@@ -85,6 +103,12 @@ def write_random_gguf(
     writer.add_layer_norm_rms_eps(s["rms_eps"])
     writer.add_vocab_size(vocab_size)
     writer.add_rope_dimension_count(s["embedding_length"] // s["head_count"])
+    if "expert_count" in s:  # mixture of experts (Qwen3-MoE as llama.cpp writes it)
+        writer.add_key_length(s["embedding_length"] // s["head_count"])
+        writer.add_value_length(s["embedding_length"] // s["head_count"])
+        writer.add_expert_count(s["expert_count"])
+        writer.add_expert_used_count(s["expert_used_count"])
+        writer.add_expert_feed_forward_length(s["expert_feed_forward_length"])
     for field in vocab.fields.values():
         if field.name.startswith("tokenizer."):
             vtype = field.types[0]
@@ -93,7 +117,7 @@ def write_random_gguf(
     tensors = _tensor_shapes(s, vocab_size)
     types = {
         name: mix_type(qtype, name, s["block_count"])
-        if len(shape) == 2
+        if len(shape) >= 2 and "ffn_gate_inp" not in name
         else GGMLQuantizationType.F32
         for name, shape in tensors.items()
     }
@@ -128,9 +152,28 @@ def _tensor_shapes(s: dict, vocab_size: int) -> dict[str, tuple[int, ...]]:
         "post_attention_layernorm": (h,), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
         "mlp.down_proj": (h, inter),
     }  # fmt: skip
+    if "expert_count" in s:
+        return shapes | _moe_shapes(s)
     for i in range(layers):
         for part, shape in hf.items():
             shapes[f"{names.get_name(f'model.layers.{i}.{part}')}.weight"] = shape
+    shapes["output_norm.weight"] = (h,)
+    return shapes
+
+
+def _moe_shapes(s: dict) -> dict[str, tuple[int, ...]]:
+    """A Qwen3-MoE's layers as llama.cpp names them: the experts as 3-D [E, rows, cols]."""
+    h, layers, e = s["embedding_length"], s["block_count"], s["expert_count"]
+    d, i = h // s["head_count"], s["expert_feed_forward_length"]
+    q, kv = s["head_count"] * d, s["head_count_kv"] * d
+    shapes: dict[str, tuple[int, ...]] = {}
+    for n in range(layers):
+        shapes |= {f"blk.{n}.{name}.weight": shape for name, shape in (
+            ("attn_norm", (h,)), ("attn_q", (q, h)), ("attn_k", (kv, h)), ("attn_v", (kv, h)),
+            ("attn_q_norm", (d,)), ("attn_k_norm", (d,)), ("attn_output", (h, q)),
+            ("ffn_norm", (h,)), ("ffn_gate_inp", (e, h)), ("ffn_gate_exps", (e, i, h)),
+            ("ffn_up_exps", (e, i, h)), ("ffn_down_exps", (e, h, i)),
+        )}  # fmt: skip
     shapes["output_norm.weight"] = (h,)
     return shapes
 

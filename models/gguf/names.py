@@ -16,7 +16,7 @@ A tensor name we do not know raises `ValueError` naming the file and the tensor.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -123,12 +123,20 @@ def gguf_to_hf_tensors(
     gguf: GGUFFile, hf_config: dict[str, Any]
 ) -> Iterator[tuple[str, str, torch.Tensor]]:
     """Yields (gguf_name, hf_name, tensor), checking every name and type before any work."""
+    for info, hf_name, tensor in plan_tensors(gguf, gguf_to_hf_plan(gguf, hf_config)):
+        yield info.name, hf_name, tensor
+
+
+def plan_tensors(
+    gguf: GGUFFile, plan: Iterable[tuple[GGUFTensorInfo, str, Fixup | None]]
+) -> Iterator[tuple[GGUFTensorInfo, str, torch.Tensor]]:
+    """(info, hf_name, tensor dequantised and fixed up) for the entries of a plan. An expert
+    tensor's entries follow each other: it is read (dequantised) once for all of them."""
     last: tuple[GGUFTensorInfo | None, torch.Tensor | None] = (None, None)
-    for info, hf_name, fixup in gguf_to_hf_plan(gguf, hf_config):
-        # An expert tensor's entries follow each other: it is read (dequantised) once.
+    for info, hf_name, fixup in plan:
         tensor = last[1] if last[0] is info else gguf.tensor(info)
         last = (info, tensor)
-        yield info.name, hf_name, fixup(tensor) if fixup else tensor
+        yield info, hf_name, fixup(tensor) if fixup else tensor
 
 
 def _expert_entries(

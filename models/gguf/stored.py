@@ -1,7 +1,7 @@
 """Loading a GGUF with its block-quantised matrices kept as stored (the default for GGUF files).
 
 Contract: `load_stored_gguf(path, dtype, device)` returns `(model, config)` for a Llama-family
-GGUF on a CPU with tgserve's C++ kernels built, or None (the caller then dequantises as
+or mixture-of-experts GGUF (its experts' 3-D tensors as stored: models/moe/stored_experts.py) on a CPU with tgserve's C++ kernels built, or None (the caller then dequantises as
 before) when the file is another family, the device is not a CPU, the kernels are unavailable,
 or no matrix is stored in a type of `STORED_TYPES`.
 - Every linear layer and the token embedding whose matrices are all of one type of
@@ -41,8 +41,9 @@ from models.config import ModelConfig
 from models.gguf.config import read_gguf_config
 from models.gguf.file import GGUFFile
 from models.gguf.header import GGUFTensorInfo
-from models.gguf.names import Fixup, gguf_to_hf_plan
+from models.gguf.names import Fixup, gguf_to_hf_plan, plan_tensors
 from models.host_memory import release_freed_memory
+from models.moe.stored_experts import keep_experts_as_stored, stored_expert_groups
 
 # Hugging Face module fragment -> (our fused module fragment, part index, parts).
 _FUSED = {
@@ -51,7 +52,12 @@ _FUSED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", 2, 3),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0, 2),
     "mlp.up_proj": ("mlp.gate_up_proj", 1, 2),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", 0, 2),  # Qwen2-MoE
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", 1, 2),
 }
+
+# The families whose GGUFs load as stored: Llama's, and its mixture-of-experts kin (models/moe).
+_FAMILIES = ("llama", "moe")
 
 Part = tuple[int, GGUFTensorInfo, str, Fixup | None]  # (part index, info, hf name, fixup)
 
@@ -64,11 +70,11 @@ def load_stored_gguf(
     if torch.device(device).type != "cpu" or cpu_kernels.extension() is None:
         return None
     gguf, hf_config, config = read_gguf_config(path)
-    if config.family != "llama":
+    if config.family not in _FAMILIES:
         return None
     plan = gguf_to_hf_plan(gguf, hf_config)
     groups = _block_groups(plan)
-    if not groups:
+    if not groups and not stored_expert_groups(plan):
         return None
     # Built on the meta device: the block layers go in before anything is allocated, so no
     # dense matrix is ever made for a layer the file stores as blocks.
@@ -80,6 +86,7 @@ def load_stored_gguf(
             weight = _pack(gguf, sorted(parts, key=lambda p: p[0]))
             _replace(model, module_name, weight, dtype, path)
             kept.update(hf_name for _, _, hf_name, _ in parts)
+    kept |= keep_experts_as_stored(model, gguf, plan)  # mixture-of-experts: models/moe
     if config.tie_word_embeddings and isinstance(model.model.embed_tokens, BlockEmbedding):
         model.lm_head = BlockLinear(model.model.embed_tokens.block_weight)
     model = materialise(model, config, device)  # the dense rest: norms, other matrices, rotary
@@ -97,7 +104,8 @@ def stores_blocks(path: Path) -> bool:
     if not path.is_file() or path.suffix.lower() != ".gguf":
         return False
     gguf, hf_config, config = read_gguf_config(path)
-    return config.family == "llama" and bool(_block_groups(gguf_to_hf_plan(gguf, hf_config)))
+    plan = gguf_to_hf_plan(gguf, hf_config)
+    return config.family in _FAMILIES and bool(_block_groups(plan) or stored_expert_groups(plan))
 
 
 def _qtype(info: GGUFTensorInfo) -> GGMLQuantizationType | None:
@@ -150,7 +158,6 @@ def _replace(
 
 
 def _rest(gguf: GGUFFile, plan, kept: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    for info, hf_name, fixup in plan:
-        if hf_name not in kept:
-            tensor = gguf.tensor(info)
-            yield hf_name, fixup(tensor) if fixup else tensor
+    rest = [entry for entry in plan if entry[1] not in kept]
+    for _, hf_name, tensor in plan_tensors(gguf, rest):
+        yield hf_name, tensor

@@ -40,7 +40,8 @@ class CppExpertRunner:
 
 
 def use_cpp_experts(model: nn.Module) -> int:
-    groups = [m for m in model.modules() if isinstance(m, GroupedExperts)]
+    # GGUF blocks kept as stored (models/moe/stored_experts.py) run their block kernels already.
+    groups = [m for m in model.modules() if type(m) is GroupedExperts]
     if not groups or groups[0].gate_up_proj.weight.device.type != "cpu":
         return 0
     dtype = groups[0].gate_up_proj.weight.dtype

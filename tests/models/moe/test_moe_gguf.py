@@ -10,7 +10,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from models import cpu_kernels
 from models.loader import load_model
+from models.moe.stored_experts import BlockExperts
 from tests.checkpoints import VOCAB, make_hf_model
 from tests.models.moe.moe_gguf import write_moe_gguf
 from tests.models.paged_driver import PagedDriver
@@ -19,9 +21,11 @@ from tests.models.test_models_vs_transformers import hf_logits
 PROMPT = torch.randint(3, VOCAB, (13,), generator=torch.Generator().manual_seed(5)).tolist()
 
 
-def our_logits(path) -> torch.Tensor:
+def our_logits(path, stored: bool = False) -> torch.Tensor:
     model, config = load_model(path, "float32", "cpu", use_cache=False)
     assert config.moe is not None
+    if stored and cpu_kernels.extension() is not None:  # the experts' blocks kept as stored
+        assert all(type(layer.mlp.experts) is BlockExperts for layer in model.model.layers)
     driver = PagedDriver(model, block_size=4)
     return driver.step({driver.add_sequence(): PROMPT})[0]
 
@@ -45,7 +49,7 @@ def test_qwen_moe_gguf_logits_equal_transformers_gguf_loading(arch, gguf_arch, q
     want = hf_logits(theirs, PROMPT)
     if qtype is None:  # float32: the file is the model
         torch.testing.assert_close(want, hf_logits(hf, PROMPT), atol=1e-5, rtol=0)
-    torch.testing.assert_close(our_logits(path), want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(our_logits(path, stored=qtype is not None), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("arch,gguf_arch", [("mixtral", "llama"), ("qwen3_moe", "qwen3moe")])
@@ -55,3 +59,21 @@ def test_moe_gguf_equals_its_source_model(arch, gguf_arch, tmp_path):
     hf = make_hf_model(arch)
     path = write_moe_gguf(hf, tmp_path / "tiny.gguf", gguf_arch, None)
     torch.testing.assert_close(our_logits(path), hf_logits(hf, PROMPT), atol=1e-4, rtol=0)
+
+
+def test_experts_as_stored_are_batch_invariant(tmp_path):
+    """A row alone equals it among rows sharing its experts, bit for bit, through the block
+    kernels (Q4_0 experts as stored)."""
+    if cpu_kernels.extension() is None:
+        pytest.skip("the C++ kernels cannot be built here")
+    hf = make_hf_model("qwen2_moe")
+    path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen2moe", QT.Q4_0)
+    model, _ = load_model(path, "float32", "cpu", use_cache=False)
+    experts = model.model.layers[1].mlp.experts
+    assert isinstance(experts, BlockExperts)
+    gen = torch.Generator().manual_seed(3)
+    x, weights = torch.randn(17, 64, generator=gen), torch.rand(17, 2, generator=gen)
+    ids = torch.tensor([[5, 2]] * 17)
+    batch = experts(x, ids, weights)
+    for t in (0, 8, 16):
+        assert torch.equal(experts(x[t : t + 1], ids[t : t + 1], weights[t : t + 1])[0], batch[t])
