@@ -30,6 +30,7 @@ from bench.cli_tools import (
     add_soak_arguments,
     add_write_gguf_arguments,
 )
+from bench.kv_tiers import add_kv_tier_arguments
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 
@@ -192,6 +193,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _probe_args(
         sub.add_parser(
             "short-behind-long", help="TTFT of a short request while long prompts prefill"
+        )
+    )
+    add_kv_tier_arguments(
+        sub.add_parser(
+            "kv-tiers", help="TTFT of a conversation re-sent from the RAM / disk K/V tier vs cold"
         )
     )
 

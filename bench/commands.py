@@ -67,6 +67,10 @@ def run_command(args: argparse.Namespace) -> int:
         from bench.gpu_check.main import run
 
         return run(args)
+    if args.bench_command == "kv-tiers":
+        from bench.kv_tiers import run
+
+        return run(args)
     if args.bench_command in ("burst", "short-behind-long"):
         return _run_probe(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress

@@ -296,5 +296,5 @@ class Engine:
 
     def close(self) -> None:
         """K/V tier writes land, other tensor-parallel ranks stop (if any); engine's thread."""
-        close_tiers(self.scheduler.block_manager)
+        close_tiers(self.scheduler.block_manager, self.runner)
         self.runner.close()

@@ -11,8 +11,10 @@ there are none.
   from the pool out to the tiers, then tier hits into their fresh blocks: `TierStore.transfer`);
   at a step with nothing to run, a short wait for disk reads in flight (the only work left)
   instead of a spin.
-- `tier_stats(block_manager)`: the tiers' figures, or None; `close_tiers(block_manager)` waits
-  for the queued disk writes (an engine's close: the server's exit runs no finalizer).
+- `tier_stats(block_manager)`: the tiers' figures, or None; `close_tiers(block_manager, runner)`
+  copies the pool's parked blocks out too (the head of a chain is the last to be evicted: without
+  it a restart could use none of the chain) and waits for the queued disk writes (an engine's
+  close: the server's exit runs no finalizer).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def tier_stats(block_manager: Any) -> TierStats | None:
     return block_manager.tiers.index.stats() if block_manager.tiers is not None else None
 
 
-def close_tiers(block_manager: Any) -> None:
-    if block_manager.tiers is not None:
-        block_manager.tiers.index.close()
+def close_tiers(block_manager: Any, runner: Any) -> None:
+    bridge = block_manager.tiers
+    if bridge is not None:  # the pool's cached prefixes too: a restart finds whole chains
+        block_manager.spill_cached_blocks()
+        bridge.index.transfer(runner.kv_caches, bridge.take_moves())
+        bridge.index.close()

@@ -91,29 +91,37 @@ class TierStore:
     # ----- the engine's side (device copies) -------------------------------------------------
     def transfer(self, kv_caches: KVCaches, moves: TierMoves) -> None:
         if moves.saves:
-            self._save([b for b, _, _ in moves.saves], moves, kv_caches)
-        if moves.loads:
-            device = kv_caches[0][0].device
-            ids = torch.tensor([b for b, _ in moves.loads], dtype=torch.int64, device=device)
-            kv = torch.stack([block.kv for _, block in moves.loads]).to(device)  # [N, L, 2, ...]
-            for layer, (k_cache, v_cache) in enumerate(kv_caches):
-                k_cache.index_copy_(0, ids, kv[:, layer, 0])
-                v_cache.index_copy_(0, ids, kv[:, layer, 1])
-
-    def _save(self, block_ids: list[int], moves: TierMoves, kv_caches: KVCaches) -> None:
-        ids = torch.tensor(block_ids, dtype=torch.int64, device=kv_caches[0][0].device)
-        out = torch.empty((len(block_ids), *self.block_shape), dtype=self.dtype)
+            self._save(moves, kv_caches)
+        if not moves.loads:
+            return
+        device = kv_caches[0][0].device
+        if device.type == "cpu":  # block by block: small copies stay on one thread (below)
+            for block_id, block in moves.loads:
+                for layer, (k_cache, v_cache) in enumerate(kv_caches):
+                    k_cache[block_id].copy_(block.kv[layer, 0])
+                    v_cache[block_id].copy_(block.kv[layer, 1])
+            return
+        ids = torch.tensor([b for b, _ in moves.loads], dtype=torch.int64, device=device)
+        kv = torch.stack([block.kv for _, block in moves.loads]).to(device)  # [N, L, 2, ...]
         for layer, (k_cache, v_cache) in enumerate(kv_caches):
-            out[:, layer, 0] = k_cache[ids].cpu()
-            out[:, layer, 1] = v_cache[ids].cpu()
-        for i, (_, key, tokens) in enumerate(moves.saves):
-            kv = out[i].clone()  # its own storage: the RAM tier counts and frees it alone
+            k_cache.index_copy_(0, ids, kv[:, layer, 0])
+            v_cache.index_copy_(0, ids, kv[:, layer, 1])
+
+    def _save(self, moves: TierMoves, kv_caches: KVCaches) -> None:
+        """Each evicted block into a CPU tensor of its own. Block by block: one large gather
+        split over OpenMP threads ran 10x slower than these small copies on a busy 2-core host
+        (1 s against 60 ms for 61 blocks of the default model)."""
+        for block_id, key, tokens in moves.saves:
+            kv = torch.empty(self.block_shape, dtype=self.dtype)
+            for layer, (k_cache, v_cache) in enumerate(kv_caches):
+                kv[layer, 0].copy_(k_cache[block_id])
+                kv[layer, 1].copy_(v_cache[block_id])
             self.ram.put(key, tokens, kv)
             if self.disk is not None:
                 future = self._worker.submit(self.disk.write, self.namespace, key, tokens, kv)
                 with self._lock:
                     self._writes = [f for f in self._writes if not f.done()] + [future]
-        self._saved += len(block_ids)
+        self._saved += len(moves.saves)
 
     def _read_run(self, namespace: TierNamespace, todo: Chain) -> int:
         """On the worker: reads blocks in chain order into RAM; stops at the first bad one."""

@@ -18,9 +18,9 @@ Contract (pure Python, no torch):
   registered the sequence switches to it and its own copy is released (dedup). `match_prefix`
   returns the longest confirmed chain of cached blocks for a token list, leaving at least one token
   uncomputed so the model still produces logits.
-- K/V tiers (`tiers`; engine/scheduling/tier_bridge.py): evicted registered blocks are copied
-  out to them, and a hit continues past the pool into them (`PrefixMatch.tier_blocks`: fresh
-  blocks filled before the forward); `prefetch` / `is_loading`; the engine takes the step's copies.
+- K/V tiers (`tiers`: tier_bridge.py): evicted (or, `spill_cached_blocks`, all parked) registered
+  blocks are copied out to them, and a hit continues past the pool into them (`PrefixMatch.
+  tier_blocks`: fresh blocks filled before the forward); `prefetch` / `is_loading`.
 - Usage figures: `usage()`; prefix-cache queries and hits are counted in TOKENS, once per
   admission (queried = the sequence's tokens, hits = tokens served from the cache).
 - `check_invariants()` re-derives every ref count from the tables; tests call it.
@@ -34,7 +34,7 @@ from typing import Any
 
 from engine.requests.request import TokenSequence
 from engine.scheduling.block_invariants import check_block_invariants
-from engine.scheduling.prefix_cache import HashFn, PrefixCache, block_hash
+from engine.scheduling.prefix_cache import HashFn, PrefixCache, block_hash, full_blocks
 from engine.scheduling.tier_bridge import TierBridge, TierIndex
 
 
@@ -119,7 +119,7 @@ class BlockManager:
         """Longest chain of cached blocks equal to the start of `token_ids`; no side effects."""
         found: list[int] = []
         parent, tier = None, ()
-        blocks = self._full_blocks(token_ids) if self.enable_prefix_caching else []
+        blocks = full_blocks(token_ids, self.block_size) if self.enable_prefix_caching else []
         for tokens in blocks:
             if (entry := self._cache.lookup(parent, tokens, root)) is None:
                 break
@@ -130,20 +130,21 @@ class BlockManager:
         num = (len(found) + len(tier)) * self.block_size
         return PrefixMatch(tuple(found), num, len(token_ids), tier, root)
 
-    def _full_blocks(self, token_ids: list[int]) -> list[tuple[int, ...]]:
-        bs = self.block_size  # keep >= 1 token to compute
-        return [tuple(token_ids[i * bs : (i + 1) * bs]) for i in range((len(token_ids) - 1) // bs)]
-
     def prefetch(self, seq: TokenSequence) -> None:
         """A new sequence: starts reading the blocks of its prefix the disk tier holds."""
         if self.tiers is not None:
             match = self.match_prefix(seq.token_ids)
             last = self._cache.entry(match.block_ids[-1]) if match.block_ids else None
-            rest = self._full_blocks(seq.token_ids)[len(match.block_ids) :]
+            rest = full_blocks(seq.token_ids, self.block_size)[len(match.block_ids) :]
             self.tiers.prefetch(seq, last.hash if last else None, rest)
 
     def is_loading(self, seq: TokenSequence) -> bool:
         return self.tiers is not None and self.tiers.is_loading(seq)
+
+    def spill_cached_blocks(self) -> None:
+        """Every parked block goes to the tiers too, staying parked (an engine's close)."""
+        for b in self._cache.parked_blocks() if self.tiers is not None else ():
+            self.tiers.evicted(self._cache.entry(b))
 
     def blocks_to_admit(self, matches: list[PrefixMatch], num_tokens: list[int]) -> int:
         """Free-pool blocks `admit` takes: parked hits leave the pool, plus fresh blocks."""

@@ -27,6 +27,13 @@ def block_hash(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent_hash, tokens))
 
 
+def full_blocks(token_ids: list[int], block_size: int) -> list[tuple[int, ...]]:
+    """The full blocks of `token_ids` a prefix hit may cover: at least one token is left to
+    compute, so the model still produces logits."""
+    bs = block_size
+    return [tuple(token_ids[i * bs : (i + 1) * bs]) for i in range((len(token_ids) - 1) // bs)]
+
+
 @dataclass(frozen=True)
 class CacheEntry:
     block_id: int

@@ -126,3 +126,15 @@ def test_another_model_never_reads_these_files(model, tmp_path) -> None:
     assert answer(other) == other_cold
     assert other.stats().kv_tiers.disk_hits == 0
     assert other.stats().kv_tiers.disk_rejected == 0  # not even opened: other file names
+
+
+def test_a_closed_engine_leaves_its_pool_prefixes_on_disk(model, cold, tmp_path) -> None:
+    """Never evicted, P's blocks were only in the pool: the close writes them, so a restart
+    finds the whole chain (eviction takes a chain's tail first and leaves its head)."""
+    first = tier_engine(model, tmp_path)
+    assert answer(first) == cold
+    assert first.stats().kv_tiers.saved_blocks == 0
+    first.close()
+    second = tier_engine(model, tmp_path)
+    assert answer(second) == cold
+    assert second.stats().kv_tiers.disk_hits == BLOCKS
