@@ -17,6 +17,7 @@ from torch import nn
 from models.config import ModelConfig
 from models.encdec.bart import BartForConditionalGeneration
 from models.encdec.t5 import T5ForConditionalGeneration
+from models.gemma import GemmaForCausalLM
 from models.gpt2 import GPT2LMHeadModel
 from models.linear_backend import pin_mkl_code_path
 from models.llama import LlamaForCausalLM
@@ -26,6 +27,7 @@ pin_mkl_code_path()  # before any GEMM: MKL reads it once (models/linear_backend
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
+    "gemma": GemmaForCausalLM,  # Gemma 2 / 3
     "gpt2": GPT2LMHeadModel,
     "t5": T5ForConditionalGeneration,  # encoder-decoders: models/encdec
     "bart": BartForConditionalGeneration,
@@ -77,13 +79,11 @@ def materialise(model: nn.Module, config: ModelConfig, device: torch.device | st
 
 def _reset_buffers(model: nn.Module, config: ModelConfig) -> None:
     """Buffers computed in __init__ (rotary tables) were lost on the meta device: recompute."""
-    from models.layers import RotaryEmbedding, rope_inverse_frequencies
+    from models.rotary import RotaryEmbedding
 
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
-            module.inv_freq = rope_inverse_frequencies(
-                config.head_dim, config.rope_theta, config.rope_scaling
-            ).to(module.inv_freq.device)
+            module.reset()
 
 
 def allocate_kv_cache(

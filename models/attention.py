@@ -58,6 +58,10 @@ class AttentionMetadata:
     lora_rows: torch.Tensor | None = None
     _rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
     _blocks: BlockPlan | None = field(default=None, init=False, repr=False)
+    # Plans of layers with their own window (Gemma 2 / 3), by (group, window).
+    _layer_blocks: dict[tuple[int, int | None], BlockPlan] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _tiles: TilePlan | None = field(default=None, init=False, repr=False)
 
     @property
@@ -125,8 +129,16 @@ class AttentionMetadata:
         """The key-block layout of models/block_attention for `group` query heads per KV
         head, built by the first layer only."""
         if self._blocks is None or self._blocks.group != group:
-            self._blocks = BlockPlan.build(self, group)
+            self._blocks = BlockPlan.build(self, group, self.sliding_window)
         return self._blocks
+
+    def window_plan(self, group: int, window: int | None) -> BlockPlan:
+        """The key-block layout for layers whose sliding window is their own (None: global),
+        not the model's `sliding_window`: built once per step and window."""
+        key = (group, window)
+        if key not in self._layer_blocks:
+            self._layer_blocks[key] = BlockPlan.build(self, group, window)
+        return self._layer_blocks[key]
 
     def tile_plan(self, group: int) -> TilePlan:
         """The query tiles of models/triton_attention for `group` query heads per KV head,
@@ -201,12 +213,30 @@ def key_block_attention(
     )
 
 
+def layer_attention(
+    q: torch.Tensor,
+    cache: KVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """`paged_attention` for a layer with its own sliding window and tanh soft-capping of its
+    scores (Gemma 2 / 3): the PyTorch key-block attention, whatever backend built `meta`
+    (only the K/V write goes through the backend; the forward path keeps such models off the
+    kernels that plan one window per model: models/forward_path.py)."""
+    k_cache, v_cache = cache
+    plan = meta.window_plan(q.shape[1] // k_cache.shape[2], window)
+    return block_attention(q, k_cache, v_cache, plan, scale, softcap)
+
+
 def reference_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Plain attention for ONE sequence whose queries are its last q_len tokens.
 
@@ -219,6 +249,8 @@ def reference_attention(
     k = k.double().repeat_interleave(group, dim=1)  # [seq_len, H, D]
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     query_pos = torch.arange(seq_len - q_len, seq_len).view(-1, 1)
     key_pos = torch.arange(seq_len).view(1, -1)
     mask = _attend_mask(query_pos, key_pos, seq_len, sliding_window)

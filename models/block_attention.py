@@ -2,8 +2,8 @@
 
 Contract: `block_attention(q [T, H, D], k_cache, v_cache, plan, scale) -> [T, H, D]` in q's
 dtype, for the flat rows of a step (decodes and prefill chunks, `AttentionMetadata` layout)
-whose K/V are already in the cache; `BlockPlan.build(meta, group)` lays out the step once
-(host lists -> index tensors) and every layer reuses it.
+whose K/V are already in the cache; `BlockPlan.build(meta, group, window)` lays out the step
+once (host lists -> index tensors) and every layer of that sliding window (None: none) reuses it.
 
 The order each row's reductions follow, whatever else is in the step (issue #14):
 - Keys are cut into blocks of `KEY_BLOCK` positions aligned at absolute position 0 of the
@@ -55,7 +55,7 @@ class BlockPlan:
     # key valid [Uj, KEY_BLOCK], visible [Uj, tile_rows, KEY_BLOCK])
 
     @classmethod
-    def build(cls, meta, group: int) -> BlockPlan:
+    def build(cls, meta, group: int, window: int | None) -> BlockPlan:
         qt, kb, bs = tile_rows(group), KEY_BLOCK, meta.block_size
         device = meta.block_tables.device
         rows, pos, seq_of_tile, out_rows = [], [], [], []
@@ -73,7 +73,6 @@ class BlockPlan:
         num_tiles = len(seq_of_tile)
         pos_t = torch.tensor(pos, dtype=torch.int64).view(num_tiles, qt)  # [U, qt]
         hi = (pos_t[:, -1] // kb).tolist()  # rows ascend in a tile: the last reads furthest
-        window = meta.sliding_window
         lo = ((pos_t[:, 0] - window + 1).clamp(min=0) // kb).tolist() if window else [0] * num_tiles
         seq_t = torch.tensor(seq_of_tile, dtype=torch.int64)
         seq_lens = torch.tensor(meta.seq_lens_list, dtype=torch.int64)[seq_t]  # [U]
@@ -106,9 +105,15 @@ class BlockPlan:
 
 
 def block_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: BlockPlan, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: BlockPlan,
+    scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D] -> [T, H, D]; see the module doc for the order it fixes."""
+    """q [T, H, D] -> [T, H, D]; see the module doc for the order it fixes. `softcap` (Gemma 2):
+    scores become softcap * tanh(scores / softcap) before the mask and softmax."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[2]
     group, qt = num_heads // kv_heads, plan.tile_rows
@@ -128,6 +133,8 @@ def block_attention(
         v = v_flat.index_select(0, slots).view(n, KEY_BLOCK, kv_heads, head_dim).float()
         v = v.masked_fill(~valid.view(n, KEY_BLOCK, 1, 1), 0.0)
         s = torch.matmul(q_j, k.permute(0, 2, 3, 1))  # [n, KVH, qt * group, KB]
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
         hidden = ~visible.view(n, 1, qt, 1, KEY_BLOCK)
         s = s.view(n, kv_heads, qt, group, KEY_BLOCK).masked_fill(hidden, float("-inf"))
         s = s.view(n, kv_heads, qt * group, KEY_BLOCK)

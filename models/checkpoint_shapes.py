@@ -54,6 +54,17 @@ def _llama_shapes(c: ModelConfig) -> tuple[dict[str, Shape], set[str]]:
         if c.moe is not None:  # a mixture-of-experts layer: its MLP is models/moe/shapes.py's
             layer = {k: s for k, s in layer.items() if not k.startswith("mlp.")}
             layer |= moe_mlp_shapes(c, n)
+        if c.architecture == "Phi3ForCausalLM":  # stored fused: [q; k; v] and [gate; up]
+            for name in ("q_proj", "k_proj", "v_proj"):
+                del layer[f"self_attn.{name}.weight"]
+            del layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"]
+            layer["self_attn.qkv_proj.weight"] = (q + 2 * kv, h)
+            layer["mlp.gate_up_proj.weight"] = (2 * i, h)
+        if c.family == "gemma":
+            for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                layer[f"{norm}.weight"] = (h,)
+        if c.qk_norm:
+            layer |= {f"self_attn.{n}_norm.weight": (c.head_dim,) for n in ("q", "k")}
         required |= {p + k for k in layer}
         biases: dict[str, Shape] = {
             "self_attn.q_proj.bias": (q,),

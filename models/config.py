@@ -3,7 +3,9 @@ config.json dict (GGUF metadata is mapped to the same dict by the loader).
 
 Contract: `ModelConfig.from_hf_dict(d)` accepts the config.json of LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense), the mixture-of-experts MixtralForCausalLM, Qwen3MoeForCausalLM and
-Qwen2MoeForCausalLM (models/moe/config.py: their experts in `moe`) and GPT2LMHeadModel, and of the
+Qwen2MoeForCausalLM (models/moe/config.py: their experts in `moe`), Phi3ForCausalLM,
+Gemma2ForCausalLM, Gemma3ForCausalLM (text-only; their own fields: models/config_families.py)
+and GPT2LMHeadModel, and of the
 encoder-decoders T5ForConditionalGeneration, BartForConditionalGeneration and
 MBartForConditionalGeneration (models/encdec/config.py: the decoder's shape here, the rest in
 `encoder_decoder`), and raises `ValueError` naming the architecture for anything else. The dataclass is frozen; nothing computed at run time is
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.config_families import family_fields
 from models.encdec.config import EncoderDecoderConfig, encoder_decoder_fields
 from models.moe.config import MoeConfig, moe_config
 
@@ -24,6 +27,9 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
+    "Phi3ForCausalLM": "llama",  # fused qkv_proj / gate_up_proj, LongRoPE (models/rotary.py)
+    "Gemma2ForCausalLM": "gemma",
+    "Gemma3ForCausalLM": "gemma",
     "GPT2LMHeadModel": "gpt2",
     "T5ForConditionalGeneration": "t5",
     "BartForConditionalGeneration": "bart",
@@ -46,7 +52,7 @@ def _as_id_tuple(value: Any) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str  # the HF class name, e.g. "LlamaForCausalLM"
-    family: str  # "llama" | "moe" | "gpt2" | "t5" | "bart"
+    family: str  # "llama" | "moe" | "gemma" | "gpt2" | "t5" | "bart"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -67,6 +73,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     encoder_decoder: EncoderDecoderConfig | None = None  # T5 / BART: the encoder and generation
     moe: MoeConfig | None = None  # mixture-of-experts decoders: experts, routing, sparse layers
+    # Gemma 2 / 3 (models/config_families.py): each layer's sliding window (None: global), the
+    # attention's 1 / sqrt(query_pre_attn_scalar) scale, tanh soft-capping of the attention
+    # scores and of the logits, the sliding layers' rope theta (Gemma 3).
+    layer_windows: tuple[int | None, ...] = ()
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    local_rope_theta: float | None = None
     # generation_config.json as the folder ships it (models/generation_config.py); {}: none
     generation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -112,7 +126,7 @@ class ModelConfig:
         qwen = arch.startswith("Qwen")
         if qwen and not d.get("use_sliding_window", False):
             sliding = None
-        return cls(
+        fields: dict[str, Any] = dict(
             architecture=arch,
             family=family,
             vocab_size=d["vocab_size"],
@@ -139,6 +153,7 @@ class ModelConfig:
             eos_token_ids=_as_id_tuple(d.get("eos_token_id")),
             moe=moe_config(d, arch),
         )
+        return cls(**(fields | family_fields(arch, d)))
 
 
 def _rope_scaling(d: dict[str, Any]) -> dict[str, Any] | None:
@@ -157,6 +172,9 @@ def _guess_architecture(model_type: str | None) -> str:
         "mistral": "MistralForCausalLM",
         "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
+        "phi3": "Phi3ForCausalLM",
+        "gemma2": "Gemma2ForCausalLM",
+        "gemma3_text": "Gemma3ForCausalLM",
         "gpt2": "GPT2LMHeadModel",
         "t5": "T5ForConditionalGeneration",
         "bart": "BartForConditionalGeneration",

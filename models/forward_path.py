@@ -16,7 +16,10 @@ returns a `ForwardPath`:
 
 The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; each name maps
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
-not one it serves (the next is tried; past the list the model's own forward runs). CUDA runs
+not one it serves (the next is tried; past the list the model's own forward runs). A model
+whose layers attend with options of their own (`plain_attention`: Gemma's per-layer windows and
+score caps, models/gemma.py) takes no attention kernel: on every device its own forward over
+the PyTorch key-block attention, every step eager. CUDA runs
 the model's layers with the Triton attention (`TritonPath`, DECODE_ONLY: its decode forward
 holds no host list, no host sync and no data-dependent branch); other GPU backends register
 here: a builder in `BUILDERS` and its name in the device's list. Tensor parallel needs no
@@ -160,6 +163,12 @@ def _cpp_step(req: PathRequest) -> ForwardPath | None:
     return CppStepPath(decoder, CppAttentionBackend.for_model(req.model, req.kv_caches))
 
 
+def _plain_attention(model: nn.Module) -> bool:
+    """Whether the model's layers attend through the PyTorch key-block attention themselves
+    (per-layer windows and score caps: models/gemma.py), so no attention kernel serves it."""
+    return bool(getattr(model, "plain_attention", False))
+
+
 def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     """PyTorch layers on a CPU, with the C++ paged attention where it is asked for and built;
     linear layers through the batch-invariant padded GEMM (models/linear_backend), chosen
@@ -169,7 +178,9 @@ def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     bank = getattr(req.model, "lora_bank", None)
     if kernel and bank is not None:  # LoRA rows through the C++ kernel (models/lora)
         bank.use_kernel(cpu_kernels.extension().lora_add)
-    path = PyTorchPath(req.model, req.kv_caches, attention_kernel=kernel)
+    # Gemma's layers attend with their own windows and caps: no attention kernel for them.
+    attention = kernel and not _plain_attention(req.model)
+    path = PyTorchPath(req.model, req.kv_caches, attention_kernel=attention)
     # Mixture-of-experts layers (models/moe): each expert's rows through the C++ linear.
     if kernel and use_cpp_experts(req.model):
         path.description += " and C++ expert kernels"
@@ -180,6 +191,8 @@ def _triton_cuda(req: PathRequest) -> ForwardPath | None:
     """CUDA devices, where triton comes with torch (None when it is missing)."""
     if req.device.type != "cuda" or not triton_attention.is_available():
         return None
+    if _plain_attention(req.model):
+        return None  # the model's own forward with the PyTorch attention, every step eager
     path = TritonPath(req.model, req.kv_caches, split_decode=not req.batch_invariant)
     if req.batch_invariant:
         route_linears_through_invariant_gemm(req.model)

@@ -17,15 +17,30 @@ tested against the PyTorch code here; elsewhere that code runs, unchanged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
 from models import pointwise, triton_kernels
 from models.attention import AttentionMetadata, KVCache, paged_attention, write_step_kv
+from models.rotary import Rope, RotaryEmbedding, apply_rotary, rotate_qk
+
+__all__ = [  # the rotary pieces (models/rotary.py) are re-exported for the model files
+    "DecoderBlock",
+    "GatedMLP",
+    "GeluMLP",
+    "LoraApply",
+    "PagedSelfAttention",
+    "RMSNorm",
+    "Rope",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "embedding",
+    "rms_normalize",
+    "rotate_qk",
+    "with_lora",
+]
 
 # A projection's LoRA: (its input [T, K], its output [T, N]) -> output + the adapters' deltas.
 LoraApply = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,10 +61,7 @@ class RMSNorm(nn.Module):
             from models.triton_kernels.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)[0]
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * rms_normalize(x.float(), self.eps).to(x.dtype)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: torch.Tensor
@@ -64,6 +76,11 @@ class RMSNorm(nn.Module):
         return self(residual), residual
 
 
+def rms_normalize(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    """x32 / sqrt(mean(x32^2) + eps) over the last dimension (float32 in, float32 out)."""
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x`'s op takes the fused Triton kernel (models/triton_kernels decides)."""
     return triton_kernels.enabled(x) and weight.dtype == x.dtype
@@ -76,79 +93,27 @@ def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
     return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim))
 
 
-def rope_inverse_frequencies(
-    head_dim: int, theta: float, scaling: dict[str, Any] | None
-) -> torch.Tensor:
-    """[head_dim // 2] float32 inverse frequencies, with Llama-3 or linear scaling applied."""
-    # Computed on the CPU even under a meta-device context: meta math would pull in dynamo.
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)
-    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
-    if kind is None or kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / float(scaling["factor"])
-    if kind == "llama3":
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_len = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv_freq
-        # Long wavelengths (low frequencies) are slowed by `factor`; short ones are kept; the
-        # band in between blends the two linearly in old_len / wavelen.
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        blended = (1 - smooth) * scaled / factor + smooth * scaled
-        in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return torch.where(in_band, blended, scaled)
-    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3")
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for a step's positions, in the rotate-half (non-interleaved) layout of
-    HF; computed once per forward and shared by every layer."""
-
-    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
-        super().__init__()
-        self.register_buffer(
-            "inv_freq", rope_inverse_frequencies(head_dim, theta, scaling), persistent=False
-        )
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)  # [T, 1, D]
-
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [T, 1, head_dim]
-
-
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, H, D] and k [T, KVH, D] rotated by position: one Triton launch on the GPU."""
-    if triton_kernels.enabled(q):
-        from models.triton_kernels.rotary import rotary
-
-        return rotary(q, k, *rope)
-    return apply_rotary(q, rope), apply_rotary(k, rope)
-
-
-def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """x: [T, heads, head_dim] rotated by position."""
-    cos, sin = rope
-    return x * cos + _rotate_half(x) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+# Gated MLP activations by config name: SiLU (SwiGLU: Llama, Phi-3) and GELU (GeGLU: Gemma).
+GATE_ACTIVATIONS = {
+    "silu": pointwise.silu,
+    "swish": pointwise.silu,
+    "gelu_pytorch_tanh": pointwise.gelu_tanh,
+    "gelu_new": pointwise.gelu_tanh,
+    "gelu": pointwise.gelu_erf,
+}
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU: down(act(gate(x)) * up(x)), gate and up fused into one projection."""
+    """down(act(gate(x)) * up(x)), gate and up fused into one projection (SwiGLU, GeGLU)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
-        if act not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {act!r} for a gated MLP; supported: silu")
+        if act not in GATE_ACTIVATIONS:
+            raise ValueError(
+                f"unsupported hidden_act {act!r} for a gated MLP; supported: "
+                + ", ".join(GATE_ACTIVATIONS)
+            )
+        self.act, self.fused_silu = GATE_ACTIVATIONS[act], act in ("silu", "swish")
         self.intermediate = intermediate
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
@@ -158,13 +123,13 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = with_lora(self.gate_up_lora, x, self.gate_up_proj(x))  # [T, 2 * intermediate]
-        if triton_kernels.enabled(gate_up):
+        if self.fused_silu and triton_kernels.enabled(gate_up):
             from models.triton_kernels.silu_mul import silu_mul
 
             act = silu_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate, dim=-1)
-            act = pointwise.silu(gate) * up
+            act = self.act(gate) * up
         return with_lora(self.down_lora, act, self.down_proj(act))
 
 
@@ -243,7 +208,12 @@ class PagedSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """Stores k/v at their slots, attends over the cache: [T, H * D] (before o_proj)."""
         write_step_kv(cache, k, v, meta)
-        return paged_attention(q, cache, meta, self.scale).reshape(-1, self.q_size)
+        return self.attention(q, cache, meta).reshape(-1, self.q_size)
+
+    def attention(self, q: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, H, D] over the cache, this step's K/V written -> [T, H, D]: the kernel of the
+        backend that built `meta` (a family with per-layer attention options overrides it)."""
+        return paged_attention(q, cache, meta, self.scale)
 
     def out(self, attn_out: torch.Tensor) -> torch.Tensor:
         """The out projection (with its LoRA when adapters are on): [T, q] -> [T, hidden]."""

@@ -1,5 +1,6 @@
 """The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (dense: q/k
-RMSNorm per head), SmolLM2 (tied embeddings) — pre-norm decoder layers with RMSNorm, rotary attention with GQA and SwiGLU.
+RMSNorm per head), Phi-3 / Phi-4 (fused qkv and gate-up as stored, LongRoPE: models/rotary.py),
+SmolLM2 (tied embeddings) — pre-norm decoder layers with RMSNorm, rotary attention with GQA and SwiGLU.
 
 Contract: `forward(input_ids[T], positions[T], meta, kv_caches) -> hidden[T, hidden]`;
 `compute_logits(hidden[R, hidden]) -> [R, vocab]` float32; `load_weights` takes
@@ -112,16 +113,22 @@ class LlamaForCausalLM(nn.Module):
 
     def weight_loader(self) -> WeightLoader:
         """The name map from checkpoint tensors to this model's (fused) parameters."""
-        c = self.config
-        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        loader = WeightLoader(self)
-        # HF name fragment -> (our parameter fragment, row offset, rows) inside a fused matrix.
-        loader.fuse("self_attn.q_proj", "self_attn.qkv_proj", 0, q)
-        loader.fuse("self_attn.k_proj", "self_attn.qkv_proj", q, kv)
-        loader.fuse("self_attn.v_proj", "self_attn.qkv_proj", q + kv, kv)
-        loader.fuse("mlp.gate_proj", "mlp.gate_up_proj", 0, c.intermediate_size)
-        loader.fuse("mlp.up_proj", "mlp.gate_up_proj", c.intermediate_size, c.intermediate_size)
-        if c.tie_word_embeddings:
-            loader.ignore("lm_head.weight")
-        loader.ignore_suffix("rotary_emb.inv_freq")
-        return loader
+        return projection_loader(self, self.config)
+
+
+def projection_loader(model: nn.Module, c: ModelConfig) -> WeightLoader:
+    """The name map of a model whose layers hold `self_attn.qkv_proj` and `mlp.gate_up_proj`
+    (Llama, Gemma): HF's separate q/k/v and gate/up matrices land in row slices of them, and
+    Phi-3's already fused ones load as they are."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    loader = WeightLoader(model)
+    # HF name fragment -> (our parameter fragment, row offset, rows) inside a fused matrix.
+    loader.fuse("self_attn.q_proj", "self_attn.qkv_proj", 0, q)
+    loader.fuse("self_attn.k_proj", "self_attn.qkv_proj", q, kv)
+    loader.fuse("self_attn.v_proj", "self_attn.qkv_proj", q + kv, kv)
+    loader.fuse("mlp.gate_proj", "mlp.gate_up_proj", 0, c.intermediate_size)
+    loader.fuse("mlp.up_proj", "mlp.gate_up_proj", c.intermediate_size, c.intermediate_size)
+    if c.tie_word_embeddings:
+        loader.ignore("lm_head.weight")
+    loader.ignore_suffix("rotary_emb.inv_freq")
+    return loader

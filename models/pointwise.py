@@ -12,7 +12,8 @@ partial vector; checked at every tail position by tests/models/test_invariant_ke
 Reduced-precision inputs are computed in float32 and rounded once, as torch's own kernels do.
 
 Contract: `silu(x)`, `gelu_tanh(x)`, `gelu_erf(x)` take any shape and dtype and equal the
-torch functions of the same name up to float32 rounding.
+torch functions of the same name up to float32 rounding; `softcap(x, cap)` equals
+`cap * torch.tanh(x / cap)` to a few float32 ulps of `cap`.
 """
 
 from __future__ import annotations
@@ -42,3 +43,11 @@ def gelu_erf(x: torch.Tensor) -> torch.Tensor:
     """0.5 x (1 + erf(x / sqrt(2)))."""
     xf = x.float()
     return (0.5 * xf * (1.0 + torch.erf(xf * (1.0 / math.sqrt(2.0))))).to(x.dtype)
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap) (Gemma 2's soft-capping), tanh written with exp:
+    tanh(y) = sign(y) (1 - exp(-2|y|)) / (1 + exp(-2|y|))."""
+    y = x.float() / cap
+    t = torch.exp(-2.0 * y.abs())
+    return (cap * (torch.sign(y) * ((1.0 - t) / (1.0 + t)))).to(x.dtype)

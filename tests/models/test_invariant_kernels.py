@@ -15,7 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from models import pointwise
-from models.attention import AttentionMetadata, paged_attention, reference_attention, write_kv
+from models.attention import (
+    AttentionMetadata,
+    layer_attention,
+    paged_attention,
+    reference_attention,
+    write_kv,
+)
 from models.block_attention import KEY_BLOCK, tile_rows
 from models.linear_backend import invariant_linear
 
@@ -56,7 +62,11 @@ def test_a_linear_row_is_the_same_whatever_the_other_rows(dtype, shape, threads)
     )
 
 
-@pytest.mark.parametrize("fn", [pointwise.silu, pointwise.gelu_tanh, pointwise.gelu_erf])
+def _softcap(t: torch.Tensor) -> torch.Tensor:
+    return pointwise.softcap(t, 3.0)
+
+
+@pytest.mark.parametrize("fn", [pointwise.silu, pointwise.gelu_tanh, pointwise.gelu_erf, _softcap])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_an_activation_does_not_depend_on_where_the_element_sits(fn, dtype) -> None:
     gen = torch.Generator().manual_seed(1)
@@ -69,6 +79,7 @@ def test_an_activation_does_not_depend_on_where_the_element_sits(fn, dtype) -> N
         pointwise.silu: F.silu,
         pointwise.gelu_tanh: lambda t: F.gelu(t, approximate="tanh"),
         pointwise.gelu_erf: F.gelu,
+        _softcap: lambda t: 3.0 * torch.tanh(t / 3.0),
     }[fn]
     tol = 1e-6 if dtype is torch.float32 else 1e-2
     torch.testing.assert_close(whole.float(), torch_fn(x).float(), rtol=tol, atol=tol)
@@ -165,6 +176,42 @@ def test_key_block_attention_equals_the_reference_across_many_blocks(window) -> 
         ]
     )
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_layer_attention_windows_and_caps_equal_the_reference(window) -> None:
+    """Gemma's per-layer attention: its own window (not the metadata's) and capped scores."""
+    seqs = Sequences([KEY_BLOCK + 20, 9], 2, 16, torch.float32)
+    rows = [(0, 3, KEY_BLOCK + 17), (1, 8, 1)]
+    total = sum(-(-(s + c) // 16) for _, s, c in rows)
+    k_cache = torch.zeros(total, 16, 2, 16)
+    v_cache = torch.zeros_like(k_cache)
+    tables = [list(range(total - 1)), [total - 1]]
+    for (seq, start, count), table in zip(rows, tables, strict=True):
+        meta = AttentionMetadata.build([table], [start + count], [start + count], 16)
+        write_kv(
+            (k_cache, v_cache),
+            seqs.k[seq][: start + count],
+            seqs.v[seq][: start + count],
+            meta.slot_mapping,
+        )
+    meta = AttentionMetadata.build(
+        tables, [s + c for _, s, c in rows], [c for *_, c in rows], 16, sliding_window=3
+    )
+    gen = torch.Generator().manual_seed(5)
+    qs = [torch.randn(c, 6, 16, generator=gen) * 3 for *_, c in rows]
+    out = layer_attention(torch.cat(qs), (k_cache, v_cache), meta, 0.25, window, 2.0)
+    want = torch.cat(
+        [
+            reference_attention(q, seqs.k[s][: st + c], seqs.v[s][: st + c], 0.25, window, 2.0)
+            for q, (s, st, c) in zip(qs, rows, strict=True)
+        ]
+    )
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    uncapped = reference_attention(
+        qs[0], seqs.k[0][: KEY_BLOCK + 20], seqs.v[0][: KEY_BLOCK + 20], 0.25, window
+    )
+    assert (uncapped - want[: KEY_BLOCK + 17]).abs().max() > 1e-2  # the cap matters here
 
 
 def test_query_tiles_fill_whole_four_row_blocks() -> None:

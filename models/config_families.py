@@ -1,0 +1,87 @@
+"""The config.json fields of the Gemma 2 / Gemma 3 and Phi-3 / Phi-4 families that the generic
+decoder-only reader in models/config.py does not know, as `ModelConfig` keyword arguments.
+
+Contract: `family_fields(arch, d)` returns the arguments that replace or add to the generic ones
+for `arch` ({} for the other families); ValueError names a field tgserve cannot serve. Both
+config.json layouts are read: transformers' current one (`layer_types`, `rope_parameters`, per
+layer type for Gemma 3) and the one older files carry (`sliding_window_pattern`,
+`rope_local_base_freq`, `rope_scaling`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+
+
+def family_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+    if arch in GEMMA_ARCHITECTURES:
+        return _gemma_fields(arch, d)
+    if arch == "Phi3ForCausalLM":
+        return _phi3_fields(d)
+    return {}
+
+
+def _gemma_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+    gemma3 = arch == "Gemma3ForCausalLM"
+    if d.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention (an embedding model) is not served")
+    layers = d["num_hidden_layers"]
+    types = d.get("layer_types")
+    if not types:  # older files: every `pattern`-th layer is global, the others sliding
+        pattern = int(d.get("sliding_window_pattern") or 6) if gemma3 else 2
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding" for i in range(layers)]
+    window = d.get("sliding_window")
+    windows = tuple(window if t.startswith("sliding") else None for t in types)
+    if len(windows) != layers:
+        raise ValueError(f"layer_types lists {len(windows)} layers for {layers}")
+    params = d.get("rope_parameters") or {}
+    fields: dict[str, Any] = {
+        "family": "gemma",
+        "norm_eps": d.get("rms_norm_eps", 1e-6),
+        "hidden_act": d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
+        "tie_word_embeddings": bool(d.get("tie_word_embeddings", True)),
+        "sliding_window": None,  # per layer, below: the model-wide value would mask every layer
+        "layer_windows": windows,
+        "query_pre_attn_scalar": float(d.get("query_pre_attn_scalar") or d["head_dim"]),
+        "attn_logit_softcapping": d.get("attn_logit_softcapping"),
+        "final_logit_softcapping": d.get("final_logit_softcapping"),
+        "qk_norm": gemma3,
+    }
+    if not gemma3:
+        return fields
+    # Gemma 3: the global layers' rope (theta 1e6, maybe linear scaling) and the sliding ones'
+    # (rope_local_base_freq, 1e4 by default).
+    full = params.get("full_attention") or {}
+    local = params.get("sliding_attention") or {}
+    scaling = full if full else (d.get("rope_scaling") or {})
+    kind = scaling.get("rope_type") or scaling.get("type")
+    fields["rope_theta"] = float(full.get("rope_theta") or d.get("rope_theta") or 1_000_000.0)
+    fields["rope_scaling"] = None if kind in (None, "default") else dict(scaling)
+    fields["local_rope_theta"] = float(
+        local.get("rope_theta") or d.get("rope_local_base_freq") or 10_000.0
+    )
+    return fields
+
+
+def _phi3_fields(d: dict[str, Any]) -> dict[str, Any]:
+    scaling = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    if float(scaling.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0) < 1:
+        raise ValueError("partial_rotary_factor < 1 (Phi-4-mini) is not served yet")
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind != "longrope":
+        return {}
+    # LongRoPE reads the original and the extended lengths (models/rotary.longrope_tables).
+    original = scaling.get("original_max_position_embeddings") or d.get(
+        "original_max_position_embeddings"
+    )
+    if original is None:
+        raise ValueError("rope_scaling type longrope needs original_max_position_embeddings")
+    return {
+        "rope_scaling": dict(scaling)
+        | {
+            "original_max_position_embeddings": int(original),
+            "max_position_embeddings": int(d.get("max_position_embeddings", original)),
+        }
+    }
