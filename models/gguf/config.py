@@ -3,7 +3,8 @@
 Contract: `gguf_to_hf_config(gguf)` reads `general.architecture` ("llama", "qwen2", "qwen3", "gpt2",
 and the mixture-of-experts "qwen3moe", "qwen2moe" and "llama" with `expert_count` (Mixtral), whose
 `expert_used_count`, `expert_feed_forward_length`, `expert_shared_feed_forward_length` and
-`expert_weights_norm` keys become the experts' config keys) and
+`expert_weights_norm` keys become the experts' config keys, and "gemma2", "gemma3", "phi3" with
+their own keys: models/gguf/dense_families.py) and
 that architecture's keys (`<arch>.block_count`, `.embedding_length`, `.feed_forward_length`,
 `.attention.head_count(_kv)`, `.rope.freq_base`, `.attention.layer_norm_rms_epsilon`,
 `.context_length`, `.vocab_size` (else the rows of `token_embd.weight`), rope scaling keys)
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from models.gguf.dense_families import family_config
 from models.gguf.file import GGUFFile
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     # mixture-of-experts (models/moe); llama.cpp writes Mixtral as "llama" with experts
     "qwen3moe": "Qwen3MoeForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",  # these three: models/gguf/dense_families.py
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 # GGUF architecture -> whether llama.cpp renormalises the top-k expert weights (its norm_w;
 # Qwen3-MoE always does, Qwen2-MoE never, Mixtral always) when no expert_weights_norm key says.
@@ -112,7 +117,7 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
     if key("attention.sliding_window") is not None:
         out["sliding_window"] = int(key("attention.sliding_window"))
         out["use_sliding_window"] = True
-    return out
+    return out | family_config(gguf, arch, key)
 
 
 def _moe_keys(gguf: GGUFFile, arch: str, key: Any, out: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,10 @@ the file, named exactly as transformers' state_dict names them, in transformers'
 - mixture-of-experts: the router `ffn_gate_inp`, the shared expert `ffn_*_shexp` (its gate
   `ffn_gate_inp_shexp` [hidden] -> [1, hidden]) and the experts' 3-D `ffn_{gate,up,down}_exps`
   [E, rows, cols], yielded expert by expert under the files' per-expert names.
-- `rope_freqs.weight` is not a weight: it becomes config (models/gguf/config.py) and is skipped.
+- gemma2, gemma3, phi3: their own block names and Gemma's norm fixup
+  (models/gguf/dense_families.py).
+- `rope_freqs.weight` (and Phi-3's LongRoPE factors) are not weights: they become config
+  (models/gguf/config.py) and are skipped.
 A tensor name we do not know raises `ValueError` naming the file and the tensor.
 """
 
@@ -21,6 +24,7 @@ from typing import Any
 
 import torch
 
+from models.gguf.dense_families import BLOCK_NAMES, CONFIG_TENSORS, FIXUPS
 from models.gguf.file import GGUFFile
 from models.gguf.header import GGUFTensorInfo
 
@@ -68,7 +72,7 @@ _GPT2_BLOCK = {
 }
 # GPT-2 Conv1D weights: transposed back to [in, out].
 _GPT2_TRANSPOSED = {"attn_qkv", "attn_output", "ffn_up", "ffn_down"}
-_SKIPPED = {"rope_freqs.weight"}
+_SKIPPED = {"rope_freqs.weight", *CONFIG_TENSORS}
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 Fixup = Callable[[torch.Tensor], torch.Tensor]
@@ -90,9 +94,11 @@ def _hf_name_and_fixup(gguf_name: str, arch: str, cfg: dict[str, Any]) -> tuple[
     if arch == "gpt2":
         table, blocks, prefix = _GPT2_GLOBAL, _GPT2_BLOCK, "transformer.h"
     else:
-        table, blocks, prefix = _LLAMA_GLOBAL, _LLAMA_BLOCK, "model.layers"
+        table, prefix = _LLAMA_GLOBAL, "model.layers"
+        blocks = BLOCK_NAMES.get(arch, _LLAMA_BLOCK)
+    family_fixup = FIXUPS.get(arch, lambda part: None)
     if gguf_name in table:
-        return table[gguf_name], None
+        return table[gguf_name], family_fixup(gguf_name.split(".")[0])
     m = _BLOCK_NAME.fullmatch(gguf_name)
     if m is None or m.group(2) not in blocks:
         raise KeyError(gguf_name)
@@ -102,7 +108,7 @@ def _hf_name_and_fixup(gguf_name: str, arch: str, cfg: dict[str, Any]) -> tuple[
         name = name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
     if part == "ffn_gate_inp_shexp":  # llama.cpp stores the shared expert's gate as [hidden]
         return name, lambda w: w.reshape(1, -1)
-    fixup: Fixup | None = None
+    fixup: Fixup | None = family_fixup(part)
     if arch == "gpt2" and part in _GPT2_TRANSPOSED and kind == "weight":
         fixup = _transpose
     elif arch == "llama" and part in ("attn_q", "attn_k"):

@@ -102,7 +102,7 @@ def test_gguf_errors_name_the_file_and_the_tensor(tmp_path):
     with pytest.raises(ValueError, match=r"odd\.gguf: tensor 'blk\.0\.mystery\.weight'"):
         load_checkpoint(path, use_cache=False)
     path = write_tensors(
-        tmp_path / "phi.gguf", {"x": (np.zeros(4, dtype=np.float32), None)}, arch="phi3"
+        tmp_path / "rwkv.gguf", {"x": (np.zeros(4, dtype=np.float32), None)}, arch="rwkv6"
     )
-    with pytest.raises(ValueError, match=r"phi\.gguf: unsupported GGUF architecture 'phi3'"):
+    with pytest.raises(ValueError, match=r"rwkv\.gguf: unsupported GGUF architecture 'rwkv6'"):
         load_checkpoint(path, use_cache=False)

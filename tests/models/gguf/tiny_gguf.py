@@ -2,7 +2,8 @@
 models written the way llama.cpp's convert_hf_to_gguf.py writes them.
 
 GGUF files are written in llama.cpp's convention: names from gguf-py's own HF->GGUF name map,
-Q/K rows permuted as llama.cpp's converter does for "llama", GPT-2 Conv1D weights transposed.
+Q/K rows permuted as llama.cpp's converter does for "llama", GPT-2 Conv1D weights transposed,
+Gemma's norm weights stored plus one.
 transformers' own GGUF loader reading the same file back (tests/models/gguf/test_conversion.py)
 is the check that the writer is right.
 """
@@ -59,13 +60,19 @@ def to_gguf(
         "qwen2": gguf.MODEL_ARCH.QWEN2,
         "qwen3": gguf.MODEL_ARCH.QWEN3,
         "gpt2": gguf.MODEL_ARCH.GPT2,
+        "gemma2": gguf.MODEL_ARCH.GEMMA2,
+        "gemma3": gguf.MODEL_ARCH.GEMMA3,
+        "phi3": gguf.MODEL_ARCH.PHI3,
     }
     names = gguf.get_tensor_name_map(gguf_arch[arch], cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch=arch)
     for key, value in meta.items():
-        {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)](
-            key, value
-        )
+        {
+            int: writer.add_uint32,
+            float: writer.add_float32,
+            str: writer.add_string,
+            list: writer.add_array,
+        }[type(value)](key, value)
     if tokens is not None:
         writer.add_token_list(tokens)
     for name, array in (extra or {}).items():
@@ -81,6 +88,8 @@ def to_gguf(
             # llama.cpp: reshape(n_head, 2, rows/n_head/2, ...).swapaxes(1, 2)
             w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2)
             w = w.reshape(tensor.shape)
+        if arch.startswith("gemma") and gguf_name.endswith("norm.weight"):
+            w = w + 1  # llama.cpp stores Gemma's norms as the 1 + w they scale by
         if arch == "gpt2" and w.dim() == 2 and gguf_name.startswith("blk."):
             w = w.t()  # Conv1D [in, out] -> [out, in]
         array = np.ascontiguousarray(w.numpy())
