@@ -1,6 +1,7 @@
 """SentencePiece tokenizer.json files trained here (with the `tokenizers` library): Llama 2's
 shape (BPE with byte fallback, "▁" spaces, `<s>` from the post-processor, a first-space-stripping
-decoder), Metaspace BPE and Unigram, and a folder with a Llama-2-style chat template."""
+decoder), Gemma's (the same without the first "▁" and without the stripping), Metaspace BPE and
+Unigram, and a folder with a Llama-2-style chat template."""
 
 from __future__ import annotations
 
@@ -32,11 +33,15 @@ def corpus() -> list[str]:
     return stdlib_paragraphs()[:80] + ["Bonjour le monde, ça va très bien. Привет мир."] * 5
 
 
-def llama2_json(learnt_pieces: int = 241) -> str:
-    """Llama 2's shape with 3 specials + 256 byte pieces + `learnt_pieces` trained ones."""
+def llama2_json(learnt_pieces: int = 241, gemma: bool = False) -> str:
+    """Llama 2's shape with 3 specials + 256 byte pieces + `learnt_pieces` trained ones.
+    `gemma`: Gemma's shape instead: no "▁" put before the text, a decoder that keeps the first
+    space (Phi-3's vocabulary is Llama 2's)."""
     backend = HfBackend(models.BPE(unk_token="<unk>", fuse_unk=True))
     backend.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        [normalizers.Replace(" ", "▁")]
+        if gemma
+        else [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
     )
     trainer = trainers.BpeTrainer(
         vocab_size=3 + learnt_pieces,
@@ -57,10 +62,10 @@ def llama2_json(learnt_pieces: int = 241) -> str:
         for i, t in enumerate(SPECIALS)
     ]  # fmt: skip
     backend = HfBackend.from_str(json.dumps(data))
+    strip = [] if gemma else [decoders.Strip(" ", 1, 0)]
     backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-         decoders.Strip(" ", 1, 0)]
-    )  # fmt: skip
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
+    )
     backend.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
     )

@@ -1,4 +1,5 @@
-"""SentencePiece vocabularies (Llama 2 style BPE with byte fallback, Metaspace BPE, Unigram) load
+"""SentencePiece vocabularies (Llama 2 and Gemma style BPE with byte fallback, Metaspace BPE,
+Unigram) load
 from tokenizer.json on the `tokenizers` library and match transformers.
 
 The vocabularies are trained here. The Llama 2 one has Llama 2's shape: "▁" for spaces through
@@ -42,7 +43,12 @@ CHATS = [
 def pairs(tmp_path_factory) -> dict[str, tuple[SentencePieceTokenizer, PreTrainedTokenizerFast]]:
     """Per style: (ours from the folder, transformers' from the same tokenizer.json)."""
     root = tmp_path_factory.mktemp("spm")
-    built = {"llama2": llama2_json(), "metaspace": metaspace_json(), "unigram": unigram_json()}
+    built = {
+        "llama2": llama2_json(),
+        "gemma": llama2_json(gemma=True),
+        "metaspace": metaspace_json(),
+        "unigram": unigram_json(),
+    }
     out = {}
     for style, text in built.items():
         folder = spm_folder(root / style, text)
@@ -68,7 +74,7 @@ def _same(ours: SentencePieceTokenizer, hf: PreTrainedTokenizerFast, text: str) 
         ), text
 
 
-@pytest.mark.parametrize("style", ["llama2", "metaspace", "unigram"])
+@pytest.mark.parametrize("style", ["llama2", "gemma", "metaspace", "unigram"])
 def test_ids_and_text_match_transformers_on_many_scripts(pairs, style):
     ours, hf = pairs[style]
     assert isinstance(ours, SentencePieceTokenizer)
@@ -79,7 +85,7 @@ def test_ids_and_text_match_transformers_on_many_scripts(pairs, style):
     assert ours.special_token_ids == {i for i, t in hf.added_tokens_decoder.items() if t.special}
 
 
-@pytest.mark.parametrize("style", ["llama2", "metaspace", "unigram"])
+@pytest.mark.parametrize("style", ["llama2", "gemma", "metaspace", "unigram"])
 @settings(max_examples=100, deadline=None)
 @given(text=text_strategy())
 def test_ids_and_text_match_transformers_on_random_text(pairs, style, text):
@@ -97,6 +103,15 @@ def test_llama2_pieces_spell_the_text_byte_for_byte(pairs, text):
     ids = ours.encode(text)
     spelled = b"".join(ours.token_bytes(i) for i in ids)
     assert spelled == ((" " + text) if text else "").encode("utf-8")
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=text_strategy())
+def test_gemma_pieces_spell_the_text_without_a_leading_space(pairs, text):
+    assume(not any(special in text for special in SPECIALS) and "\u2581" not in text)
+    ours, _ = pairs["gemma"]
+    assert not ours.strips_first_space
+    assert b"".join(ours.token_bytes(i) for i in ours.encode(text)) == text.encode("utf-8")
 
 
 @settings(max_examples=100, deadline=None)
