@@ -4,7 +4,8 @@
 address on a shared link (`addr[i]`, 10.x.y.(i+1)/24 through a bridge in the first, so no
 host's process can reach another's through loopback) and, for namespace 0 only, a second link
 to the test's own namespace (`client_addr`, the address an HTTP client here connects to).
-`run(i, argv)` starts a process inside host i. Names and subnets are unique per test process;
+`run(i, argv)` starts a process inside host i; `cut(i)` takes host i's link down (a network
+partition: no connection is closed, packets just stop). Names and subnets are unique per test process;
 everything is deleted on exit, also after a failure. Without CAP_NET_ADMIN (or the `ip`
 command) `unavailable()` says why, for the tests' skip reason.
 """
@@ -41,12 +42,16 @@ class Hosts:
     names: list[str]
     addr: list[str]
     client_addr: str
+    tag: int
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def run(self, host: int, argv: list[str], **kwargs) -> subprocess.Popen:
         proc = subprocess.Popen(["ip", "netns", "exec", self.names[host], *argv], **kwargs)
         self.procs.append(proc)
         return proc
+
+    def cut(self, host: int) -> None:
+        _ip("link", "set", f"tg{self.tag}e{host}", "down", ns=self.names[host])
 
 
 @contextlib.contextmanager
@@ -56,7 +61,7 @@ def hosts(n: int) -> Iterator[Hosts]:
     client_net = f"10.{200 + tag % 50}.{(tag // 50 + 1) % 250}"
     names = [f"tgs{tag}h{i}" for i in range(n)]
     made: list[str] = []
-    hosts = Hosts(names, [f"{net}.{i + 1}" for i in range(n)], f"{client_net}.2")
+    hosts = Hosts(names, [f"{net}.{i + 1}" for i in range(n)], f"{client_net}.2", tag)
     try:
         for name in names:
             subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)

@@ -11,8 +11,9 @@ hosts it unless torchrun's agent does):
   beat); `await_stopped(timeout)` waits for every rank's acknowledgement of the stop message.
 - rank > 0: `Membership.join(cluster, rank)` connects (retrying until the init timeout: start
   order is free), reads the config and checks in; `start_heartbeat()` beats every
-  `HEARTBEAT_S` from a daemon thread, and ends this process with exit code 1 and a logged
-  reason if rank 0's store is gone (rank 0 died: nothing would ever send a step again);
+  `HEARTBEAT_S` from a daemon thread, and calls `on_lost(reason)` (the rank then exits 1) if
+  rank 0's store is gone or has not answered a beat for `HEARTBEAT_TIMEOUT_S` (rank 0 died or
+  is cut off: nothing would ever send a step again);
   `mark_stopped()` acknowledges the stop message (after it the heartbeat's failure is none).
 """
 
@@ -142,7 +143,9 @@ class Membership:
         return cls(store, cluster, config.tensor_parallel_size, rank), config
 
     def start_heartbeat(self, on_lost: Callable[[str], None]) -> None:
-        def loop() -> None:
+        answered = [time.monotonic()]  # when rank 0's store last took a beat
+
+        def beat() -> None:
             while not self._stopping:
                 try:
                     self.store.add(_beat(self.rank), 1)
@@ -150,10 +153,20 @@ class Membership:
                     if not self._stopping:
                         on_lost(f"lost rank 0's rendezvous at {self.address} ({exc})")
                     return
+                answered[0] = time.monotonic()
+                time.sleep(HEARTBEAT_S)
+
+        def watch() -> None:  # a cut-off link closes nothing: a beat just never returns
+            while not self._stopping:
+                silent = time.monotonic() - answered[0]
+                if silent > HEARTBEAT_TIMEOUT_S:
+                    on_lost(f"rank 0's rendezvous at {self.address} silent for {silent:.0f}s")
+                    return
                 time.sleep(HEARTBEAT_S)
 
         self.store.set_timeout(timedelta(seconds=HEARTBEAT_TIMEOUT_S))
-        threading.Thread(target=loop, name="tgserve-heartbeat", daemon=True).start()
+        for target in (beat, watch):
+            threading.Thread(target=target, name="tgserve-heartbeat", daemon=True).start()
 
     def mark_stopped(self) -> None:
         self._stopping = True

@@ -6,7 +6,9 @@ Guarantees defended: a node that comes late joins (rank 0 waits for it); greedy 
 text through HTTP equals the one-process engine's; node 1 keeps serving through a SIGTERM
 (rank 0 drains first, then stops it); node 1 killed while the server is idle
 makes node 0's /health fail within a bound and node 0 exit non-zero naming the node (its
-heartbeat stopped); node 1 with no node 0 waits --dist-init-timeout, then fails naming the
+heartbeat stopped); node 1 cut off (its link down: no connection closes) while a stream
+decodes ends node 0 (exit 1, the reason logged, the stream's connection closed) in bounded
+time instead of the collective timeout's minutes; node 1 with no node 0 waits --dist-init-timeout, then fails naming the
 address it could not reach, and node 0 with no node 1 fails naming the missing node (neither
 hangs). One group (two processes of torch) serves every HTTP case: starting one is the cost.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +33,7 @@ MAX_TOKENS = 16
 SEEDED = {"temperature": 0.9, "seed": 7}
 PORT, MASTER_PORT = 8000, 29500  # inside the namespaces: nothing else listens there
 HEALTH_BOUND_S = 20.0  # heartbeat timeout (10 s) + polling + a busy machine's slack
+STUCK_BOUND_S = 45.0  # + the 10 s grace a stuck step gets, + slack (the collective waits 5 min)
 
 pytestmark = pytest.mark.skipif(
     (reason := netns.unavailable()) is not None, reason=f"no network namespaces: {reason}"
@@ -116,6 +120,44 @@ def test_two_nodes_same_text_and_a_killed_node_fails_health_in_bounded_time(
     assert failed_after < HEALTH_BOUND_S, log
     assert code not in (0, None), log
     assert "node 1 (rank 1) stopped answering" in log
+
+
+def test_a_node_cut_off_mid_stream_ends_node_0_in_bounded_time(tiny_model_folder, tmp_path) -> None:
+    with netns.hosts(2) as hosts:
+        client = httpx.Client(base_url=f"http://{hosts.client_addr}:{PORT}", trust_env=False)
+        logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+        node0 = _node(hosts, 0, tiny_model_folder, logs[0])
+        node1 = _node(hosts, 1, tiny_model_folder, logs[1])
+        _wait_ready(client, node0, logs[0])
+        events: list[str] = []
+        body = {"prompt": PROMPTS[0], "max_tokens": 230, "stream": True, "ignore_eos": True}
+        url = f"http://{hosts.client_addr}:{PORT}/v1/completions"
+        reader = threading.Thread(target=_read_until_cut, args=(url, body, events))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while len(events) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(events) >= 3, logs[0].read_text()
+        hosts.cut(1)  # a partition: the step in flight waits on node 1 and sees no close
+        t0 = time.monotonic()
+        code = node0.wait(STUCK_BOUND_S)
+        ended_after = time.monotonic() - t0
+        reader.join(10)
+        node1.wait(30)  # its heartbeat cannot reach rank 0's store either
+    log = logs[0].read_text()
+    assert code == 1 and ended_after < STUCK_BOUND_S, log
+    assert "node 1 (rank 1) stopped answering" in log and "ending this process" in log
+    assert not reader.is_alive() and events[-1] == "cut"
+
+
+def _read_until_cut(url: str, body: dict, sink: list[str]) -> None:
+    try:
+        with httpx.stream("POST", url, json=body, timeout=120, trust_env=False) as response:
+            for line in response.iter_lines():
+                if line and not line.startswith(":"):
+                    sink.append(line)
+    except httpx.TransportError:
+        sink.append("cut")
 
 
 def test_a_node_that_never_comes_is_named_and_a_missing_leader_too(
