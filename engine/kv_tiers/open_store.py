@@ -6,19 +6,23 @@ bytes (keys.py): the model's identity (its resolved path, and the name, size and
 time of its files, so weights replaced in place are a new model; a random-weights shape its
 config and seed), the weight and activation quantization, the tokenizer, the dtype, the KV
 cache dtype, the forward path and the tgserve version. None when the runner holds no local KV
-cache (tensor parallel: every rank holds a shard; tiers are refused there by the config).
+cache (tensor parallel: every rank holds a shard; tiers are refused there by the config) and
+for an encoder-decoder model (its prefix is the encoder's, reused whole: not tiered).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.kv_tiers.keys import TierNamespace, tgserve_version
 from engine.kv_tiers.tier_store import TierStore
+
+log = logging.getLogger("tgserve.engine")
 
 
 def model_identity(path: Path, random_weights: dict[str, Any] | None, seed: int) -> str:
@@ -43,6 +47,9 @@ def open_tier_store(
 ) -> TierStore | None:
     kv_caches = getattr(built.runner, "kv_caches", None)
     if config.kv_tiers is None or not kv_caches:
+        return None
+    if getattr(built.model_config, "is_encoder_decoder", False):
+        log.warning("K/V tiers are not used with encoder-decoder models (cross-attention K/V)")
         return None
     model = model_identity(path, random_weights, config.seed)
     quant = f"q={config.quantization},aq={config.activation_quantization},deq={config.dequantize}"
