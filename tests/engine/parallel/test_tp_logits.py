@@ -1,7 +1,9 @@
 """Tensor parallel over 2 gloo ranks computes what one process computes: the same logits
 (fp32 within 1e-5, bf16 within bf16 rounding) for GQA (llama), qkv bias (qwen2) and a
-sliding window (mistral), on the PyTorch layers and on the C++ step, through prefill
-chunks, decodes, a copy-on-write block copy and prompt-logprob rows."""
+sliding window (mistral), on the PyTorch layers and on the C++ step, and for Phi-3's fused
+checkpoint matrices with LongRoPE (the script's longer sequence crosses its original length)
+on the C++ step, through prefill chunks, decodes, a copy-on-write block copy and
+prompt-logprob rows."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import torch
 
 from tests.checkpoints import save_checkpoint
 from tests.engine.parallel.tp_driver import run_tp, run_tp1
+from tests.family_checkpoints import save_family_checkpoint
 
 ARCHS = ("llama", "qwen2", "mistral")
 CASES = [(arch, "float32", kernels) for arch in ARCHS for kernels in (False, True)]
 CASES.append(("llama", "bfloat16", True))
+CASES.append(("phi3-longrope", "float32", True))
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +25,7 @@ def tp2_results(tmp_path_factory):
     """Every case once at TP=1 (here) and at TP=2 (one pair of spawned ranks for all)."""
     root = tmp_path_factory.mktemp("tp")
     folders = {arch: save_checkpoint(arch, root / arch) for arch in ARCHS}
+    folders["phi3-longrope"] = save_family_checkpoint("phi3-longrope", root / "phi3")
     runs = run_tp([(folders[a], d, k) for a, d, k in CASES])
     return {
         case: (run_tp1(folders[case[0]], case[1], case[2]), *run)
@@ -47,3 +52,9 @@ def test_tp2_logits_equal_tp1_in_bf16(tp2_results) -> None:
     want, got, _ = tp2_results[("llama", "bfloat16", True)]
     scale = max(w.abs().max().item() for w in want)
     _compare(want, got, atol=0.03 * scale)
+
+
+def test_tp2_phi3_longrope_logits_equal_tp1(tp2_results) -> None:
+    want, got, description = tp2_results[("phi3-longrope", "float32", True)]
+    assert "C++ CPU kernels" in description
+    _compare(want, got, atol=1e-5)

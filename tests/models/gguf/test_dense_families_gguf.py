@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from gguf import GGMLQuantizationType as QT
 
+from models.block_linear import BlockLinear
 from models.loader import load_checkpoint, load_model
 from tests.models.gguf.tiny_gguf import to_gguf
 from tests.models.paged_driver import PagedDriver
@@ -25,7 +27,7 @@ from tests.models.paged_driver import PagedDriver
 def tiny_family(arch: str):
     torch.manual_seed(0)
     common = dict(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_attention_heads=2,
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=128, rms_norm_eps=1e-6,
         bos_token_id=2, eos_token_id=1, pad_token_id=0, initializer_range=0.1,
     )  # fmt: skip
@@ -139,3 +141,18 @@ def test_gguf_equals_transformers(tmp_path, arch):
     with torch.no_grad():
         ref = theirs(torch.tensor([tokens])).logits[0]
     torch.testing.assert_close(logits(ours, tokens), ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.cpu_kernels
+def test_phi3_q8_0_matrices_are_served_as_stored(tmp_path):
+    """Phi-3's fused attn_qkv / ffn_up blocks become one block layer each (no split, no
+    dense copy) and give the logits of the dequantising load."""
+    hf = tiny_family("phi3")
+    path = to_gguf(hf, tmp_path / "q8.gguf", "phi3", False, meta_for("phi3", hf), qtype=QT.Q8_0)
+    stored, _ = load_model(path, use_cache=False)
+    layer = stored.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, BlockLinear)
+    assert isinstance(layer.mlp.gate_up_proj, BlockLinear)
+    dense, _ = load_model(path, use_cache=False, dequantize=True)
+    tokens = torch.randint(3, 96, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    torch.testing.assert_close(logits(stored, tokens), logits(dense, tokens), atol=1e-4, rtol=0)
