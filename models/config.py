@@ -81,6 +81,7 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     local_rope_theta: float | None = None
+    rotary_dim: int | None = None  # Phi-4-mini: rotary on the first dims of a head only (None: all)
     # generation_config.json as the folder ships it (models/generation_config.py); {}: none
     generation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -67,18 +67,21 @@ def _gemma_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
 
 def _phi3_fields(d: dict[str, Any]) -> dict[str, Any]:
     scaling = d.get("rope_scaling") or d.get("rope_parameters") or {}
-    if float(scaling.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0) < 1:
-        raise ValueError("partial_rotary_factor < 1 (Phi-4-mini) is not served yet")
+    fields: dict[str, Any] = {}
+    partial = float(scaling.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0)
+    if partial < 1:  # Phi-4-mini: rotary on the first dims of each head
+        head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        fields["rotary_dim"] = int(head_dim * partial)
     kind = scaling.get("rope_type") or scaling.get("type")
     if kind != "longrope":
-        return {}
+        return fields
     # LongRoPE reads the original and the extended lengths (models/rotary.longrope_tables).
     original = scaling.get("original_max_position_embeddings") or d.get(
         "original_max_position_embeddings"
     )
     if original is None:
         raise ValueError("rope_scaling type longrope needs original_max_position_embeddings")
-    return {
+    return fields | {
         "rope_scaling": dict(scaling)
         | {
             "original_max_position_embeddings": int(original),

@@ -1,8 +1,9 @@
 """Rotary position embedding: inverse frequencies (default, linear, Llama-3 and LongRoPE
 scaling), the per-step cos/sin tables, and the rotation of q and k.
 
-Contract: `RotaryEmbedding(head_dim, theta, scaling)(positions [T], dtype) -> (cos, sin)`, each
-`[T, 1, head_dim]` in HF's rotate-half (non-interleaved) layout, computed in float32 and rounded
+Contract: `RotaryEmbedding(rotary_dim, theta, scaling)(positions [T], dtype) -> (cos, sin)`, each
+`[T, 1, rotary_dim]` in HF's rotate-half (non-interleaved) layout (`rotary_dim` is the head
+dim, or fewer for a partial rotary: `apply_rotary` rotates a head's first dims only), computed in float32 and rounded
 once to `dtype`, as transformers computes them. `reset()` recomputes its tables from the
 arguments it was built with (a model built on the meta device lost them).
 
@@ -130,8 +131,9 @@ class RotaryEmbedding(nn.Module):
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, H, D] and k [T, KVH, D] rotated by position: one Triton launch on the GPU."""
-    if triton_kernels.enabled(q):
+    """q [T, H, D] and k [T, KVH, D] rotated by position: one Triton launch on the GPU (a
+    whole-head rotary; a partial one runs the PyTorch code)."""
+    if triton_kernels.enabled(q) and rope[0].shape[-1] == q.shape[-1]:
         from models.triton_kernels.rotary import rotary
 
         return rotary(q, k, *rope)
@@ -139,8 +141,13 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, rope: Rope) -> tuple[torch.Tenso
 
 
 def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """x: [T, heads, head_dim] rotated by position."""
+    """x: [T, heads, head_dim] rotated by position; with tables narrower than the head
+    (partial rotary, [T, 1, R]) only its first R dims rotate, the rest pass through."""
     cos, sin = rope
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        head, rest = x[..., :rot], x[..., rot:]
+        return torch.cat((head * cos + _rotate_half(head) * sin, rest), dim=-1)
     return x * cos + _rotate_half(x) * sin
 
 

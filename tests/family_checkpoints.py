@@ -6,7 +6,8 @@ around 0 (Gemma's are stored as w with (1 + w) applied) and weights of std 0.1 (
 0.02 init would leave rotary, caps and windows nearly without effect). Gemma 2 caps its
 attention scores at 4 and its logits at 3 (tanh bites at this scale); Gemma 3 alternates one
 sliding and one global layer with local / global rope bases 100 / 1e6; `phi3-longrope` has
-LongRoPE factors with original_max_position_embeddings 16, crossed by the tests' sequences.
+LongRoPE factors with original_max_position_embeddings 16, crossed by the tests' sequences;
+`phi4-mini` rotates 3/4 of each head (partial_rotary_factor 0.75).
 `save_family_checkpoint(arch, folder)` writes it the way a checkpoint folder looks;
 `hf_incremental` and `hf_greedy` run transformers as its generate does (prefill, then one
 token at a time over its cache).
@@ -20,7 +21,7 @@ import torch
 
 from tests.checkpoints import VOCAB
 
-FAMILIES = ("gemma2", "gemma3", "phi3", "phi3-longrope")
+FAMILIES = ("gemma2", "gemma3", "phi3", "phi3-longrope", "phi4-mini")
 WINDOW = 6
 LONGROPE_ORIGINAL = 16
 
@@ -53,8 +54,10 @@ def make_family_model(arch: str, seed: int = 0):
             **gemma, sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=100.0
         )
         cls = tf.Gemma3ForCausalLM
-    elif arch.startswith("phi3"):
+    elif arch.startswith("phi"):
         phi = dict(_COMMON)
+        if arch == "phi4-mini":  # rotary on 12 of each head's 16 dims, as Phi-4-mini's 0.75
+            phi["partial_rotary_factor"] = 0.75
         if arch == "phi3-longrope":
             pairs = range(phi["head_dim"] // 2)
             phi |= dict(

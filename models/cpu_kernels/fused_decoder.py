@@ -10,7 +10,7 @@ decode, is one query of the paged attention kernel over its own context
 (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
-runs (not the Llama family, an MLP other than SwiGLU, a dtype other than float32 / bfloat16, weight-only int8 layers
+runs (not the Llama family, an MLP other than SwiGLU, a partial rotary, a dtype other than float32 / bfloat16, weight-only int8 layers
 with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
 `hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states
 [T, hidden] that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
@@ -118,6 +118,8 @@ class FusedDecoder:
             return None  # mixture-of-experts layers (models/moe) run their own expert kernels
         if not all(layer.mlp.fused_silu for layer in model.model.layers):
             return None  # the C++ step's gated MLP is SwiGLU only
+        if model.config.rotary_dim not in (None, model.config.head_dim):
+            return None  # its rotary turns whole heads (Phi-4-mini's is partial)
         dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None

@@ -11,7 +11,8 @@ Contract:
     global, as llama.cpp assumes). llama.cpp stores no query_pre_attn_scalar: it scales by
     1 / sqrt(head_dim), or 1 / sqrt(hidden / heads) for the 27B models (46 layers for Gemma 2,
     62 for Gemma 3); the same rule here.
-  - phi3: LongRoPE from the `rope_factors_long.weight` / `rope_factors_short.weight` tensors,
+  - phi3: a partial rotary from `rope.dimension_count` below the head's dims (Phi-4-mini);
+    LongRoPE from the `rope_factors_long.weight` / `rope_factors_short.weight` tensors,
     `rope.scaling.original_context_length` and `rope.scaling.attn_factor`; a sliding window of 0
     (llama.cpp's mark of Phi-4) is none.
 - `BLOCK_NAMES[arch]`: llama.cpp's per-layer tensor names -> transformers' module names.
@@ -113,7 +114,12 @@ def _gemma_config(arch: str, key: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _phi3_config(gguf: GGUFFile, key: Callable[..., Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"model_type": "phi3", "rope_scaling": None}
+    # rope.dimension_count is the rotated dims (fewer than a head's for Phi-4-mini)
+    head_dim = int(key("embedding_length")) // int(key("attention.head_count"))
+    rotated = int(key("rope.dimension_count", 0)) or head_dim
+    out: dict[str, Any] = {"model_type": "phi3", "rope_scaling": None, "head_dim": head_dim}
+    if rotated < head_dim:
+        out["partial_rotary_factor"] = rotated / head_dim
     if not key("attention.sliding_window"):  # 0: Phi-4, no window
         out["sliding_window"] = None
     long_info, short_info = (gguf.info(f"rope_factors_{k}.weight") for k in ("long", "short"))

@@ -117,7 +117,7 @@ def test_unsupported_architectures_are_refused_with_the_supported_list() -> None
         r"Gemma3ForCausalLM, .*Phi3ForCausalLM",
     ):
         ModelConfig.from_hf_dict({"architectures": ["Gemma3ForConditionalGeneration"]})
-    phi4_mini = make_family_model("phi3").config.to_dict()
-    phi4_mini["rope_parameters"]["partial_rotary_factor"] = 0.75
-    with pytest.raises(ValueError, match="partial_rotary_factor"):
-        ModelConfig.from_hf_dict(phi4_mini)
+    bidirectional = make_family_model("gemma3").config.to_dict()
+    bidirectional["use_bidirectional_attention"] = True  # EmbeddingGemma
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        ModelConfig.from_hf_dict(bidirectional)

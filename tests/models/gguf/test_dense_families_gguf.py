@@ -6,8 +6,9 @@ transformers' own GGUF loader reading the same file (the oracle).
 transformers' GGUF reader takes Gemma's softcaps, query_pre_attn_scalar, sliding pattern and
 local rope base from its config defaults (50 / 30, 256, every 6th layer global, 10000), not
 from the file: the tiny models here use those values (head_dim 256, 6 layers for Gemma 3), so
-both readers describe the model that was written. It reads no LongRoPE from a GGUF: that file
-is checked against the transformers model it was written from.
+both readers describe the model that was written. It reads no LongRoPE and no partial rotary
+(Phi-4-mini) from a GGUF: those files are checked against the transformers model they were
+written from.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def tiny_family(arch: str):
                     "long_factor": [2.0 + 2.0 * i for i in pairs],
                 },
             )
+        if arch == "phi4-mini":
+            scaling = dict(partial_rotary_factor=0.75)  # 12 of 16 dims rotate
         config = transformers.Phi3Config(**common, num_hidden_layers=2, **scaling)
         model = transformers.Phi3ForCausalLM(config)
     with torch.no_grad():
@@ -65,7 +68,7 @@ def tiny_family(arch: str):
 
 def meta_for(arch: str, model) -> dict:
     c = model.config
-    gguf_arch = arch.split("-")[0]
+    gguf_arch = "phi3" if arch.startswith("phi") else arch
     meta = {
         f"{gguf_arch}.block_count": c.num_hidden_layers,
         f"{gguf_arch}.context_length": c.max_position_embeddings,
@@ -94,6 +97,8 @@ def meta_for(arch: str, model) -> dict:
         meta |= {"phi3.rope.freq_base": 10000.0, "phi3.attention.sliding_window": 0}
         if arch == "phi3-longrope":
             meta["phi3.rope.scaling.original_context_length"] = 8
+        if arch == "phi4-mini":  # llama.cpp writes the rotated dims here
+            meta["phi3.rope.dimension_count"] = 12
     return meta
 
 
@@ -111,12 +116,13 @@ def logits(model, tokens: list[int]) -> torch.Tensor:
     return driver.step({seq: tokens})[seq].float()
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3", "phi3-longrope"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3", "phi3-longrope", "phi4-mini"])
 def test_gguf_equals_transformers(tmp_path, arch):
     hf = tiny_family(arch)
     extra = longrope_tensors(hf) if arch == "phi3-longrope" else None
     tied = arch.startswith("gemma")
-    path = to_gguf(hf, tmp_path / "m.gguf", arch.split("-")[0], tied, meta_for(arch, hf), extra)
+    gguf_arch = "phi3" if arch.startswith("phi") else arch
+    path = to_gguf(hf, tmp_path / "m.gguf", gguf_arch, tied, meta_for(arch, hf), extra)
     config, tensors = load_checkpoint(path, use_cache=False)
     assert config.architecture == type(hf).__name__
     want = {k: v for k, v in hf.state_dict().items() if not (tied and k == "lm_head.weight")}
@@ -125,8 +131,12 @@ def test_gguf_equals_transformers(tmp_path, arch):
         torch.testing.assert_close(tensors[name], tensor, atol=1e-6, rtol=0)
     ours, _ = load_model(path, use_cache=False, dequantize=True)
     tokens = torch.randint(3, 96, (14,), generator=torch.Generator().manual_seed(1)).tolist()
-    if arch == "phi3-longrope":  # transformers' GGUF reader drops LongRoPE: the written model
+    if arch == "phi3-longrope":
         assert config.rope_scaling["long_factor"] == hf.config.rope_parameters["long_factor"]
+    if arch == "phi4-mini":
+        assert (config.head_dim, config.rotary_dim) == (16, 12)
+    if arch in ("phi3-longrope", "phi4-mini"):
+        # transformers' GGUF reader drops LongRoPE and the partial rotary: the written model
         with torch.no_grad():
             ref = hf(torch.tensor([tokens[:8]])).logits[0]
         torch.testing.assert_close(logits(ours, tokens[:8]), ref, atol=1e-4, rtol=0)
