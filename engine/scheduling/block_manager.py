@@ -20,7 +20,7 @@ Contract (pure Python, no torch):
   uncomputed so the model still produces logits.
 - K/V tiers (`tiers`: tier_bridge.py): evicted (or, `spill_cached_blocks`, all parked) registered
   blocks are copied out to them, and a hit continues past the pool into them (`PrefixMatch.
-  tier_blocks`: fresh blocks filled before the forward); `prefetch` / `is_loading`.
+  tier_blocks`: fresh blocks filled before the forward); `prefetch` starts disk reads.
 - Usage figures: `usage()`; prefix-cache queries and hits are counted in TOKENS, once per
   admission (queried = the sequence's tokens, hits = tokens served from the cache).
 - `check_invariants()` re-derives every ref count from the tables; tests call it.
@@ -118,15 +118,17 @@ class BlockManager:
     def match_prefix(self, token_ids: list[int], root: str | None = None) -> PrefixMatch:
         """Longest chain of cached blocks equal to the start of `token_ids`; no side effects."""
         found: list[int] = []
-        parent, tier = None, ()
-        blocks = full_blocks(token_ids, self.block_size) if self.enable_prefix_caching else []
-        for tokens in blocks:
+        parent, tier, bs = None, (), self.block_size
+        n = (len(token_ids) - 1) // bs if self.enable_prefix_caching else 0  # >= 1 token left
+        blocks = (tuple(token_ids[i * bs : (i + 1) * bs]) for i in range(n))  # lazily: a
+        for tokens in blocks:  # waiting queue is matched every step, most of it missing
             if (entry := self._cache.lookup(parent, tokens, root)) is None:
                 break
             found.append(entry.block_id)
             parent = entry
         if self.tiers is not None:  # the chain goes on in the tiers (never with LoRA: config)
-            tier = self.tiers.extend(parent.hash if parent else None, blocks[len(found) :])
+            rest = (tuple(token_ids[i * bs : (i + 1) * bs]) for i in range(len(found), n))
+            tier = self.tiers.extend(parent.hash if parent else None, rest)
         num = (len(found) + len(tier)) * self.block_size
         return PrefixMatch(tuple(found), num, len(token_ids), tier, root)
 
@@ -137,9 +139,6 @@ class BlockManager:
             last = self._cache.entry(match.block_ids[-1]) if match.block_ids else None
             rest = full_blocks(seq.token_ids, self.block_size)[len(match.block_ids) :]
             self.tiers.prefetch(seq, last.hash if last else None, rest)
-
-    def is_loading(self, seq: TokenSequence) -> bool:
-        return self.tiers is not None and self.tiers.is_loading(seq)
 
     def spill_cached_blocks(self) -> None:
         """Every parked block goes to the tiers too, staying parked (an engine's close)."""

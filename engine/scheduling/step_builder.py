@@ -177,7 +177,7 @@ class StepBuilder:
         """The waiting requests but those whose prefix a K/V tier is still reading from disk."""
         if self.block_manager.tiers is None:
             return list(waiting)
-        loading = self.block_manager.is_loading
+        loading = self.block_manager.tiers.is_loading
         return [r for r in waiting if not any(loading(s) for s in r.seqs)]
 
     def _admit(self, allot: Allot) -> bool:

@@ -15,6 +15,7 @@ tiers are on), so a key names a whole prefix.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from engine.kv_tiers.moves import TierMoves
@@ -57,7 +58,7 @@ class TierBridge:
         self._loads.clear()
         return moves
 
-    def extend(self, parent_hash: int | None, blocks: list[tuple[int, ...]]) -> tuple[Any, ...]:
+    def extend(self, parent_hash: int | None, blocks: Iterable[tuple[int, ...]]) -> tuple[Any, ...]:
         """The tier blocks continuing a chain whose last pool block hashes to `parent_hash`."""
         found = []
         for tokens in blocks:
