@@ -140,6 +140,7 @@ def _run_offline(
             args.temperature,
             args.clock,
         )
+        spec.check_fits(source.config.max_position_embeddings)  # before any weights load
         num_requests, max_len = 1, args.input_len + args.output_len
         batched_tokens = max(args.max_num_batched_tokens, args.input_len)  # prefill in one step
     else:

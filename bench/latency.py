@@ -68,6 +68,17 @@ class LatencySpec:
                 "--output-len must be >= 2: decode speed is timed after the first token"
             )
 
+    def check_fits(self, context: int) -> None:
+        """Raises ValueError when prompt + output exceed the model's context length, naming the
+        longest --input-len that fits (8,192-token models: 8,176 for 16 out)."""
+        total = self.input_len + self.output_len
+        if total > context:
+            raise ValueError(
+                f"--input-len {self.input_len} + --output-len {self.output_len} = {total} "
+                f"tokens exceeds the model's context length {context}; the longest prompt "
+                f"that fits is --input-len {max(context - self.output_len, 0)}"
+            )
+
 
 @dataclass(frozen=True)
 class LatencyResult:
