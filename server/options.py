@@ -5,17 +5,26 @@ Contract: `OPTIONS` lists every option (`Option`: destination, parser of its tex
 `repeatable` flag may be given several times, its variable a comma list; a `flag_is_switch`
 flag takes no value; `choices`: the only values the flag or variable may take; `default`: in
 words what unset means where server/settings.py's value is None, or `ENGINE_DEFAULT`, read from
-EngineConfig). Parsers raise ValueError with a message a user can act on (`parse_size` reads
-"2GiB", "512MiB", "2GB"). Defaults live with the values, in server/settings.py.
+EngineConfig). Parsers (server/option_parsers.py) raise ValueError with a message a user can act on
+(`parse_size` reads "2GiB", "512MiB", "2GB"). Defaults live with the values, in server/settings.py.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from server.option_parsers import (
+    _bool,
+    _milliseconds,
+    _name_path,
+    _non_negative_float,
+    _origins,
+    _positive_float,
+    parse_size,
+    words,
+)
 
 # Kept in step with server.chat.tool_calls.PARSERS (a test checks it); not imported, so parsing
 # settings stays free of the parsers' imports.
@@ -23,67 +32,6 @@ TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_xml", "p
 TOOL_CALL_PARSERS += ("deepseek_v3",)
 REASONING_PARSERS = ("auto", "think", "think_inside", "none")
 ENGINE_DEFAULT = "<engine>"  # Option.default: EngineConfig's field of the same name says it
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from "1073741824", "512MiB" (powers of 1024) or "2GB" / "2G" (powers of 1000)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"expected a size such as 2GiB, 512MiB or 1000000000, got {text!r}")
-    number, unit, binary = match.groups()
-    base = 1024 if binary else 1000
-    return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def _name_path(text: str) -> tuple[str, str]:
-    name, _, path = text.partition("=")
-    if not name or not path:
-        raise ValueError(f"expected NAME=PATH (e.g. sql=/adapters/sql), got {text!r}")
-    return name, path
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
-    return value
-
-
-def _milliseconds(text: str) -> float:
-    value = float(text)
-    if not (value == 0 or 1 <= value <= 60_000):
-        raise ValueError(f"expected 0 (off) or milliseconds in [1, 60000], got {text!r}")
-    return value
-
-
-def words(text: str) -> tuple[str, ...]:
-    return tuple(w.strip() for w in text.split(",") if w.strip())
-
-
-def _origins(text: str) -> tuple[str, ...]:
-    """Origins from one flag value: `*` or scheme://host[:port], a trailing slash dropped."""
-    origins = tuple(o.rstrip("/") for o in words(text))
-    for origin in origins:
-        if origin != "*" and not re.match(r"^https?://[^/\s]+$", origin):
-            raise ValueError(f"expected * or an origin such as https://app.example, got {origin!r}")
-    return origins
 
 
 @dataclass(frozen=True)
