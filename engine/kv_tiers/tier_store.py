@@ -50,9 +50,11 @@ class TierStore:
         self.disk = DiskTier(config.disk_dir, config.disk_limit) if config.disk_dir else None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="tgserve-kv-tier")
         self._writes: list[Future] = []
+        self._queued_bytes = 0  # K/V waiting for the disk worker: at most the RAM tier's bound
         self._prefetches: list[Future] = []
         self._lock = threading.Lock()
         self._saved = 0
+        self.skipped_writes = 0  # blocks not written to disk: the write queue was full
 
     # ----- the scheduler's side (pure data) --------------------------------------------------
     def lookup(self, key: int, tokens: tuple[int, ...]) -> RamBlock | None:
@@ -118,10 +120,32 @@ class TierStore:
                 kv[layer, 1].copy_(v_cache[block_id])
             self.ram.put(key, tokens, kv)
             if self.disk is not None:
-                future = self._worker.submit(self.disk.write, self.namespace, key, tokens, kv)
-                with self._lock:
-                    self._writes = [f for f in self._writes if not f.done()] + [future]
+                self._queue_write(key, tokens, kv)
         self._saved += len(moves.saves)
+
+    def _queue_write(self, key: int, tokens: tuple[int, ...], kv: torch.Tensor) -> None:
+        """A disk write on the worker; skipped (the block stays in RAM only) while the writes
+        queued already hold the RAM tier's bound: a slow disk never grows memory unbounded."""
+        nbytes = kv.numel() * kv.element_size()
+        with self._lock:
+            if self._queued_bytes + nbytes > self.ram.limit_bytes:
+                self.skipped_writes += 1
+                return
+            self._queued_bytes += nbytes
+        future = self._worker.submit(self._write, self.namespace, key, tokens, kv)
+        future.add_done_callback(lambda _: self._written(nbytes))
+        with self._lock:
+            self._writes = [f for f in self._writes if not f.done()] + [future]
+
+    def _write(self, namespace: TierNamespace, key: int, tokens: tuple[int, ...], kv) -> None:
+        try:
+            self.disk.write(namespace, key, tokens, kv)
+        except OSError as exc:  # a full or read-only disk costs the tier, never the engine
+            log.warning("K/V tier write to %s failed: %s", self.disk.directory, exc)
+
+    def _written(self, nbytes: int) -> None:
+        with self._lock:
+            self._queued_bytes -= nbytes
 
     def _read_run(self, namespace: TierNamespace, todo: Chain) -> int:
         """On the worker: reads blocks in chain order into RAM; stops at the first bad one."""

@@ -125,3 +125,35 @@ def test_ram_tier_bound_and_lru_order() -> None:
     assert ram.get(3, (0, 0, 0, 0)) is None  # another block's tokens: a miss
     ram.put(9, TOKENS, torch.zeros(3 * block(0).numel()))  # larger than the bound: not kept
     assert ram.lru_keys() == [1, 3]
+
+
+def test_queued_disk_writes_are_bounded_and_a_failing_disk_costs_only_the_tier(tmp_path) -> None:
+    """While the disk is stuck, writes queue up to the RAM tier's bound and the rest are
+    skipped (they stay in RAM); a write that fails is logged, and flush still returns."""
+    import threading
+
+    from engine.kv_tiers.config import KVTierConfig
+    from engine.kv_tiers.moves import TierMoves
+    from engine.kv_tiers.tier_store import TierStore
+
+    pool = [(torch.randn(8, 4, 1, 8), torch.randn(8, 4, 1, 8)) for _ in range(2)]  # 8 blocks
+    nbytes = block(0).numel() * 4
+    store = TierStore(KVTierConfig(3 * nbytes, str(tmp_path)), NS, pool)
+    gate, calls = threading.Event(), []
+
+    def stuck_write(namespace, key, tokens, kv) -> None:
+        calls.append(key)
+        gate.wait(10)
+        if key == 2:
+            raise OSError(28, "No space left on device")
+
+    store.disk.write = stuck_write
+    saves = tuple((b, b + 1, TOKENS) for b in range(6))
+    store.transfer(pool, TierMoves(saves=saves))
+    assert store.skipped_writes == 3  # three blocks' bytes fill the queue's bound
+    assert store.ram.lru_keys() == [4, 5, 6]  # the RAM tier keeps its own LRU bound
+    gate.set()
+    store.flush()  # the failed write (key 2) is logged, not raised
+    assert sorted(calls) == [1, 2, 3]
+    got = store.ram.get(6, TOKENS)
+    assert got is not None and torch.equal(got.kv[1, 0], pool[1][0][5])  # layer 1, K, block 5
