@@ -52,9 +52,10 @@ def check_tensor_parallel(config: ModelConfig, world: int) -> None:
         raise ValueError(f"tensor_parallel_size must be at least 1, got {world}")
     if world == 1:
         return
-    if config.family != "llama":
+    if config.family not in ("llama", "moe"):
         raise ValueError(
-            f"tensor parallel runs the Llama family (Llama, Mistral, Qwen2/3, SmolLM2); "
+            f"tensor parallel runs the Llama family (Llama, Mistral, Qwen2/3, SmolLM2) and its "
+            f"mixture-of-experts kin (Mixtral, Qwen3-MoE, Qwen2-MoE); "
             f"{config.architecture} runs with tensor_parallel_size 1"
         )
     kvh, heads = config.num_kv_heads, config.num_heads
@@ -72,7 +73,9 @@ def check_tensor_parallel(config: ModelConfig, world: int) -> None:
                 f"shared by {world // kvh} ranks but only {group} query heads read it; use at "
                 f"most {kvh * group} ranks"
             )
-    if config.intermediate_size < world or config.vocab_size < world:
+    moe = config.moe
+    narrowest = min(config.intermediate_size, moe.expert_intermediate_size if moe else world)
+    if narrowest < world or config.vocab_size < world:
         raise ValueError(f"tensor_parallel_size {world} is larger than the model's layers")
 
 

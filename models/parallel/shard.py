@@ -17,9 +17,11 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from models.moe.block import SparseMoeBlock
+from models.moe.parallel import shard_sparse_block
 from models.parallel.group import ParallelGroup
 from models.parallel.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
-from models.parallel.layout import ShardLayout
+from models.parallel.layout import Range, ShardLayout
 
 L = TypeVar("L", bound=nn.Linear)
 
@@ -29,7 +31,11 @@ def shard_model(model: nn.Module, layout: ShardLayout, group: ParallelGroup) -> 
     inner = model.model
     for layer in inner.layers:
         _shard_attention(layer.self_attn, layout, group, c.head_dim)
-        _shard_mlp(layer.mlp, layout, group)
+        if isinstance(layer.mlp, SparseMoeBlock):  # mixture of experts: models/moe/parallel.py
+            shard_sparse_block(layer.mlp, layout.world, layout.rank, group,
+                               lambda mlp, columns: _shard_mlp(mlp, layout, group, columns))  # fmt: skip
+        else:
+            _shard_mlp(layer.mlp, layout, group)
     lo, hi = layout.vocab
     embedding = VocabParallelEmbedding(_rows(inner.embed_tokens.weight, lo, hi), (lo, hi), group)
     head_weight = (
@@ -62,8 +68,11 @@ def _shard_attention(attn: nn.Module, layout: ShardLayout, group: ParallelGroup,
     attn.q_size, attn.kv_size = (h1 - h0) * d, (k1 - k0) * d
 
 
-def _shard_mlp(mlp: nn.Module, layout: ShardLayout, group: ParallelGroup) -> None:
-    lo, hi = layout.intermediate
+def _shard_mlp(
+    mlp: nn.Module, layout: ShardLayout, group: ParallelGroup, columns: Range | None = None
+) -> None:
+    """`columns`: the intermediate range to keep (default the layout's, the dense MLP's)."""
+    lo, hi = columns or layout.intermediate
     full = mlp.intermediate
     w = mlp.gate_up_proj.weight  # [2 * intermediate, hidden]: gate rows, then up rows
     mlp.gate_up_proj = _linear(torch.cat((w[lo:hi], w[full + lo : full + hi])), None)

@@ -1,6 +1,7 @@
 """Tensor parallel over 2 gloo ranks computes what one process computes: the same logits
 (fp32 within 1e-5, bf16 within bf16 rounding) for GQA (llama), qkv bias (qwen2) and a
-sliding window (mistral), on the PyTorch layers and on the C++ step, and for Phi-3's fused
+sliding window (mistral), mixture-of-experts (qwen2_moe on the C++ expert kernels, qwen3_moe on
+the PyTorch layers), on the PyTorch layers and on the C++ step, and for Phi-3's fused
 checkpoint matrices with LongRoPE (the script's longer sequence crosses its original length)
 on the C++ step, through prefill chunks, decodes, a copy-on-write block copy and
 prompt-logprob rows."""
@@ -18,6 +19,10 @@ ARCHS = ("llama", "qwen2", "mistral")
 CASES = [(arch, "float32", kernels) for arch in ARCHS for kernels in (False, True)]
 CASES.append(("llama", "bfloat16", True))
 CASES.append(("phi3-longrope", "float32", True))
+# Mixture of experts (each expert sharded like a dense MLP: models/moe/parallel.py): Qwen2-MoE's
+# shared expert and qkv bias on the C++ expert kernels, Qwen3-MoE's dense layer on PyTorch.
+MOE_CASES = [("qwen2_moe", "float32", True), ("qwen3_moe", "float32", False)]
+CASES += MOE_CASES
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +30,7 @@ def tp2_results(tmp_path_factory):
     """Every case once at TP=1 (here) and at TP=2 (one pair of spawned ranks for all)."""
     root = tmp_path_factory.mktemp("tp")
     folders = {arch: save_checkpoint(arch, root / arch) for arch in ARCHS}
+    folders |= {arch: save_checkpoint(arch, root / arch) for arch, _, _ in MOE_CASES}
     folders["phi3-longrope"] = save_family_checkpoint("phi3-longrope", root / "phi3")
     runs = run_tp([(folders[a], d, k) for a, d, k in CASES])
     return {
@@ -57,4 +63,11 @@ def test_tp2_logits_equal_tp1_in_bf16(tp2_results) -> None:
 def test_tp2_phi3_longrope_logits_equal_tp1(tp2_results) -> None:
     want, got, description = tp2_results[("phi3-longrope", "float32", True)]
     assert "C++ CPU kernels" in description
+    _compare(want, got, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=[arch for arch, _, _ in MOE_CASES])
+def test_tp2_moe_logits_equal_tp1_in_fp32(tp2_results, case) -> None:
+    want, got, description = tp2_results[case]
+    assert ("C++ expert kernels" in description) == case[2]
     _compare(want, got, atol=1e-5)
