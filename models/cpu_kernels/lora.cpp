@@ -1,15 +1,18 @@
 // Batched LoRA for mixed steps (the Punica / S-LoRA shape): rows of different adapters and of the
 // base model in one call, each row reading its own slot's A and B. Two passes, each a parallel
-// loop over (row, output) pairs: the shrink u[row] = a[slot] . x[row] (S * R dots of length K),
-// then the expand y[row, n] += scale * b[slot, n] . u[row, slice of n] (N dots of length R).
-// Batch invariance: every value is one dot product computed by one thread in a fixed order
-// (8 float lanes over the length, then the lanes summed in a fixed tree), so a row's bits do
-// not depend on the other rows of the step, their adapters, or the thread count. A slice whose
-// scale is 0 in a slot (a module the adapter leaves out) is skipped: its delta would be +0.
+// loop: the shrink u[row] = a[slot] . x[row] (S * R dots of length K: 8 float lanes over K, then
+// the lanes summed in a fixed tree), then the expand over chunks of outputs, acc[n] = sum over
+// r in order of u[row, r] * bt[slot, r, n] (B stored transposed, so a chunk's outputs are one
+// vector operation per r), y[row, n] += scale * acc[n].
+// Batch invariance: every value is computed by one thread in an order fixed by the shapes
+// (K, R, N and the chunking of N), never by the rows or adapters sharing the call or the thread
+// count. A slice whose scale is 0 in a slot (a module the adapter leaves out) is skipped: its
+// delta would be +0.
 #include "lora.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace tgserve {
@@ -30,16 +33,17 @@ inline float ordered_dot(const TA* a, const TB* b, int64_t n) {
   return sum;
 }
 
-constexpr int64_t kParallelWork = 1 << 16;  // multiply-adds below which one thread runs a pass
+constexpr int64_t kParallelWork = 1 << 14;  // multiply-adds below which one thread runs a pass
+constexpr int64_t kChunk = 128;              // outputs of one expand work item
 
 }  // namespace
 
 template <typename T>
 void lora_add(const LoraWeights& w, const T* x, T* y, int64_t B, const int64_t* rows) {
   const int64_t slots = w.a.size(0), SR = w.a.size(1), K = w.a.size(2);
-  const int64_t N = w.b.size(1), R = w.b.size(2), S = w.offsets.numel() - 1;
+  const int64_t R = w.b.size(1), N = w.b.size(2), S = w.offsets.numel() - 1;
   const T* a = static_cast<const T*>(w.a.data_ptr());
-  const T* b = static_cast<const T*>(w.b.data_ptr());
+  const T* bt = static_cast<const T*>(w.b.data_ptr());  // [slots, R, N]
   const float* scales = w.scales.data_ptr<float>();
   const int64_t* off = w.offsets.data_ptr<int64_t>();
   for (int64_t r = 0; r < B; ++r)
@@ -48,23 +52,35 @@ void lora_add(const LoraWeights& w, const T* x, T* y, int64_t B, const int64_t* 
   // Which (slot, slice) pairs hold an adapter's module: a slice's scale is set for all its rows.
   auto active = [&](int64_t slot, int64_t s) { return scales[slot * N + off[s]] != 0.0f; };
   std::vector<T> u(static_cast<size_t>(B * SR));
-  const bool wide_shrink = B * SR * K >= kParallelWork;
-#pragma omp parallel for if (wide_shrink)
+#pragma omp parallel for if (B * SR * K >= kParallelWork)
   for (int64_t i = 0; i < B * SR; ++i) {
     const int64_t row = i / SR, j = i % SR, slot = rows[row];
     if (slot < 0 || !active(slot, j / R)) continue;
     u[i] = T(ordered_dot(a + (slot * SR + j) * K, x + row * K, K));
   }
-  const bool wide_expand = B * N * R >= kParallelWork;
-#pragma omp parallel for if (wide_expand)
-  for (int64_t i = 0; i < B * S; ++i) {
-    const int64_t row = i / S, s = i % S, slot = rows[row];
-    if (slot < 0 || !active(slot, s)) continue;
+  // The expand's work items: (row, slice, first output of a chunk of kChunk).
+  std::vector<int64_t> items;
+  for (int64_t row = 0; row < B; ++row)
+    for (int64_t s = 0; s < S; ++s)
+      if (rows[row] >= 0 && active(rows[row], s))
+        for (int64_t n0 = off[s]; n0 < off[s + 1]; n0 += kChunk) items.insert(items.end(), {row, s, n0});
+  const int64_t num_items = static_cast<int64_t>(items.size() / 3);
+#pragma omp parallel for if (num_items * kChunk * R >= kParallelWork)
+  for (int64_t i = 0; i < num_items; ++i) {
+    const int64_t row = items[3 * i], s = items[3 * i + 1], n0 = items[3 * i + 2];
+    const int64_t slot = rows[row], width = std::min(kChunk, off[s + 1] - n0);
     const T* us = u.data() + row * SR + s * R;
-    for (int64_t n = off[s]; n < off[s + 1]; ++n) {
-      const T t = T(ordered_dot(b + (slot * N + n) * R, us, R));
-      const T delta = T(static_cast<float>(t) * scales[slot * N + n]);
-      y[row * N + n] = T(static_cast<float>(y[row * N + n]) + static_cast<float>(delta));
+    float acc[kChunk] = {};
+    for (int64_t r = 0; r < R; ++r) {
+      const float ur = static_cast<float>(us[r]);
+      const T* brow = bt + (slot * R + r) * N + n0;
+      for (int64_t j = 0; j < width; ++j) acc[j] += ur * static_cast<float>(brow[j]);
+    }
+    T* yr = y + row * N + n0;
+    const float* sc = scales + slot * N + n0;
+    for (int64_t j = 0; j < width; ++j) {
+      const T delta = T(static_cast<float>(T(acc[j])) * sc[j]);
+      yr[j] = T(static_cast<float>(yr[j]) + static_cast<float>(delta));
     }
   }
 }
@@ -86,7 +102,7 @@ void lora_add_py(torch::Tensor x, torch::Tensor y, torch::Tensor rows, torch::Te
                   rows.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
               "lora_add: x, y, a, b in one dtype; float32 scales; int64 rows and offsets");
   TORCH_CHECK(x.size(0) == rows.numel() && y.size(0) == rows.numel() && x.size(1) == a.size(2) &&
-                  y.size(1) == b.size(1),
+                  y.size(1) == b.size(2),
               "lora_add: shapes do not match the stack");
   const LoraWeights w{a, b, scales, offsets};
   const auto rows_c = rows.contiguous();
@@ -113,8 +129,8 @@ void bind_lora(pybind11::module& m) {
              TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
                              scales.scalar_type() == at::kFloat &&
                              offsets.scalar_type() == at::kLong &&
-                             a.size(1) == (offsets.numel() - 1) * b.size(2),
-                         "LoraWeights: a [slots, S*R, K], b [slots, N, R], float32 scales, "
+                             a.size(1) == (offsets.numel() - 1) * b.size(1),
+                         "LoraWeights: a [slots, S*R, K], b [slots, R, N], float32 scales, "
                          "int64 offsets [S + 1]");
              return LoraWeights{std::move(a), std::move(b), std::move(scales),
                                 std::move(offsets)};

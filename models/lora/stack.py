@@ -3,14 +3,17 @@ batched shrink / expand that adds them to the projection's output, row by row.
 
 Layout (S slices: qkv has q, k, v; gate_up has gate, up; o and down have one):
 - `a` [slots, S * R, K]: slice s's lora_A in rows s*R .. s*R + r (zeros past its rank r);
-- `b` [slots, N, R]: output row n's lora_B row (its slice's rank segment; zeros past r);
+- `b` [slots, R, N]: lora_B transposed, output n's column holding its slice's B row (zeros
+  past the slice's rank r), so the C++ expand runs along N;
 - `scales` [slots, N] float32: each output row's scale (0 where the slot leaves the slice);
 - `offsets` [S + 1] int64: where each slice's outputs start in N (host copy: `bounds`).
 Zero padding adds exact zeros, so a slot's values do not depend on R.
 
 `add(x [T, K], y [T, N], rows [T])` returns y + for each row t with rows[t] = s >= 0:
 `scale[s] * ((x[t] @ a[s].T)[slice] @ b[s][slice].T)` per slice (rows[t] = -1: the base model,
-y[t] untouched). Batch invariance: the reference here groups rows by slot (one Python step per
+y[t] untouched): the C++ kernel on CPUs (models/cpu_kernels/lora.cpp), the Triton kernels on
+CUDA (models/triton_kernels/lora.py), else the reference. Batch invariance: the reference groups
+rows by slot (one Python step per
 distinct slot, never per row) and runs each group through models/linear_backend's
 `invariant_linear`, whose row bits do not depend on the other rows; the C++ kernel
 (models/cpu_kernels/lora.cpp) computes each row alone in a fixed order. Rounding points, both:
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from models import triton_kernels
 from models.linear_backend import invariant_linear
 
 
@@ -40,10 +44,11 @@ class LoraStack:
         for width in slice_outputs:
             self.bounds.append(self.bounds[-1] + width)
         self.a = torch.zeros(slots, s * rank, in_features, dtype=dtype, device=device)
-        self.b = torch.zeros(slots, n, rank, dtype=dtype, device=device)
+        self.b = torch.zeros(slots, rank, n, dtype=dtype, device=device)
         self.scales = torch.zeros(slots, n, dtype=torch.float32, device=device)
         self.offsets = torch.tensor(self.bounds, dtype=torch.int64, device=device)
         self.kernel = None  # the C++ kernel's entry (models/lora/bank.py sets it on CPUs)
+        self._slices: torch.Tensor | None = None  # [N] each output's slice (the Triton kernel)
 
     @property
     def nbytes(self) -> int:
@@ -60,7 +65,7 @@ class LoraStack:
         if r > self.rank:
             raise ValueError(f"rank {r} is above the bank's max rank {self.rank}")
         self.a[slot, piece * self.rank : piece * self.rank + r].copy_(a)
-        self.b[slot, lo:hi, :r].copy_(b)
+        self.b[slot, :r, lo:hi].copy_(b.T)
         self.scales[slot, lo:hi] = scale
 
     def add(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
@@ -70,6 +75,12 @@ class LoraStack:
             y = y.contiguous()
             self.kernel(x.contiguous(), y, rows, self.a, self.b, self.scales, self.offsets)
             return y
+        if triton_kernels.enabled(x):  # the GPU: two launches, no host read (capture-safe)
+            from models.triton_kernels.lora import lora_add, slice_of_outputs
+
+            if self._slices is None:
+                self._slices = slice_of_outputs(self.offsets)
+            return lora_add(x, y, rows, self.a, self.b, self.scales, self._slices)
         return self.reference_add(x, y, rows)
 
     def reference_add(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -82,7 +93,9 @@ class LoraStack:
             u = invariant_linear(x.index_select(0, picked), self.a[slot], None)  # [n, S*R]
             parts = [
                 invariant_linear(
-                    u[:, s * self.rank : (s + 1) * self.rank], self.b[slot, lo:hi], None
+                    u[:, s * self.rank : (s + 1) * self.rank],
+                    self.b[slot, :, lo:hi].T.contiguous(),  # the slice's lora_B [N_s, R]
+                    None,
                 )
                 for s, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:], strict=False))
             ]

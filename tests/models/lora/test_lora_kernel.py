@@ -27,7 +27,7 @@ def random_stack(dtype: torch.dtype, slots: int = 4, rank: int = 8) -> LoraStack
 
 
 def float64_delta(stack: LoraStack, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(x.shape[0], stack.b.shape[1], dtype=torch.float64)
+    out = torch.zeros(x.shape[0], stack.b.shape[2], dtype=torch.float64)
     for t, slot in enumerate(rows.tolist()):
         if slot < 0:
             continue
@@ -35,7 +35,7 @@ def float64_delta(stack: LoraStack, x: torch.Tensor, rows: torch.Tensor) -> torc
         for s, (lo, hi) in enumerate(zip(stack.bounds, stack.bounds[1:], strict=False)):
             seg = u[s * stack.rank : (s + 1) * stack.rank]
             out[t, lo:hi] = stack.scales[slot, lo:hi].double() * (
-                stack.b[slot, lo:hi].double() @ seg
+                stack.b[slot, :, lo:hi].double().T @ seg
             )
     return out
 
