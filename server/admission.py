@@ -94,8 +94,8 @@ async def open_streams(
         raise
     held = [fair.hold(client, 1) if fair is not None else _nothing for _ in streams]
     return [
-        _tracked(s, metrics.timer(), release, trace)
-        for s, release in zip(streams, held, strict=True)
+        _tracked(s, metrics.timer(p.adapter), release, trace)  # labelled by adapter, if any
+        for s, release, p in zip(streams, held, params, strict=True)
     ]
 
 

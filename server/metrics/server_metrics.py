@@ -4,7 +4,7 @@ Contract: `ServerMetrics(stats_source, vllm_compatible=False)` owns its own regi
 state, so several apps can live in one process). Engine-level values come from `stats_source()`
 — the AsyncEngine's latest EngineStats snapshot — at scrape time (engine_collectors.py);
 per-request values from `timer()`s (request_timer.py), labelled with the first served name once
-`bind_model` set it; rejections are counted by reason via `reject(reason)` (they may come before
+`bind_model` set it, or with the LoRA adapter a request runs under (`timer(adapter)`); rejections are counted by reason via `reject(reason)` (they may come before
 any model is loaded). HTTP requests by route and status: http.py, on this registry. The standard
 `process_*` metrics (resident memory, open FDs, CPU seconds; Linux only) come from
 prometheus_client's ProcessCollector: `tgserve bench soak` watches them for leaks. With
@@ -63,8 +63,10 @@ class ServerMetrics:
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason=reason).inc()
 
-    def timer(self) -> RequestTimer:
-        return RequestTimer(self.requests, self.model_name)
+    def timer(self, model: str | None = None) -> RequestTimer:
+        """A request's timer, its series labelled `model` (a LoRA adapter's name) or the
+        served model's name."""
+        return RequestTimer(self.requests, model or self.model_name)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

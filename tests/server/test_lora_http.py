@@ -15,7 +15,7 @@ import torch
 
 from engine import Engine, EngineConfig, LoraConfig
 from tests.models.lora.peft_adapters import make_peft_adapter
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, metric
 from tests.server.test_live_engine import hf_greedy
 
 PROMPT = "Hello world, how are you"
@@ -123,3 +123,12 @@ def test_load_and_unload_at_run_time(server, adapters) -> None:
     assert httpx.post(unload, json={"lora_name": "chat"}).status_code == 404
     with pytest.raises(openai.NotFoundError):
         greedy_logprobs(server, "chat")
+
+
+def test_request_metrics_are_labelled_by_model(server) -> None:
+    greedy_logprobs(server, "sql")
+    greedy_logprobs(server, "tiny")
+    text = httpx.get(server.url + "/metrics").text
+    for model in ("sql", "tiny"):
+        labels = {"model_name": model, "finish_reason": "length"}
+        assert metric(text, "tgserve_request_success_total", labels) >= 1, model
