@@ -222,9 +222,14 @@ def layer_attention(
     softcap: float | None,
 ) -> torch.Tensor:
     """`paged_attention` for a layer with its own sliding window and tanh soft-capping of its
-    scores (Gemma 2 / 3): the PyTorch key-block attention, whatever backend built `meta`
-    (only the K/V write goes through the backend; the forward path keeps such models off the
-    kernels that plan one window per model: models/forward_path.py)."""
+    scores (Gemma 2 / 3): without a cap, through the backend that built `meta` when its kernel
+    takes a window per call (`forward_window`: the C++ attention); otherwise the PyTorch
+    key-block attention, whatever backend built `meta` (only the K/V write goes through the
+    backend; the forward path keeps such models off the kernels that plan one window per
+    model: models/forward_path.py)."""
+    forward_window = getattr(meta.backend, "forward_window", None)
+    if softcap is None and forward_window is not None:
+        return forward_window(q, cache, meta, scale, window)
     k_cache, v_cache = cache
     plan = meta.window_plan(q.shape[1] // k_cache.shape[2], window)
     return block_attention(q, k_cache, v_cache, plan, scale, softcap)

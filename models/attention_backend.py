@@ -148,8 +148,15 @@ class CppAttentionBackend(AttentionBackend):
         return meta
 
     def forward(self, q: torch.Tensor, cache: KVCache, meta, scale: float) -> torch.Tensor:
+        return self.forward_window(q, cache, meta, scale, meta.sliding_window)
+
+    def forward_window(
+        self, q: torch.Tensor, cache: KVCache, meta, scale: float, window: int | None
+    ) -> torch.Tensor:
+        """`forward` with a layer's own sliding window (None: none) instead of the model's:
+        the kernel takes the window per call (Gemma 3's local / global layers)."""
         from models.cpu_kernels.paged_attention import paged_decode_attention
 
         tables, lens = meta.row_plan()
         k_cache, v_cache = cache
-        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.sliding_window)
+        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, window)

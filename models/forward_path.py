@@ -18,8 +18,10 @@ The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; ea
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
 not one it serves (the next is tried; past the list the model's own forward runs). A model
 whose layers attend with options of their own (`plain_attention`: Gemma's per-layer windows and
-score caps, models/gemma.py) takes no attention kernel: on every device its own forward over
-the PyTorch key-block attention, every step eager. CUDA runs
+score caps, models/gemma.py) takes no Triton path and no C++ step: its own forward, every step
+eager, its layers through the C++ attention on a CPU with the kernels (which takes a window
+per call) unless their scores are capped (`kernel_attention` False: Gemma 2), else through the
+PyTorch key-block attention. CUDA runs
 the model's layers with the Triton attention (`TritonPath`, DECODE_ONLY: its decode forward
 holds no host list, no host sync and no data-dependent branch); other GPU backends register
 here: a builder in `BUILDERS` and its name in the device's list. Tensor parallel needs no
@@ -178,8 +180,8 @@ def _pytorch_cpu(req: PathRequest) -> ForwardPath:
     bank = getattr(req.model, "lora_bank", None)
     if kernel and bank is not None:  # LoRA rows through the C++ kernel (models/lora)
         bank.use_kernel(cpu_kernels.extension().lora_add)
-    # Gemma's layers attend with their own windows and caps: no attention kernel for them.
-    attention = kernel and not _plain_attention(req.model)
+    # Gemma 2's capped scores: no layer of it can use the C++ attention (models/gemma.py)
+    attention = kernel and getattr(req.model, "kernel_attention", True)
     path = PyTorchPath(req.model, req.kv_caches, attention_kernel=attention)
     # Mixture-of-experts layers (models/moe): each expert's rows through the C++ linear.
     if kernel and use_cpp_experts(req.model):

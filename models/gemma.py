@@ -8,9 +8,10 @@ their own rope base (`local_rope_theta`).
 Contract: as models/llama.py (`forward(input_ids[T], positions[T], meta, kv_caches) ->
 hidden[T, hidden]`, `compute_logits(hidden[R, hidden]) -> [R, vocab]` float32, `load_weights`
 with transformers' names, q/k/v and gate/up fused as they are copied). Each layer attends with
-its own window and cap through `models.attention.layer_attention` (the PyTorch key-block
-attention), so a model of this family takes the forward path's PyTorch attention on every
-device: `plain_attention` says so to models/forward_path.py.
+its own window and cap through `models.attention.layer_attention`: the C++ attention on a CPU
+for uncapped layers (Gemma 3; `kernel_attention`), else the PyTorch key-block attention;
+`plain_attention` keeps the family off the Triton path and the C++ step
+(models/forward_path.py).
 """
 
 from __future__ import annotations
@@ -108,7 +109,12 @@ class GemmaModel(nn.Module):
 
 
 class GemmaForCausalLM(nn.Module):
-    plain_attention = True  # per-layer windows and caps: the PyTorch attention (module doc)
+    plain_attention = True  # per-layer windows: no Triton path, no C++ step (module doc)
+
+    @property
+    def kernel_attention(self) -> bool:
+        """Whether the C++ attention serves its layers: not under Gemma 2's score caps."""
+        return self.config.attn_logit_softcapping is None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
