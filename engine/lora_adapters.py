@@ -16,16 +16,19 @@ Contract:
 - `known(name)`: for request validation. Every method is thread-safe (one lock): `register` /
   `unregister` come from the server's threads, `admit` from the engine's; the weights are only
   written by `admit`, on the engine's thread, between steps.
-- Each load of an adapter has its own key (`name#serial`): K/V cached under an adapter that was
-  unloaded and loaded again from another folder is never reused.
+- An adapter's key is its name and a digest of its files' bytes (`name#digest`): K/V cached
+  under an adapter unloaded and loaded again with other weights is never reused, while the same
+  weights loaded again, or by the next process (the disk K/V tier's keys carry the key), hit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine.errors import InvalidRequest, QueueFullError
 from engine.requests.request import Request, RequestStatus
@@ -68,7 +71,6 @@ class LoraAdapters:
         self._load, self._check = load, check
         self._adapters: dict[str, _Adapter] = {}
         self._resident: OrderedDict[int, str] = OrderedDict()  # slot -> name, LRU first
-        self._serial = 0
         self._lock = threading.Lock()
 
     @classmethod
@@ -94,11 +96,11 @@ class LoraAdapters:
         if name in self._adapters:
             raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
         self._check(name, path)  # outside the lock: it reads files
+        key = f"{name}#{files_digest(path)}"
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
-            self._serial += 1
-            self._adapters[name] = _Adapter(path=path, key=f"{name}#{self._serial}")
+            self._adapters[name] = _Adapter(path=path, key=key)
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -153,3 +155,16 @@ class LoraAdapters:
 
 def _no_bank(*_: object) -> None:
     raise ValueError("LoRA adapters are off: start the server with --lora or --max-loras")
+
+
+def files_digest(path: str) -> str:
+    """BLAKE2b of an adapter's bytes: a GGUF file, or a folder's files (sorted by name)."""
+    root = Path(path)
+    files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else [root]
+    h = hashlib.blake2b(digest_size=16)
+    for file in files:
+        h.update(file.name.encode() + b"\x00")
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()

@@ -184,8 +184,8 @@ def attach_lora_bank(model, model_config, config: EngineConfig, dtype, device) -
             f"LoRA adapters are served on the Llama family (Llama, Mistral, Qwen2/3, SmolLM2); "
             f"{model_config.architecture} is not one yet"
         )
-    if config.tensor_parallel_size > 1 or config.kv_tiers is not None:
-        raise ValueError("LoRA adapters run with tensor_parallel_size 1 and no kv_offload tiers")
+    if config.tensor_parallel_size > 1:
+        raise ValueError("LoRA adapters run with tensor_parallel_size 1")
     lora = config.lora
     LoraBank(model_config, lora.slots, lora.max_lora_rank, dtype, device).attach(model)
 

@@ -10,8 +10,10 @@ Contract:
   we guard against).
 - `TierNamespace` is everything besides the tokens that decides a block's K/V bytes: model
   identity, tokenizer, dtype, KV-cache dtype, the forward path (the PyTorch and C++ paths
-  agree to rounding only), the LoRA adapter ("" for the base model: the per-request adapter
-  placeholder) and the tgserve version. Its `digest` is written in every file and folded into
+  agree to rounding only) and the tgserve version. A request's LoRA adapter is in the key
+  itself: its chain starts from a hash of the adapter's name and weights' digest
+  (engine/scheduling/prefix_cache.py's `root_hash`), so one store serves every adapter and
+  the base, and a hit never crosses them. Its `digest` is written in every file and folded into
   file names, so K/V of another model, version or path is never served.
 """
 
@@ -47,7 +49,6 @@ class TierNamespace:
     dtype: str  # the model's compute dtype
     kv_dtype: str  # the KV cache's element dtype
     forward_path: str  # how steps run (PyTorch ops vs the C++ kernels, ...)
-    adapter: str = ""  # the LoRA adapter whose K/V these are; "" = the base model
     version: str = ""  # the tgserve version that wrote the K/V
 
     @property
@@ -58,7 +59,6 @@ class TierNamespace:
             self.dtype,
             self.kv_dtype,
             self.forward_path,
-            self.adapter,
             self.version,
         )
         return hashlib.blake2b("\x1f".join(fields).encode(), digest_size=_KEY_BYTES).digest()

@@ -34,7 +34,7 @@ from typing import Any
 
 from engine.requests.request import TokenSequence
 from engine.scheduling.block_invariants import check_block_invariants
-from engine.scheduling.prefix_cache import HashFn, PrefixCache, block_hash, full_blocks
+from engine.scheduling.prefix_cache import HashFn, PrefixCache, block_hash, full_blocks, root_hash
 from engine.scheduling.tier_bridge import TierBridge, TierIndex
 
 
@@ -126,19 +126,19 @@ class BlockManager:
                 break
             found.append(entry.block_id)
             parent = entry
-        if self.tiers is not None:  # the chain goes on in the tiers (never with LoRA: config)
+        if self.tiers is not None:  # the chain goes on in the tiers (from the adapter's root)
             rest = (tuple(token_ids[i * bs : (i + 1) * bs]) for i in range(len(found), n))
-            tier = self.tiers.extend(parent.hash if parent else None, rest)
+            tier = self.tiers.extend(parent.hash if parent else root_hash(root), rest)
         num = (len(found) + len(tier)) * self.block_size
         return PrefixMatch(tuple(found), num, len(token_ids), tier, root)
 
-    def prefetch(self, seq: TokenSequence) -> None:
-        """A new sequence: starts reading the blocks of its prefix the disk tier holds."""
+    def prefetch(self, seq: TokenSequence, root: str | None = None) -> None:
+        """A new sequence (of adapter key `root`): starts reading its prefix's disk-tier blocks."""
         if self.tiers is not None:
-            match = self.match_prefix(seq.token_ids)
+            match = self.match_prefix(seq.token_ids, root)
             last = self._cache.entry(match.block_ids[-1]) if match.block_ids else None
             rest = full_blocks(seq.token_ids, self.block_size)[len(match.block_ids) :]
-            self.tiers.prefetch(seq, last.hash if last else None, rest)
+            self.tiers.prefetch(seq, last.hash if last else root_hash(root), rest)
 
     def spill_cached_blocks(self) -> None:
         """Every parked block goes to the tiers too, staying parked (an engine's close)."""

@@ -1,9 +1,10 @@
 """PrefixCache: which full, computed KV blocks hold which token prefix, and which may be evicted.
 
 Contract: a full block is registered under `hash_fn(parent_hash, tokens)` where `parent_hash` is
-the hash of the block before it in its sequence (for the first block: None, or under a LoRA
-adapter a hash of the adapter's `root` key, which the entry keeps and a lookup checks). A hash is only an
-index: `lookup` confirms a hit by comparing the block's own tokens AND the identity of its parent
+the hash of the block before it in its sequence (for the first block: `root_hash(root)`: None
+for the base model, else a stable 128-bit hash of the LoRA adapter's `root` key -- the same in
+every process, so the K/V tiers' keys carry the adapter too -- which the entry keeps and a
+lookup checks). A hash is only an index: `lookup` confirms a hit by comparing the block's own tokens AND the identity of its parent
 entry (a serial number unique to each registration), so a hash collision can only cost a miss,
 never return a wrong block. At most one block is registered per hash; a second block with the
 same content is deduplicated by the caller.
@@ -15,6 +16,7 @@ counts live in the BlockManager; this class only knows registered vs parked.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,8 +131,15 @@ class PrefixCache:
 
 
 def _parent_hash(parent: CacheEntry | None, root: str | None) -> int | None:
-    """Block 0 chains from its root: the base model's None, or a hash of the adapter's key, so
-    the same tokens under two adapters (their K/V differ) are two chains."""
-    if parent is not None:
-        return parent.hash
-    return None if root is None else hash(("lora", root))
+    return parent.hash if parent is not None else root_hash(root)
+
+
+def root_hash(root: str | None) -> int | None:
+    """Where block 0 chains from: None for the base model, else a hash of the adapter's key, so
+    the same tokens under two adapters (their K/V differ) are two chains. BLAKE2b, not hash():
+    a disk tier's keys must name the same adapter in the next process."""
+    if root is None:
+        return None
+    return int.from_bytes(
+        hashlib.blake2b(b"lora\x00" + root.encode(), digest_size=16).digest(), "little"
+    )

@@ -98,7 +98,7 @@ class Scheduler:
             )
         self._queues.add(request)
         for seq in request.seqs:  # K/V tiers: its prefix may be read from disk meanwhile
-            self.block_manager.prefetch(seq)
+            self.block_manager.prefetch(seq, request.lora_key)
 
     def abort(self, request: Request) -> None:
         """Aborts at the next `schedule()`; finished or unknown requests are ignored."""

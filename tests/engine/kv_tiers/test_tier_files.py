@@ -22,7 +22,7 @@ from engine.kv_tiers.keys import TierNamespace, chained_block_hash
 from engine.kv_tiers.ram_tier import RamTier
 
 SHAPE = (2, 2, 4, 1, 8)  # [layers, K/V, block_size, kv_heads, head_dim]
-NS = TierNamespace("model-a", "tok", "float32", "torch.float32", "cpu kernels", "", "1.0")
+NS = TierNamespace("model-a", "tok", "float32", "torch.float32", "cpu kernels", "1.0")
 TOKENS = (5, 6, 7, 8)
 
 
@@ -60,7 +60,7 @@ def test_damaged_or_stale_files_are_refused(tmp_path) -> None:
         got, why = read(path)
         assert got is None and expected in why, (expected, why)
     path.write_bytes(data)
-    other = TierNamespace("model-b", "tok", "float32", "torch.float32", "cpu kernels", "", "1.0")
+    other = TierNamespace("model-b", "tok", "float32", "torch.float32", "cpu kernels", "1.0")
     newer = dataclasses.replace(NS, version="2.0")
     assert read(path, namespace=other)[1] == "stale (other namespace)"
     assert read(path, namespace=newer)[1] == "stale (other namespace)"
