@@ -89,6 +89,8 @@ class ModelRunner(StepRunner):
         )
         # Tensor parallel: this rank's shard of the model and the KV heads it holds.
         self.parallel = parallel
+        if parallel is not None and not parallel.is_driver:  # rank 0's adapter loads
+            parallel.channel.on_load = self.load_adapter
         kv_heads = None if parallel is None else parallel.layout.num_kv_heads
         # One more block than the block manager's when graphs pad decode steps: the scratch
         # block (index num_blocks) that padding rows write into.
@@ -232,8 +234,12 @@ class ModelRunner(StepRunner):
         self.model.lora_bank.check(load_adapter(path, name, self.config))
 
     def load_adapter(self, slot: int, name: str, path: str) -> None:
+        """Writes the adapter into `slot`; under tensor parallel every rank writes its part
+        (rank 0 sends the load before the step that reads it: engine/parallel/step_channel)."""
         from models.lora import load_adapter
 
+        if self.parallel is not None and self.parallel.is_driver:
+            self.parallel.channel.send_load(slot, name, path)
         self.model.lora_bank.write(slot, load_adapter(path, name, self.config))
 
     # ----- the engine's hooks (engine/runner.py) -------------------------------------------

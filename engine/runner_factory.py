@@ -116,7 +116,10 @@ def build_runner(
 
         compile_dense_halves(model)
     if config.lora is not None:  # before the KV cache is sized: the bank's bytes are taken
-        attach_lora_bank(model, model_config, config, TORCH_DTYPE_BY_NAME[dtype_name], device)
+        shards = None if group is None else layout
+        attach_lora_bank(
+            model, model_config, config, TORCH_DTYPE_BY_NAME[dtype_name], device, shards
+        )
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
     num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
@@ -173,9 +176,10 @@ def build_runner(
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
 
 
-def attach_lora_bank(model, model_config, config: EngineConfig, dtype, device) -> None:
-    """The LoRA bank (models/lora/bank.py) of `config.lora.slots` slots on the model's device;
-    the Llama family only (the projections the bank knows)."""
+def attach_lora_bank(model, model_config, config: EngineConfig, dtype, device, layout=None) -> None:
+    """The LoRA bank (models/lora/bank.py) of `config.lora.slots` slots on the model's device,
+    the rank's part under tensor parallel (`layout`); the Llama family only (the projections
+    the bank knows)."""
     from models.llama import LlamaForCausalLM
     from models.lora import LoraBank
 
@@ -184,10 +188,8 @@ def attach_lora_bank(model, model_config, config: EngineConfig, dtype, device) -
             f"LoRA adapters are served on the Llama family (Llama, Mistral, Qwen2/3, SmolLM2); "
             f"{model_config.architecture} is not one yet"
         )
-    if config.tensor_parallel_size > 1:
-        raise ValueError("LoRA adapters run with tensor_parallel_size 1")
     lora = config.lora
-    LoraBank(model_config, lora.slots, lora.max_lora_rank, dtype, device).attach(model)
+    LoraBank(model_config, lora.slots, lora.max_lora_rank, dtype, device, layout).attach(model)
 
 
 def _same_bank(new: torch.nn.Module, old: torch.nn.Module) -> torch.nn.Module:

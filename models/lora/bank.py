@@ -7,7 +7,10 @@ slots of rank up to `max_rank`; `attach(model)` points the model's projections a
 (models/llama.py's layers hold `qkv_lora`, `o_lora`, `gate_up_lora`, `down_lora`) and sets
 `model.lora_bank`. `write(slot, adapter)` copies an adapter's weights into a slot (cast to the
 model dtype; the slot is cleared first, modules the adapter leaves out stay zero) and
-`clear(slot)` zeroes it: the bank is the only copy of an adapter the forward reads, whatever
+`clear(slot)` zeroes it. Under tensor parallel (`layout`: the rank's ShardLayout) the stacks
+hold the rank's part (models/lora/shard.py), `write` cuts each adapter as its base projection
+is cut, and the row-parallel o / down projections add their partial deltas before their
+all-reduce (`RowParallelLinear.lora`). `clear(slot)` zeroes a slot: the bank is the only copy of an adapter the forward reads, whatever
 the number of requests using it (`nbytes` is fixed at construction). `begin_step(rows)`:
 the step's [T] int64 slot per new token (-1: the base model; None: every row is the base),
 read by every projection of that forward (the model's forward calls it with
@@ -21,7 +24,10 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.lora.adapter import TARGET_MODULES, LoraAdapter, LoraRefused, module_shape
+from models.lora.shard import LoraShard
 from models.lora.stack import LoraStack
+from models.parallel.layers import RowParallelLinear
+from models.parallel.layout import ShardLayout
 
 # Fused projection -> its slices' checkpoint module names, in output order.
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -46,19 +52,25 @@ class LoraBank:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        layout: ShardLayout | None = None,
     ) -> None:
         if slots < 1 or max_rank < 1:
             raise ValueError("a LoRA bank needs at least one slot and a max rank >= 1")
         self.config, self.slots, self.max_rank = config, slots, max_rank
         self.step = StepRows()
+        self.shard = None if layout is None else LoraShard(layout, config.head_dim)
         self.layers: list[dict[str, LoraStack]] = []
         for _ in range(config.num_layers):
             stacks = {}
             for proj, names in PROJECTIONS.items():
-                k = module_shape(config, names[0])[0]
-                outs = [module_shape(config, n)[1] for n in names]
-                stacks[proj] = LoraStack(slots, max_rank, k, outs, dtype, device)
+                shapes = [self._shape(n) for n in names]
+                outs = [n for _, n in shapes]
+                stacks[proj] = LoraStack(slots, max_rank, shapes[0][0], outs, dtype, device)
             self.layers.append(stacks)
+
+    def _shape(self, module: str) -> tuple[int, int]:
+        k, n = module_shape(self.config, module)
+        return (k, n) if self.shard is None else self.shard.local_shape(module, k, n)
 
     @property
     def nbytes(self) -> int:
@@ -76,9 +88,9 @@ class LoraBank:
         for layer, stacks in zip(model.model.layers, self.layers, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_lora = _Applied(stacks["qkv"], self.step)
-            attn.o_lora = _Applied(stacks["o"], self.step)
             mlp.gate_up_lora = _Applied(stacks["gate_up"], self.step)
-            mlp.down_lora = _Applied(stacks["down"], self.step)
+            attn.o_lora = _before_reduce(attn.o_proj, _Applied(stacks["o"], self.step))
+            mlp.down_lora = _before_reduce(mlp.down_proj, _Applied(stacks["down"], self.step))
         model.lora_bank = self
 
     def check(self, adapter: LoraAdapter) -> None:
@@ -95,7 +107,10 @@ class LoraBank:
         self.clear(slot)
         for (layer, module), lora in adapter.modules.items():
             proj, piece = TARGET_MODULES[module]
-            self.layers[layer][proj].put(slot, piece, lora.a, lora.b, lora.scale)
+            a, b = (
+                (lora.a, lora.b) if self.shard is None else self.shard.cut(module, lora.a, lora.b)
+            )
+            self.layers[layer][proj].put(slot, piece, a, b, lora.scale)
 
     def clear(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
@@ -105,6 +120,15 @@ class LoraBank:
 
     def begin_step(self, rows: torch.Tensor | None) -> None:
         self.step.rows = rows
+
+
+def _before_reduce(projection: nn.Module, applied: _Applied) -> _Applied | None:
+    """A row-parallel projection adds the rank's partial delta to its partial product, before
+    its all-reduce (then the layer adds nothing after it); any other adds after."""
+    if isinstance(projection, RowParallelLinear):
+        projection.lora = applied
+        return None
+    return applied
 
 
 class _Applied:

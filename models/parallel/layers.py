@@ -4,7 +4,8 @@
   `nn.Linear` holding its output rows, and its output is the rank's heads / columns.
 - `RowParallelLinear` (out projection, down projection): holds the input columns matching the
   rank's heads / MLP columns, computes its partial product and all-reduces it (one all-reduce
-  per layer); the bias, if any, lives on rank 0 only, so it is added once.
+  per layer); the bias, if any, lives on rank 0 only, so it is added once. A LoRA adapter's
+  partial delta (`lora`) joins the partial product before the all-reduce.
 - `VocabParallelEmbedding`: a rank holds rows [lo, hi) of the table; ids outside them give
   zero rows, and the all-reduce sums exactly one non-zero row per token (an exact result).
 - `ParallelLMHead`: a rank's logits for its vocabulary rows, gathered on every rank into
@@ -13,6 +14,8 @@ Shapes in the docstrings are per rank.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +29,14 @@ class RowParallelLinear(nn.Linear):
     """y [T, out] = all_reduce(x_shard [T, in_shard] @ W_shard^T) (+ bias on rank 0)."""
 
     group: ParallelGroup
+    # LoRA adapters (models/lora/bank.py): (x, partial y) -> partial y + the rank's partial delta
+    lora: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.all_reduce(self.local_forward(x))
+        y = self.local_forward(x)
+        if self.lora is not None:  # before the sum: the delta is linear in x's columns too
+            y = self.lora(x, y)
+        return self.group.all_reduce(y)
 
     def local_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The rank's partial product; models/linear_backend points it at its CPU kernel."""
