@@ -31,6 +31,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from engine.config import EngineConfig
+from engine.lora_config import LoraConfig
 from engine.parallel.cluster import Cluster
 from engine.speculative.config import SpeculativeConfig
 
@@ -174,9 +175,12 @@ class Membership:
 
 
 def config_from_dict(values: dict) -> EngineConfig:
-    """An EngineConfig from its `asdict` form (the nested speculative config included)."""
+    """An EngineConfig from its `asdict` form (the nested speculative and LoRA configs
+    included: every rank builds its part of the adapters' bank)."""
     if isinstance(values.get("speculative"), dict):
         values = {**values, "speculative": SpeculativeConfig(**values["speculative"])}
+    if isinstance(values.get("lora"), dict):
+        values = {**values, "lora": LoraConfig(**values["lora"])}
     return EngineConfig(**values)
 
 

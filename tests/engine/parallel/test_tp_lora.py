@@ -3,7 +3,9 @@
 the C++ step, with an adapter on all seven projections (each cut as its base projection is:
 models/lora/shard.py) serving one sequence while the other runs on the base model in the same
 steps. Rank 0 loads the adapter as the engine does (`runner.load_adapter`), so rank 1 gets it
-through the step channel. Not vacuous: the adapter's rows differ from the base model's."""
+through the step channel. Not vacuous: the adapter's rows differ from the base model's.
+Through the engine (`tensor_parallel_size=2`, the rank a server's process): greedy tokens of
+requests under the adapter and of the base, in one batch, equal one process's."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from engine import Engine, EngineConfig, SamplingParams
 from engine.lora_config import LoraConfig
 from engine.runner_factory import build_runner
 from models.parallel import exit_rank, free_port, init_group
 from tests.checkpoints import make_hf_model, save_checkpoint
+from tests.engine.engine_fixtures import random_prompts
 from tests.engine.parallel.tp_driver import _config, _script
 from tests.models.lora.peft_adapters import make_peft_adapter
 
@@ -43,11 +47,13 @@ def _script_run(runner, slot: int) -> list[torch.Tensor]:
     return out
 
 
+def _with_adapter(adapter: Path, cpu_kernels: bool, world: int) -> EngineConfig:
+    lora = LoraConfig(adapters=(("ad", str(adapter)),))
+    return dataclasses.replace(_config("float32", cpu_kernels, world), lora=lora)
+
+
 def _runner(base: Path, adapter: Path, cpu_kernels: bool, world: int, group=None):
-    config = dataclasses.replace(
-        _config("float32", cpu_kernels, world), lora=LoraConfig(adapters=(("ad", str(adapter)),))
-    )
-    return build_runner(base, config, False, group).runner
+    return build_runner(base, _with_adapter(adapter, cpu_kernels, world), False, group).runner
 
 
 def _rank(rank: int, port: int, base: str, adapter: str, out) -> None:
@@ -84,7 +90,7 @@ def runs(tmp_path_factory):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0, f"rank exited with {p.exitcode}"
-    results = {}
+    results: dict = {"root": root}
     for cpu_kernels, got in zip(PATHS, tp2, strict=True):
         runner = _runner(base, root / "ad", cpu_kernels, 1)
         runner.load_adapter(0, "ad", str(root / "ad"))
@@ -100,3 +106,23 @@ def test_tp2_with_an_adapter_equals_tp1(runs, cpu_kernels: bool) -> None:
         torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
     moved = [not torch.allclose(w, b, atol=1e-3) for w, b in zip(want, base, strict=True)]
     assert sum(moved) >= len(moved) // 2  # the adapter's rows (not vacuous)
+
+
+def test_engine_tp2_greedy_tokens_with_an_adapter_equal_one_process(runs) -> None:
+    root = runs["root"]
+    prompts = random_prompts(3, (5, 12), seed=3)
+    params = [
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, adapter=name)
+        for name in ("ad", None, "ad")
+    ]
+
+    def tokens(tp: int) -> list[tuple[int, ...]]:
+        config = _with_adapter(root / "ad", cpu_kernels=True, world=tp)
+        engine = Engine.from_model(str(root / "base"), config)
+        try:
+            return [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+        finally:
+            engine.close()
+
+    want = tokens(1)
+    assert tokens(2) == want
