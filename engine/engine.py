@@ -1,4 +1,5 @@
-"""Engine: the synchronous heart. `step()` = schedule -> execute -> sample -> update.
+"""Engine: the synchronous heart. `step()` = schedule -> execute (forward and sampling, below the
+runner: plain host data back) -> update.
 
 Contract:
 - It implements `engine.api.EngineCore`: `new_request` validates once (`InvalidRequest`, a
@@ -26,8 +27,6 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
-import torch
-
 from engine import offline
 from engine.api import EngineInfo
 from engine.config import EngineConfig
@@ -40,17 +39,16 @@ from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
-from engine.runner import Runner, StepLogits
+from engine.runner import Runner
 from engine.sampling.grammar_engine import GrammarEngine
 from engine.sampling.grammar_masker import PendingMask
-from engine.sampling.sampler import Sampler
-from engine.sampling.token_mask import TokenMask, with_failed_rows
+from engine.sampling.step_io import StepOutput
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.scheduling.step_plan import Proposals
 from engine.speculative.draft import DraftProposer
 from engine.speculative.speculator import Speculator, grammar_jobs
 from engine.stats import EngineStats, StepTimings
-from engine.step_update import StepUpdate
+from engine.step_update import StepPlan, StepUpdate
 from engine.tier_hooks import close_tiers, schedule_step, tier_stats
 
 log = logging.getLogger("tgserve.engine")
@@ -95,14 +93,8 @@ class Engine:
         self._states: dict[str, RequestState] = {}
         # Speculative decoding (engine/speculative; `draft`: the draft model's proposer).
         self.speculator = Speculator(config.speculative, draft) if config.speculative else None
-        self.updater = StepUpdate(
-            self._states,
-            scheduler,
-            Sampler(eos_token_ids, seed=config.seed, device=runner.device),
-            # Unseeded beam sampling draws from this one (seeded requests own their generator).
-            torch.Generator(device=runner.device).manual_seed(config.seed),
-            self.speculator,
-        )
+        self.updater = StepUpdate(self._states, scheduler, eos_token_ids, self.speculator)
+        self._released: list[str] = []  # ended requests whose generators the runner may drop
         self._num_steps = 0
         self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
 
@@ -146,7 +138,7 @@ class Engine:
             raise ValueError(f"request id {request.request_id!r} is already in use (unique ids)")
         self.intake.adapters.admit(request, self.scheduler.add_request)  # a LoRA slot, queued
         self._states[request.request_id] = RequestState(
-            request, self.tokenizer, self.eos_token_ids, self.runner.device, request.grammar
+            request, self.tokenizer, self.eos_token_ids, request.grammar
         )
 
     def add_request(
@@ -179,14 +171,14 @@ class Engine:
         sched = schedule_step(self.scheduler, self.runner, self._idle)  # tier_hooks.py
         scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
         self._num_steps += 1
-        outputs = [self._states.pop(rid).output() for rid in sched.aborted if rid in self._states]
+        outputs = [self._pop(rid).output() for rid in sched.aborted if rid in self._states]
         if sched.preempted:  # by recompute: they resume from the waiting queue
             log.debug("preempted %s (KV cache full)", ", ".join(sched.preempted))
         if sched.is_empty:
             return outputs
         try:
-            logits, grammar = self._execute(sched)
-            moved = self.updater.update_from_output(sched, logits, grammar, scheduled_at)
+            plan, out = self._execute(sched)
+            moved = self.updater.apply(sched, plan, out, scheduled_at)
             self._propose()
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
@@ -202,32 +194,33 @@ class Engine:
             for seq in state.request.seqs
         )
 
-    def _execute(self, sched: SchedulerOutput) -> tuple[StepLogits, TokenMask | None]:
-        """One forward over the scheduled chunks (the grammar masks meanwhile, on a worker)."""
-        full_rows = frozenset(
-            i
-            for i, c in enumerate(sched.chunks)
-            if self._states[c.request.request_id].wants_prompt_logprobs(c)
-        )
-        pending, failed = self._start_grammar_masks(sched)
+    def _execute(self, sched: SchedulerOutput) -> tuple[StepPlan, StepOutput]:
+        """One forward over the scheduled chunks and its sampling, below the runner (the grammar
+        masks meanwhile, on a worker: the runner waits for them after the forward)."""
+        pending = self._start_grammar_masks(sched)
+        released, self._released = self._released, []
+        sampling, plan = self.updater.plan(sched, pending, released)
         try:
-            logits = self.runner.execute(sched.chunks, sched.block_copies, full_rows)
+            out = self.runner.execute(sched.chunks, sched.block_copies, sampling)
         finally:  # wait even when the forward failed: the matchers are the engine's again
-            grammar = pending.result() if pending is not None else None
+            if pending is not None:
+                pending.result()
         self.scheduler.on_step_done(sched)
-        return logits, with_failed_rows(grammar, failed, self.info.vocab_size)
+        return plan, out
 
-    def _start_grammar_masks(self, sched: SchedulerOutput) -> tuple[PendingMask | None, list[int]]:
-        """The pending masks, and the rows whose matcher raised (failed after the forward)."""
+    def _start_grammar_masks(self, sched: SchedulerOutput) -> PendingMask | None:
+        """The pending masks (the rows whose matcher raised are named in them as failed)."""
+        if self.grammars is None:
+            return None
         jobs, failed = [], []
-        for row, chunk in sched.sampled_rows() if self.grammars is not None else ():
+        for row, chunk in sched.sampled_rows():
             try:  # a speculated row: one mask per scored position
                 if (matchers := self._states[chunk.request.request_id].grammar) is not None:
                     jobs += grammar_jobs(matchers.matcher(chunk.seq), chunk.proposal, row)
             except Exception:
                 log.exception("the grammar of request %s failed", chunk.request.request_id)
                 failed += range(row, row + len(chunk.proposal) + 1)
-        return (self.grammars.start_masks(jobs) if self.grammars else None), failed
+        return self.grammars.start_masks(jobs, failed) if jobs or failed else None
 
     def _propose(self) -> None:
         """After a step, the proposals for the next go to the scheduler as data (speculator.py)."""
@@ -242,13 +235,18 @@ class Engine:
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
         for state in moved:  # a finished request's state leaves; its output is its own
             if state.request.is_finished:
-                del self._states[state.request.request_id]
+                self._pop(state.request.request_id)
         return [state.output() for state in moved]
+
+    def _pop(self, request_id: str) -> RequestState:
+        """A request leaves: its generators go with the next step's inputs."""
+        self._released.append(request_id)
+        return self._states.pop(request_id)
 
     def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []
         for rid in dict.fromkeys(c.request.request_id for c in sched.chunks):
-            state = self._states.pop(rid)
+            state = self._pop(rid)
             state.fail(self.scheduler, f"internal error during generation: {type(exc).__name__}")
             failed.append(state.output())
         return failed

@@ -130,7 +130,7 @@ def fake_device_engine(
     from engine.fake_device import FakeDeviceRunner
 
     config = config or EngineConfig()
-    runner = FakeDeviceRunner(vocab_size, device_s, config.max_model_len or 4096)
+    runner = FakeDeviceRunner(vocab_size, device_s, config.max_model_len or 4096, config.seed)
     max_len = runner.config.max_position_embeddings
     blocks = config.max_num_seqs * -(-max_len // config.block_size)  # every seat a full context
     manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)

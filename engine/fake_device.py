@@ -4,9 +4,10 @@ against, on a machine with no accelerator (bench/fake_device.py, `Engine.with_fa
 
 Contract: `FakeDeviceRunner(vocab_size, device_s)`. `execute(chunks, ...)` hands the step to
 the device thread, which holds it `device_s` seconds (a sleep: the host's cores stay free, as
-they do while a GPU runs) and then writes its logits: greedy decoding of row r in step k picks
-(7 * k + r) % vocab_size, so outputs are deterministic and never stop on their own; the host
-waits for the result, and `waited_s` adds up how long it waited (a step's host time is its wall
+they do while a GPU runs) and writes its logits: greedy decoding of row r in step k picks
+(7 * k + r) % vocab_size, so outputs are deterministic and never stop on their own; the step's
+sampling (the runner floor's `StepSampler`, as a real runner's) runs there too, inside the
+device time, as it would on a GPU's stream; the host waits for the result, and `waited_s` adds up how long it waited (a step's host time is its wall
 time less that wait). The thread is a daemon and `close()` stops it. `num_steps` counts the
 steps run. Prompt logprobs are answered as zeros.
 """
@@ -25,7 +26,8 @@ from typing import Any
 import torch
 
 from engine.description import EngineDescription
-from engine.runner import StepLogits
+from engine.sampling.step_io import StepOutput, StepSampling
+from engine.sampling.step_sampler import StepSampler
 from models.config import ModelConfig
 
 
@@ -36,7 +38,9 @@ class FakePath:
 
 
 class FakeDeviceRunner:
-    def __init__(self, vocab_size: int, device_s: float, max_model_len: int = 4096) -> None:
+    def __init__(
+        self, vocab_size: int, device_s: float, max_model_len: int = 4096, seed: int = 0
+    ) -> None:
         one = dict(hidden_size=1, intermediate_size=1, num_layers=1, num_heads=1, head_dim=1)
         self.config = ModelConfig(
             architecture="FakeDevice",
@@ -51,7 +55,10 @@ class FakeDeviceRunner:
         self.forward_path = FakePath(f"a fake device: {device_s * 1e3:g} ms a step")
         self.num_steps = 0
         self.waited_s = 0.0
-        self._jobs: SimpleQueue[tuple[int, int, Future] | None] = SimpleQueue()
+        self.step_sampler = StepSampler(self.device, seed)
+        self._jobs: SimpleQueue[tuple[int, Sequence[Any], StepSampling, Future] | None] = (
+            SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._device, name="fake-device", daemon=True)
         self._thread.start()
 
@@ -67,28 +74,36 @@ class FakeDeviceRunner:
         self,
         chunks: Sequence[Any],
         block_copies: Sequence[tuple[int, int]] = (),
-        full_logits_for: frozenset[int] = frozenset(),
-    ) -> StepLogits:
+        sampling: StepSampling | None = None,
+    ) -> StepOutput:
         rows = sum(c.num_sampled_rows for c in chunks)
+        sampling = sampling if sampling is not None else StepSampling.argmax(rows)
         done: Future = Future()
-        self._jobs.put((self.num_steps, rows, done))
+        self._jobs.put((self.num_steps, chunks, sampling, done))
         self.num_steps += 1
         waiting = time.perf_counter()
-        sampling = done.result()
+        out = done.result()
         self.waited_s += time.perf_counter() - waiting
-        vocab = self.vocab_size
-        full = {i: torch.zeros(chunks[i].num_new_tokens, vocab) for i in full_logits_for}
-        return StepLogits(sampling=sampling, all_rows=full)
+        return out
 
     def _device(self) -> None:
         while (job := self._jobs.get()) is not None:
-            step, rows, done = job
-            until = time.perf_counter() + self.device_s
-            logits = torch.zeros(rows, self.vocab_size)  # [rows, vocab]
-            picks = (7 * step + torch.arange(rows)) % self.vocab_size
-            logits[torch.arange(rows), picks] = 1.0
-            time.sleep(max(until - time.perf_counter(), 0.0))
-            done.set_result(logits)
+            step, chunks, sampling, done = job
+            try:
+                until = time.perf_counter() + self.device_s
+                rows = sum(c.num_sampled_rows for c in chunks)
+                logits = torch.zeros(rows, self.vocab_size)  # [rows, vocab]
+                picks = (7 * step + torch.arange(rows)) % self.vocab_size
+                logits[torch.arange(rows), picks] = 1.0
+                full = {
+                    i: torch.zeros(chunks[i].num_new_tokens, self.vocab_size)
+                    for i in sampling.full_logits_for
+                }
+                out = self.step_sampler.sample_step(logits, full, sampling)
+                time.sleep(max(until - time.perf_counter(), 0.0))
+                done.set_result(out)
+            except Exception as exc:  # the step fails, the device thread goes on
+                done.set_exception(exc)
 
     def describe(self) -> EngineDescription:
         return EngineDescription(

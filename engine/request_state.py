@@ -1,6 +1,6 @@
 """RequestState: what the engine keeps per request beside the scheduler's token bookkeeping —
-stop criteria, one incremental detokenizer and (for seeded requests) one generator per
-sequence, the grammar matchers of a structured-output request, the beam-search state of a
+stop criteria, one incremental detokenizer per sequence (and for seeded requests the key of
+each sequence's generator, which the runner floor keeps), the grammar matchers of a structured-output request, the beam-search state of a
 beam request, prompt logprobs, timings — and how it
 becomes a `RequestOutput` of deltas: one `CompletionOutput` per returned sequence carrying what
 is new since the previous output, with `index` and offsets (see engine/requests/outputs.py, and
@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from engine.decoding.beam_search import BeamSearch
 from engine.decoding.beam_stream import BeamStream
 from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.decoding.grammar_matchers import SequenceMatchers
 from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
 from engine.decoding.stop_checker import StopCriteria
-from engine.host_transfer import fetch, to_device
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepEvent
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.grammar_compiler import CompiledGrammar
-from engine.sampling.sampler import gather_logprobs, seeded_generator
+from engine.sampling.step_io import PromptAsk, SeedKey
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 from engine.types import TokenLogprob
 
@@ -34,12 +31,10 @@ class RequestState:
         request: Request,
         tokenizer,
         eos_token_ids: tuple[int, ...],
-        device,
         grammar: CompiledGrammar | None = None,
     ) -> None:
         self.request = request
         self.tokenizer = tokenizer
-        self.device = device
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
         self.beam: BeamSearch | None = None
@@ -54,7 +49,6 @@ class RequestState:
                 request.params, self.criteria, tokenizer, without_context=self._without_context
             )
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}
-        self._generators: dict[int, torch.Generator] = {}
         # Position p -> logprob of prompt token p given tokens < p (p >= 1).
         self._prompt_logprobs: dict[int, TokenLogprob] = {}
         self._prompt_logprobs_sent = False
@@ -76,14 +70,13 @@ class RequestState:
             )
         return self._detokenizers[seq_id]
 
-    def generator(self, seq_id: int) -> torch.Generator | None:
-        """Seeded requests draw from their own generator: kept across steps and preemptions."""
+    def seed_key(self, seq_id: int) -> SeedKey | None:
+        """Seeded requests draw from their own generator (one per sequence, kept by the runner
+        floor across steps and preemptions until the request ends)."""
         seed = self.request.params.seed
         if seed is None:
             return None
-        if seq_id not in self._generators:
-            self._generators[seq_id] = seeded_generator(seed, seq_id, self.device)
-        return self._generators[seq_id]
+        return SeedKey(self.request.request_id, seq_id, seed)
 
     # ----- prompt logprobs ------------------------------------------------------------------
     def wants_prompt_logprobs(self, chunk: ScheduledChunk) -> bool:
@@ -94,25 +87,21 @@ class RequestState:
             and chunk.seq.seq_id == 0
         )
 
-    def record_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
-        """logits: [num_new_tokens, V]; row r predicts the token at position start + r + 1."""
+    def prompt_ask(self, chunk: ScheduledChunk, index: int) -> PromptAsk | None:
+        """What the runner computes for chunk `index` of the step (when it asked): row r of
+        the chunk predicts the prompt token at position start + r + 1."""
         prompt = self.request.prompt_token_ids
-        last = min(
-            chunk.start + chunk.num_new_tokens, len(prompt) - 1
-        )  # rows predicting prompt tokens
-        rows = last - chunk.start
-        if rows <= 0:
-            return
-        logprobs = torch.log_softmax(logits[:rows].float(), dim=-1)
-        targets = to_device(prompt[chunk.start + 1 : last + 1], torch.int64, logprobs.device)
+        last = min(chunk.start + chunk.num_new_tokens, len(prompt) - 1)  # rows predicting it
+        if last <= chunk.start:
+            return None
         top_n = self.request.params.prompt_logprobs or 0
-        chosen, top_ids, top_vals = gather_logprobs(logprobs, targets, max(top_n, 1))
-        # One device-to-host wait for the whole chunk, not three per row.
-        chosen_l, ids_l, vals_l = fetch(chosen, top_ids[:, :top_n], top_vals[:, :top_n])
-        for r in range(rows):
-            top = tuple(zip(ids_l[r], vals_l[r], strict=True))
-            pos = chunk.start + r + 1
-            self._prompt_logprobs[pos] = TokenLogprob(prompt[pos], chosen_l[r], top)
+        targets = tuple(prompt[chunk.start + 1 : last + 1])
+        return PromptAsk(self.request.request_id, index, targets, top_n)
+
+    def record_prompt_logprobs(self, chunk: ScheduledChunk, entries: tuple[TokenLogprob, ...]):
+        """`entries`: the runner's answer to `prompt_ask`, one per predicted prompt token."""
+        for r, entry in enumerate(entries):
+            self._prompt_logprobs[chunk.start + r + 1] = entry
 
     # ----- timings --------------------------------------------------------------------------
     def mark_scheduled(self, now: float) -> bool:

@@ -3,7 +3,9 @@ runners (engine/model_runner.py, engine/encdec_runner.py) share.
 
 Contract:
 - `Runner` (a Protocol) is everything the engine reads of a runner: `execute(chunks,
-  block_copies, full_logits_for) -> StepLogits`, `describe()` (engine/description.py),
+  block_copies, sampling) -> StepOutput` (a step's forward, then its sampling below this
+  boundary: `sampling` a `StepSampling`, the result plain host data, engine/sampling/step_io.py),
+  `describe()` (engine/description.py),
   `between_requests(idle)` (the hook the engine calls before scheduling each step: the runner
   may change how it runs only when `idle()` says no live request has started; True when it did,
   so cached prefix blocks, K/V of the old way, must go), `watch_failures` / `close` (the
@@ -11,7 +13,10 @@ Contract:
   `vocab_size` (the ids the sampler may draw: padded embedding rows excluded), `description`
   (how steps run, for the start-up log) and `forward_path` (its `description` and
   `attention_kernel`, for stats).
-- `StepRunner.execute` is the skeleton: `_prepare(chunks)` (work that needs the chunks
+- `StepRunner.execute` is the skeleton: `forward(chunks, block_copies, full_logits_for)`, then
+  the runner floor's `StepSampler` (engine/sampling/step_sampler.py; its generators seeded with
+  `sampling_seed`) turns the logits into the step's `StepOutput` with one device-to-host read.
+  `forward` is: `_prepare(chunks)` (work that needs the chunks
   themselves: thread counts, an encoder's passes), then `_replay` (a captured decode step,
   or None), else the step's host inputs (`_inputs`: a `StepInputs`, rows flat chunk after chunk)
   go to `_dispatch` (rank 0 of a tensor-parallel group sends them first) and `run`:
@@ -30,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from engine.host_transfer import to_device
+from engine.sampling.step_io import StepOutput, StepSampling
+from engine.sampling.step_sampler import StepSampler
 from engine.step_inputs import StepInputs
 
 if TYPE_CHECKING:
@@ -65,8 +72,8 @@ class Runner(Protocol):
         self,
         chunks: Sequence[Any],
         block_copies: Sequence[tuple[int, int]] = (),
-        full_logits_for: frozenset[int] = frozenset(),
-    ) -> StepLogits: ...
+        sampling: StepSampling | None = None,
+    ) -> StepOutput: ...
 
     def describe(self) -> EngineDescription: ...
 
@@ -85,13 +92,34 @@ class StepRunner:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     model: torch.nn.Module
     sampleable_vocab: int | None  # None: every id of the LM head is a token
+    sampling_seed: int | None = 0  # the step sampler's shared generators (EngineConfig.seed)
+    _step_sampler: StepSampler | None = None
 
     @property
     def vocab_size(self) -> int:
         return self.sampleable_vocab or self.config.vocab_size
 
+    @property
+    def step_sampler(self) -> StepSampler:
+        if self._step_sampler is None:
+            self._step_sampler = StepSampler(self.device, self.sampling_seed)
+        return self._step_sampler
+
     @torch.inference_mode()
     def execute(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        sampling: StepSampling | None = None,
+    ) -> StepOutput:
+        """The step's forward, then its sampling (`None`: the argmax of each sampled row)."""
+        if sampling is None:
+            sampling = StepSampling.argmax(sum(c.num_sampled_rows for c in chunks))
+        logits = self.forward(chunks, block_copies, sampling.full_logits_for)
+        return self.step_sampler.sample_step(logits.sampling, logits.all_rows, sampling)
+
+    @torch.inference_mode()
+    def forward(
         self,
         chunks: Sequence[Any],
         block_copies: Sequence[tuple[int, int]] = (),

@@ -136,6 +136,7 @@ def build_runner(
             sampleable_vocab,
             config.cpu_kernels,
         )
+        runner.sampling_seed = config.seed  # the step sampler's shared generators
         return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
     if group is not None:
         from engine.parallel.rank import ParallelRank
@@ -173,6 +174,7 @@ def build_runner(
             else None
         ),
     )
+    runner.sampling_seed = config.seed  # the step sampler's shared generators
     return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
 
 

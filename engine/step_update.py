@@ -1,48 +1,47 @@
-"""StepUpdate: a step's logits become tokens, and tokens become request state (the engine's
-`update_from_output`, as nano-vllm's `scheduler.postprocess` and vLLM v1's are).
+"""StepUpdate: what a step asks of the runner's sampling, and how the runner's answer becomes
+request state (the engine's `update_from_output`, as nano-vllm's `scheduler.postprocess` and
+vLLM v1's are). Host data both ways: no tensor reaches this floor (issue 38).
 
-Contract: `update_from_output(sched, logits, grammar, scheduled_at)` runs after the forward of
-`sched` and returns the `RequestState`s that moved, in the order they first moved:
-- prompt logprobs of the chunks that asked for every row (`logits.all_rows`);
-- one sampled token per sampled sequence (parallel groups fork on their first token), appended
-  with its logprobs, then detokenized and checked against the stop criteria and the grammar:
-  a sequence that ends is finished in the scheduler (its blocks freed);
-- one beam-search step per beam group (decoding/beam_search.py);
-- speculative decoding: a chunk with a proposal has one row per scored position; all of them
-  are sampled in the same sampler call as the other rows, then verified and committed token by
-  token (engine/speculative/verification.py), and counted in `speculator.counters`.
-Failure isolation: one request's share of the update (its prompt logprobs, its tokens' append,
-stop and grammar checks, its beam step, its speculative commit) raising fails that request
-alone ("error", blocks freed, `RequestState.error` saying what broke); the batched sampler call
-raising is redone one request at a time from the same logits (the forward never runs again),
-seeded generators first put back where they were, so only the rows that raise alone fail and
-the others get the tokens they get in any batch.
-Rows of `logits.sampling` (and of the grammar masks) follow the chunks with `sample=True` in
-order, `chunk.num_sampled_rows` each (`SchedulerOutput.sampled_rows`). `scheduled_at` (when
-the step was scheduled, before its forward) is a request's first-scheduled time. It counts
-the prompt tokens of requests scheduled for the first time and every generated token
-(`prompt_tokens_total`, `generation_tokens_total`).
+Contract:
+- `plan(sched, grammar, released) -> (StepSampling, StepPlan)` runs before the forward of
+  `sched`: per sampled sequence one `Draw` (engine/sampling/step_io.py; a parallel group's
+  children to be forked on their first token get theirs, keyed by the sequence ids the fork
+  will give them), per speculating sequence one draw per scored position and a `Speculated`,
+  per beam group a `BeamAsk` (decoding/beam_search.py), per chunk that asked for prompt
+  logprobs a `PromptAsk`; `grammar` the step's pending grammar masks, `released` the requests
+  that ended since the last step (the runner drops their generators).
+- `apply(sched, plan, output, scheduled_at)` runs after it and returns the `RequestState`s that
+  moved, in the order they first moved: prompt logprobs recorded; parallel groups forked;
+  each sampled token appended with its logprobs, then detokenized and checked against the stop
+  criteria and the grammar (a sequence that ends is finished in the scheduler, its blocks
+  freed); each speculating sequence's accepted tokens committed token by token
+  (engine/speculative/verification.py) and counted in `speculator.counters`; one beam-search
+  step per beam group.
+Failure isolation: a request the runner names in `output.failed` (its grammar mask could not be
+made, its draws or beam candidates raised: the runner redid the batch's draws one request at a
+time, generators put back, engine/sampling/step_sampler.py) fails alone ("error", blocks freed,
+`RequestState.error` saying what broke), and so does one whose share of the update here (its
+prompt logprobs, its tokens' append, stop and grammar checks, its beam step, its speculative
+commit) raises. `scheduled_at` (when the step was scheduled, before its forward) is a
+request's first-scheduled time. It counts the prompt tokens of requests scheduled for the first
+time and every generated token (`prompt_tokens_total`, `generation_tokens_total`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
-import torch
-
-from engine.decoding.parallel_sampling import SampleTarget, sample_targets
+from engine.decoding.parallel_sampling import is_parallel, sample_targets
 from engine.decoding.stop_checker import finish_after_token
-from engine.host_transfer import to_device
 from engine.request_state import RequestState
 from engine.requests.request import TokenSequence
-from engine.runner import StepLogits
-from engine.sampling.sampler import Sampler
-from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.token_mask import TokenMask
-from engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from engine.sampling.host_mask import PendingHostMask
+from engine.sampling.step_io import BeamCandidate, Draw, Speculated, StepOutput, StepSampling
+from engine.scheduling.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from engine.speculative.speculator import Speculator
 from engine.speculative.verification import ScoredProposal, commit, position_rows
 from engine.types import TokenLogprob
@@ -50,55 +49,133 @@ from engine.types import TokenLogprob
 log = logging.getLogger("tgserve.engine")
 
 
+@dataclass
+class StepPlan:
+    """Which answers of the runner belong to which sequences (indices into `StepSampling`)."""
+
+    ordinary: list[tuple[ScheduledChunk, int, list[int]]] = field(default_factory=list)
+    scored: list[tuple[ScoredProposal, int, int]] = field(default_factory=list)  # (, spec, draw)
+    beams: list[tuple[str, list[tuple[TokenSequence, int]]]] = field(default_factory=list)
+    prompt: list[tuple[ScheduledChunk, int]] = field(default_factory=list)  # (chunk, its index)
+
+
 class StepUpdate:
     def __init__(
         self,
         states: dict[str, RequestState],
         scheduler: Scheduler,
-        sampler: Sampler,
-        beam_generator: torch.Generator,
+        eos_token_ids: tuple[int, ...],
         speculator: Speculator | None = None,
     ) -> None:
         self.states = states  # the engine's live requests (shared, not copied)
         self.scheduler = scheduler
-        self.sampler = sampler
-        self.beam_generator = beam_generator  # unseeded beam groups draw from it
+        self.eos_token_ids = tuple(eos_token_ids)
         self.speculator = speculator
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
-    def update_from_output(
+    # ----- before the forward ---------------------------------------------------------------
+    def plan(
         self,
         sched: SchedulerOutput,
-        logits: StepLogits,
-        grammar: TokenMask | None,
-        scheduled_at: float,
-    ) -> list[RequestState]:
-        moved: dict[str, RequestState] = {}
-        for i, rows in logits.all_rows.items():
-            state = self.states[sched.chunks[i].request.request_id]
-            self._isolated(state, partial(state.record_prompt_logprobs, sched.chunks[i], rows))
-            moved[state.request.request_id] = state
-        targets: list[SampleTarget] = []
-        scored: list[ScoredProposal] = []
-        beam_groups: dict[str, list[tuple[TokenSequence, int]]] = {}
-        failed = frozenset(grammar.failed) if grammar is not None else frozenset()
+        grammar: PendingHostMask | None = None,
+        released: Sequence[str] = (),
+    ) -> tuple[StepSampling, StepPlan]:
+        plan = StepPlan()
+        draws: list[Draw] = []
+        speculated: list[Speculated] = []
+        beams = []
+        prompt = []
+        for i, chunk in enumerate(sched.chunks):
+            state = self.states[chunk.request.request_id]
+            if state.wants_prompt_logprobs(chunk) and (ask := state.prompt_ask(chunk, i)):
+                plan.prompt.append((chunk, i))
+                prompt.append(ask)
+        groups: dict[str, list[tuple[TokenSequence, int]]] = {}
         for row, chunk in sched.sampled_rows():
             state = self.states[chunk.request.request_id]
-            if row in failed and state.error is None:  # its grammar's mask could not be made
-                self._fail_alone(state, "internal error while computing this request's grammar")
-            if state.error is not None:
-                continue
             if chunk.request.params.use_beam_search:
-                beam_groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
+                groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
             elif chunk.proposal:
-                scored.append(ScoredProposal(chunk.request, chunk.seq, row, chunk.proposal))
+                first = self._draw(state, chunk.seq.seq_id, chunk.seq, row)
+                scored = ScoredProposal(chunk.request, chunk.seq, row, chunk.proposal)
+                plan.scored.append((scored, len(speculated), len(draws)))
+                rid = chunk.request.request_id
+                speculated.append(Speculated(rid, len(draws), chunk.proposal, first.seed))
+                draws += position_rows(first, chunk.proposal)
             else:
-                targets += sample_targets(self.scheduler, chunk, row)
-        self._sample(targets, scored, logits.sampling, grammar)
-        for rid, group in beam_groups.items():
+                seq_ids = [chunk.seq.seq_id, *self._children(chunk)]
+                plan.ordinary.append((chunk, row, [len(draws) + k for k in range(len(seq_ids))]))
+                draws += [self._draw(state, seq_id, chunk.seq, row) for seq_id in seq_ids]
+        for rid, group in groups.items():
             state = self.states[rid]
-            self._isolated(state, partial(self._beam_step, state, group, logits.sampling, grammar))
+            seqs, rows = [seq for seq, _ in group], [row for _, row in group]
+            plan.beams.append((rid, group))
+            beams.append(state.beam.ask(rid, seqs, rows, state.request.params, state.seed_key(0)))
+        sampling = StepSampling(
+            draws=tuple(draws),
+            speculated=tuple(speculated),
+            beams=tuple(beams),
+            prompt_logprobs=tuple(prompt),
+            grammar=grammar,
+            eos_token_ids=self.eos_token_ids,
+            released=tuple(released),
+        )
+        return sampling, plan
+
+    @staticmethod
+    def _children(chunk: ScheduledChunk) -> range:
+        """The sequence ids of the children a parallel group forks on its first token."""
+        request, seq = chunk.request, chunk.seq
+        if not is_parallel(request.params) or seq.num_output_tokens:
+            return range(0)
+        return request.upcoming_seq_ids(request.params.num_sequences - len(request.seqs))
+
+    @staticmethod
+    def _draw(state: RequestState, seq_id: int, seq: TokenSequence, row: int) -> Draw:
+        params = state.row_params
+        return Draw(
+            row=row,
+            owner=state.request.request_id,
+            params=params,
+            # Only the repetition penalty reads the prompt: skip copying it every step otherwise.
+            prompt_token_ids=seq.prompt_token_ids if params.repetition_penalty != 1.0 else (),
+            output_token_ids=seq.output_view(),
+            seed=state.seed_key(seq_id),
+        )
+
+    # ----- after it -------------------------------------------------------------------------
+    def apply(
+        self, sched: SchedulerOutput, plan: StepPlan, out: StepOutput, scheduled_at: float
+    ) -> list[RequestState]:
+        moved: dict[str, RequestState] = {}
+        for chunk, index in plan.prompt:
+            state = self.states[chunk.request.request_id]
+            entries = out.prompt_logprobs.get(index)
+            if entries is not None:
+                self._isolated(state, partial(state.record_prompt_logprobs, chunk, entries))
+            moved[state.request.request_id] = state
+        for rid, message in out.failed.items():
+            state = self.states[rid]
+            if state.error is None:
+                self._fail_alone(state, message)
+        ordinary = []
+        for chunk, row, indices in plan.ordinary:  # forks first, as before any token lands
+            state = self.states[chunk.request.request_id]
+            if state.error is None:
+                ordinary.append((state, sample_targets(self.scheduler, chunk, row), indices))
+        for state, targets, indices in ordinary:
+            for target, i in zip(targets, indices, strict=True):
+                append = partial(self._append, state, target.seq, out.tokens[i], out.logprobs[i])
+                self._isolated(state, append)
+        for scored, spec, first in plan.scored:
+            state = self.states[scored.request.request_id]
+            accepted = out.accepted[spec]
+            entries = out.logprobs[first : first + len(accepted)]
+            self._isolated(state, partial(self._commit, state, scored, accepted, entries))
+        for (rid, group), candidates in zip(plan.beams, out.beams, strict=True):
+            state = self.states[rid]
+            self._isolated(state, partial(self._beam_step, state, group, candidates))
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
             state = self.states[chunk.request.request_id]
             state.note_chunk(chunk, scheduled_at)
@@ -127,108 +204,16 @@ class StepUpdate:
         else:
             state.fail(self.scheduler, message)
 
-    def _sample(
-        self,
-        targets: list[SampleTarget],
-        scored: list[ScoredProposal],
-        logits: torch.Tensor,
-        grammar: TokenMask | None,
-    ) -> None:
-        """One sampler call for the ordinary targets and every speculated position; if it
-        raises, the same again one request's rows at a time, so only the raising ones fail."""
-        if not targets and not scored:
-            return
-        try:
-            self._sample_together(targets, scored, logits, grammar, isolate=True)
-        except _DrawFailed as failed:
-            log.exception("a step's batched sampling failed; sampling it request by request")
-            for generator, state in failed.generators:  # the draws that happened are undone
-                generator.set_state(state)
-            for t in targets:
-                alone = partial(self._sample_together, [t], [], logits, grammar)
-                self._isolated(self.states[t.request.request_id], alone)
-            for s in scored:
-                alone = partial(self._sample_together, [], [s], logits, grammar)
-                self._isolated(self.states[s.request.request_id], alone)
-
-    def _sample_together(
-        self,
-        targets: list[SampleTarget],
-        scored: list[ScoredProposal],
-        logits: torch.Tensor,
-        grammar: TokenMask | None,
-        isolate: bool = False,
-    ) -> None:
-        """`isolate`: the draw raising is a `_DrawFailed` (with the generators' states from
-        before it), and each request's commit runs `_isolated`."""
-        targets = [t for t in targets if self.states[t.request.request_id].error is None]
-        scored = [s for s in scored if self.states[s.request.request_id].error is None]
-        target_rows = [t.row for t in targets]
-        rows = [self._sampling_row(t) for t in targets]
-        rewinds: list[tuple[torch.Generator, torch.Tensor] | None] = []
-        for s in scored:
-            row = self._sampling_row(SampleTarget(s.request, s.seq, s.first_row))
-            target_rows += s.rows
-            rows += position_rows(row, s.proposal)
-            drawn = row.generator is not None and not row.params.greedy
-            rewinds.append((row.generator, row.generator.get_state()) if drawn else None)
-        if not rows:
-            return
-        # Seeded draws (the speculated ones are in `rewinds` already): put back on a failure.
-        before = [r for r in rewinds if r is not None] if isolate else []
-        if isolate:
-            before += [
-                (row.generator, row.generator.get_state())
-                for row in rows[: len(targets)]
-                if row.generator is not None and not row.params.greedy
-            ]
-        try:
-            if target_rows != list(range(logits.shape[0])):  # forks reuse a row
-                logits = logits[to_device(target_rows, torch.int64, logits.device)]
-            result = self.sampler(
-                logits, rows, grammar.select(target_rows) if grammar is not None else None
-            )
-        except Exception as exc:
-            if isolate:
-                raise _DrawFailed(before) from exc
-            raise
-        tokens, entries = result.token_ids, result.logprobs
-        run = self._isolated if isolate else _run
-        for target, token, entry in zip(targets, tokens, entries, strict=False):
-            state = self.states[target.request.request_id]
-            run(state, partial(self._append, state, target.seq, token, entry))
-        start = len(targets)
-        for s, rewind_from in zip(scored, rewinds, strict=True):
-            end = start + len(s.rows)
-            state = self.states[s.request.request_id]
-            commit_it = partial(
-                self._commit, state, s, tokens[start:end], entries[start:end], rewind_from
-            )
-            run(state, commit_it)
-            start = end
-
     def _commit(
         self,
         state: RequestState,
         s: ScoredProposal,
-        tokens: tuple[int, ...],
-        entries: tuple[TokenLogprob | None, ...],
-        rewind_from: tuple[torch.Generator, torch.Tensor] | None,
+        accepted: Sequence[int],
+        entries: Sequence[TokenLogprob | None],
     ) -> None:
         append = partial(self._append, state, s.seq)
-        counts = commit(s, tokens, entries, self.scheduler, append, rewind_from)
+        counts = commit(s, accepted, entries, self.scheduler, append)
         self.speculator.counters.record(*counts)
-
-    def _sampling_row(self, target: SampleTarget) -> SamplingRow:
-        seq, state = target.seq, self.states[target.request.request_id]
-        params = state.row_params
-        return SamplingRow(
-            params=params,
-            # Only the repetition penalty reads the prompt: skip copying it every step otherwise.
-            prompt_token_ids=seq.prompt_token_ids if params.repetition_penalty != 1.0 else (),
-            output_token_ids=seq.output_view(),
-            generator=state.generator(seq.seq_id),
-        )
 
     def _append(
         self, state: RequestState, seq: TokenSequence, token: int, entry: TokenLogprob | None
@@ -253,32 +238,13 @@ class StepUpdate:
         self,
         state: RequestState,
         group: list[tuple[TokenSequence, int]],
-        logits: torch.Tensor,
-        grammar: TokenMask | None,
+        candidates: Sequence[BeamCandidate],
     ) -> None:
-        rows = [row for _, row in group]
-        generator = state.generator(0)  # beam sampling draws once per group and step
-        if generator is None:
-            generator = self.beam_generator
         beams = [seq for seq, _ in group]
-        mask = grammar.select(rows) if grammar is not None else None
-        logits = logits[to_device(rows, torch.int64, logits.device)]
-        moved = state.beam.step(self.scheduler, state.request, beams, logits, generator, mask)
+        moved = state.beam.step(self.scheduler, state.request, beams, candidates)
         if state.grammar is not None:
             state.grammar.follow_beams(moved, state.request.live_seqs)
         self.generation_tokens_total += len(group)
         state.mark_token(time.time())
         if state.request.is_finished:
             state.mark_finished(time.time())
-
-
-def _run(_state: RequestState, work: Callable[[], None]) -> None:
-    work()
-
-
-class _DrawFailed(Exception):
-    """The batched sampler call raised; `generators`: (generator, state before the call)."""
-
-    def __init__(self, generators: list[tuple[torch.Generator, torch.Tensor]]) -> None:
-        super().__init__("the step's batched sampling failed")
-        self.generators = generators

@@ -25,23 +25,22 @@ transformers' `_beam_search`, generation/utils.py, with the same constants):
 A hypothesis' `cumulative_logprob` is the raw model log-prob sum (as for sampling); for plain
 beam search without penalties it equals score * len ** length_penalty. What a beam request shows
 while it runs and at the end is beam_stream.py's business.
+
+The logits are read below the runner (engine/sampling/beam_candidates.py): `ask(...)` is what a
+group hands the runner (its beams' rows, histories and scores, K), and `step(...)` takes the
+K candidates back as host data, best first, and does the rest (steps 2-4) here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
 
 from engine.decoding.stop_checker import StopCriteria, check_stop
 from engine.errors import InvalidRequest
-from engine.host_transfer import to_device
 from engine.requests.request import Request, TokenSequence
 from engine.requests.sampling_params import SamplingParams
-from engine.sampling.logits_processors import filtered_probs, softmax_rows
-from engine.sampling.sampler import process_logits
-from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
-from engine.sampling.token_mask import TokenMask
+from engine.sampling.step_io import BeamAsk, BeamCandidate, SeedKey
 from engine.scheduling.scheduler import Scheduler
 from engine.types import TokenLogprob
 
@@ -82,24 +81,6 @@ class Candidate:
     entry: TokenLogprob | None  # when the request asked for logprobs
 
 
-def beam_logprobs(
-    logits: torch.Tensor,
-    rows: list[SamplingRow],
-    eos_token_ids: tuple[int, ...],
-    grammar: TokenMask | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(raw, search) log-probs [B, V] of a group's beams: raw = log_softmax(logits); search =
-    the log of the distribution after bias / masks / penalties / the grammar's mask and, when
-    sampling, temperature and the top-k / top-p / min-p filters (the sampler's pipeline)."""
-    raw = softmax_rows(logits, log=True)
-    batch = SamplingBatch.build(rows, logits.shape[1], logits.device, eos_token_ids, grammar)
-    processed = process_logits(logits, batch)  # the sampler's bias / masks / penalties
-    f = batch.filters
-    if f is None:
-        return raw, raw if processed is logits else processed.log_softmax(dim=-1)
-    return raw, filtered_probs(processed, f.temperature, f.top_k, f.top_p, f.min_p, f.plan).log()
-
-
 class BeamSearch:
     """The search state of one request: beam scores and the kept hypotheses."""
 
@@ -118,23 +99,38 @@ class BeamSearch:
         self._scores: dict[int, float] = {}  # live beam seq_id -> beam score (0 for the prompt)
 
     # ----- one step -------------------------------------------------------------------------
+    def ask(
+        self,
+        request_id: str,
+        beams: list[TokenSequence],
+        rows: Sequence[int],
+        params: SamplingParams,
+        seed: SeedKey | None,
+    ) -> BeamAsk:
+        """What the runner computes for this step of the group: `beams` (the group's live
+        sequences, all just computed) read logits `rows`; `params` the sampler's view."""
+        return BeamAsk(
+            owner=request_id,
+            rows=tuple(rows),
+            params=params,
+            histories=tuple((s.prompt_token_ids, s.output_view()) for s in beams),
+            scores=tuple(self._scores.get(s.seq_id, 0.0) for s in beams),
+            num_candidates=self.num_candidates,
+            seed=seed,
+        )
+
     def step(
         self,
         scheduler: Scheduler,
         request: Request,
         beams: list[TokenSequence],
-        logits: torch.Tensor,
-        generator: torch.Generator | None,
-        grammar: TokenMask | None = None,
+        candidates: Sequence[BeamCandidate],
     ) -> list[tuple[TokenSequence, TokenSequence]]:
-        """`logits` [B, V]: the rows of `beams` (the group's live sequences, all just computed);
-        `grammar`: the tokens each beam's grammar allows (structured outputs).
-        Chooses the next beams and hypotheses and applies them to the request's sequences.
-        Returns (beam, parent) per beam that took a token, a forked beam's parent being the
-        sequence it was forked from (itself otherwise): the grammar state follows it."""
-        rows = [SamplingRow(self.params, s.prompt_token_ids, s.output_view()) for s in beams]
-        raw, search = beam_logprobs(logits, rows, self.eos_token_ids, grammar)
-        next_beams = self._choose(beams, raw, search, generator)
+        """`candidates`: the runner's answer to `ask` (best first). Chooses the next beams and
+        hypotheses and applies them to the request's sequences. Returns (beam, parent) per
+        beam that took a token, a forked beam's parent being the sequence it was forked from
+        (itself otherwise): the grammar state follows it."""
+        next_beams = self._choose(beams, candidates)
         if self.done:
             for seq in request.live_seqs:
                 scheduler.remove_seq(request, seq)  # the last removal retires the request
@@ -142,59 +138,27 @@ class BeamSearch:
         return self._advance(scheduler, request, next_beams)
 
     def _choose(
-        self, beams: list[TokenSequence], raw: torch.Tensor, search: torch.Tensor, generator
+        self, beams: list[TokenSequence], candidates: Sequence[BeamCandidate]
     ) -> list[Candidate]:
-        scores = [self._scores.get(s.seq_id, 0.0) for s in beams]
-        base = to_device(scores, torch.float64, search.device)  # [B], beside the logits
-        picked = self._candidates(search, base.unsqueeze(1), generator)
         num_out = beams[0].num_output_tokens + 1  # the lockstep group's new length
-        top_n = self.params.logprobs
-        tops: dict[int, tuple[tuple[int, float], ...]] = {}
+        asked = self.params.logprobs is not None
         next_beams: list[Candidate] = []
-        for rank, (b, token, score) in enumerate(picked):
+        for rank, c in enumerate(candidates):
             if rank >= self.width and len(next_beams) == self.width:
                 break  # nothing later can become a beam or a hypothesis
-            finish = check_stop(self.criteria, token, num_out)
+            finish = check_stop(self.criteria, c.token_id, num_out)
             if (finish is None and len(next_beams) == self.width) or (
                 finish and rank >= self.width
             ):
                 continue
-            logprob, entry = float(raw[b, token]), None
-            if top_n is not None:
-                if b not in tops:  # the beam's top-N, shared by its candidates
-                    top = raw[b].topk(top_n)
-                    tops[b] = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-                entry = TokenLogprob(token, logprob, tops[b])
-            cand = Candidate(beams[b], token, score, logprob, entry)
+            entry = TokenLogprob(c.token_id, c.logprob, c.top or ()) if asked else None
+            cand = Candidate(beams[c.beam], c.token_id, c.score, c.logprob, entry)
             if finish is None:
                 next_beams.append(cand)
             else:
                 self._keep(cand, num_out, finish.reason, finish.stop_reason)
         self.done = self._is_done(next_beams, num_out)
         return next_beams
-
-    def _candidates(
-        self, search: torch.Tensor, base: torch.Tensor, generator
-    ) -> list[tuple[int, int, float]]:
-        """The K candidates (beam, token, score), best first. `search` [B, V], `base` [B, 1]."""
-        vocab = search.shape[1]
-        if self.params.greedy:  # the global top K lie within each beam's own top K
-            top = search.topk(min(self.num_candidates, vocab), dim=-1)  # [B, k] float32
-            scores = (top.values.to(torch.float64) + base).flatten()  # [B * k]
-            k = min(self.num_candidates, int(torch.isfinite(scores).sum()))
-            best = scores.topk(k).indices
-            beams, tokens = best // top.values.shape[1], top.indices.flatten()[best]
-            return list(zip(beams.tolist(), tokens.tolist(), scores[best].tolist(), strict=True))
-        # Beam sampling: K draws without replacement (never a token of probability 0).
-        scores = (search.to(torch.float64) + base).flatten()  # [B * V]
-        probs = scores.softmax(dim=0).to(torch.float32)
-        k = min(self.num_candidates, int((probs > 0).sum()))
-        drawn = torch.multinomial(probs, k, replacement=False, generator=generator)
-        drawn = drawn[scores[drawn].argsort(descending=True, stable=True)]
-        return [
-            (i // vocab, i % vocab, s)
-            for i, s in zip(drawn.tolist(), scores[drawn].tolist(), strict=True)
-        ]
 
     def _keep(self, cand: Candidate, length: int, reason: str, stop_reason) -> None:
         parent = cand.parent

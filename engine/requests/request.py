@@ -174,6 +174,11 @@ class Request:
         self._next_seq_id += 1
         return seq_id
 
+    def upcoming_seq_ids(self, count: int) -> range:
+        """The ids the next `count` `new_seq_id` calls give (a fork's generator is keyed by its
+        sequence id before the fork happens)."""
+        return range(self._next_seq_id, self._next_seq_id + count)
+
     @property
     def live_seqs(self) -> list[TokenSequence]:
         """The sequences still generating, in creation order (scheduled together each step)."""

@@ -6,9 +6,10 @@ when the model has no tokenizer with raw token bytes: such an engine refuses str
   `ValueError` naming the problem — `Engine.new_request` calls it to validate, `Engine.add` to
   get the grammar (a cache hit).
 - `cache_bytes_held`: the estimated bytes of the compiled grammars kept (at most `cache_bytes`).
-- `start_masks(jobs)`: begins computing the step's masks on the worker thread (see
-  grammar_masker.py) for `(logits_row, matcher)` pairs; `.result()` after the forward gives the
-  step's `TokenMask` for the sampler.
+- `start_masks(jobs, failed)`: begins computing the step's masks on the worker thread (see
+  grammar_masker.py) for `(logits_row, matcher)` pairs; the pending mask goes to the runner
+  with the step's inputs, and its `.result()` (after the forward) is the step's `HostMask`
+  (`failed`: rows whose matcher raised already, named in it).
 - `close()`: stops the worker thread.
 """
 
@@ -58,8 +59,10 @@ class GrammarEngine:
             return None
         return self.compiler.compile(params.structured_output)
 
-    def start_masks(self, jobs: Sequence[tuple[int, llguidance.LLMatcher]]) -> PendingMask:
-        return self._masker.start(jobs)
+    def start_masks(
+        self, jobs: Sequence[tuple[int, llguidance.LLMatcher]], failed: Sequence[int] = ()
+    ) -> PendingMask:
+        return self._masker.start(jobs, failed)
 
     def close(self) -> None:
         self._masker.close()

@@ -2,8 +2,9 @@
 
 Contract: `GrammarMasker(vocab_size)`; `start(jobs)` takes `(logits_row, matcher)` pairs — the
 rows of the coming step that sample under a grammar, each with its sequence's llguidance
-matcher — and returns a `PendingMask` at once; its `result()` (after the forward) is the step's
-`TokenMask` (token_mask.py), or None when no row is constrained. Between `start` and `result`
+matcher — and returns a `PendingMask` at once; its `result()` (the runner calls it after its
+forward) is the step's `HostMask` (host_mask.py: host data, no tensors), or None when no row is
+constrained; later calls return the same. Between `start` and `result`
 the caller must not touch those matchers (the engine runs only the forward meanwhile).
 The forward releases the GIL (the C++ step and torch ops do), and so do llguidance's mask
 computation and numpy's unpacking, so the two overlap on separate cores; the masks cost the
@@ -22,9 +23,8 @@ from functools import partial
 
 import llguidance
 import numpy as np
-import torch
 
-from engine.sampling.token_mask import TokenMask, allowed_tokens, bitmask_words
+from engine.sampling.host_mask import HostMask, bitmask_words, unpack_bitmask
 
 log = logging.getLogger("tgserve.engine")
 
@@ -33,19 +33,35 @@ class PendingMask:
     def __init__(
         self,
         future: Future | None,
-        redo: Callable[[], TokenMask] | None = None,
+        redo: Callable[[], HostMask] | None = None,
+        failed: Sequence[int] = (),
+        vocab_size: int = 0,
     ) -> None:
         self._future = future
         self._redo = redo
+        self._failed = tuple(failed)  # rows whose matcher raised before the masks started
+        self._vocab_size = vocab_size
+        self._done = False
+        self._mask: HostMask | None = None
 
-    def result(self) -> TokenMask | None:
-        if self._future is None:
-            return None
-        try:
-            return self._future.result()
-        except Exception:  # one row's matcher broke the batch: each row alone, on this thread
-            log.exception("a step's grammar masks failed; computing them row by row")
-            return self._redo()
+    def result(self) -> HostMask | None:
+        if not self._done:
+            self._mask, self._done = self._wait(), True
+        return self._mask
+
+    def _wait(self) -> HostMask | None:
+        mask = None
+        if self._future is not None:
+            try:
+                mask = self._future.result()
+            except Exception:  # one row's matcher broke the batch: each row alone, here
+                log.exception("a step's grammar masks failed; computing them row by row")
+                mask = self._redo()
+        if not self._failed:
+            return mask
+        if mask is None:
+            return HostMask.empty(self._vocab_size, self._failed)
+        return mask.with_failed(self._failed)
 
 
 class GrammarMasker:
@@ -56,13 +72,17 @@ class GrammarMasker:
         # llguidance's own pool spreads the rows over cores (its default: ~80% of them).
         self._executor = llguidance.LLExecutor()
 
-    def start(self, jobs: Sequence[tuple[int, llguidance.LLMatcher]]) -> PendingMask:
+    def start(
+        self, jobs: Sequence[tuple[int, llguidance.LLMatcher]], failed: Sequence[int] = ()
+    ) -> PendingMask:
+        """`failed`: logits rows whose matcher already raised (named in the mask's `failed`)."""
         if not jobs:
-            return PendingMask(None)
+            return PendingMask(None, failed=failed, vocab_size=self.vocab_size)
         jobs = list(jobs)
-        return PendingMask(self._pool.submit(self.compute, jobs), partial(self.compute_each, jobs))
+        future = self._pool.submit(self.compute, jobs)
+        return PendingMask(future, partial(self.compute_each, jobs), failed, self.vocab_size)
 
-    def compute(self, jobs: list[tuple[int, llguidance.LLMatcher]]) -> TokenMask:
+    def compute(self, jobs: list[tuple[int, llguidance.LLMatcher]]) -> HostMask:
         """The masks of `jobs` now, on the calling thread (what the worker runs)."""
         jobs = sorted(jobs, key=lambda job: job[0])
         bitmask = np.empty((len(jobs), self._words), dtype=np.int32)
@@ -72,9 +92,9 @@ class GrammarMasker:
             self._words * 4,
             len(jobs),
         )
-        return TokenMask(tuple(row for row, _ in jobs), allowed_tokens(bitmask, self.vocab_size))
+        return HostMask(tuple(row for row, _ in jobs), unpack_bitmask(bitmask, self.vocab_size))
 
-    def compute_each(self, jobs: list[tuple[int, llguidance.LLMatcher]]) -> TokenMask:
+    def compute_each(self, jobs: list[tuple[int, llguidance.LLMatcher]]) -> HostMask:
         """The masks of `jobs` one at a time: a job that raises becomes a `failed` row."""
         masks, failed = [], []
         for job in sorted(jobs, key=lambda job: job[0]):
@@ -85,8 +105,9 @@ class GrammarMasker:
                 failed.append(job[0])
         rows = tuple(row for mask in masks for row in mask.rows)
         allowed = [mask.allowed for mask in masks]
-        empty = torch.zeros(0, self.vocab_size, dtype=torch.bool)
-        return TokenMask(rows, torch.cat(allowed) if allowed else empty, tuple(failed))
+        if not allowed:
+            return HostMask.empty(self.vocab_size, failed)
+        return HostMask(rows, np.concatenate(allowed), tuple(failed))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

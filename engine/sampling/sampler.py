@@ -22,9 +22,10 @@ penalty, temperature or filter (vLLM's default): the chosen token's, plus the to
 when the row asked for `logprobs=N`. The all-greedy batch with nothing to apply is the hot path:
 one argmax, nothing else.
 
-Host syncs: everything stays on the logits' device until the one `engine.host_transfer.fetch`
-at the end of `__call__`, which brings back the sampled ids (and the logprobs asked for) in a
-single wait. Per-step tensors come from `SamplingBatch` (built on the host, moved without
+Host syncs: `draw` returns the step's results as device tensors (`Drawn`: the sampled ids,
+and the logprobs asked for), read nothing back, so the runner floor (step_sampler.py) reads
+them together with the step's other results in its one `engine.host_transfer.fetch`;
+`__call__` is `draw` then one fetch of its own. Per-step tensors come from `SamplingBatch` (built on the host, moved without
 waiting); nothing in between reads device data (tests/engine/test_host_syncs.py).
 """
 
@@ -64,6 +65,26 @@ def seeded_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed((seed + index * _SEED_STRIDE) % 2**64)
     return generator
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """A batch's draw, still on the device: `tensors()` are what `Drawn.read` takes back as
+    host lists (token ids, then the logprobs' chosen / top ids / top values when asked)."""
+
+    tokens: torch.Tensor  # [R] int64
+    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # [R], [R, N], [R, N]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.tokens, *(self.logprobs or ()))
+
+    @staticmethod
+    def read(rows: Sequence[SamplingRow], lists: Sequence) -> SamplerOutput:
+        """The `SamplerOutput` of `rows` from the host lists of `tensors()`, in order."""
+        token_list = lists[0]
+        if len(lists) == 1:
+            return SamplerOutput(tuple(token_list), (None,) * len(rows))
+        return SamplerOutput(tuple(token_list), _logprobs(rows, token_list, *lists[1:]))
 
 
 @dataclass(frozen=True)
@@ -130,6 +151,13 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, rows: Sequence[SamplingRow], grammar: TokenMask | None = None
     ) -> SamplerOutput:
+        """`draw`, then its results on the host in one wait."""
+        drawn = self.draw(logits, rows, grammar)
+        return Drawn.read(rows, fetch(*drawn.tensors()))
+
+    def draw(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], grammar: TokenMask | None = None
+    ) -> Drawn:
         """`grammar`: the allowed tokens of the rows that sample under a grammar (step 4)."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(
@@ -139,8 +167,7 @@ class Sampler:
             rows, logits.shape[1], logits.device, self.eos_token_ids, grammar, self.device_side
         )
         if batch.plain_greedy:
-            (tokens,) = fetch(logits.argmax(dim=-1))
-            return SamplerOutput(tuple(tokens), (None,) * len(rows))
+            return Drawn(logits.argmax(dim=-1), None)
         filters = batch.filters
         # All greedy: the grammar's masked argmax needs no masked copy of the logits (step 4).
         processed = process_logits(logits, batch, with_grammar=filters is not None)
@@ -154,13 +181,9 @@ class Sampler:
             sampled = self._sample(processed.index_select(0, filters.row_index), filters, rows)
             tokens.index_copy_(0, filters.row_index, sampled)
         if batch.max_logprobs is None:
-            (token_list,) = fetch(tokens)
-            return SamplerOutput(tuple(token_list), (None,) * len(rows))
-        chosen, top_ids, top_values = gather_logprobs(
-            softmax_rows(logits, log=True), tokens, batch.max_logprobs
-        )
-        token_list, *values = fetch(tokens, chosen, top_ids, top_values)  # one wait
-        return SamplerOutput(tuple(token_list), _logprobs(rows, token_list, *values))
+            return Drawn(tokens, None)
+        logprobs = gather_logprobs(softmax_rows(logits, log=True), tokens, batch.max_logprobs)
+        return Drawn(tokens, logprobs)
 
     def _sample(
         self, logits: torch.Tensor, filters: SamplingFilters, rows: Sequence[SamplingRow]

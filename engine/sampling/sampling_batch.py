@@ -18,16 +18,38 @@ variants that decide nothing on the host (a full sort for top-p).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from engine.host_transfer import to_device
-from engine.requests.sampling_params import SamplingParams
 from engine.sampling.logits_processors import FilterPlan
 from engine.sampling.token_mask import TokenMask
+
+
+class RowParams(Protocol):
+    """What the runner floor reads of a request's parameters (engine.requests' SamplingParams
+    is one; the floor sits below the requests and never imports them)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    logprobs: int | None
+    logit_bias: Mapping[int, float]
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    min_tokens: int
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    seed: int | None
+
+    @property
+    def greedy(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +61,7 @@ class SamplingRow:
     across steps and preemptions; a row with a generator draws only from it.
     """
 
-    params: SamplingParams
+    params: RowParams
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
     generator: torch.Generator | None = None
@@ -55,7 +77,7 @@ class SamplingRow:
         if self.num_output_tokens >= p.min_tokens:
             return ()
         eos = () if p.ignore_eos else tuple(eos_token_ids)
-        return tuple(dict.fromkeys(p.stop_token_ids + eos))
+        return tuple(dict.fromkeys((*p.stop_token_ids, *eos)))
 
 
 @dataclass(frozen=True)
@@ -73,7 +95,7 @@ class SamplingFilters:
     @classmethod
     def build(
         cls,
-        params: Sequence[SamplingParams],
+        params: Sequence[RowParams],
         device: torch.device,
         vocab_size: int,
         device_side: bool = False,

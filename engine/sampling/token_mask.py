@@ -1,10 +1,11 @@
 """Token masks: which tokens a grammar allows in some rows of a step, and how the sampler uses them.
 
-Contract: a grammar engine writes allowed-token bitmasks, `[G, ceil(V / 32)]` int32 with bit
-`t % 32` of word `t // 32` set when token t is allowed (llguidance's and xgrammar's layout).
-`allowed_tokens(bitmask, vocab_size)` unpacks them into `[G, V]` bool rows (True: allowed), one
-byte per token (~10x cheaper to build than float rows, on the worker thread that runs beside the
-forward). A `TokenMask` names which rows of a logits batch the G rows belong to;
+Contract: the runner floor's form of a step's grammar masks. The engine hands the runner a
+`HostMask` (host_mask.py: `[G, V]` bool numpy rows, unpacked from the grammar engine's
+bitmasks on the worker thread that runs beside the forward; one byte per token, ~10x cheaper to
+build than float rows); `TokenMask.from_host` wraps it without a copy, and
+`allowed_tokens(bitmask, vocab_size)` unpacks a bitmask straight into `[G, V]` bool rows.
+A `TokenMask` names which rows of a logits batch the G rows belong to;
 - `apply(logits)` sets every token a row does not allow to -inf, in place (the sampler applies
   it to its own processed copy, never to the caller's logits);
 - `argmax(logits)` is the greedy pick under the mask without masking every row: the raw argmax
@@ -29,26 +30,16 @@ import numpy as np
 import torch
 
 from engine.host_transfer import to_device
+from engine.sampling.host_mask import HostMask, bitmask_words, unpack_bitmask
 
 _MINUS_INF_BITS = -8388608  # 0xFF800000 as int32: the bits of float32 -inf
 
-
-def bitmask_words(vocab_size: int) -> int:
-    return (vocab_size + 31) // 32
+__all__ = ["TokenMask", "additive_rows", "allowed_tokens", "bitmask_words", "row_argmax"]
 
 
 def allowed_tokens(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
     """`bitmask` [G, ceil(V/32)] int32 -> [G, V] bool, True where allowed (CPU)."""
-    if bitmask.ndim != 2 or bitmask.dtype != np.int32:
-        raise ValueError(f"bitmask must be [G, words] int32, got {bitmask.shape} {bitmask.dtype}")
-    if bitmask.shape[1] != bitmask_words(vocab_size):
-        raise ValueError(
-            f"bitmask has {bitmask.shape[1]} words; {vocab_size} tokens need {bitmask_words(vocab_size)}"
-        )
-    # Little-endian int32 words: byte k holds tokens 8k..8k+7, lowest bit first.
-    bytes_ = np.ascontiguousarray(bitmask).view(np.uint8)
-    bits = np.unpackbits(bytes_, axis=1, bitorder="little", count=vocab_size)  # [G, V] 0/1
-    return torch.from_numpy(bits).view(torch.bool)
+    return torch.from_numpy(unpack_bitmask(bitmask, vocab_size))
 
 
 def additive_rows(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -102,6 +93,11 @@ class TokenMask:
             tokens[redo] = row_argmax(masked)
         return tokens
 
+    @classmethod
+    def from_host(cls, mask: HostMask) -> TokenMask:
+        """The host mask's rows as a (CPU) tensor, without a copy; moved where applied."""
+        return cls(mask.rows, torch.from_numpy(mask.allowed), mask.failed)
+
     def select(self, rows: Sequence[int]) -> TokenMask | None:
         """The mask of a batch whose row i is this batch's row `rows[i]`; None when none of
         them is constrained."""
@@ -114,14 +110,3 @@ class TokenMask:
         else:
             allowed = self.allowed[torch.tensor([g for _, g in picked], dtype=torch.int64)]
         return TokenMask(tuple(i for i, _ in picked), allowed)
-
-
-def with_failed_rows(
-    mask: TokenMask | None, failed: Sequence[int], vocab_size: int
-) -> TokenMask | None:
-    """`mask` with `failed` rows added to its failed ones (a mask of no rows when None)."""
-    if not failed:
-        return mask
-    if mask is None:
-        return TokenMask((), torch.zeros(0, vocab_size, dtype=torch.bool), tuple(failed))
-    return TokenMask(mask.rows, mask.allowed, mask.failed + tuple(failed))

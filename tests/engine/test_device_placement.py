@@ -17,7 +17,6 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
 from engine.requests.structured_output import StructuredOutput
-from engine.runner import StepLogits
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.token_mask import TokenMask
@@ -81,21 +80,21 @@ def test_the_sampler_gives_the_host_answer_with_device_logits() -> None:
 
 
 def _device_engine(engine: Engine, monkeypatch) -> list[int]:
-    """Makes `engine` sample from logits on the other device; returns the per-step op counts."""
-    host_step = engine.updater.update_from_output
+    """Makes `engine`'s runner sample from logits on the other device (the runner floor's
+    `StepSampler`, engine/sampling/step_sampler.py); returns the per-step op counts."""
+    sampler = engine.runner.step_sampler
+    host_step = sampler.sample_step
     counts: list[int] = []
 
-    def sample_on_device(sched, logits: StepLogits, grammar, *rest):
-        moved = StepLogits(
-            on_other_device(logits.sampling),
-            {i: on_other_device(rows) for i, rows in logits.all_rows.items()},
-        )
-        with DevicePlacementMode() as mode:
-            result = host_step(sched, moved, grammar, *rest)
+    def sample_on_device(logits, all_rows, sampling):
+        rows = {i: on_other_device(r) for i, r in all_rows.items()}
+        # Outside the runner's inference mode, where `.to(device)` is the copy the mode follows.
+        with torch.inference_mode(False), DevicePlacementMode() as mode:
+            result = host_step(on_other_device(logits), rows, sampling)
         counts.append(mode.ops_on_device)
         return result
 
-    monkeypatch.setattr(engine.updater, "update_from_output", sample_on_device)
+    monkeypatch.setattr(sampler, "sample_step", sample_on_device)
     return counts
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -23,14 +24,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import host_transfer
 from engine.requests.sampling_params import SamplingParams
-from engine.sampling import sampler as sampler_module
-from engine.sampling import sampling_batch
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
 from models.attention_backend import GraphSupport
 from models.triton_attention.backend import TritonAttentionBackend
 
 aten = torch.ops.aten
+_OURS = ("engine", "models")  # the packages whose host-device doors are followed
 _DATA_DEPENDENT = {
     aten._local_scalar_dense,
     aten.nonzero,
@@ -80,7 +80,9 @@ def recording(monkeypatch, host_copies: bool = False) -> Iterator[_SyncRecorder]
 
         monkeypatch.setattr(torch.Tensor, name, wrapper)
 
-    for name in ("tolist", "cpu", "numpy"):
+    # Python's own reads too: under inference mode (the runner's) `.item()` and `int(t)` do
+    # not reach a dispatch mode as `_local_scalar_dense`.
+    for name in ("tolist", "cpu", "numpy", "item", "__bool__", "__int__", "__float__"):
         host_read(name)
     if host_copies:
         for name in ("tensor", "as_tensor", "from_numpy"):
@@ -115,10 +117,12 @@ def recording(monkeypatch, host_copies: bool = False) -> Iterator[_SyncRecorder]
 
         return wrapper
 
-    fetch, to_device = host_transfer.fetch, host_transfer.to_device
-    monkeypatch.setattr(sampler_module, "fetch", allowing(fetch, True))
-    monkeypatch.setattr(sampler_module, "to_device", allowing(to_device, False))
-    monkeypatch.setattr(sampling_batch, "to_device", allowing(to_device, False))
+    # Every module that took the two doors by name (`from engine.host_transfer import fetch`).
+    doors = {"fetch": (host_transfer.fetch, True), "to_device": (host_transfer.to_device, False)}
+    for module in [m for name, m in sys.modules.items() if name.split(".")[0] in _OURS]:
+        for name, (door, count) in doors.items():
+            if getattr(module, name, None) is door:
+                monkeypatch.setattr(module, name, allowing(door, count))
     with rec:
         yield rec
 
@@ -142,6 +146,17 @@ def test_the_recorder_sees_each_kind_of_sync(monkeypatch) -> None:
     with recording(monkeypatch) as rec:
         (x * 2).argmax().add_(1)
     assert rec.syncs == []
+
+
+def test_the_recorder_sees_reads_under_inference_mode(monkeypatch) -> None:
+    """The runner steps under inference mode, where `.item()` bypasses the dispatch mode."""
+    with torch.inference_mode():
+        x = torch.arange(6.0)
+        for sync in (lambda: x[1].item(), lambda: int(x[1]), lambda: bool(x[0] > 1)):
+            with recording(monkeypatch) as rec:
+                sync()
+            assert rec.syncs, sync
+            monkeypatch.undo()
 
 
 def _rows(vocab: int) -> list[SamplingRow]:
@@ -255,8 +270,8 @@ def test_the_model_runner_reads_nothing_back(monkeypatch, graphs: bool) -> None:
 
         monkeypatch.setattr(model_runner, "to_device", counted)
         mixed = [_Chunk(seqs[0], 0, 4, False), _Chunk(seqs[1], 0, len(seqs[1].token_ids), True)]
-        runner.execute(mixed, block_copies=[(NUM_BLOCKS - 1, NUM_BLOCKS - 2)])
-        out = runner.execute([_Chunk(s, len(s.token_ids) - 1, 1, True) for s in seqs])
+        runner.forward(mixed, block_copies=[(NUM_BLOCKS - 1, NUM_BLOCKS - 2)])
+        out = runner.forward([_Chunk(s, len(s.token_ids) - 1, 1, True) for s in seqs])
     assert rec.syncs == []
     assert allowed  # host lists did reach the "device"
     assert out.sampling.shape[0] == 3

@@ -37,14 +37,14 @@ class SlowRunner(CyclingRunner):
         self.clock = clock
         self.chunks: dict[str, list[int]] = {}
 
-    def execute(self, chunks, block_copies=(), full_logits_for=frozenset()):
+    def execute(self, chunks, block_copies=(), sampling=None):
         rows = sum(c.num_new_tokens for c in chunks)
         pairs = sum(chunk_pairs(c.start, c.num_new_tokens) for c in chunks)
         self.clock.now += FIXED_S + PER_ROW_S * rows + PER_PAIR_S * pairs
         for c in chunks:
             if c.start < c.seq.num_prompt_tokens:
                 self.chunks.setdefault(c.request.request_id, []).append(c.num_new_tokens)
-        return super().execute(chunks, block_copies, full_logits_for)
+        return super().execute(chunks, block_copies, sampling)
 
 
 @pytest.fixture

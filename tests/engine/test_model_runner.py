@@ -41,7 +41,7 @@ def _runner(
 def test_logits_only_for_sampling_rows_and_equal_to_transformers(device) -> None:
     runner, hf = _runner(device=device)
     a, b = _Seq(list(range(3, 12))), _Seq(list(range(20, 26)), [4, 5, 6, 7])
-    out = runner.execute([_Chunk(a, 0, 9, True), _Chunk(b, 0, 4, False)])
+    out = runner.forward([_Chunk(a, 0, 9, True), _Chunk(b, 0, 4, False)])
     assert out.sampling.shape == (1, hf.config.vocab_size)
     with torch.no_grad():
         ref = hf(torch.tensor([a.token_ids], device=device)).logits[0, -1]
@@ -52,8 +52,8 @@ def test_padded_vocabulary_rows_are_never_offered_to_the_sampler(device) -> None
     full, _ = _runner(device=device)
     limited, _ = _runner(sampleable_vocab=200, device=device)
     seq = _Seq(list(range(3, 12)))
-    want = full.execute([_Chunk(seq, 0, 9, True)]).sampling
-    got = limited.execute([_Chunk(seq, 0, 9, True)]).sampling
+    want = full.forward([_Chunk(seq, 0, 9, True)]).sampling
+    got = limited.forward([_Chunk(seq, 0, 9, True)]).sampling
     assert got.shape == (1, 200)
     torch.testing.assert_close(got, want[:, :200])
 
@@ -71,8 +71,8 @@ def test_one_token_steps_through_invariant_linears_equal_plain_f_linear(monkeypa
                 monkeypatch.setattr(forward_path, "use_invariant_linears", lambda model: 0)
             runner, _ = _runner(dtype=dtype)
             seq = _Seq(list(range(3, 12)))
-            runner.execute([_Chunk(seq, 0, 8, False)])
-            outs.append(runner.execute([_Chunk(seq, 8, 1, True)]).sampling.float())
+            runner.forward([_Chunk(seq, 0, 8, False)])
+            outs.append(runner.forward([_Chunk(seq, 8, 1, True)]).sampling.float())
         torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=0)
         monkeypatch.undo()
     assert torch.backends.mkldnn.enabled == onednn

@@ -104,8 +104,9 @@ def test_beam_search_at_the_length_penalty_bounds_runs_to_the_end(folder, lp):
 
 
 def raising_for(marker_seed: int, sampler):
-    """The engine's sampler, raising (after drawing, so seeded generators did advance) when
-    a row of the call belongs to the request with `marker_seed`."""
+    """The runner floor's draw (engine/sampling/step_sampler.py), raising (after drawing, so
+    seeded generators did advance) when a row of the call belongs to the request with
+    `marker_seed`."""
 
     def call(logits, rows, grammar=None):
         result = sampler(logits, rows, grammar)
@@ -119,7 +120,8 @@ def raising_for(marker_seed: int, sampler):
 def test_a_raising_sampler_row_fails_its_request_alone(folder):
     bad = dataclasses.replace(SEEDED, seed=13)
     engine = tiny_engine(folder)
-    engine.updater.sampler = raising_for(13, engine.updater.sampler)
+    sampler = engine.runner.step_sampler.sampler
+    sampler.draw = raising_for(13, sampler.draw)
     finals = run_staggered(engine, PROMPTS, [bad, GREEDY, SEEDED], arrive_every=0)
     assert finals[0].outputs[0].finish_reason == "error"
     assert "RuntimeError" in finals[0].error and tokens(finals[0]) == ()

@@ -14,7 +14,8 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
-from engine.runner import StepLogits
+from engine.sampling.step_io import StepOutput, StepSampling
+from engine.sampling.step_sampler import StepSampler
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler
 
@@ -46,13 +47,14 @@ class CyclingRunner:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.step_sampler = StepSampler(self.device, 0)  # the runner floor's sampling
 
-    def execute(self, chunks, block_copies=(), full_logits_for=frozenset()) -> StepLogits:
+    def execute(self, chunks, block_copies=(), sampling: StepSampling | None = None) -> StepOutput:
         rows = sum(1 for c in chunks if c.sample)
         logits = torch.zeros(rows, VOCAB)
         logits[:, (self.calls * 7) % VOCAB] = 1.0
         self.calls += 1
-        return StepLogits(sampling=logits, all_rows={})
+        return self.step_sampler.sample_step(logits, {}, sampling or StepSampling.argmax(rows))
 
 
 def _engine(max_len: int) -> Engine:

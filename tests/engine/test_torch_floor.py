@@ -1,9 +1,8 @@
 """The torch floor of engine/ (issue 38), on the layers of test_import_layers.py: device
 tensors stay at and below the runner, so only the "types" and "execution" layers may import
-torch (anywhere in a module). `TORCH_ABOVE_THE_RUNNER` lists
-the modules that still do, the debt of moving sampling, beam candidates and speculative
-acceptance below the runner: no module may join it, and one that stops importing torch must
-leave it (so the list only shrinks).
+torch (anywhere in a module). Sampling, beam candidates, speculative acceptance and prompt
+logprobs run below the runner (engine/sampling/step_sampler.py), so `TORCH_ABOVE_THE_RUNNER`,
+the list of modules above it that still import torch, is empty: no module may join it.
 """
 
 from __future__ import annotations
@@ -14,22 +13,7 @@ from collections.abc import Mapping
 from tests.engine.test_import_layers import ENGINE_DIR, LAYERS, layer_of, module_name
 
 TORCH_FLOOR = "execution"  # the highest layer that may import torch
-TORCH_ABOVE_THE_RUNNER = frozenset(
-    {
-        "engine.decoding.beam_search",
-        "engine.engine",
-        "engine.request_state",
-        "engine.sampling.grammar_masker",
-        "engine.sampling.inverse_cdf",
-        "engine.sampling.logits_processors",
-        "engine.sampling.sampler",
-        "engine.sampling.sampling_batch",
-        "engine.sampling.token_mask",
-        "engine.speculative.acceptance",
-        "engine.speculative.verification",
-        "engine.step_update",
-    }
-)
+TORCH_ABOVE_THE_RUNNER: frozenset[str] = frozenset()  # the debt is paid (issue 38)
 
 
 def imports_torch(source: str) -> bool:

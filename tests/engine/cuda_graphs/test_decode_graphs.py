@@ -73,13 +73,13 @@ def _decode_steps(runner: ModelRunner, num_seqs: int, steps: int) -> list[torch.
         _Seq(list(range(5 + i, 5 + i + 3 + 2 * i)), [4 * i + j for j in range(4)])
         for i in range(num_seqs)
     ]
-    out = runner.execute([_Chunk(s, 0, len(s.token_ids), True) for s in seqs]).sampling
+    out = runner.forward([_Chunk(s, 0, len(s.token_ids), True) for s in seqs]).sampling
     logits = [out.clone()]
     for _ in range(steps):
         for seq, token in zip(seqs, out.argmax(dim=-1).tolist(), strict=True):
             seq.token_ids.append(token)
         chunks = [_Chunk(s, len(s.token_ids) - 1, 1, True) for s in seqs]
-        out = runner.execute(chunks).sampling
+        out = runner.forward(chunks).sampling
         logits.append(out.clone())  # a graph's output is overwritten by the next replay
     return logits
 

@@ -58,7 +58,7 @@ def _script() -> list[tuple[list[_Chunk], list[tuple[int, int]], frozenset[int]]
 def _run_script(runner) -> list[torch.Tensor]:
     out = []
     for chunks, copies, full in _script():
-        logits = runner.execute(chunks, copies, full)
+        logits = runner.forward(chunks, copies, full)
         out.append(logits.sampling.clone())
         out.extend(logits.all_rows[i].clone() for i in sorted(logits.all_rows))
     return out
