@@ -8,7 +8,8 @@ they do while a GPU runs) and writes its logits: greedy decoding of row r in ste
 (7 * k + r) % vocab_size, so outputs are deterministic and never stop on their own; the step's
 sampling (the runner floor's `StepSampler`, as a real runner's) runs there too, inside the
 device time, as it would on a GPU's stream; the host waits for the result, and `waited_s` adds up how long it waited (a step's host time is its wall
-time less that wait). The thread is a daemon and `close()` stops it. `num_steps` counts the
+time less that wait); `device_cpu_s` adds up the device thread's CPU time (what a real device
+would spend: the engine's host time is the process's CPU time less it). The thread is a daemon and `close()` stops it. `num_steps` counts the
 steps run. Prompt logprobs are answered as zeros.
 """
 
@@ -55,6 +56,7 @@ class FakeDeviceRunner:
         self.forward_path = FakePath(f"a fake device: {device_s * 1e3:g} ms a step")
         self.num_steps = 0
         self.waited_s = 0.0
+        self.device_cpu_s = 0.0  # the device thread's CPU time (its logits and the sampling)
         self.step_sampler = StepSampler(self.device, seed)
         self._jobs: SimpleQueue[tuple[int, Sequence[Any], StepSampling, Future] | None] = (
             SimpleQueue()
@@ -87,8 +89,12 @@ class FakeDeviceRunner:
         return out
 
     def _device(self) -> None:
+        # One intra-op thread (a per-thread setting): a second OpenMP team spinning beside the
+        # engine's would bill the host for CPU a real device does not take from it.
+        torch.set_num_threads(1)
         while (job := self._jobs.get()) is not None:
             step, chunks, sampling, done = job
+            cpu = time.thread_time()
             try:
                 until = time.perf_counter() + self.device_s
                 rows = sum(c.num_sampled_rows for c in chunks)
@@ -100,6 +106,7 @@ class FakeDeviceRunner:
                     for i in sampling.full_logits_for
                 }
                 out = self.step_sampler.sample_step(logits, full, sampling)
+                self.device_cpu_s += time.thread_time() - cpu
                 time.sleep(max(until - time.perf_counter(), 0.0))
                 done.set_result(out)
             except Exception as exc:  # the step fails, the device thread goes on
