@@ -1,6 +1,6 @@
 """The engine's host time per step against a fake device (issue 38), on any machine.
 
-    python -m bench.fake_device [--device-ms 5] [--rows 64 256] [--steps 40]
+    python -m bench.fake_device [--device-ms 5] [--rows 64 256] [--steps 40] [--async-scheduling]
 
 For each row count R, R greedy requests (16-token prompts, never stopping before the run ends)
 decode on `engine.fake_device_engine` (no model: each step holds a device thread for a fixed
@@ -11,6 +11,8 @@ sampling, which run below the runner, on the device: issue 38); CPU time does no
 other processes share the cores as wall time does. Printed per R: period, device, host,
 max(host, device) (what an overlapped loop can reach), host + device (what a synchronous loop
 pays), period / max(host, device), and the device thread's CPU time per step (`dev cpu`).
+`--async-scheduling` runs the overlapped loop (EngineConfig.async_scheduling: a step's outputs
+are built while the next one runs).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Period:
         )
 
 
-def measure(rows: int, device_s: float, steps: int) -> Period:
+def measure(rows: int, device_s: float, steps: int, async_scheduling: bool = False) -> Period:
     """`steps` decode steps of `rows` requests on a fresh engine."""
     config = EngineConfig(
         block_size=16,
@@ -55,6 +57,7 @@ def measure(rows: int, device_s: float, steps: int) -> Period:
         max_num_batched_tokens=max(2048, rows * len(PROMPT)),
         max_model_len=len(PROMPT) + steps + 64,
         enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
     )
     engine = fake_device_engine(device_s, config)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True)
@@ -81,9 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-ms", type=float, default=5.0)
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--async-scheduling", action="store_true")
     args = parser.parse_args(argv)
     for rows in args.rows:
-        print(measure(rows, args.device_ms / 1e3, args.steps).line(), flush=True)
+        period = measure(rows, args.device_ms / 1e3, args.steps, args.async_scheduling)
+        print(period.line(), flush=True)
 
 
 if __name__ == "__main__":

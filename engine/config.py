@@ -75,9 +75,9 @@ class EngineConfig:
     # On CUDA: every step eager, no decode CUDA graphs (engine/cuda_graphs); CPU never captures.
     enforce_eager: bool = False
     # On CUDA: every linear through one fixed-tile Triton GEMM, so a request's tokens do not
-    # depend on the batch (cuBLAS picks kernels by batch size); costs the tuned GEMMs. CPU paths
-    # are batch-invariant by default, so there it changes nothing.
+    # depend on the batch (cuBLAS's tuned GEMMs do); CPU paths are batch-invariant already.
     batch_invariant: bool = False
+    async_scheduling: bool = False  # outputs built while the next step runs (engine.py)
     # Speculative decoding (engine/speculative/config.py): None decodes one token per step.
     speculative: SpeculativeConfig | None = None
     # K/V tiers behind the pool (engine/kv_tiers: RAM, disk); None: the pool alone.

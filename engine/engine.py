@@ -1,5 +1,5 @@
-"""Engine: the synchronous heart. `step()` = schedule -> execute (forward and sampling, below the
-runner: plain host data back) -> update.
+"""Engine: the heart. `step()` = schedule -> execute (forward and sampling, below the runner:
+plain host data back) -> update.
 
 Contract:
 - It implements `engine.api.EngineCore`: `new_request` validates once (`InvalidRequest`, a
@@ -9,15 +9,18 @@ Contract:
   server reads (`engine.api.EngineInfo`).
 - `step()` returns one `RequestOutput` of deltas (outputs.py) per request that moved (new
   tokens, finished, aborted, failed). Every admitted request ends with exactly one finished
-  output. A failed forward ends that step's requests with "error", never the engine.
+  output. A failed forward ends that step's requests with "error", never the engine. With
+  `EngineConfig.async_scheduling` the outputs of a step are built while the next one runs
+  and returned by the next `step()` (the same outputs, one step later; `has_unfinished_requests`
+  stays true until they are out).
 - `generate(prompts, params)` runs an offline batch to completion: whole outputs (offline.py).
 - One request -> `n` `CompletionOutput`s with `index`: n > 1 / best_of sample independent
   sequences forked from the prompt (parallel_sampling.py); `use_beam_search` runs best_of (or n)
   beams and returns the n best hypotheses (beam_search.py). Both share KV blocks by fork.
 - `describe()` and `stats()` are what reports and metrics read; `watch_failures` and `close`
   are the tensor-parallel group's lifetime (engine/parallel/rank.py; no-ops without TP).
-Per-request text state (detokenizer, stop criteria, seeded generators, beams) lives in
-`RequestState`s (updated by step_update.py), the token and block bookkeeping in the scheduler.
+Per-request text state (detokenizer, stop criteria, beams) lives in `RequestState`s (updated
+by step_update.py), the token and block bookkeeping in the scheduler.
 """
 
 from __future__ import annotations
@@ -41,14 +44,13 @@ from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
 from engine.runner import Runner
 from engine.sampling.grammar_engine import GrammarEngine
-from engine.sampling.grammar_masker import PendingMask
-from engine.sampling.step_io import StepOutput
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.scheduling.step_plan import Proposals
 from engine.speculative.draft import DraftProposer
-from engine.speculative.speculator import Speculator, grammar_jobs
+from engine.speculative.speculator import Speculator
 from engine.stats import EngineStats, StepTimings
-from engine.step_update import StepPlan, StepUpdate
+from engine.step_launch import launch
+from engine.step_update import StepUpdate
 from engine.tier_hooks import close_tiers, schedule_step, tier_stats
 
 log = logging.getLogger("tgserve.engine")
@@ -95,6 +97,7 @@ class Engine:
         self.speculator = Speculator(config.speculative, draft) if config.speculative else None
         self.updater = StepUpdate(self._states, scheduler, eos_token_ids, self.speculator)
         self._released: list[str] = []  # ended requests whose generators the runner may drop
+        self._lagging: list[RequestState] = []  # async_scheduling: moved, outputs not yet built
         self._num_steps = 0
         self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
 
@@ -162,29 +165,41 @@ class Engine:
         return state.request if state is not None else None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._lagging)
 
     # ----- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """schedule -> execute -> sample -> update; the outputs of the requests that moved."""
+        """schedule -> execute -> update; the outputs of the requests that moved. With
+        `async_scheduling`, those of the previous step: built while this one runs."""
         start = time.perf_counter()
         sched = schedule_step(self.scheduler, self.runner, self._idle)  # tier_hooks.py
         scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
         self._num_steps += 1
         outputs = [self._pop(rid).output() for rid in sched.aborted if rid in self._states]
+        # An aborted request's final output holds what it had not sent yet.
+        earlier = [s for s in self._lagging if s.request.request_id in self._states]
+        self._lagging = []
         if sched.preempted:  # by recompute: they resume from the waiting queue
             log.debug("preempted %s (KV cache full)", ", ".join(sched.preempted))
         if sched.is_empty:
-            return outputs
+            return outputs + self._emit(earlier)
         try:
-            plan, out = self._execute(sched)
-            moved = self.updater.apply(sched, plan, out, scheduled_at)
+            released, self._released = self._released, []
+            step = launch(self.runner, self.updater, self.grammars, self._states, sched, released)
+            outputs += self._emit(earlier)  # while the step runs (a runner that returned)
+            earlier = []
+            out = step.wait(self.scheduler, sched)
+            moved = self.updater.apply(sched, step.plan, out, scheduled_at)
             self._propose()
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
-            return outputs + self._fail(sched, exc)
+            return outputs + self._emit(earlier) + self._fail(sched, exc)
         self._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
-        return outputs + self._emit(apply_faults(self.scheduler, moved))  # tests' params.fault
+        moved = apply_faults(self.scheduler, moved)  # tests' params.fault
+        if self.config.async_scheduling:
+            self._lagging = moved
+            return outputs
+        return outputs + self._emit(moved)
 
     def _idle(self) -> bool:
         """No live request has K/V or tokens out: the runner may change how it runs now."""
@@ -193,34 +208,6 @@ class Engine:
             for state in self._states.values()
             for seq in state.request.seqs
         )
-
-    def _execute(self, sched: SchedulerOutput) -> tuple[StepPlan, StepOutput]:
-        """One forward over the scheduled chunks and its sampling, below the runner (the grammar
-        masks meanwhile, on a worker: the runner waits for them after the forward)."""
-        pending = self._start_grammar_masks(sched)
-        released, self._released = self._released, []
-        sampling, plan = self.updater.plan(sched, pending, released)
-        try:
-            out = self.runner.execute(sched.chunks, sched.block_copies, sampling)
-        finally:  # wait even when the forward failed: the matchers are the engine's again
-            if pending is not None:
-                pending.result()
-        self.scheduler.on_step_done(sched)
-        return plan, out
-
-    def _start_grammar_masks(self, sched: SchedulerOutput) -> PendingMask | None:
-        """The pending masks (the rows whose matcher raised are named in them as failed)."""
-        if self.grammars is None:
-            return None
-        jobs, failed = [], []
-        for row, chunk in sched.sampled_rows():
-            try:  # a speculated row: one mask per scored position
-                if (matchers := self._states[chunk.request.request_id].grammar) is not None:
-                    jobs += grammar_jobs(matchers.matcher(chunk.seq), chunk.proposal, row)
-            except Exception:
-                log.exception("the grammar of request %s failed", chunk.request.request_id)
-                failed += range(row, row + len(chunk.proposal) + 1)
-        return self.grammars.start_masks(jobs, failed) if jobs or failed else None
 
     def _propose(self) -> None:
         """After a step, the proposals for the next go to the scheduler as data (speculator.py)."""

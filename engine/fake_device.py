@@ -2,15 +2,17 @@
 device time on a device thread of its own: what the engine's host time per step is measured
 against, on a machine with no accelerator (bench/fake_device.py, `Engine.with_fake_device`).
 
-Contract: `FakeDeviceRunner(vocab_size, device_s)`. `execute(chunks, ...)` hands the step to
-the device thread, which holds it `device_s` seconds (a sleep: the host's cores stay free, as
-they do while a GPU runs) and writes its logits: greedy decoding of row r in step k picks
-(7 * k + r) % vocab_size, so outputs are deterministic and never stop on their own; the step's
-sampling (the runner floor's `StepSampler`, as a real runner's) runs there too, inside the
-device time, as it would on a GPU's stream; the host waits for the result, and `waited_s` adds up how long it waited (a step's host time is its wall
-time less that wait); `device_cpu_s` adds up the device thread's CPU time (what a real device
-would spend: the engine's host time is the process's CPU time less it). The thread is a daemon and `close()` stops it. `num_steps` counts the
-steps run. Prompt logprobs are answered as zeros.
+Contract: `FakeDeviceRunner(vocab_size, device_s)`. `submit(chunks, ...)` hands the step to
+the device thread and returns at once (`execute` is `submit(...).result()`). The device thread
+holds each step `device_s` seconds (a sleep: the host's cores stay free, as they do while a GPU
+runs) and writes its logits: greedy decoding of row r in step k picks (7 * k + r) % vocab_size,
+so outputs are deterministic and never stop on their own; the step's sampling (the runner
+floor's `StepSampler`, as a real runner's) runs there too, inside the device time, as it would
+on a GPU's stream. `waited_s` adds up how long the host waited for results (a step's host time
+is its wall time less that wait); `device_cpu_s` adds up the device thread's CPU time (what a
+real device would spend: the engine's host time is the process's CPU time less it). The thread
+is a daemon and `close()` stops it. `num_steps` counts the steps run. Prompt logprobs are
+answered from zero logits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,21 @@ from models.config import ModelConfig
 class FakePath:
     description: str
     attention_kernel: bool = False
+
+
+@dataclass
+class _Waited:
+    """A submitted step; `result()` waits for it, adding the wait to the runner's `waited_s`."""
+
+    runner: FakeDeviceRunner
+    done: Future
+
+    def result(self) -> StepOutput:
+        waiting = time.perf_counter()
+        try:
+            return self.done.result()
+        finally:
+            self.runner.waited_s += time.perf_counter() - waiting
 
 
 class FakeDeviceRunner:
@@ -78,15 +95,21 @@ class FakeDeviceRunner:
         block_copies: Sequence[tuple[int, int]] = (),
         sampling: StepSampling | None = None,
     ) -> StepOutput:
+        return self.submit(chunks, block_copies, sampling).result()
+
+    def submit(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        sampling: StepSampling | None = None,
+    ) -> _Waited:
+        """Hands the step to the device thread and returns at once."""
         rows = sum(c.num_sampled_rows for c in chunks)
         sampling = sampling if sampling is not None else StepSampling.argmax(rows)
         done: Future = Future()
         self._jobs.put((self.num_steps, chunks, sampling, done))
         self.num_steps += 1
-        waiting = time.perf_counter()
-        out = done.result()
-        self.waited_s += time.perf_counter() - waiting
-        return out
+        return _Waited(self, done)
 
     def _device(self) -> None:
         # One intra-op thread (a per-thread setting): a second OpenMP team spinning beside the

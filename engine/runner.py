@@ -5,7 +5,9 @@ Contract:
 - `Runner` (a Protocol) is everything the engine reads of a runner: `execute(chunks,
   block_copies, sampling) -> StepOutput` (a step's forward, then its sampling below this
   boundary: `sampling` a `StepSampling`, the result plain host data, engine/sampling/step_io.py),
-  `describe()` (engine/description.py),
+  `submit(...)` the same, started: its `.result()` is the `StepOutput` (a runner whose device
+  works on its own returns at once, so the host works meanwhile: the overlapped loop; a
+  synchronous one runs the step in `submit`), `describe()` (engine/description.py),
   `between_requests(idle)` (the hook the engine calls before scheduling each step: the runner
   may change how it runs only when `idle()` says no live request has started; True when it did,
   so cached prefix blocks, K/V of the old way, must go), `watch_failures` / `close` (the
@@ -57,6 +59,22 @@ class PathReport(Protocol):
     attention_kernel: bool  # tgserve's C++ CPU kernels serve attention (or the whole step)
 
 
+class PendingStep(Protocol):
+    """A step handed to the runner: `result()` waits for its output (or raises its error)."""
+
+    def result(self) -> StepOutput: ...
+
+
+@dataclass(frozen=True)
+class DoneStep:
+    """A step that already ran (a synchronous runner's `submit`)."""
+
+    output: StepOutput
+
+    def result(self) -> StepOutput:
+        return self.output
+
+
 class Runner(Protocol):
     config: ModelConfig
     device: torch.device
@@ -74,6 +92,13 @@ class Runner(Protocol):
         block_copies: Sequence[tuple[int, int]] = (),
         sampling: StepSampling | None = None,
     ) -> StepOutput: ...
+
+    def submit(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        sampling: StepSampling | None = None,
+    ) -> PendingStep: ...
 
     def describe(self) -> EngineDescription: ...
 
@@ -117,6 +142,15 @@ class StepRunner:
             sampling = StepSampling.argmax(sum(c.num_sampled_rows for c in chunks))
         logits = self.forward(chunks, block_copies, sampling.full_logits_for)
         return self.step_sampler.sample_step(logits.sampling, logits.all_rows, sampling)
+
+    def submit(
+        self,
+        chunks: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]] = (),
+        sampling: StepSampling | None = None,
+    ) -> PendingStep:
+        """On the CPU the runner is the host: the step runs here, then the host goes on."""
+        return DoneStep(self.execute(chunks, block_copies, sampling))
 
     @torch.inference_mode()
     def forward(

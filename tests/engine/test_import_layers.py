@@ -81,6 +81,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.lora_adapters",  # LoRA adapters by name, for intake and the engine
             "engine.intake",
             "engine.step_update",
+            "engine.step_launch",
             "engine.faults",
             "engine.offline",
             "engine.warm_up",

@@ -14,6 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
+from engine.runner import DoneStep
 from engine.sampling.step_io import StepOutput, StepSampling
 from engine.sampling.step_sampler import StepSampler
 from engine.scheduling.block_manager import BlockManager
@@ -55,6 +56,9 @@ class CyclingRunner:
         logits[:, (self.calls * 7) % VOCAB] = 1.0
         self.calls += 1
         return self.step_sampler.sample_step(logits, {}, sampling or StepSampling.argmax(rows))
+
+    def submit(self, chunks, block_copies=(), sampling: StepSampling | None = None) -> DoneStep:
+        return DoneStep(self.execute(chunks, block_copies, sampling))
 
 
 def _engine(max_len: int) -> Engine:
