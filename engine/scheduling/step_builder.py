@@ -203,10 +203,10 @@ class StepBuilder:
 
     def _prefix_match(self, request: Request, seq: TokenSequence) -> PrefixMatch:
         if request.params.prompt_logprobs is not None:  # every prompt row's logits are wanted
-            return PrefixMatch((), 0, seq.num_tokens, request.lora_key)
+            return PrefixMatch((), 0, seq.num_tokens, root=request.lora_key)
         match = self.block_manager.match_prefix(seq.token_ids, request.lora_key)
         if match.num_tokens < seq.decoder_start:  # an encoder's K/V: reused whole or not at all
-            return PrefixMatch((), 0, seq.num_tokens, request.lora_key)
+            return PrefixMatch((), 0, seq.num_tokens, root=request.lora_key)
         return match
 
     def _add_plan(
