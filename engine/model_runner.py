@@ -178,7 +178,8 @@ class ModelRunner(StepRunner):
     ) -> StepLogits | None:
         if self.decode_graphs is None or full_logits_for or not _decode_only(chunks):
             return None
-        if any(c.request.lora_slot >= 0 for c in chunks):  # graphs hold no adapter rows
+        # graphs hold no adapter rows (a draft model's chunks have no request: the base)
+        if any(getattr(c.request, "lora_slot", -1) >= 0 for c in chunks):
             return None
         if block_copies:  # applied again if no graph holds the step: a copy is idempotent
             copy_blocks(self.kv_caches, block_copies, self.device)
