@@ -41,7 +41,7 @@ def _script_run(runner, slot: int) -> list[torch.Tensor]:
             )
             for c in chunks
         ]
-        logits = runner.execute(tagged, copies, full)
+        logits = runner.forward(tagged, copies, full)
         out.append(logits.sampling.clone())
         out.extend(logits.all_rows[i].clone() for i in sorted(logits.all_rows))
     return out
