@@ -162,7 +162,11 @@ class ModelRunner(StepRunner):
         width = -(-graphs.max_model_len // self.block_size) + 1  # + a block allocated ahead
         buffers = self.forward_path.attention.decode_buffers(graphs.max_num_seqs, width, scratch)
         decode = DecodeGraphs(
-            self.forward_path, buffers, graphs.max_num_seqs, recorder_for(self.device)
+            self.forward_path,
+            buffers,
+            graphs.max_num_seqs,
+            recorder_for(self.device),
+            adapters=getattr(self.model, "lora_bank", None) is not None,
         )
         decode.capture()
         return decode
@@ -177,9 +181,6 @@ class ModelRunner(StepRunner):
         full_logits_for: frozenset[int],
     ) -> StepLogits | None:
         if self.decode_graphs is None or full_logits_for or not _decode_only(chunks):
-            return None
-        # graphs hold no adapter rows (a draft model's chunks have no request: the base)
-        if any(getattr(c.request, "lora_slot", -1) >= 0 for c in chunks):
             return None
         if block_copies:  # applied again if no graph holds the step: a copy is idempotent
             copy_blocks(self.kv_caches, block_copies, self.device)

@@ -46,6 +46,7 @@ class DecodeRows:
     token_ids: list[int]  # [B] the token each row feeds in
     positions: list[int]  # [B] its position (= seq_len - 1)
     block_tables: list[list[int]]  # [B][blocks of that row] (ragged)
+    adapter_slots: list[int] | None = None  # [B] each row's LoRA slot (-1: base); None: all base
 
     @property
     def num_rows(self) -> int:
@@ -53,9 +54,13 @@ class DecodeRows:
 
     @classmethod
     def from_chunks(cls, chunks: Sequence) -> DecodeRows:
-        """From scheduled decode chunks (`.seq.token_ids`, `.seq.block_table`, `.start`)."""
+        """From scheduled decode chunks (`.seq.token_ids`, `.seq.block_table`, `.start`, and
+        `.request.lora_slot` where there is one)."""
+        # a chunk without a request (a draft model's) is the base model's
+        slots = [getattr(getattr(chunk, "request", None), "lora_slot", -1) for chunk in chunks]
         return cls(
             [chunk.seq.token_ids[chunk.start] for chunk in chunks],
             [chunk.start for chunk in chunks],
             [chunk.seq.block_table for chunk in chunks],
+            slots if any(slot >= 0 for slot in slots) else None,
         )

@@ -13,7 +13,13 @@ its attention backend (`path.attention.decode_buffers(...)`, models/decode_buffe
 - `run(rows) -> [num_rows, vocab] float32 | None`: writes the step into the buffers
   (`buffers.build_for_replay`: padding to the bucket, one host-to-device copy) and replays
   that bucket's graph. None when no bucket holds the step or a block table is wider than the
-  buffers (the caller runs it eagerly). The tensor is a view of the graph's output buffer:
+  buffers (the caller runs it eagerly).
+- LoRA adapters (`adapters=True`, a model with a LoRA bank, models/lora): every graph reads
+  each row's adapter slot from one more persistent buffer, `[max rows]` int64 (-1: the base
+  model, padding rows included), set as the bucket step's `meta.lora_rows` at capture and
+  written at each replay, so steps mixing adapters replay like any other (the kernels read the
+  slot per row on the device: no Python branch per row). Graphs captured without it send
+  steps with adapter rows eager (None). The tensor is a view of the graph's output buffer:
   valid until the next `run`, which is all a step needs.
 - `new_graph(pool)` makes one recorder: `CudaGraph` on CUDA; `EagerReplay` elsewhere (CPU
   tests): "replay" re-runs the recorded function over the same buffers, which is what a
@@ -119,6 +125,7 @@ class DecodeGraphs:
         buffers: DecodeBuffers,
         max_num_seqs: int,
         new_graph: Callable[[object], GraphRecorder],
+        adapters: bool = False,
     ) -> None:
         if path.graph_support is not GraphSupport.DECODE_ONLY:
             raise ValueError(f"{path.description} cannot be captured")
@@ -128,6 +135,11 @@ class DecodeGraphs:
         self._new_graph = new_graph
         self._graphs: dict[int, GraphRecorder] = {}
         self._outputs: dict[int, torch.Tensor] = {}  # bucket -> [b, vocab] graph output
+        self._lora_rows = (  # [max rows] int64: each row's adapter slot, -1 the base model
+            torch.full((buffers.max_rows,), -1, dtype=torch.int64, device=buffers.device)
+            if adapters
+            else None
+        )
 
     @property
     def captured(self) -> tuple[int, ...]:
@@ -143,6 +155,8 @@ class DecodeGraphs:
         pool = None
         for bucket in sorted(self.buckets, reverse=True):
             step = self.buffers.build_for_capture(bucket)
+            if self._lora_rows is not None:  # the graph reads the slots from the buffer
+                step.meta.lora_rows = self._lora_rows[:bucket]
             graph = self._new_graph(pool)
             self._outputs[bucket] = graph.capture(lambda step=step: self._forward(step))
             pool = graph.pool()
@@ -155,10 +169,22 @@ class DecodeGraphs:
         bucket = bucket_for(rows.num_rows, self.buckets)
         if bucket is None or bucket not in self._graphs:
             return None
+        if rows.adapter_slots is not None and self._lora_rows is None:
+            return None  # captured without adapters
         step = self.buffers.build_for_replay(
             rows.token_ids, rows.positions, rows.block_tables, bucket
         )
         if step is None:
             return None
+        if self._lora_rows is not None:
+            self._write_slots(rows, bucket)
         self._graphs[bucket].replay()
         return self._outputs[bucket][: rows.num_rows]
+
+    def _write_slots(self, rows: DecodeRows, bucket: int) -> None:
+        slots = torch.full((bucket,), -1, dtype=torch.int64)  # padding rows: the base model
+        if rows.adapter_slots is not None:
+            slots[: rows.num_rows] = torch.tensor(rows.adapter_slots, dtype=torch.int64)
+        if self.buffers.device.type == "cuda":
+            slots = slots.pin_memory()
+        self._lora_rows[:bucket].copy_(slots, non_blocking=True)
