@@ -21,7 +21,7 @@ import argparse
 import time
 from dataclasses import dataclass
 
-from engine import EngineConfig, SamplingParams, fake_device_engine
+from engine import EngineConfig, SamplingParams, device_cpu_seconds, fake_device_engine
 
 PROMPT = list(range(1, 17))
 
@@ -68,11 +68,14 @@ def measure(rows: int, device_s: float, steps: int, async_scheduling: bool = Fal
             engine.step()
         for _ in range(3):  # every request past its first token
             engine.step()
-        runner = engine.runner
-        start, cpu, device_cpu = time.perf_counter(), time.process_time(), runner.device_cpu_s
+        start, cpu, device_cpu = (
+            time.perf_counter(),
+            time.process_time(),
+            device_cpu_seconds(engine),
+        )
         for _ in range(steps):
             engine.step()
-        device_cpu = (runner.device_cpu_s - device_cpu) / steps
+        device_cpu = (device_cpu_seconds(engine) - device_cpu) / steps
         host = (time.process_time() - cpu) / steps - device_cpu
         return Period(rows, device_s, host, (time.perf_counter() - start) / steps, device_cpu)
     finally:

@@ -18,7 +18,8 @@ says how an encoder-decoder request lays out its tokens (what `max_model_len` mu
 `release_kv_pool` / `restore_kv_pool` (loaded on first use) a level-1 sleep's (engine/sleep.py);
 `warm_up_requests` / `warm_up` what an engine runs before its first request (a server at
 start-up, the benchmark after loading); `fake_device_engine` an engine with no model whose
-steps take a fixed device time (engine/fake_device.py: the host's share of a step, measured).
+steps take a fixed device time (engine/fake_device.py: the host's share of a step, measured),
+`device_cpu_seconds(engine)` its device thread's CPU time so far (0.0 for a real engine).
 `Cluster` says which machines a tensor-parallel group spans (`leader_engine(model_path,
 config, cluster, progress)`, Engine.from_model's equal, on rank 0's machine;
 `serve_follower_node(model_path, cluster)` on each other one).
@@ -101,6 +102,7 @@ __all__ = [
     "SpeculativeConfig",
     "StructuredOutput",
     "TokenLogprob",
+    "device_cpu_seconds",
     "dtype_bytes",
     "fake_device_engine",
     "kv_tier_config",
@@ -116,6 +118,12 @@ __all__ = [
     "warm_up",
     "warm_up_requests",
 ]
+
+
+def device_cpu_seconds(engine: object) -> float:
+    """CPU seconds a fake-device engine's device thread has spent (its logits and sampling),
+    which a host-time benchmark subtracts from the process's; 0.0 for any other engine."""
+    return float(getattr(engine.runner, "device_cpu_s", 0.0))
 
 
 def __getattr__(name: str):
