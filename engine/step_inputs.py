@@ -58,7 +58,7 @@ class StepInputs:
             sample_rows=tuple(sample_rows),
             block_copies=tuple((int(s), int(d)) for s, d in block_copies),
             full_logits_for=tuple(sorted(full_logits_for)),
-            adapters=_adapter_slots(chunks),
+            adapters=adapter_slots(chunks),
         )
 
     @property
@@ -121,6 +121,8 @@ class StepInputs:
         return [s for s, n in zip(self.adapters, self.query_lens, strict=True) for _ in range(n)]
 
 
-def _adapter_slots(chunks: Sequence[Any]) -> tuple[int, ...]:
+def adapter_slots(chunks: Sequence[Any]) -> tuple[int, ...]:
+    """Each chunk's LoRA slot (-1: the base model; a chunk without a request, a draft model's,
+    is the base's), or () when every chunk is the base model's."""
     slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
     return slots if any(s >= 0 for s in slots) else ()

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.step_inputs import adapter_slots
+
 
 def graph_buckets(max_num_seqs: int) -> tuple[int, ...]:
     if max_num_seqs < 1:
@@ -56,11 +58,10 @@ class DecodeRows:
     def from_chunks(cls, chunks: Sequence) -> DecodeRows:
         """From scheduled decode chunks (`.seq.token_ids`, `.seq.block_table`, `.start`, and
         `.request.lora_slot` where there is one)."""
-        # a chunk without a request (a draft model's) is the base model's
-        slots = [getattr(getattr(chunk, "request", None), "lora_slot", -1) for chunk in chunks]
+        slots = adapter_slots(chunks)
         return cls(
             [chunk.seq.token_ids[chunk.start] for chunk in chunks],
             [chunk.start for chunk in chunks],
             [chunk.seq.block_table for chunk in chunks],
-            slots if any(slot >= 0 for slot in slots) else None,
+            list(slots) or None,
         )
