@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from engine.scheduling.step_plan import adapter_slots
+
 _HEADER = 6
 
 
@@ -119,10 +121,3 @@ class StepInputs:
         if not any(slot >= 0 for slot in self.adapters):
             return None
         return [s for s, n in zip(self.adapters, self.query_lens, strict=True) for _ in range(n)]
-
-
-def adapter_slots(chunks: Sequence[Any]) -> tuple[int, ...]:
-    """Each chunk's LoRA slot (-1: the base model; a chunk without a request, a draft model's,
-    is the base's), or () when every chunk is the base model's."""
-    slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
-    return slots if any(s >= 0 for s in slots) else ()
