@@ -19,6 +19,7 @@ from models.encdec.bart import BartForConditionalGeneration
 from models.encdec.t5 import T5ForConditionalGeneration
 from models.gemma import GemmaForCausalLM
 from models.gpt2 import GPT2LMHeadModel
+from models.gpt_oss.model import GptOssForCausalLM
 from models.linear_backend import pin_mkl_code_path
 from models.llama import LlamaForCausalLM
 from models.moe.model import MoeForCausalLM
@@ -32,6 +33,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "t5": T5ForConditionalGeneration,  # encoder-decoders: models/encdec
     "bart": BartForConditionalGeneration,
     "moe": MoeForCausalLM,  # Mixtral, Qwen3-MoE, Qwen2-MoE: models/moe
+    "gpt_oss": GptOssForCausalLM,  # models/gpt_oss
 }
 
 

@@ -211,10 +211,15 @@ def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
 
 
 def _canonical_names(config: ModelConfig, tensors: Tensors) -> Tensors:
-    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix.
+    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix;
+    gpt-oss's released experts are MXFP4 `_blocks` / `_scales` pairs (dequantised here).
 
-    The one place that adds it: check_checkpoint and the model's load_weights see HF names only.
+    The one place for both: check_checkpoint and the model's load_weights see HF names only.
     """
+    if config.family == "gpt_oss":
+        from models.gpt_oss.mxfp4 import dequantize_mxfp4_experts
+
+        return dequantize_mxfp4_experts(tensors)
     if config.family != "gpt2":
         return tensors
     return {
