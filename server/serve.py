@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> NoReturn:
-    from engine import EngineConfig, LoraConfig, kv_tier_config, speculative_config
+    from engine import EngineConfig, KVTierConfig, LoraConfig, kv_tier_config, speculative_config
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> NoReturn:
         "tensor_parallel_size": tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,
         "batch_invariant": settings.batch_invariant,
-        "kv_tiers": kv_tier_config(
+        "kv_tiers": kv_tier_config(  # a --role server's RAM tier holds the blocks it sends
             settings.kv_offload_ram_bytes, settings.kv_offload_dir, settings.kv_offload_bytes
-        ),
+        )
+        or (KVTierConfig() if settings.role else None),
         "speculative": speculative_config(
             settings.speculative,
             settings.num_speculative_tokens,
@@ -125,7 +126,12 @@ def run(args: argparse.Namespace) -> NoReturn:
         from engine import leader_engine
 
         logger.info("loading %s", settings.model or "the default model (SmolLM2-135M-Instruct)")
-        return leader_engine(settings.model, config, cluster, progress=True)
+        engine = leader_engine(settings.model, config, cluster, progress=True)
+        if settings.role is not None:  # prefill/decode: its K/V peer joins before ready
+            from server.disagg import open_link
+
+            open_link(settings, engine)
+        return engine
 
     configure_logging(settings.log_level)
     return serve_engine(settings, load_engine, config.max_in_flight)  # the one admission rule

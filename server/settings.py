@@ -58,6 +58,10 @@ class Settings:
     master_addr: str | None = None
     master_port: int | None = None
     dist_init_timeout: float | None = None
+    role: str | None = None  # prefill/decode disaggregation (server/disagg.py); None: both
+    kv_transfer_addr: str | None = None
+    prefill_url: str | None = None
+    kv_transfer_timeout: float = 30.0
     enforce_eager: bool = False
     batch_invariant: bool = False
     speculative: str | None = None
@@ -139,6 +143,8 @@ class Settings:
                 f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                 f"got {self.reasoning_parser!r}"
             )
+        if self.role is not None:
+            _check_role(self)
         if self.sleep_idle_timeout is not None and not self.enable_sleep_mode:
             raise ValueError("--sleep-idle-timeout needs --enable-sleep-mode")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -156,6 +162,20 @@ class Settings:
             elif option.env in environ:
                 values[option.dest] = _from_env(option, environ[option.env])
         return cls(**values)
+
+
+def _check_role(settings: Settings) -> None:
+    """--role's companions (README "More than one machine": prefill/decode)."""
+    host, _, port = (settings.kv_transfer_addr or "").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"--role {settings.role} needs --kv-transfer-addr HOST:PORT (the decode server's "
+            f"address and a free port), got {settings.kv_transfer_addr!r}"
+        )
+    if settings.role == "decode" and not (settings.prefill_url or "").startswith("http"):
+        raise ValueError("--role decode needs --prefill-url http://HOST:PORT (its prefill server)")
+    if settings.tensor_parallel_size > 1 or settings.disable_prefix_caching:
+        raise ValueError(f"--role {settings.role} needs prefix caching and no tensor parallelism")
 
 
 def _from_env(option: Option, raw: str) -> Any:
