@@ -9,7 +9,8 @@ written back into the config.
 
 KV cache sizing: one block holds `block_size` tokens of K and V for every layer, KV heads only
 (GQA caches are never repeated per query head), so
-`bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes`.
+`bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes`; with
+`kv_cache_dtype="int8"` a row is head_dim int8 values and a 4-byte scale (`kv_row_layout`).
 The budget is `kv_cache_memory_bytes` when given, else `kv_cache_memory_fraction` of the memory
 free after the weights are loaded (default 0.3: room for activations and for a CPU host that
 other processes share; raise it on a dedicated GPU).
@@ -24,6 +25,7 @@ from engine.lora_config import LoraConfig
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # models/kv_quant.py (kept torch-free here)
 # The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
 DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
 
@@ -61,6 +63,10 @@ class EngineConfig:
     # None, or "int8": activations quantised per row and block of 32 for integer dot products
     # against GGUF Q4_0 / Q4_1 / Q8_0 blocks and int8 weights (models/activation_quant.py; CPU).
     activation_quantization: str | None = None
+    # "auto": the KV cache holds the model's dtype; "int8": int8 rows with a float32 scale per
+    # token and KV head (models/kv_quant.py; CPU, read by the C++ paged attention); "fp8": CUDA
+    # only, not built yet (refused).
+    kv_cache_dtype: str = "auto"
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
     # On CPU, when the kernels are not built yet: serve on PyTorch ops at once while they build,
@@ -166,6 +172,11 @@ class EngineConfig:
             raise ValueError(
                 "activation_quantization must be None or 'int8', got "
                 f"{self.activation_quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                f"{self.kv_cache_dtype!r}"
             )
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
@@ -279,6 +290,14 @@ def kv_bytes_per_block(
         if not _is_int(value) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
+
+
+def kv_row_layout(kv_cache_dtype: str, head_dim: int, dtype: str) -> tuple[int, int]:
+    """(elements, bytes per element) of one (token, KV head) row of K or V in the pool: the
+    model's dtype, or int8 values plus a float32 scale's 4 bytes (models/kv_quant.py)."""
+    if kv_cache_dtype == "int8":
+        return head_dim + 4, 1
+    return head_dim, dtype_bytes(dtype)
 
 
 def num_kv_blocks(

@@ -21,8 +21,8 @@ import torch
 
 from engine.config import (
     EngineConfig,
-    dtype_bytes,
     kv_cache_budget_bytes,
+    kv_row_layout,
     num_kv_blocks,
     resolve_device,
     resolve_dtype_name,
@@ -72,6 +72,8 @@ def build_runner(
 
         if refusal := int8_dot_product_refusal(device):
             raise ValueError(refusal)
+    if refusal := kv_cache_dtype_refusal(config, device):
+        raise ValueError(refusal)
     # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
     # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
     kernels_later = _build_kernels_later(config, device, group)
@@ -126,6 +128,12 @@ def build_runner(
     if model_config.is_encoder_decoder:  # T5 / BART (plan_shards refused tensor parallel)
         from engine.encdec_runner import EncoderDecoderRunner
 
+        if config.kv_cache_dtype != "auto":
+            raise ValueError(
+                "--kv-cache-dtype int8 is read by the decoder-only C++ step; encoder-decoder "
+                f"models ({model_config.architecture}) keep --kv-cache-dtype auto"
+            )
+
         runner = EncoderDecoderRunner(
             model,
             model_config,
@@ -164,6 +172,7 @@ def build_runner(
         graphs=graph_settings(config, device, max_model_len) if group is None else None,
         kernels_in_background=kernels_later,
         batch_invariant=config.batch_invariant,
+        kv_cache_dtype=config.kv_cache_dtype,
         kernel_model=(
             (
                 lambda: _same_bank(
@@ -230,12 +239,38 @@ def serves_blocks_as_stored(
     return stores_blocks(Path(path))
 
 
+def kv_cache_dtype_refusal(config: EngineConfig, device: torch.device) -> str | None:
+    """Why `config.kv_cache_dtype` cannot be served on `device` (None: it can). int8 rows are
+    read by the C++ paged attention on a CPU; fp8 is for CUDA's Triton kernels, not built yet."""
+    kind = config.kv_cache_dtype
+    if kind == "int8" and device.type != "cpu":
+        return (
+            f"--kv-cache-dtype int8 is read by tgserve's C++ CPU attention; on {device.type} "
+            "use --kv-cache-dtype auto"
+        )
+    if kind == "int8" and not config.cpu_kernels:
+        return (
+            "--kv-cache-dtype int8 is read by tgserve's C++ paged attention, which "
+            "--disable-cpu-kernels turns off: drop one of the two"
+        )
+    if kind == "fp8" and device.type == "cpu":
+        return "--kv-cache-dtype fp8 is for CUDA devices; on a CPU use --kv-cache-dtype int8"
+    if kind == "fp8":
+        return (
+            "--kv-cache-dtype fp8 is not built yet (the Triton paged kernels read the model's "
+            "dtype); use --kv-cache-dtype auto"
+        )
+    return None
+
+
 def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:
     """Serve on PyTorch ops while the C++ kernels build: asked for, on a CPU, without tensor
     parallel (every rank must run the same path from the same step), and not built yet."""
     if not (config.cpu_kernels and config.cpu_kernels_background) or device.type != "cpu":
         return False
     if config.activation_quantization:  # its layers exist only in the kernels' layout
+        return False
+    if config.kv_cache_dtype == "int8":  # only the C++ attention reads the int8 cache
         return False
     from models import cpu_kernels
 
@@ -262,13 +297,9 @@ def _num_blocks(
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
+    row, element_bytes = kv_row_layout(config.kv_cache_dtype, model_config.head_dim, dtype_name)
     blocks = num_kv_blocks(
-        budget,
-        model_config.num_layers,
-        kv_heads,
-        model_config.head_dim,
-        dtype_bytes(dtype_name),
-        config.block_size,
+        budget, model_config.num_layers, kv_heads, row, element_bytes, config.block_size
     )
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)

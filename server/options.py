@@ -60,6 +60,12 @@ OPTIONS: tuple[Option, ...] = (
         choices=("none", "int8"),
         default="none",
     ),
+    Option(
+        "kv_cache_dtype",
+        str,
+        "K/V cache rows: auto (the model's dtype) | int8 (a scale per token and head; CPU)",
+        choices=("auto", "int8", "fp8"),
+    ),
     Option("max_model_len", int, "context length admitted, in tokens", default="the model's"),
     Option("block_size", int, "tokens per KV cache block", default=ENGINE_DEFAULT),
     Option("max_num_seqs", int, "sequences running at once", default=ENGINE_DEFAULT),

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> NoReturn:
         "activation_quantization": None
         if settings.activation_quantization in (None, "none")
         else settings.activation_quantization,
+        "kv_cache_dtype": settings.kv_cache_dtype,
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
         "grammar_cache_bytes": settings.grammar_cache_bytes,

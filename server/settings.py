@@ -37,6 +37,7 @@ class Settings:
     device: str = "auto"
     quantization: str | None = None
     activation_quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # models/kv_quant.py
     max_model_len: int | None = None
     block_size: int | None = None
     max_num_seqs: int | None = None

@@ -70,6 +70,7 @@ _HEADERS = (
     "attention_simd.h",
     "attention_avx2.h",
     "attention_layout.h",
+    "kv_int8.h",
     "simd16.h",
     "block_fma.h",
     "dense_tile.h",

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "kv_int8.h"
 #include "q8_linear.h"
 #include "vec_math.h"
 
@@ -33,6 +34,8 @@ class LlamaDecoder {
     TORCH_CHECK(layers_.size() == k_caches_.size() && layers_.size() == v_caches_.size(),
                 "one K and one V cache per layer");
     hidden_ = final_norm_.size(0);
+    // int8 K/V rows with their scales (kv_int8.h; --kv-cache-dtype int8), else the model's dtype.
+    kv_int8_ = k_caches_.front().scalar_type() == at::kChar;
     intermediate_ = layers_.front().gate_up.out_features / 2;
   }
 
@@ -134,8 +137,8 @@ class LlamaDecoder {
       for (int64_t b = 0; b < B; ++b) rms_norm_row(xp + b * C, norm_in, hp + b * C, C, eps_);
       const torch::Tensor qkv = linear<T>(h, w.qkv);
       T* qkvp = static_cast<T*>(qkv.data_ptr());
-      T* kc = static_cast<T*>(k_caches_[l].data_ptr());
-      T* vc = static_cast<T*>(v_caches_[l].data_ptr());
+      void* kc = k_caches_[l].data_ptr();
+      void* vc = v_caches_[l].data_ptr();
       const T* q_norm = w.q_norm ? static_cast<const T*>(w.q_norm->data_ptr()) : nullptr;
       const T* k_norm = w.k_norm ? static_cast<const T*>(w.k_norm->data_ptr()) : nullptr;
 #pragma omp parallel for if (wide)
@@ -148,13 +151,22 @@ class LlamaDecoder {
         }
         rope_heads(row, cosp + b * D_, sinp + b * D_, H_ + KVH_, D_);
         std::copy(row, row + q_size, qp + b * q_size);
-        std::copy(row + q_size, row + q_size + kv_size, kc + slot[b] * kv_size);
-        std::copy(row + q_size + kv_size, row + qkv_size, vc + slot[b] * kv_size);
+        if (kv_int8_)
+          append_kv(row + q_size, row + q_size + kv_size, slot[b], KVH_, D_,
+                    static_cast<int8_t*>(kc), static_cast<int8_t*>(vc));
+        else
+          append_kv(row + q_size, row + q_size + kv_size, slot[b], KVH_, D_, static_cast<T*>(kc),
+                    static_cast<T*>(vc));
       }
-      const int code = paged_decode_attention<T>(
-          qp, kc, vc, tables.data_ptr<int64_t>(), tables.size(1), seq_lens.data_ptr<int64_t>(),
-          static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_, k_caches_[l].size(1),
-          k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)), window_);
+      auto attend = [&](auto* k, auto* v) {
+        return paged_decode_attention(
+            static_cast<const T*>(qp), k, v, tables.data_ptr<int64_t>(), tables.size(1),
+            seq_lens.data_ptr<int64_t>(), static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_,
+            k_caches_[l].size(1), k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)),
+            window_);
+      };
+      const int code = kv_int8_ ? attend(static_cast<const int8_t*>(kc), static_cast<const int8_t*>(vc))
+                                : attend(static_cast<const T*>(kc), static_cast<const T*>(vc));
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
       torch::Tensor o = linear<T>(attn, w.o_proj);
       reduce(o);
@@ -188,6 +200,7 @@ class LlamaDecoder {
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
   int64_t window_;
+  bool kv_int8_ = false;
   pybind11::object all_reduce_;
   const int64_t* lora_rows_ = nullptr;  // the running step's, or none
 };

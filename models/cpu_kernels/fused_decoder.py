@@ -123,7 +123,12 @@ class FusedDecoder:
         dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None
-        if any(k.dtype != dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
+        # The model's dtype, or int8 rows with their scales (models/kv_quant.py)
+        if any(
+            k.dtype not in (dtype, torch.int8) or not k.is_contiguous()
+            for cache in kv_caches
+            for k in cache
+        ):
             return None
         ext = cpu_kernels.extension()
         if ext is None:
