@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from engine.kv_tiers.config import KVTierConfig
 from engine.lora_config import LoraConfig
+from engine.parallel_config import check_parallel_sizes
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -76,8 +77,10 @@ class EngineConfig:
     # GGUF files: False keeps Q4_0..Q8_0 / K-quant matrices as stored (models/gguf/stored.py); True
     # dequantises every tensor to `dtype` (always so with quantization="int8").
     dequantize: bool = False
-    # Ranks of one replica (torch.distributed; engine/parallel): 1 runs in this process alone.
+    # Ranks of one replica (torch.distributed; engine/parallel): tensor_parallel_size ranks in
+    # each of pipeline_parallel_size stages (engine/parallel_config.py); 1 x 1: this process.
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     # On CUDA: every step eager, no decode CUDA graphs (engine/cuda_graphs); CPU never captures.
     enforce_eager: bool = False
     # On CUDA: every linear through one fixed-tile Triton GEMM, so a request's tokens do not
@@ -180,19 +183,16 @@ class EngineConfig:
             )
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        positive_int("tensor_parallel_size", self.tensor_parallel_size, "1 runs in one process")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
         if self.kv_tiers is not None and not isinstance(self.kv_tiers, KVTierConfig):
             raise ValueError(f"kv_tiers must be a KVTierConfig, got {self.kv_tiers!r}")
-        if self.kv_tiers is not None and self.tensor_parallel_size > 1:
-            raise ValueError("kv_offload_* tiers need tensor_parallel_size 1 (whole KV blocks)")
-        quantized = self.quantization or self.activation_quantization
-        if self.tensor_parallel_size > 1 and (quantized or self.compile):
-            raise ValueError(
-                "tensor_parallel_size > 1 runs unquantized, uncompiled layers; drop "
-                "quantization / activation_quantization / compile, or use tensor_parallel_size 1"
-            )
+        check_parallel_sizes(self)
+
+    @property
+    def parallel_world_size(self) -> int:
+        """The ranks (processes) of one replica: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def max_in_flight(self) -> int:

@@ -7,13 +7,15 @@ Contract: `build_runner(path, config, progress, group, sampleable_vocab, workers
 random_weights)` returns a `BuiltRunner` (the runner, the model's config, the dtype name, the
 context length and the number of KV blocks). Under tensor parallel (`group`), every rank calls
 it the same way and the number of blocks is the smallest any rank can hold; rank 0 passes the
-other ranks' processes (`workers`), which `ParallelRank.close` stops. `random_weights` (a
+other ranks' processes (`workers`), which `ParallelRank.close` stops; under pipeline parallel
+a rank's pool holds its stage's layers and it runs a `PipelineRunner`. `random_weights` (a
 config.json dict) builds that shape with seeded random weights (models/random_weights.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from engine.config import (
 from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
+from engine.parallel.pipeline_runner import PipelineRunner
 from engine.runner import Runner
 
 
@@ -93,12 +96,12 @@ def build_runner(
             dequantize=dequantize or blocks_later,
             use_cache=not blocks_later,  # a copy for the first minute or two: not written out
         )
-    parallel = None
-    if group is not None:
-        from models.parallel import plan_shards, shard_model
+    parallel, pipe, layers = None, None, model_config.num_layers
+    if group is not None:  # the rank's shard, and its stage's layers (engine/parallel/rank_model)
+        from engine.parallel.rank_model import rank_part
 
-        layout = plan_shards(model_config, group.world, group.rank)
-        shard_model(model, layout, group)
+        part = rank_part(model, model_config, config, group)
+        model, layout, pipe, layers = part.model, part.layout, part.pipe, part.num_layers
     if config.quantization == "int8":
         from models.host_memory import release_freed_memory
         from models.quantization import quantize_int8_weight_only
@@ -124,7 +127,9 @@ def build_runner(
         )
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
-    num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
+    num_blocks = _num_blocks(
+        config, model_config, dtype_name, device, max_model_len, kv_heads, layers
+    )
     if model_config.is_encoder_decoder:  # T5 / BART (plan_shards refused tensor parallel)
         from engine.encdec_runner import EncoderDecoderRunner
 
@@ -159,7 +164,8 @@ def build_runner(
     # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
     # runner picks its forward path (models/forward_path.py), not at the first step; or, with
     # cpu_kernels_background and no build yet, in the background (engine/kernel_switch.py).
-    runner = ModelRunner(
+    runner_class = ModelRunner if pipe is None else partial(PipelineRunner, pipe=pipe)
+    runner = runner_class(
         model,
         model_config,
         num_blocks,
@@ -293,14 +299,13 @@ def _num_blocks(
     device: torch.device,
     max_model_len: int,
     kv_heads: int,
+    num_layers: int,  # whose K/V the pool holds: a pipeline stage's only
 ) -> int:
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
     row, element_bytes = kv_row_layout(config.kv_cache_dtype, model_config.head_dim, dtype_name)
-    blocks = num_kv_blocks(
-        budget, model_config.num_layers, kv_heads, row, element_bytes, config.block_size
-    )
+    blocks = num_kv_blocks(budget, num_layers, kv_heads, row, element_bytes, config.block_size)
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)

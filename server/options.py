@@ -121,9 +121,15 @@ OPTIONS: tuple[Option, ...] = (
         "torch.distributed: gloo on CPU, NCCL on CUDA",
     ),
     Option(
+        "pipeline_parallel_size",
+        int,
+        "stages the model's layers are split into, each of --tensor-parallel-size ranks; a "
+        "step's rows stream through them in micro-batches (stages across machines: --nnodes)",
+    ),
+    Option(
         "nnodes",
         int,
-        "machines the --tensor-parallel-size ranks are split over (equal shares); each runs "
+        "machines the ranks (--tensor-parallel-size x --pipeline-parallel-size) are split over (equal shares); each runs "
         "`tgserve serve` with its --node-rank, and node 0 serves HTTP [or torchrun's variables]",
         default="1",
     ),

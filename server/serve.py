@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> NoReturn:
 
         configure_logging(settings.log_level)
         exit_now(engine.serve_follower_node(settings.model, cluster))
-    tensor_parallel_size = settings.tensor_parallel_size
+    tensor_parallel_size, stages = settings.tensor_parallel_size, settings.pipeline_parallel_size
     if cluster.world_size is not None and tensor_parallel_size == 1:  # torchrun's WORLD_SIZE
-        tensor_parallel_size = cluster.world_size
-    if cluster.world_size not in (None, tensor_parallel_size):
+        tensor_parallel_size = max(1, cluster.world_size // stages)
+    if cluster.world_size not in (None, tensor_parallel_size * stages):
         raise ValueError(
-            f"--tensor-parallel-size {tensor_parallel_size} differs from torchrun's WORLD_SIZE "
-            f"{cluster.world_size} (one process per rank)"
+            f"--tensor-parallel-size {tensor_parallel_size} x --pipeline-parallel-size {stages} "
+            f"differs from torchrun's WORLD_SIZE {cluster.world_size} (one process per rank)"
         )
     values = {
         "block_size": settings.block_size,
@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> NoReturn:
         "cpu_kernels_background": True,  # answer at once on PyTorch ops while they build
         "dequantize": settings.dequantize,
         "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": stages,
         "enforce_eager": settings.enforce_eager,
         "batch_invariant": settings.batch_invariant,
         "kv_tiers": kv_tier_config(  # a --role server's RAM tier holds the blocks it sends

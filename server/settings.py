@@ -54,6 +54,7 @@ class Settings:
     disable_cpu_kernels: bool = False
     dequantize: bool = False
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     nnodes: int | None = None  # None: torchrun's variables, else 1 (engine's Cluster)
     node_rank: int | None = None
     master_addr: str | None = None
@@ -109,10 +110,12 @@ class Settings:
         object.__setattr__(self, "allowed_origins", flat)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(
-                f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}"
-            )
+        for flag, size in (
+            ("--tensor-parallel-size", self.tensor_parallel_size),
+            ("--pipeline-parallel-size", self.pipeline_parallel_size),
+        ):
+            if size < 1:
+                raise ValueError(f"{flag} must be at least 1, got {size}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be at least 1KiB, got {self.max_body_bytes}")
         if not (self.shutdown_timeout >= 0 and math.isfinite(self.shutdown_timeout)):

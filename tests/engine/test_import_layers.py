@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.speculative.config",  # held by EngineConfig
             "engine.kv_tiers.config",  # held by EngineConfig
             "engine.lora_config",  # held by EngineConfig
+            "engine.parallel_config",  # checks EngineConfig's parallel sizes
             "engine.host_transfer",
         ),
     ),
