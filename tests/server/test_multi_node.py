@@ -44,12 +44,20 @@ SERVE = "-m server.cli serve --kv-cache-memory 4MB --block-size 4 --dtype float3
 SERVE += "--max-num-seqs 8 --shutdown-timeout 10"
 
 
-def _node(hosts: netns.Hosts, node: int, model: Path, log: Path, *flags: str):
+def _node(
+    hosts: netns.Hosts,
+    node: int,
+    model: Path,
+    log: Path,
+    *flags: str,
+    sizes: tuple[str, ...] = ("--tensor-parallel-size", "2"),
+):
+    """`sizes`: node 0's parallel sizes (the other nodes take rank 0's)."""
     argv = [sys.executable, *SERVE.split(), "--model", str(model), "--nnodes", "2"]
     argv += ["--node-rank", str(node), "--master-addr", hosts.addr[0]]
     argv += ["--master-port", str(MASTER_PORT), *flags]
     if node == 0:
-        argv += ["--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port", str(PORT)]
+        argv += [*sizes, "--host", "0.0.0.0", "--port", str(PORT)]
     with log.open("w") as out:  # the process holds its own copy
         return hosts.run(node, argv, cwd=ROOT, stdout=out, stderr=out, text=True)
 
@@ -109,15 +117,7 @@ def test_a_node_cut_off_mid_stream_ends_node_0_in_bounded_time(tiny_model_folder
         node0 = _node(hosts, 0, tiny_model_folder, logs[0])
         node1 = _node(hosts, 1, tiny_model_folder, logs[1])
         wait_ready(client, node0, logs[0])
-        events: list[str] = []
-        body = {"prompt": PROMPTS[0], "max_tokens": 230, "stream": True, "ignore_eos": True}
-        url = f"http://{hosts.client_addr}:{PORT}/v1/completions"
-        reader = threading.Thread(target=_read_until_cut, args=(url, body, events))
-        reader.start()
-        deadline = time.monotonic() + 60
-        while len(events) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(events) >= 3, logs[0].read_text()
+        reader, events = _stream_started(hosts, logs[0])
         hosts.cut(1)  # a partition: the step in flight waits on node 1 and sees no close
         t0 = time.monotonic()
         code = node0.wait(STUCK_BOUND_S)
@@ -128,6 +128,21 @@ def test_a_node_cut_off_mid_stream_ends_node_0_in_bounded_time(tiny_model_folder
     assert code == 1 and ended_after < STUCK_BOUND_S, log
     assert "node 1 (rank 1) stopped answering" in log and "ending this process" in log
     assert not reader.is_alive() and events[-1] == "cut"
+
+
+def _stream_started(hosts: netns.Hosts, log: Path) -> tuple[threading.Thread, list[str]]:
+    """A long stream read by a thread into `events` (its last "cut" if the connection
+    breaks), returned once its first 3 events came."""
+    events: list[str] = []
+    body = {"prompt": PROMPTS[0], "max_tokens": 230, "stream": True, "ignore_eos": True}
+    url = f"http://{hosts.client_addr}:{PORT}/v1/completions"
+    reader = threading.Thread(target=_read_until_cut, args=(url, body, events))
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(events) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(events) >= 3, log.read_text()
+    return reader, events
 
 
 def _read_until_cut(url: str, body: dict, sink: list[str]) -> None:
