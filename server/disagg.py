@@ -4,19 +4,21 @@ Contract:
 - `open_link(settings, engine)`: in the load thread, after the model is built, a server with
   `--role` joins the K/V transfer group at --kv-transfer-addr (`engine.open_kv_link`), waiting
   --kv-transfer-timeout for its peer: a peer that never comes fails the start-up, naming the
-  address. The server turns ready only after that.
+  address. A decode server then waits (as long) for its prefill server's /ready: it turns
+  ready only once its prompts can be computed.
 - A prefill server serves `POST /kv_transfer/prefill` `{"prompt_token_ids": [...],
   "transfer_id": int}`: it computes the prompt (one greedy token, discarded), exports its
   blocks between two steps and queues them for the sender, then answers `{"transfer_id",
-  "blocks"}` without waiting for the wire (the transfer overlaps the next prompt). The channel
+  "blocks", "prefill_seconds", "export_seconds"}` without waiting for the wire (the transfer overlaps the next prompt). The channel
   down: 503 naming the decode peer; the send queue full: 429 + Retry-After.
 - A decode server's `PrefillPeer.prefill(prompts, params)` (ServerState.open awaits it before
   admission): every prompt with a full block before its last token and no LoRA adapter is
   computed by the prefill server, and it waits (--kv-transfer-timeout at most) until the
   blocks are in its RAM tier; its engine then loads them as a tier hit and computes only the
   tail. The prefill server unreachable, answering 5xx, or its blocks not in time or the
-  channel down: 503 naming it (`code` "prefill_unavailable"), the request is not admitted. A
-  4xx from it (a prompt it refuses): nothing is sent; this server's own validation answers.
+  channel down: 503 naming it (`code` "prefill_unavailable"), the request is not admitted; a
+  429 from it (its queue full) is this server's 429. Another 4xx (a prompt it refuses):
+  nothing is sent; this server's own validation answers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -45,7 +49,24 @@ def open_link(settings: Settings, engine: Any) -> Any:
         engine, settings.role, settings.kv_transfer_addr, settings.kv_transfer_timeout
     )
     logger.info("%s server: K/V transfer group joined at %s", settings.role, link.peer)
+    if settings.role == "decode":
+        wait_until_ready(settings.prefill_url.rstrip("/"), settings.kv_transfer_timeout)
     return link
+
+
+def wait_until_ready(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Polls a server's /ready until it answers 200 (RuntimeError past `timeout` seconds, or
+    once `alive()` says its process is gone): a decode server's wait for its prefill server."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        while time.monotonic() < deadline and alive():
+            try:
+                if client.get(url + "/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"the server {url} was not ready within {timeout:g}s")
 
 
 class PrefillBody(BaseModel):
@@ -58,23 +79,30 @@ def build_router(state: Any) -> APIRouter:
     router = APIRouter()
 
     @router.post(ROUTE, include_in_schema=False)
-    async def prefill(body: PrefillBody) -> dict[str, int]:
+    async def prefill(body: PrefillBody) -> dict[str, float]:
         state.require_ready()
-        link = state.engine.kv_link
+        link, t0 = state.engine.kv_link, time.perf_counter()
         tokens = body.prompt_token_ids
         params = SamplingParams(max_tokens=1, temperature=0.0)
         (stream,) = await state.open([tokens], [params], state.settings.kv_transfer_timeout)
         async for output in stream:
             if output.error is not None:
                 raise ApiError(500, f"the prefill failed: {output.error}", code="prefill_failed")
+        t1 = time.perf_counter()
         batch = await state.engine.call(lambda core: link.export(core, tokens, body.transfer_id))
+        t2 = time.perf_counter()
         try:
             link.send(batch)
         except KVPeerError as exc:
             raise ApiError(503, str(exc), code="kv_peer_unavailable") from None
         except KVSenderFull as exc:
             raise ApiError(429, str(exc), code="overloaded", headers={"Retry-After": "1"}) from None
-        return {"transfer_id": body.transfer_id, "blocks": len(batch.keys)}
+        return {
+            "transfer_id": body.transfer_id,
+            "blocks": len(batch.keys),
+            "prefill_seconds": t1 - t0,
+            "export_seconds": t2 - t1,
+        }
 
     return router
 
@@ -107,8 +135,14 @@ class PrefillPeer:
         body = {"prompt_token_ids": prompt, "transfer_id": transfer_id}
         try:
             reply = await self._client.post(self.url + ROUTE, json=body)
-            if 400 <= reply.status_code < 500:
-                link.forget(transfer_id)
+            if reply.status_code == 429:  # its queue is full: so is this pair's
+                raise ApiError(
+                    429,
+                    f"the prefill server {self.url} is overloaded; retry later",
+                    code="overloaded",
+                    headers={"Retry-After": reply.headers.get("Retry-After", "1")},
+                )
+            if 400 <= reply.status_code < 500:  # this server's own validation answers
                 return
             if reply.status_code != 200:
                 raise self._unavailable(f"it answered {reply.status_code}")

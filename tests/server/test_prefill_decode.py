@@ -4,9 +4,10 @@ the prompt's K/V blocks go from the prefill server to the decode server over glo
 
 Guarantees defended: greedy and seeded text through the decode server's HTTP equals the
 one-process engine's; the decode server really did not prefill those prompts (its RAM-tier
-hit counter holds every full block before each prompt's last token: they came from the
-peer); the prefill server killed, the next request to the decode server fails at once with a
-503 naming the prefill server (bounded time, asserted), and the decode server stays up.
+hit counter holds every full block before each prompt's last token, and its transfer counter
+says they came from the peer); the prefill server killed, the next request to the decode server fails at once with a
+503 naming the prefill server (bounded time, asserted), and the decode server stays up, its
+/metrics saying the transfer is down.
 One pair of servers serves every case: starting them is the cost.
 """
 
@@ -28,6 +29,8 @@ MAX_TOKENS = 12
 SEEDED = {"temperature": 0.9, "seed": 7}
 PORT, KV_PORT = 8000, 29600  # inside the namespaces: nothing else listens there
 FAIL_BOUND_S = 10.0
+RAM_HITS = 'tgserve_kv_offload_hits_total{tier="ram"}'
+RECEIVED = 'tgserve_kv_transfer_blocks_total{role="decode"}'
 
 pytestmark = pytest.mark.skipif(
     (reason := netns.unavailable()) is not None, reason=f"no network namespaces: {reason}"
@@ -57,11 +60,11 @@ def _texts(client: httpx.Client, extra: dict) -> tuple[list[str], int]:
     return texts, blocks
 
 
-def _ram_hits(client: httpx.Client) -> float:
+def _metric(client: httpx.Client, name: str) -> float:
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith('tgserve_kv_offload_hits_total{tier="ram"}'):
+        if line.startswith(name + " "):
             return float(line.split()[-1])
-    raise AssertionError("no RAM-tier hit counter in /metrics")
+    raise AssertionError(f"no {name} in /metrics")
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +82,11 @@ def test_decode_server_answers_as_one_server_on_the_peers_blocks_and_fails_fast_
         decode = _server(hosts, "decode", tiny_model_folder, logs["decode"])
         prefill = _server(hosts, "prefill", tiny_model_folder, logs["prefill"])
         wait_ready(client, decode, logs["decode"])
-        hits = _ram_hits(client)
+        hits = _metric(client, RAM_HITS)
         greedy, blocks = _texts(client, {"temperature": 0})
         assert greedy == solo["greedy"], logs["decode"].read_text()
-        assert blocks > 0 and _ram_hits(client) - hits == blocks  # loaded, not prefilled
+        assert blocks > 0 and _metric(client, RAM_HITS) - hits == blocks  # loaded, not prefilled
+        assert _metric(client, RECEIVED) == blocks  # and they came from the peer
         assert _texts(client, SEEDED)[0] == solo["seeded"]
         prefill.kill()
         prefill.wait(30)
@@ -95,3 +99,4 @@ def test_decode_server_answers_as_one_server_on_the_peers_blocks_and_fails_fast_
         assert f"prefill server http://{hosts.addr[1]}:{PORT}" in error["message"]
         assert error["code"] == "prefill_unavailable" and failed_after < FAIL_BOUND_S
         assert decode.poll() is None and client.get("/health").status_code == 200
+        assert _metric(client, 'tgserve_kv_transfer_up{role="decode"}') == 0
