@@ -178,8 +178,11 @@ def _check_role(settings: Settings) -> None:
         )
     if settings.role == "decode" and not (settings.prefill_url or "").startswith("http"):
         raise ValueError("--role decode needs --prefill-url http://HOST:PORT (its prefill server)")
-    if settings.tensor_parallel_size > 1 or settings.disable_prefix_caching:
-        raise ValueError(f"--role {settings.role} needs prefix caching and no tensor parallelism")
+    parallel = settings.tensor_parallel_size * settings.pipeline_parallel_size > 1
+    if parallel or settings.disable_prefix_caching:
+        raise ValueError(
+            f"--role {settings.role} needs prefix caching and no tensor or pipeline parallelism"
+        )
 
 
 def _from_env(option: Option, raw: str) -> Any:

@@ -17,7 +17,8 @@ ADDR = {"kv_transfer_addr": "10.0.0.2:29600"}
         ({"role": "prefill", "kv_transfer_addr": "10.0.0.2"}, "--kv-transfer-addr HOST:PORT"),
         ({"role": "decode", "kv_transfer_addr": "h:70000"}, "--kv-transfer-addr HOST:PORT"),
         ({"role": "decode", **ADDR}, "--prefill-url http://HOST:PORT"),
-        ({"role": "prefill", **ADDR, "tensor_parallel_size": 2}, "no tensor parallelism"),
+        ({"role": "prefill", **ADDR, "tensor_parallel_size": 2}, "no tensor or pipeline"),
+        ({"role": "prefill", **ADDR, "pipeline_parallel_size": 2}, "no tensor or pipeline"),
         ({"role": "prefill", **ADDR, "disable_prefix_caching": True}, "needs prefix caching"),
     ],
 )
