@@ -12,6 +12,9 @@ Layout: `gate_up_proj.weight` [E * 2I, H] (expert e's 2I interleaved rows at e *
 [E, H, 2I] transposed per expert), `gate_up_proj.bias` [E * 2I], `down_proj.weight` [E * H, I],
 `down_proj.bias` [E * H].
 
+Tensor parallel (models/gpt_oss/parallel.py): every expert on every rank, its columns split;
+`group` all-reduces the block's output.
+
 Which path runs: the PyTorch experts on every device (CPU: models/linear_backend's
 batch-invariant GEMM per expert; the C++ expert kernels (models/moe/cpu_experts.py, which picks
 plain `GroupedExperts` only) and the Triton launches compute a plain SwiGLU without biases, so
@@ -19,6 +22,8 @@ neither is chosen for gpt-oss).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,9 @@ from models.config import ModelConfig
 from models.linear_backend import invariant_linear
 from models.moe.experts import GroupedExperts, StackedWeight
 from models.moe.router import route_topk_softmax
+
+if TYPE_CHECKING:
+    from models.parallel.group import ParallelGroup
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -78,6 +86,10 @@ class GptOssMoeBlock(nn.Module):
         self.experts = GptOssExperts(config)
         self.router = nn.Linear(config.hidden_size, config.moe.num_experts, bias=True)
 
+        self.group: ParallelGroup | None = None  # tensor parallel: models/gpt_oss/parallel.py
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = route_topk_softmax(self.router(x), self.top_k)  # [T, k] each
-        return self.experts(x, experts, weights)
+        out = self.experts(x, experts, weights)
+        # each rank holds a slice of every expert's columns (and rank 0 the down biases)
+        return out if self.group is None else self.group.all_reduce(out)
