@@ -6,11 +6,12 @@ alternating (`layer_types`), YaRN rope (models/rotary.py) and a sparse MLP in ev
 Contract: as `LlamaForCausalLM` (models/llama.py): `forward`, `compute_logits`, and
 `load_weights` over transformers' names (`self_attn.sinks`, `mlp.router.{weight,bias}`,
 `mlp.experts.gate_up_proj` [E, H, 2I], `..._bias` [E, 2I], `mlp.experts.down_proj` [E, I, H],
-`..._bias` [E, H]); the released MXFP4 expert tensors are dequantised before (models/loader.py,
-models/gpt_oss/mxfp4.py). Each layer attends with its own window and its sinks through
-`models.attention.layer_attention`: the PyTorch key-block attention (the C++ and Triton
-attentions take no sinks: `plain_attention` and `kernel_attention` keep the family on its own
-forward, every step eager, models/forward_path.py).
+`..._bias` [E, H]); the released MXFP4 expert tensors arrive as `Mxfp4Pair`s
+(models/loader.py, models/gpt_oss/mxfp4.py), dequantised here one projection at a time. Each
+layer attends with its own window and its sinks through `models.attention.layer_attention`: the
+PyTorch key-block attention (the C++ and Triton attentions take no sinks: `plain_attention`
+and `kernel_attention` keep the family on its own forward, every step eager,
+models/forward_path.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from models.attention import AttentionMetadata, KVCache, layer_attention
 from models.config import ModelConfig
 from models.gemma import GemmaAttention
 from models.gpt_oss.experts import GptOssMoeBlock
+from models.gpt_oss.mxfp4 import Mxfp4Pair
 from models.llama import LlamaForCausalLM
 
 # transformers' grouped expert tensors: (projection, "" for the weight or "_bias").
@@ -70,6 +72,8 @@ def _grouped_expert_params(
             yield name, tensor
             continue
         proj, bias = match.groups()
+        if isinstance(tensor, Mxfp4Pair):  # the released checkpoints' experts
+            tensor = tensor.dense()
         stem = name[: match.start()] + f".mlp.experts.{proj}"
         if bias:
             yield stem + ".bias", tensor.reshape(-1)

@@ -7,12 +7,16 @@ output rows and K inputs is `P_blocks` uint8 [E, N, K / 32, 16] and `P_scales` u
 `FP4_VALUES[c]`: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^(scale - 127).
 
 Contract: `dequantize_mxfp4(blocks, scales) -> [..., K]` bfloat16 (exact: every value has at
-most two significant bits); `dequantize_mxfp4_experts(tensors)` replaces every `P_blocks` /
-`P_scales` pair of a state dict by `P` in transformers' layout [E, K, N] (a transposed view),
-other tensors untouched; ValueError naming the tensor for a pair that does not match.
+most two significant bits); `mxfp4_experts(tensors)` replaces every `P_blocks` / `P_scales`
+pair of a state dict by `P`: an `Mxfp4Pair` whose `shape` is transformers' [E, K, N] and whose
+`dense()` is that tensor (a transposed view), dequantised only then, one projection at a time
+as the model loads (a whole dense copy of the experts would double a load's peak memory);
+other tensors untouched; ValueError naming the tensor for a pair that does not fit.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -40,8 +44,25 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return out
 
 
-def dequantize_mxfp4_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
+@dataclass(frozen=True)
+class Mxfp4Pair:
+    """One projection's blocks and scales, dequantised only when the model takes it."""
+
+    blocks: torch.Tensor  # [E, N, K / 32, 16] uint8
+    scales: torch.Tensor  # [E, N, K / 32] uint8
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """transformers' [E, K, N], what check_checkpoint compares."""
+        e, n, groups, _ = self.blocks.shape
+        return (e, groups * 32, n)
+
+    def dense(self) -> torch.Tensor:
+        return dequantize_mxfp4(self.blocks, self.scales).transpose(-1, -2)  # [E, K, N]
+
+
+def mxfp4_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | Mxfp4Pair]:
+    out: dict[str, torch.Tensor | Mxfp4Pair] = {}
     for name, tensor in tensors.items():
         if name.endswith("_scales") and name.removesuffix("_scales") + "_blocks" in tensors:
             continue  # taken with its blocks
@@ -52,9 +73,10 @@ def dequantize_mxfp4_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torc
         scales = tensors.get(stem + "_scales")
         if scales is None:
             raise ValueError(f"MXFP4 tensor {name!r} has no {stem + '_scales'!r}")
-        try:
-            dense = dequantize_mxfp4(tensor, scales)  # [E, N, K]
-        except ValueError as exc:
-            raise ValueError(f"tensor {name!r}: {exc}") from exc
-        out[stem] = dense.transpose(-1, -2)  # transformers' [E, K, N]
+        if tensor.dim() != 4 or tensor.dtype != torch.uint8 or tensor.shape[:-1] != scales.shape:
+            raise ValueError(
+                f"MXFP4 tensor {name!r} {tuple(tensor.shape)} ({tensor.dtype}) does not fit "
+                f"its scales {tuple(scales.shape)}: want uint8 [E, N, G, 16] and [E, N, G]"
+            )
+        out[stem] = Mxfp4Pair(tensor, scales)
     return out

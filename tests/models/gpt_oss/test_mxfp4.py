@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.gpt_oss.mxfp4 import dequantize_mxfp4
+from models.gpt_oss.mxfp4 import dequantize_mxfp4, mxfp4_experts
 from models.loader import load_model
 from tests.models.gpt_oss.checkpoint import make_gpt_oss
 from tests.models.paged_driver import PagedDriver
@@ -83,3 +84,12 @@ def test_mxfp4_folder_equals_transformers_dense(tmp_path) -> None:
         tmp_path, quantization_config=tf.Mxfp4Config(dequantize=True), dtype=torch.float32
     ).eval()
     torch.testing.assert_close(got, hf_logits(hf_mxfp4, prompt), atol=1e-4, rtol=0)
+
+
+def test_a_pair_that_does_not_fit_is_refused_by_name() -> None:
+    blocks = torch.zeros(2, 4, 3, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="'m.experts.down_proj_blocks'"):
+        mxfp4_experts({"m.experts.down_proj_blocks": blocks,
+                       "m.experts.down_proj_scales": torch.zeros(2, 4, 2, dtype=torch.uint8)})  # fmt: skip
+    pair = mxfp4_experts({"p_blocks": blocks, "p_scales": torch.zeros(2, 4, 3, dtype=torch.uint8)})
+    assert pair["p"].shape == (2, 96, 4)  # transformers' [E, K, N], not dequantised yet
