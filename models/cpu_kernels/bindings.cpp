@@ -6,6 +6,7 @@
 #include "kernels.h"
 #include "kv_int8.h"
 #include "lora.h"
+#include "moe_block.h"
 #include "q8_linear.h"
 
 namespace {
@@ -243,6 +244,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("float_out"));
   m.def("read_probe", &read_probe, "one pass of the bench's memory read probe (see kernels.h)",
         py::arg("buffer"), py::arg("streams"), py::arg("prefetch"));
+  tgserve::bind_moe(m);
   tgserve::bind_decoder(m);
   tgserve::bind_q8_linear(m);
   tgserve::bind_lora(m);

@@ -14,6 +14,7 @@
 
 #include "kernels.h"
 #include "kv_int8.h"
+#include "moe_block.h"
 #include "q8_linear.h"
 #include "vec_math.h"
 
@@ -36,7 +37,9 @@ class LlamaDecoder {
     hidden_ = final_norm_.size(0);
     // int8 K/V rows with their scales (kv_int8.h; --kv-cache-dtype int8), else the model's dtype.
     kv_int8_ = k_caches_.front().scalar_type() == at::kChar;
-    intermediate_ = layers_.front().gate_up.out_features / 2;
+    for (const LayerWeights& w : layers_)  // the widest MLP row, to size element-wise threading
+      intermediate_ = std::max(intermediate_, w.moe ? w.moe->top_k * w.moe->gate_up[0].out_features / 2
+                                                    : w.gate_up->out_features / 2);
   }
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
@@ -114,15 +117,28 @@ class LlamaDecoder {
     return y;
   }
 
+  // The dense SwiGLU MLP of layer w: down(T(silu(gate)) * up) [B, hidden] for h [B, hidden].
+  template <typename T>
+  torch::Tensor dense_mlp(const torch::Tensor& h, const LayerWeights& w, bool wide) const {
+    const int64_t B = h.size(0), I = w.gate_up->out_features / 2;
+    const torch::Tensor gate_up = linear<T>(h, *w.gate_up);
+    auto act = torch::empty({B, I}, h.options());
+    const T* gup = static_cast<const T*>(gate_up.data_ptr());
+    T* actp = static_cast<T*>(act.data_ptr());
+#pragma omp parallel for if (wide)
+    for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
+    return linear<T>(act, *w.down);
+  }
+
   template <typename T>
   torch::Tensor run(torch::Tensor x, const torch::Tensor& rope_cos, const torch::Tensor& rope_sin,
                     const torch::Tensor& slots, const torch::Tensor& tables,
                     const torch::Tensor& seq_lens) {
-    const int64_t B = x.size(0), C = hidden_, I = intermediate_;
+    const int64_t B = x.size(0), C = hidden_, I = intermediate_;  // I: the widest MLP row
     const int64_t q_size = H_ * D_, kv_size = KVH_ * D_, qkv_size = q_size + 2 * kv_size;
     const auto opts = x.options();
     auto h = torch::empty({B, C}, opts), q = torch::empty({B, H_, D_}, opts);
-    auto attn = torch::empty({B, q_size}, opts), act = torch::empty({B, I}, opts);
+    auto attn = torch::empty({B, q_size}, opts);
     T* xp = static_cast<T*>(x.data_ptr());
     T* hp = static_cast<T*>(h.data_ptr());
     T* qp = static_cast<T*>(q.data_ptr());
@@ -177,13 +193,15 @@ class LlamaDecoder {
         add_row(xp + b * C, op + b * C, C);
         rms_norm_row(xp + b * C, norm_post, hp + b * C, C, eps_);
       }
-      const torch::Tensor gate_up = linear<T>(h, w.gate_up);
-      const T* gup = static_cast<const T*>(gate_up.data_ptr());
-      T* actp = static_cast<T*>(act.data_ptr());
-#pragma omp parallel for if (wide)
-      for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
-      o = linear<T>(act, w.down);
-      reduce(o);
+      if (w.moe) {  // router, experts and weighted sum (moe_block.h), reduced inside
+        const auto product = [this](const torch::Tensor& a, const LinearWeights& lw) {
+          return linear<T>(a, lw);
+        };
+        o = moe_forward<T>(h, *w.moe, product, [this](torch::Tensor& t) { reduce(t); });
+      } else {
+        o = dense_mlp<T>(h, w, wide);
+        reduce(o);
+      }
       op = static_cast<const T*>(o.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
@@ -239,17 +257,21 @@ void bind_decoder(pybind11::module& m) {
       .def_readonly("scales", &LinearWeights::scales);
   py::class_<LayerWeights>(m, "LayerWeights", py::module_local())
       .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
-                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down,
+                       torch::Tensor post_norm, std::optional<LinearWeights> gate_up,
+                       std::optional<LinearWeights> down, std::shared_ptr<MoeWeights> moe,
                        std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm) {
              TORCH_CHECK(q_norm.has_value() == k_norm.has_value(),
                          "LayerWeights: q_norm and k_norm come together");
-             return LayerWeights{std::move(input_norm), std::move(qkv),    std::move(o_proj),
+             TORCH_CHECK((gate_up && down && !moe) || (!gate_up && !down && moe),
+                         "LayerWeights: gate_up and down, or moe");
+             return LayerWeights{std::move(input_norm), std::move(qkv),     std::move(o_proj),
                                  std::move(post_norm),  std::move(gate_up), std::move(down),
-                                 std::move(q_norm),     std::move(k_norm)};
+                                 std::move(moe),        std::move(q_norm),  std::move(k_norm)};
            }),
            py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("o_proj"),
-           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
-           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
+           py::arg("post_norm"), py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
+           py::arg("moe") = py::none(), py::arg("q_norm") = py::none(),
+           py::arg("k_norm") = py::none());
   py::class_<LlamaDecoder>(m, "LlamaDecoder", py::module_local())
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t,

@@ -23,7 +23,8 @@ from tests.engine.engine_fixtures import (
 def test_greedy_equals_transformers_generate(arch: str, tmp_path) -> None:
     engine = tiny_engine(tmp_path, arch, max_num_batched_tokens=32)
     if selected_device().type == "cpu" and cpu_kernels.extension() is not None:
-        assert "C++ expert kernels" in engine.describe().forward_path  # models/moe/cpu_experts
+        # the whole step in C++, its sparse blocks too (models/cpu_kernels/moe_block.h)
+        assert "C++ CPU kernels" in engine.describe().forward_path
     assert_greedy_equals_generate(engine, make_hf_model(arch), random_prompts(3, (3, 30), seed=1))
 
 
