@@ -162,3 +162,19 @@ def test_an_enforced_tool_choice_is_refused_by_name(live) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         chat(client, [{"role": "user", "content": "x"}], stream=False, tool_choice="required")
     assert err.value.body["param"] == "tool_choice"
+
+
+def test_the_responses_api_reads_harmony_too(live) -> None:
+    """/v1/responses renders and reads through the same chat seam: a reasoning item, then the
+    function_call item."""
+    client, _ = live
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": WEATHER["function"]["parameters"],
+    }
+    response = client.responses.create(model="m", input="Weather in Paris?", tools=[tool])
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "function_call"]
+    call = response.output[1]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
