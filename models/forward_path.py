@@ -160,6 +160,8 @@ def cpu_kernels_ready(device: torch.device) -> bool:
 
 
 def _cpp_step(req: PathRequest) -> ForwardPath | None:
+    if _plain_attention(req.model):  # gpt-oss is a Llama subclass, but its layers attend alone
+        return None
     if not (req.cpu_kernels and cpu_kernels_ready(req.device)):
         return None
     from models.cpu_kernels.fused_decoder import FusedDecoder
