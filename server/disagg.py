@@ -9,8 +9,9 @@ Contract:
 - A prefill server serves `POST /kv_transfer/prefill` `{"prompt_token_ids": [...],
   "transfer_id": int}`: it computes the prompt (one greedy token, discarded), exports its
   blocks between two steps and queues them for the sender, then answers `{"transfer_id",
-  "blocks", "prefill_seconds", "export_seconds"}` without waiting for the wire (the transfer overlaps the next prompt). The channel
-  down: 503 naming the decode peer; the send queue full: 429 + Retry-After.
+  "blocks", "prefill_seconds", "export_seconds"}` without waiting for the wire (the transfer
+  overlaps the next prompt). The channel down: 503 naming the decode peer; the send queue
+  full: 429 + Retry-After.
 - A decode server's `PrefillPeer.prefill(prompts, params)` (ServerState.open awaits it before
   admission): every prompt with a full block before its last token and no LoRA adapter is
   computed by the prefill server, and it waits (--kv-transfer-timeout at most) until the
@@ -18,7 +19,8 @@ Contract:
   tail. The prefill server unreachable, answering 5xx, or its blocks not in time or the
   channel down: 503 naming it (`code` "prefill_unavailable"), the request is not admitted; a
   429 from it (its queue full) is this server's 429. Another 4xx (a prompt it refuses):
-  nothing is sent; this server's own validation answers.
+  nothing is sent; this server's own validation answers. `lost`: the channel is down for good
+  (no reconnection: restart the pair); the decode server's /ready answers 503 then.
 """
 
 from __future__ import annotations
@@ -117,6 +119,12 @@ class PrefillPeer:
         key = settings.api_key[0] if settings.api_key else None  # the same keys on both
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout, trust_env=False)
+
+    @property
+    def lost(self) -> bool:
+        """The K/V channel to the prefill server is down (the peer is gone: restart the pair)."""
+        link = self.state.engine.kv_link if self.state.engine is not None else None
+        return link is not None and link.broken is not None
 
     async def prefill(self, prompts: list[list[int]], params: list[SamplingParams]) -> None:
         link, block_size = self.state.engine.kv_link, self.state.info.kv_block_size

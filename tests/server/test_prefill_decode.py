@@ -7,7 +7,7 @@ one-process engine's; the decode server really did not prefill those prompts (it
 hit counter holds every full block before each prompt's last token, and its transfer counter
 says they came from the peer); the prefill server killed, the next request to the decode server fails at once with a
 503 naming the prefill server (bounded time, asserted), and the decode server stays up, its
-/metrics saying the transfer is down.
+/metrics saying the transfer is down and its /ready answering 503 (routers look elsewhere).
 One pair of servers serves every case: starting them is the cost.
 """
 
@@ -100,3 +100,5 @@ def test_decode_server_answers_as_one_server_on_the_peers_blocks_and_fails_fast_
         assert error["code"] == "prefill_unavailable" and failed_after < FAIL_BOUND_S
         assert decode.poll() is None and client.get("/health").status_code == 200
         assert _metric(client, 'tgserve_kv_transfer_up{role="decode"}') == 0
+        ready = client.get("/ready")  # a router sends no more here
+        assert (ready.status_code, ready.json()["status"]) == (503, "prefill_unavailable")
