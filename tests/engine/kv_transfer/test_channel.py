@@ -2,7 +2,8 @@
 gloo group over one rendezvous) move a `BlockBatch` bit for bit -- 128-bit keys, token ids and
 K/V bytes in bfloat16, whatever their values (NaN payloads included) -- and an empty batch
 (a prompt with no full block); two servers whose blocks differ in shape fail at start-up with
-an error naming the rendezvous address, within the join timeout, instead of exchanging K/V.
+an error naming the rendezvous address, within the join timeout, instead of exchanging K/V; a
+decode server whose prefill server never comes fails after the timeout, naming the address.
 
 Oracle: the batch that was sent, compared as bytes.
 """
@@ -69,3 +70,11 @@ def test_servers_with_other_block_shapes_fail_at_start_naming_the_address() -> N
         with pytest.raises(KVPeerError, match=f"{HOST}:{port} holds other K/V"):
             side.result(30)
     assert time.monotonic() - t0 < 15.0
+
+
+def test_a_peer_that_never_comes_is_an_error_naming_the_address_after_the_timeout() -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(KVPeerError, match=f"prefill server did not join .* at {HOST}:{port}"):
+        KVChannel.open("decode", HOST, port, 2.0, SHAPE, torch.bfloat16)
+    assert time.monotonic() - t0 < 10.0
