@@ -35,13 +35,24 @@ _RETURN_TAG = 1 << 20  # last stage -> stage 0 (forward sends are tagged with th
 
 
 class PipelineRunner(ModelRunner):
-    def __init__(self, model: Any, config: Any, *args: Any, pipe: Pipe, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        config: Any,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        *args: Any,
+        pipe: Pipe,
+        **kwargs: Any,
+    ) -> None:
         """`model`: a models.parallel.StageModel; `config`: the whole model's ModelConfig;
         the rest as ModelRunner's (its KV cache is allocated for the stage's layers only)."""
-        super().__init__(model, replace(config, num_layers=model.plan.num_layers), *args, **kwargs)
+        stage_config = replace(config, num_layers=model.plan.num_layers)
+        super().__init__(model, stage_config, num_blocks, block_size, dtype, *args, **kwargs)
         self.config = config  # the engine reads the whole model's facts
         self.pipe = pipe
-        self.dtype = self.kv_caches[0][0].dtype  # the hidden states' dtype between stages
+        self.hidden_dtype = dtype  # between stages (not the KV cache's: int8 rows there)
         self.trace: Callable[[int, int, str], None] | None = None
 
     @torch.inference_mode()
@@ -59,13 +70,13 @@ class PipelineRunner(ModelRunner):
         batches = micro_batches(step, self.pipe.stages)
         width = self.config.hidden_size
         back = [  # posted before the first micro-batch runs: the last stage never waits
-            self.pipe.recv_last((len(mb.returned), width), self.dtype, _RETURN_TAG + m)
+            self.pipe.recv_last((len(mb.returned), width), self.hidden_dtype, _RETURN_TAG + m)
             if mb.returned
             else None
             for m, mb in enumerate(batches)
         ]
         self._run_stage(step, batches)
-        hidden = torch.zeros(len(step.ids), width, dtype=self.dtype, device=self.device)
+        hidden = torch.zeros(len(step.ids), width, dtype=self.hidden_dtype, device=self.device)
         for mb, received in zip(batches, back, strict=True):
             if received is not None:
                 rows = to_device([mb.rows[0] + r for r in mb.returned], torch.int64, self.device)
@@ -78,7 +89,7 @@ class PipelineRunner(ModelRunner):
         positions = to_device(step.positions, torch.int64, self.device)
         ids = to_device(step.ids, torch.int64, self.device) if stage == 0 else None
         incoming = [
-            None if stage == 0 else self.pipe.recv_prev((mb.num_rows, width), self.dtype, m)
+            None if stage == 0 else self.pipe.recv_prev((mb.num_rows, width), self.hidden_dtype, m)
             for m, mb in enumerate(batches)
         ]
         sends = []

@@ -2,7 +2,8 @@
 (fp32 within 1e-5) through prefill chunks (the first step's 16 rows are cut into two
 micro-batches of 8 across a chunk's rows), decodes (one row per micro-batch), a
 copy-on-write block copy and prompt-logprob rows; at PP=2 (a 3-layer Llama: 1 + 2 layers,
-the remainder on the last stage) on the PyTorch layers and with the C++ attention, and at
+the remainder on the last stage) on the PyTorch layers and with the C++ attention (float32
+and int8 K/V rows: the hidden states between stages stay in the model's dtype), and at
 TP=2 x PP=2 (4 processes). Stages overlap: stage 0 does not start micro-batch 1 of a step
 until stage 1 has finished micro-batch 0 (a hook that waits on the other stage; without the
 overlap that wait would never end, and the test fails on its timeout)."""
@@ -16,7 +17,8 @@ import torch.multiprocessing as mp
 from tests.checkpoints import save_checkpoint
 from tests.engine.parallel.tp_driver import run_tp, run_tp1
 
-CASES = [("float32", False), ("float32", True)]
+# (dtype, C++ kernels[, KV cache dtype]): int8 K/V rows (models/kv_quant.py) on the C++ attention
+CASES = [("float32", False), ("float32", True), ("float32", True, "int8")]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ WAIT_S = 30.0  # a bound on a deadlock, not a timing: a passing wait returns at 
 @pytest.fixture(scope="module")
 def pp2(llama3):
     hook = StageOneFirst(mp.get_context("spawn"))
-    runs = run_tp([(llama3, d, k) for d, k in CASES], world=1, stages=2, hook=hook)
+    runs = run_tp([(llama3, *case) for case in CASES], world=1, stages=2, hook=hook)
     return runs, hook
 
 
@@ -75,7 +77,7 @@ def test_pp2_logits_equal_one_process(pp2, solo) -> None:
 def test_stage_1_finishes_micro_batch_0_before_stage_0_starts_micro_batch_1(pp2) -> None:
     _, hook = pp2
     # Per case, 7 of the script's 8 steps have two rows or more: two micro-batches each.
-    assert (hook.waited.value, hook.stuck.value) == (2 * 7, 0)
+    assert (hook.waited.value, hook.stuck.value) == (len(CASES) * 7, 0)
 
 
 def test_tp2_x_pp2_logits_equal_one_process(llama3, solo) -> None:

@@ -65,7 +65,9 @@ def _run_script(runner) -> list[torch.Tensor]:
     return out
 
 
-def _config(dtype: str, cpu_kernels: bool, world: int, stages: int = 1) -> EngineConfig:
+def _config(
+    dtype: str, cpu_kernels: bool, world: int, stages: int = 1, kv_cache_dtype: str = "auto"
+) -> EngineConfig:
     return EngineConfig(
         dtype=dtype,
         device="cpu",
@@ -76,22 +78,24 @@ def _config(dtype: str, cpu_kernels: bool, world: int, stages: int = 1) -> Engin
         max_num_batched_tokens=64,
         tensor_parallel_size=world,
         pipeline_parallel_size=stages,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
 
-def run_tp1(path: Path, dtype: str, cpu_kernels: bool) -> list[torch.Tensor]:
-    runner = build_runner(path, _config(dtype, cpu_kernels, 1), False).runner
+def run_tp1(path: Path, dtype: str, cpu_kernels: bool, *kv: str) -> list[torch.Tensor]:
+    runner = build_runner(path, _config(dtype, cpu_kernels, 1, 1, *kv), False).runner
     return _run_script(runner)
 
 
-Case = tuple[str, str, bool]  # (checkpoint folder, dtype, C++ kernels)
+# (checkpoint folder, dtype, C++ kernels[, KV cache dtype]: "auto" when not given)
+Case = tuple[str, str, bool] | tuple[str, str, bool, str]
 
 
 def _rank(rank: int, world: int, port: int, cases: list[Case], out, stages: int, hook) -> None:
     torch.set_num_threads(1)
     group = init_group(rank, world * stages, port, torch.device("cpu"))
-    for path, dtype, cpu_kernels in cases:  # one group, one runner per case, in turn
-        config = _config(dtype, cpu_kernels, world, stages)
+    for path, dtype, cpu_kernels, *kv in cases:  # one group, one runner per case, in turn
+        config = _config(dtype, cpu_kernels, world, stages, *kv)
         runner = build_runner(Path(path), config, False, group).runner
         if hook is not None:
             runner.trace = hook
@@ -117,7 +121,7 @@ def run_tp(
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     port = free_port()
-    cases = [(str(p), d, k) for p, d, k in cases]
+    cases = [(str(p), *rest) for p, *rest in cases]
     procs = [
         ctx.Process(target=_rank, args=(r, world, port, cases, out, stages, hook))
         for r in range(world * stages)
