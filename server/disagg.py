@@ -163,7 +163,8 @@ class PrefillPeer:
             raise self._unavailable(str(exc)) from None
         finally:
             link.forget(transfer_id)
-            arrived.cancel()
+            if not arrived.cancel() and not arrived.cancelled():
+                arrived.exception()  # retrieved: asyncio logs none left unread
 
     def _unavailable(self, why: str) -> ApiError:
         logger.warning("prefill server %s failed a request: %s", self.url, why)

@@ -61,8 +61,8 @@ class KVReceiver:
             count = self._put(batch)
             with self._lock:
                 future = self._waiting.pop(batch.transfer_id, None)
-            if future is not None:
-                future.set_result(count)
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_result(count)  # not when its waiter gave up (cancelled) meanwhile
 
     def _put(self, batch: BlockBatch) -> int:
         t0 = time.perf_counter()
@@ -79,7 +79,8 @@ class KVReceiver:
             self.broken = reason
             waiting, self._waiting = list(self._waiting.values()), {}
         for future in waiting:
-            future.set_exception(KVPeerError(reason))
+            if future.set_running_or_notify_cancel():
+                future.set_exception(KVPeerError(reason))
 
 
 def put_batch(store: TierStore, batch: BlockBatch) -> int:

@@ -111,3 +111,14 @@ def test_the_receiver_lands_batches_wakes_their_waiters_and_fails_them_all_when_
     with pytest.raises(KVPeerError, match="is gone"):
         receiver.expect(4).result(0)  # at once: already failed
     assert receiver.received_blocks == 4
+
+
+def test_a_waiter_that_gave_up_does_not_stop_the_receiver() -> None:
+    channel, store = FeedChannel(), FakeStore()
+    receiver = KVReceiver(channel, store)
+    given_up = receiver.expect(5)
+    given_up.cancel()  # its request timed out; the batch comes after all
+    channel.feed.put(batch(5, 1))
+    later = receiver.expect(6)
+    channel.feed.put(batch(6, 2))
+    assert later.result(10) == 2 and receiver.broken is None
