@@ -3,7 +3,8 @@ every step's router, top-k, experts and weighted sum in the same C++ call as the
 Oracles: transformers' logits on tiny random checkpoints (float32, 1e-4: Mixtral, Qwen3-MoE
 with a dense layer, Qwen2-MoE's shared expert and qkv bias), transformers' GGUF loader on the
 same Q8_0 file (experts as stored, through the block kernels), and the row's own solo run (a
-row alone equals it among rows sharing its experts, bit for bit)."""
+row alone equals it among rows sharing its experts, bit for bit); with int8 activations, the
+eager block over the same Q8 panels."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from models.activation_quant import Q8Linear, quantize_activations_int8
 from models.cpu_kernels.fused_decoder import FusedDecoder
 from models.loader import load_model
 from models.moe.stored_experts import BlockExperts
@@ -77,6 +79,7 @@ def test_a_row_alone_equals_it_among_rows_sharing_its_experts(tmp_path) -> None:
             FusedDecoder.build(model, alone.kv),
             FusedDecoder.build(model, busy.kv),
         )
+        assert fused_alone is not None and fused_busy is not None
         tokens = prompts((9, 14, 20), seed=4)
         alone.add_sequence()
         for _ in tokens:
@@ -98,9 +101,31 @@ def test_bfloat16_cpp_step_matches_the_eager_path() -> None:
     ours = ours_from(make_hf_model("qwen2_moe"), torch.bfloat16, "cpu", from_files=False)
     eager, fast = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
     fused = FusedDecoder.build(ours, fast.kv)
+    assert fused is not None
     batch = dict(enumerate(prompts((3, 9, 14))))
     for _ in batch:
         eager.add_sequence(), fast.add_sequence()
     want, got = eager.step(batch), fast.step(batch, fused=fused)
     for s in batch:
         torch.testing.assert_close(got[s], want[s], atol=3e-2, rtol=3e-2)
+
+
+def test_int8_activations_reach_the_expert_panels_in_the_cpp_step(tmp_path) -> None:
+    """--activation-quantization int8 puts Q8 panels in place of the stored expert blocks
+    (models/activation_quant.py); the C++ step runs them as the eager block does (1e-4)."""
+    hf = make_hf_model("qwen3_moe", mlp_only_layers=[])
+    path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0)
+    ours, _ = load_model(path, "float32", "cpu", use_cache=False)
+    quantize_activations_int8(ours)
+    assert all(
+        isinstance(block, Q8Linear) for block in ours.model.layers[0].mlp.experts.gate_up_blocks
+    )
+    eager, fast = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
+    fused = FusedDecoder.build(ours, fast.kv)
+    assert fused is not None
+    batch = dict(enumerate(prompts((3, 9, 14))))
+    for _ in batch:
+        eager.add_sequence(), fast.add_sequence()
+    want, got = eager.step(batch), fast.step(batch, fused=fused)
+    for s in batch:
+        torch.testing.assert_close(got[s], want[s], atol=1e-4, rtol=0)
