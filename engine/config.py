@@ -4,14 +4,11 @@ Contract: `EngineConfig` is frozen and validated on construction; every rejectio
 `ValueError` naming the field and what to do instead. This module never imports torch and never
 reads the environment: facts about the machine (is CUDA there, how much memory is free, what the
 model's context length is) come in as arguments of the `resolve_*` helpers, and what they return
-(device, dtype, KV budget, number of KV blocks, max_model_len) is passed on by the engine, never
-written back into the config.
+(device, dtype, max_model_len) is passed on by the engine, never written back into the config.
+The KV pool's arithmetic from these knobs is engine/kv_sizing.py's.
 
-KV cache sizing: one block holds `block_size` tokens of K and V for every layer, KV heads only
-(GQA caches are never repeated per query head), so
-`bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes`; with
-`kv_cache_dtype="int8"` a row is head_dim int8 values and a 4-byte scale (`kv_row_layout`).
-The budget is `kv_cache_memory_bytes` when given, else `kv_cache_memory_fraction` of the memory
+KV cache budget: one block holds `block_size` tokens of K and V for every layer, KV heads only
+(GQA caches are never repeated per query head). The budget is `kv_cache_memory_bytes` when given, else `kv_cache_memory_fraction` of the memory
 free after the weights are loaded (default 0.3: room for activations and for a CPU host that
 other processes share; raise it on a dedicated GPU).
 """
@@ -266,54 +263,3 @@ def resolve_max_model_len(config: EngineConfig, model_max_len: int) -> int:
             f"({model_max_len}); lower it or leave it None"
         )
     return config.max_model_len
-
-
-def kv_cache_budget_bytes(config: EngineConfig, free_memory_bytes: int) -> int:
-    """Bytes given to the KV cache: the explicit budget, else a fraction of free memory."""
-    if config.kv_cache_memory_bytes is not None:
-        return config.kv_cache_memory_bytes
-    if free_memory_bytes < 0:
-        raise ValueError(f"free_memory_bytes must be >= 0, got {free_memory_bytes}")
-    return int(free_memory_bytes * config.kv_cache_memory_fraction)
-
-
-def kv_bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
-) -> int:
-    for name, value in (
-        ("num_layers", num_layers),
-        ("num_kv_heads", num_kv_heads),
-        ("head_dim", head_dim),
-        ("dtype_bytes", dtype_bytes),
-        ("block_size", block_size),
-    ):
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
-
-
-def kv_row_layout(kv_cache_dtype: str, head_dim: int, dtype: str) -> tuple[int, int]:
-    """(elements, bytes per element) of one (token, KV head) row of K or V in the pool: the
-    model's dtype, or int8 values plus a float32 scale's 4 bytes (models/kv_quant.py)."""
-    if kv_cache_dtype == "int8":
-        return head_dim + 4, 1
-    return head_dim, dtype_bytes(dtype)
-
-
-def num_kv_blocks(
-    budget_bytes: int,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype_bytes: int,
-    block_size: int,
-) -> int:
-    """How many whole KV blocks fit in `budget_bytes` (at least one, else a ValueError)."""
-    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
-    blocks = budget_bytes // per_block if budget_bytes > 0 else 0
-    if blocks < 1:
-        raise ValueError(
-            f"the KV cache budget ({budget_bytes} bytes) holds no block of {per_block} bytes; "
-            "raise kv_cache_memory_bytes / kv_cache_memory_fraction or lower block_size"
-        )
-    return blocks

@@ -21,16 +21,14 @@ from typing import Any
 
 import torch
 
-from engine.config import (
-    EngineConfig,
+from engine.config import EngineConfig, resolve_device, resolve_dtype_name, resolve_max_model_len
+from engine.cuda_graphs.decode_graphs import GraphSettings
+from engine.kv_sizing import (
     kv_cache_budget_bytes,
+    kv_cache_dtype_refusal,
     kv_row_layout,
     num_kv_blocks,
-    resolve_device,
-    resolve_dtype_name,
-    resolve_max_model_len,
 )
-from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
 from engine.parallel.pipeline_runner import PipelineRunner
@@ -75,7 +73,7 @@ def build_runner(
 
         if refusal := int8_dot_product_refusal(device):
             raise ValueError(refusal)
-    if refusal := kv_cache_dtype_refusal(config, device):
+    if refusal := kv_cache_dtype_refusal(config, device.type):
         raise ValueError(refusal)
     # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
     # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
@@ -243,30 +241,6 @@ def serves_blocks_as_stored(
     from models.gguf.stored import stores_blocks
 
     return stores_blocks(Path(path))
-
-
-def kv_cache_dtype_refusal(config: EngineConfig, device: torch.device) -> str | None:
-    """Why `config.kv_cache_dtype` cannot be served on `device` (None: it can). int8 rows are
-    read by the C++ paged attention on a CPU; fp8 is for CUDA's Triton kernels, not built yet."""
-    kind = config.kv_cache_dtype
-    if kind == "int8" and device.type != "cpu":
-        return (
-            f"--kv-cache-dtype int8 is read by tgserve's C++ CPU attention; on {device.type} "
-            "use --kv-cache-dtype auto"
-        )
-    if kind == "int8" and not config.cpu_kernels:
-        return (
-            "--kv-cache-dtype int8 is read by tgserve's C++ paged attention, which "
-            "--disable-cpu-kernels turns off: drop one of the two"
-        )
-    if kind == "fp8" and device.type == "cpu":
-        return "--kv-cache-dtype fp8 is for CUDA devices; on a CPU use --kv-cache-dtype int8"
-    if kind == "fp8":
-        return (
-            "--kv-cache-dtype fp8 is not built yet (the Triton paged kernels read the model's "
-            "dtype); use --kv-cache-dtype auto"
-        )
-    return None
 
 
 def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> bool:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.types",
             "engine.errors",
             "engine.config",
+            "engine.kv_sizing",  # the KV pool's arithmetic from EngineConfig
             "engine.speculative.config",  # held by EngineConfig
             "engine.kv_tiers.config",  # held by EngineConfig
             "engine.lora_config",  # held by EngineConfig
