@@ -61,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--clock",
         default="wall",
         choices=["wall", "process"],
-        help="tgserve: time with the wall clock, or the process's CPU time (a shared machine: "
-        "with OMP_NUM_THREADS=1 it counts the work, not the wait for a core)",
+        help="tgserve, llamacpp: time with the wall clock, or the process's CPU time (a shared "
+        "machine: with --threads 1 it counts the work, not the wait for a core)",
     )
     _plot_arg(latency, "bars of prefill and decode tok/s per backend, with the machine bounds")
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
@@ -321,12 +321,6 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         choices=["int8"],
         default=None,
         help="tgserve: int8 activations, integer dot products (CPU)",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        choices=["auto", "int8"],
-        default="auto",
-        help="tgserve: K/V cache rows (int8: a scale per token and head, CPU)",
     )
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(

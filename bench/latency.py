@@ -16,7 +16,7 @@ request at that temperature with its own seed (`seed + i` for request i: the sam
 every run, with or without speculation; only backends with `samples_seeded`, tgserve's): on
 random prompts at temperature 1 the output rarely repeats itself, so n-gram proposals are mostly
 refused, the workload that shows what refused proposals cost. `clock` "process" times tgserve
-with the process's CPU time instead of the wall clock: on a shared machine, run with
+(and llama.cpp, in process too) with the process's CPU time instead of the wall clock: on a shared machine, run with
 OMP_NUM_THREADS=1 and it counts the work done, not the time spent waiting for a core. A backend that speculates
 (tgserve with --speculative) adds its counters over the timed runs (`speculation`: proposed and
 accepted tokens, per position).
@@ -131,7 +131,9 @@ def run_latency_bench(
                 )
             if spec.clock != "wall":
                 if not hasattr(backend, "clock"):
-                    raise ValueError(f"--clock {spec.clock} needs the tgserve backend, not {name}")
+                    raise ValueError(
+                        f"--clock {spec.clock} needs the tgserve or llamacpp backend, not {name}"
+                    )
                 backend.clock = CLOCKS[spec.clock]
             with ProgressBar(f"latency {name}", len(requests), show_progress) as bar:
                 for i, request in enumerate(warmup):

@@ -12,7 +12,8 @@ weights ran; the KV cache is llama.cpp's default (f16). Quantised files load wit
 AMX/repack buffers (see `_plain_cpu_buffers`: they crash here).
 Greedy (argmax) decoding of exactly `output_len` tokens, EOS ignored.
 Latency: one request through `Llama.generate` (batch 1); prefill is the time to the first
-token, decode the rest. Throughput: continuous batching on the low-level API, like llama.cpp's
+token, decode the rest, timed with `clock` (the wall clock unless bench latency's --clock sets
+the process's CPU clock: with one thread, llama.cpp's work as for tgserve). Throughput: continuous batching on the low-level API, like llama.cpp's
 own server: a second context on the same model, with `min(max_num_seqs, num_requests)` sequence
 slots, each its own KV stream of `max_model_len` cells; each `llama_decode` call carries
 one token of every decoding sequence plus prompt chunks, up to `max_num_batched_tokens` tokens
@@ -121,6 +122,8 @@ class LlamaCppBackend:
         # resident as the runs first read them (the report's RSS after the runs shows it).
         self.held = {"weights": int(lib.llama_model_size(llm.model))}
 
+    clock = staticmethod(time.perf_counter)  # run_latency's clock (bench latency --clock)
+
     def _decode(self, request: BenchRequest) -> tuple[float, float, int]:
         """(first token time, end time, tokens) for one request, through the high-level API."""
         got = 0
@@ -130,14 +133,14 @@ class LlamaCppBackend:
         ):
             got += 1
             if first is None:
-                first = time.perf_counter()
+                first = self.clock()
             if got >= request.output_len:
                 break
-        end = time.perf_counter()
+        end = self.clock()
         return first if first is not None else end, end, got
 
     def run_latency(self, request: BenchRequest) -> LatencySample:
-        start = time.perf_counter()
+        start = self.clock()
         first, end, got = self._decode(request)
         return LatencySample(len(request.prompt_token_ids), got, first - start, end - first)
 

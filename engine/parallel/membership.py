@@ -137,12 +137,11 @@ class Membership:
                 f"{published['nnodes']}: every node must be given the same"
             )
         config = config_from_dict(published["engine"])
-        world = config.parallel_world_size
-        cluster.check_world(world)
+        cluster.check_world(config.tensor_parallel_size)
         if rank is None:
-            rank = cluster.local_ranks(world)[0]
+            rank = cluster.local_ranks(config.tensor_parallel_size)[0]
         store.set(_joined(rank), f"node {cluster.node_rank} on {socket.gethostname()}")
-        return cls(store, cluster, world, rank), config
+        return cls(store, cluster, config.tensor_parallel_size, rank), config
 
     def start_heartbeat(self, on_lost: Callable[[str], None]) -> None:
         answered = [time.monotonic()]  # when rank 0's store last took a beat

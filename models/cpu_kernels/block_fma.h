@@ -9,9 +9,9 @@
 // row runs the same fmas, k in order, 16 lanes per panel. Each lane sees the same
 // operations in the same order as the portable pass, so the bits are the same (tested against
 // it in tests/models/test_block_linear.py) and batch invariance holds as before. The
-// few-rows pass for float32 activations on AVX-512 makes those weights with one integer op and
-// one fma where a block's scales allow it (mantissa_weights.h: the same bits; other blocks as
-// above).
+// few-rows pass for float32 activations makes those weights with one integer op and one fma
+// where a block's scales allow it: AVX-512 mantissa_weights.h, AVX2 mantissa_avx2.h (one or two
+// rows); the same bits, other blocks as above.
 //
 // Packed block (see block_linear.cpp): [16 d fp16][16 m fp16, Q4_1 only] then the quants: step
 // s (k-pair 2s, 2s + 1) of lane l, element i, is byte 2l + i of a 32-byte chunk; Q8_0: chunk s
@@ -19,6 +19,7 @@
 #pragma once
 
 #include "dense_tile.h"
+#include "mantissa_avx2.h"
 #include "mantissa_weights.h"
 #include "simd16.h"
 
@@ -188,6 +189,13 @@ template <int TYPE, typename T, int MR, int NR, bool kTrusted>
 void few_rows(const T* x, int64_t K, const uint8_t* Wp, int64_t panel_bytes, int64_t file_block,
               int64_t scales_bytes, int max_nr, float* out) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+#if defined(TGSERVE_MANTISSA_AVX2)
+  // AVX2, float32 x, one or two rows: one-fma weights (mantissa_avx2.h, the same bits); with
+  // more rows this pass's shared weights do better.
+  if constexpr (!kBf16 && MR <= 2 && (TYPE != 1 || kTrusted))
+    return mantissa_avx2::few_rows<TYPE, MR, NR>(x, K, Wp, panel_bytes, file_block, scales_bytes,
+                                                 max_nr, out);
+#endif
   const int64_t bb = file_block * kLanes, nb = K / kBlockK;
   alignas(64) float xb[kBf16 ? MR * kBlockK : 1];
   VF acc[MR][NR];

@@ -654,6 +654,7 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     nr_max = block_fma::few_rows_panels(
         static_cast<int>(std::min<int64_t>(M, block_fma::kFewRowsPerPass)));
 #endif
+  nr_max = group_walk::balanced_panels(panels, nr_max, omp_get_max_threads());
   const int64_t groups = (panels + nr_max - 1) / nr_max;
   // bf16 x as float32 (exact) for the pair fmas, where this CPU's vdpbf16ps is two fmas and
   // rows share the dequantising (one row: vdpbf16ps, 5-10% faster there, one thread).

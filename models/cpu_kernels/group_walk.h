@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -21,6 +22,23 @@ namespace tgserve::group_walk {
 
 constexpr int64_t kRowBlockBytes = 512 * 1024;  // float32 x kept in L2 (walk_float_rows)
 constexpr int kPassRows = 6;  // rows per pass (the dense kernel's register tile)
+
+// Panels per group for the few-rows passes (block_linear.cpp, kquant_linear.cpp), whose groups
+// are split statically over `threads`: of nr_max and the sizes down to half of it (at least
+// 2), the one whose busiest thread runs the fewest panels, the largest on a tie. E.g. 36
+// panels (N = 576) on 2 threads: groups of 4 leave 20 and 16 panels, groups of 3 18 and 18.
+// A pass's panel count never changes a lane's sequence: the bits are the same.
+inline int balanced_panels(int64_t panels, int nr_max, int threads) {
+  if (threads <= 1) return nr_max;
+  int best = nr_max;
+  int64_t best_load = INT64_MAX;
+  for (int nr = nr_max; nr >= std::max(2, nr_max / 2); --nr) {
+    const int64_t groups = (panels + nr - 1) / nr;
+    const int64_t load = std::min<int64_t>(panels, (groups + threads - 1) / threads * nr);
+    if (load < best_load) best = nr, best_load = load;
+  }
+  return best;
+}
 
 // fill(g): load group g into the calling thread's scratch (thread_local state of the caller).
 // pass(g, m0, mr): rows m0 .. m0 + mr over group g (the thread's scratch holds it).

@@ -710,6 +710,7 @@ void kquant_linear_ld(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int t
         static_cast<int>(std::min<int64_t>(M, kquant_fma::kFewRowsPerPass)));
   }
 #endif
+  nr_max = group_walk::balanced_panels(panels, nr_max, omp_get_max_threads());
   const int64_t groups = (panels + nr_max - 1) / nr_max;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
