@@ -322,6 +322,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tgserve: int8 activations, integer dot products (CPU)",
     )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "int8"],
+        default="auto",
+        help="tgserve: K/V cache rows (int8: a scale per token and head, CPU)",
+    )
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(
         "--dequantize",

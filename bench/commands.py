@@ -160,6 +160,7 @@ def _run_offline(
         num_requests=num_requests,
         quantization=args.quantization,
         activation_quantization=args.activation_quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         compile=args.compile,
         cpu_kernels=not args.disable_cpu_kernels,
         dequantize=args.dequantize,

@@ -22,7 +22,9 @@ steps take a fixed device time (engine/fake_device.py: the host's share of a ste
 `device_cpu_seconds(engine)` its device thread's CPU time so far (0.0 for a real engine).
 `Cluster` says which machines a tensor-parallel group spans (`leader_engine(model_path,
 config, cluster, progress)`, Engine.from_model's equal, on rank 0's machine;
-`serve_follower_node(model_path, cluster)` on each other one).
+`serve_follower_node(model_path, cluster)` on each other one). `open_kv_link(engine, role,
+addr, timeout_s)` (loaded on first use) joins a prefill or decode server's K/V transfer group
+(engine/kv_transfer; its errors `KVPeerError`, `KVSenderFull`).
 """
 
 from engine.api import EngineCore, EngineInfo
@@ -38,6 +40,7 @@ from engine.errors import (
     QueueFullError,
 )
 from engine.kv_tiers.config import KVTierConfig, kv_tier_config
+from engine.kv_transfer.errors import KVPeerError, KVSenderFull
 from engine.lora_adapters import AdapterInUse, AdapterSlotsBusy
 from engine.lora_config import LoraConfig, parse_lora_flag
 from engine.parallel.cluster import Cluster
@@ -87,6 +90,8 @@ __all__ = [
     "FaultSpec",
     "GenerationDefaults",
     "InvalidRequest",
+    "KVPeerError",
+    "KVSenderFull",
     "KVTierConfig",
     "LoraConfig",
     "OutputAccumulator",
@@ -110,6 +115,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype_name",
     "leader_engine",
+    "open_kv_link",
     "serve_follower_node",
     "release_kv_pool",
     "restore_kv_pool",
@@ -145,6 +151,10 @@ def __getattr__(name: str):
         from engine.engine_factory import leader_engine
 
         return partial(leader_engine, Engine)
+    if name == "open_kv_link":  # prefill/decode disaggregation; imports torch
+        from engine.kv_transfer.link import open_kv_link
+
+        return open_kv_link
     if name == "serve_follower_node":  # a machine of a group that does not hold rank 0
         from engine.parallel.follower import serve_follower_node
 

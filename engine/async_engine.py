@@ -34,6 +34,8 @@ Contract:
   (from the loop thread) once: the server uses it to exit so an orchestrator restarts it.
 - `is_healthy()` is False when the loop is dead or work is pending and no loop iteration
   completed for `stall_timeout` seconds.
+- `call(fn)` runs `fn(engine)` on the loop thread between steps and awaits its result (the K/V
+  export of a prefill server, engine/kv_transfer/link.py).
 - `kill(reason)`: an outside watchdog declares the engine dead (a tensor-parallel rank's
   process exited, reported by the engine's optional `watch_failures(callback)`, hooked up at
   `start`): /health fails at once, and the loop takes the fatal path above at its next turn.
@@ -51,9 +53,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from engine.api import EngineCore, EngineInfo
-from engine.engine_inbox import AbortItem, AddItem, EngineInbox, KillItem
+from engine.engine_inbox import AbortItem, AddItem, CallItem, EngineInbox, KillItem
 from engine.engine_loop import EngineLoop
 from engine.errors import EngineUnavailable, Overloaded
 from engine.lora_adapters import LoraAdapters
@@ -129,6 +133,21 @@ class AsyncEngine:
         if self._inbox.admit(AddItem(request, slot, deadline)):
             loop.call_soon(self._inbox.wake)  # after the requests the event loop already holds
         return RequestStream(request_id, slot, self.abort)
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """`fn(engine)` on the loop thread between steps (no forward in flight: the K/V pool is
+        still), its result or its exception; EngineUnavailable once the loop has stopped."""
+        refusal = self._inbox.refusal()
+        if isinstance(refusal, EngineUnavailable):
+            raise refusal
+        result: Future = Future()
+        self._inbox.post(CallItem(fn, result))
+        return await asyncio.wrap_future(result)
+
+    @property
+    def kv_link(self) -> Any:
+        """A prefill or decode server's K/V link (engine/kv_transfer/link.py), or None."""
+        return getattr(self.engine, "kv_link", None)
 
     def refusal(self) -> Overloaded | EngineUnavailable | None:
         """Why `generate()` would refuse a request now, or None; reserves nothing. A caller can

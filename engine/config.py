@@ -4,13 +4,11 @@ Contract: `EngineConfig` is frozen and validated on construction; every rejectio
 `ValueError` naming the field and what to do instead. This module never imports torch and never
 reads the environment: facts about the machine (is CUDA there, how much memory is free, what the
 model's context length is) come in as arguments of the `resolve_*` helpers, and what they return
-(device, dtype, KV budget, number of KV blocks, max_model_len) is passed on by the engine, never
-written back into the config.
+(device, dtype, max_model_len) is passed on by the engine, never written back into the config.
+The KV pool's arithmetic from these knobs is engine/kv_sizing.py's.
 
-KV cache sizing: one block holds `block_size` tokens of K and V for every layer, KV heads only
-(GQA caches are never repeated per query head), so
-`bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes`.
-The budget is `kv_cache_memory_bytes` when given, else `kv_cache_memory_fraction` of the memory
+KV cache budget: one block holds `block_size` tokens of K and V for every layer, KV heads only
+(GQA caches are never repeated per query head). The budget is `kv_cache_memory_bytes` when given, else `kv_cache_memory_fraction` of the memory
 free after the weights are loaded (default 0.3: room for activations and for a CPU host that
 other processes share; raise it on a dedicated GPU).
 """
@@ -21,9 +19,11 @@ from dataclasses import dataclass
 
 from engine.kv_tiers.config import KVTierConfig
 from engine.lora_config import LoraConfig
+from engine.parallel_config import check_parallel_sizes
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # models/kv_quant.py (kept torch-free here)
 # The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
 DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
 
@@ -61,6 +61,10 @@ class EngineConfig:
     # None, or "int8": activations quantised per row and block of 32 for integer dot products
     # against GGUF Q4_0 / Q4_1 / Q8_0 blocks and int8 weights (models/activation_quant.py; CPU).
     activation_quantization: str | None = None
+    # "auto": the KV cache holds the model's dtype; "int8": int8 rows with a float32 scale per
+    # token and KV head (models/kv_quant.py; CPU, read by the C++ paged attention); "fp8": CUDA
+    # only, not built yet (refused).
+    kv_cache_dtype: str = "auto"
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
     # On CPU, when the kernels are not built yet: serve on PyTorch ops at once while they build,
@@ -70,8 +74,10 @@ class EngineConfig:
     # GGUF files: False keeps Q4_0..Q8_0 / K-quant matrices as stored (models/gguf/stored.py); True
     # dequantises every tensor to `dtype` (always so with quantization="int8").
     dequantize: bool = False
-    # Ranks of one replica (torch.distributed; engine/parallel): 1 runs in this process alone.
+    # Ranks of one replica (torch.distributed; engine/parallel): tensor_parallel_size ranks in
+    # each of pipeline_parallel_size stages (engine/parallel_config.py); 1 x 1: this process.
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     # On CUDA: every step eager, no decode CUDA graphs (engine/cuda_graphs); CPU never captures.
     enforce_eager: bool = False
     # On CUDA: every linear through one fixed-tile Triton GEMM, so a request's tokens do not
@@ -167,21 +173,23 @@ class EngineConfig:
                 "activation_quantization must be None or 'int8', got "
                 f"{self.activation_quantization!r}"
             )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                f"{self.kv_cache_dtype!r}"
+            )
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        positive_int("tensor_parallel_size", self.tensor_parallel_size, "1 runs in one process")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
         if self.kv_tiers is not None and not isinstance(self.kv_tiers, KVTierConfig):
             raise ValueError(f"kv_tiers must be a KVTierConfig, got {self.kv_tiers!r}")
-        if self.kv_tiers is not None and self.tensor_parallel_size > 1:
-            raise ValueError("kv_offload_* tiers need tensor_parallel_size 1 (whole KV blocks)")
-        quantized = self.quantization or self.activation_quantization
-        if self.tensor_parallel_size > 1 and (quantized or self.compile):
-            raise ValueError(
-                "tensor_parallel_size > 1 runs unquantized, uncompiled layers; drop "
-                "quantization / activation_quantization / compile, or use tensor_parallel_size 1"
-            )
+        check_parallel_sizes(self)
+
+    @property
+    def parallel_world_size(self) -> int:
+        """The ranks (processes) of one replica: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def max_in_flight(self) -> int:
@@ -255,46 +263,3 @@ def resolve_max_model_len(config: EngineConfig, model_max_len: int) -> int:
             f"({model_max_len}); lower it or leave it None"
         )
     return config.max_model_len
-
-
-def kv_cache_budget_bytes(config: EngineConfig, free_memory_bytes: int) -> int:
-    """Bytes given to the KV cache: the explicit budget, else a fraction of free memory."""
-    if config.kv_cache_memory_bytes is not None:
-        return config.kv_cache_memory_bytes
-    if free_memory_bytes < 0:
-        raise ValueError(f"free_memory_bytes must be >= 0, got {free_memory_bytes}")
-    return int(free_memory_bytes * config.kv_cache_memory_fraction)
-
-
-def kv_bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
-) -> int:
-    for name, value in (
-        ("num_layers", num_layers),
-        ("num_kv_heads", num_kv_heads),
-        ("head_dim", head_dim),
-        ("dtype_bytes", dtype_bytes),
-        ("block_size", block_size),
-    ):
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
-
-
-def num_kv_blocks(
-    budget_bytes: int,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype_bytes: int,
-    block_size: int,
-) -> int:
-    """How many whole KV blocks fit in `budget_bytes` (at least one, else a ValueError)."""
-    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
-    blocks = budget_bytes // per_block if budget_bytes > 0 else 0
-    if blocks < 1:
-        raise ValueError(
-            f"the KV cache budget ({budget_bytes} bytes) holds no block of {per_block} bytes; "
-            "raise kv_cache_memory_bytes / kv_cache_memory_fraction or lower block_size"
-        )
-    return blocks

@@ -35,6 +35,7 @@ from engine.api import EngineInfo
 from engine.config import EngineConfig
 from engine.description import EngineDescription
 from engine.encoder_layout import layout_for
+from engine.errors import FatalEngineError
 from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.request_state import RequestState
@@ -191,6 +192,8 @@ class Engine:
             out = step.wait(self.scheduler, sched)
             moved = self.updater.apply(sched, step.plan, out, scheduled_at)
             self._propose()
+        except FatalEngineError:  # e.g. parallel ranks out of step: no later step can be right
+            raise
         except Exception as exc:  # a failed forward ends its requests, never the engine
             log.exception("engine step failed")
             return outputs + self._emit(earlier) + self._fail(sched, exc)

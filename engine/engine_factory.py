@@ -45,14 +45,15 @@ def build_engine(
     else:
         path = Path(model_path) if model_path else default_model_path()
     workers, group = None, None
-    if config.tensor_parallel_size > 1:
+    if config.parallel_world_size > 1:
         from engine.parallel.workers import start_ranks
 
         workers, group = start_ranks(str(path), config, cluster)
     elif cluster is not None and cluster.nnodes > 1:
         raise ValueError(
             f"--nnodes {cluster.nnodes} splits the model's ranks over machines: give "
-            "--tensor-parallel-size (all ranks, a multiple of --nnodes)"
+            "--tensor-parallel-size and/or --pipeline-parallel-size (their product, all the "
+            "ranks, a multiple of --nnodes)"
         )
     try:
         try:
@@ -93,7 +94,7 @@ def build_engine(
         model_config.architecture,
         built.dtype_name,
         runner.device,
-        f", tensor parallel over {config.tensor_parallel_size} ranks" if workers else "",
+        _parallel(config) if workers else "",
         built.num_blocks,
         config.block_size,
         built.num_blocks * config.block_size,
@@ -114,6 +115,13 @@ def build_engine(
             adapter, adapter_path
         )  # read and checked now: fails at start
     return engine
+
+
+def _parallel(config: EngineConfig) -> str:
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    return f", tensor parallel over {tp} ranks" + (
+        f" in each of {pp} pipeline stages" if pp > 1 else ""
+    )
 
 
 def leader_engine(cls, model_path: str | None, config: EngineConfig, cluster, progress: bool):

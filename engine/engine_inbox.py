@@ -3,8 +3,9 @@ under one lock.
 
 Contract (all methods thread-safe):
 - Items are `AddItem` (a validated request, its output slot, its deadline), `AbortItem` (one
-  request id, or None for everything in flight) and `KillItem` (an outside watchdog found the
-  engine dead); the loop thread takes them all at once, in arrival order (`wait_for_items`).
+  request id, or None for everything in flight), `KillItem` (an outside watchdog found the
+  engine dead) and `CallItem` (a function of the engine to run between steps, its result in
+  a Future); the loop thread takes them all at once, in arrival order (`wait_for_items`).
 - Admission bound, the one rule: admitted-but-unfinished requests <= `max_pending`. `admit`
   decides and queues in one locked section (raising the refusal, queueing nothing), so a
   burst of N requests with room for R gets exactly N - R `Overloaded`; `refusal()` answers the
@@ -24,7 +25,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from engine.drain_rate import DrainRate
 from engine.errors import EngineUnavailable, Overloaded
@@ -49,7 +52,19 @@ class KillItem:
     reason: str  # an outside watchdog found the engine dead
 
 
-InboxItem = AddItem | AbortItem | KillItem
+@dataclass(frozen=True)
+class CallItem:
+    fn: Callable[[Any], Any]  # called with the engine, on the loop thread, between steps
+    result: Future
+
+    def run(self, engine: Any) -> None:
+        try:
+            self.result.set_result(self.fn(engine))
+        except Exception as exc:  # the caller's to handle, never the loop's
+            self.result.set_exception(exc)
+
+
+InboxItem = AddItem | AbortItem | KillItem | CallItem
 
 
 class EngineInbox:
@@ -100,7 +115,7 @@ class EngineInbox:
             )
         return None
 
-    def post(self, item: AbortItem | KillItem) -> None:
+    def post(self, item: AbortItem | KillItem | CallItem) -> None:
         with self._cond:
             self._items.append(item)
             self._cond.notify()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from engine.api import EngineCore
-from engine.engine_inbox import AbortItem, AddItem, EngineInbox, InboxItem, KillItem
+from engine.engine_inbox import AbortItem, AddItem, CallItem, EngineInbox, InboxItem, KillItem
 from engine.errors import EngineUnavailable, FatalEngineError, Overloaded, QueueFullError
 from engine.requests.outputs import RequestOutput, closing_output
 from engine.requests.request_stream import OutputSlot
@@ -90,6 +90,8 @@ class EngineLoop:
                 raise FatalEngineError(item.reason)
             if isinstance(item, AddItem):
                 self._add(item)
+            elif isinstance(item, CallItem):  # between steps: no forward reads or writes K/V
+                item.run(self.engine)
             elif isinstance(item, AbortItem):
                 targets = list(self._slots) if item.request_id is None else [item.request_id]
                 for request_id in targets:
@@ -154,6 +156,8 @@ class EngineLoop:
             if isinstance(item, AddItem):
                 self.inbox.release(1, drained=False)
                 item.slot.admit(refusal)
+            elif isinstance(item, CallItem):
+                item.result.set_exception(refusal)
         for request_id, slot in self._slots.items():
             slot.put(closing_output(request_id, slot.last, "abort", None))
         self.inbox.release(len(self._slots))

@@ -71,6 +71,7 @@ class ModelRunner(StepRunner):
         kernels_in_background: bool = False,
         kernel_model: Callable[[], torch.nn.Module] | None = None,
         batch_invariant: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         """`graphs`: decode steps through engine/cuda_graphs where the forward path allows it
         (captured on CUDA; elsewhere, e.g. in CPU tests, re-run over the same persistent
@@ -95,8 +96,9 @@ class ModelRunner(StepRunner):
         # One more block than the block manager's when graphs pad decode steps: the scratch
         # block (index num_blocks) that padding rows write into.
         extra = 1 if graphs is not None else 0
+        # kv_cache_dtype "int8": int8 rows with their scales (models/kv_quant.py)
         self.kv_caches = allocate_kv_cache(
-            config, num_blocks + extra, block_size, dtype, device, kv_heads
+            config, num_blocks + extra, block_size, dtype, device, kv_heads, kv_cache_dtype
         )
         # cpu_kernels: tgserve's C++ CPU kernels are wanted; the seam says what can run.
         later = cpu_kernels and kernels_in_background and graphs is None

@@ -15,12 +15,17 @@ from engine.decoding.beam_search import BeamSearch
 from engine.decoding.beam_stream import BeamStream
 from engine.decoding.detokenizer import IncrementalDetokenizer
 from engine.decoding.grammar_matchers import SequenceMatchers
-from engine.decoding.parallel_sampling import keeps_best, row_params, select_outputs
+from engine.decoding.parallel_sampling import (
+    is_parallel,
+    keeps_best,
+    row_params,
+    select_outputs,
+)
 from engine.decoding.stop_checker import StopCriteria
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepEvent
 from engine.requests.request import Request, TokenSequence
 from engine.sampling.grammar_compiler import CompiledGrammar
-from engine.sampling.step_io import PromptAsk, SeedKey
+from engine.sampling.step_io import Draw, PromptAsk, SeedKey
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 from engine.types import TokenLogprob
 
@@ -37,6 +42,8 @@ class RequestState:
         self.tokenizer = tokenizer
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
+        self.parallel = is_parallel(request.params)  # n > 1 / best_of: several sequences
+        self.last_draw: Draw | None = None  # a one-sequence request's last (step_update.py)
         self.beam: BeamSearch | None = None
         # An encoder-decoder's answer continues no text: its first space goes as decode drops it.
         self._without_context = bool(request.encoder_token_ids)
@@ -140,6 +147,8 @@ class RequestState:
         request = self.request
         if self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
+        elif not self.parallel:  # one sequence, index 0: select_outputs would keep it as is
+            completions = (self._delta(0, request.seqs[0]),)
         elif request.is_finished and keeps_best(request.params) and len(request.seqs) > 1:
             completions = select_outputs(
                 [self._whole(i, s) for i, s in enumerate(request.seqs)], request.params, True

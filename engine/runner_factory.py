@@ -7,30 +7,31 @@ Contract: `build_runner(path, config, progress, group, sampleable_vocab, workers
 random_weights)` returns a `BuiltRunner` (the runner, the model's config, the dtype name, the
 context length and the number of KV blocks). Under tensor parallel (`group`), every rank calls
 it the same way and the number of blocks is the smallest any rank can hold; rank 0 passes the
-other ranks' processes (`workers`), which `ParallelRank.close` stops. `random_weights` (a
+other ranks' processes (`workers`), which `ParallelRank.close` stops; under pipeline parallel
+a rank's pool holds its stage's layers and it runs a `PipelineRunner`. `random_weights` (a
 config.json dict) builds that shape with seeded random weights (models/random_weights.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.config import (
-    EngineConfig,
-    dtype_bytes,
-    kv_cache_budget_bytes,
-    num_kv_blocks,
-    resolve_device,
-    resolve_dtype_name,
-    resolve_max_model_len,
-)
+from engine.config import EngineConfig, resolve_device, resolve_dtype_name, resolve_max_model_len
 from engine.cuda_graphs.decode_graphs import GraphSettings
+from engine.kv_sizing import (
+    kv_cache_budget_bytes,
+    kv_cache_dtype_refusal,
+    kv_row_layout,
+    num_kv_blocks,
+)
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
+from engine.parallel.pipeline_runner import PipelineRunner
 from engine.runner import Runner
 
 
@@ -72,6 +73,8 @@ def build_runner(
 
         if refusal := int8_dot_product_refusal(device):
             raise ValueError(refusal)
+    if refusal := kv_cache_dtype_refusal(config, device.type):
+        raise ValueError(refusal)
     # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
     # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
     kernels_later = _build_kernels_later(config, device, group)
@@ -91,12 +94,12 @@ def build_runner(
             dequantize=dequantize or blocks_later,
             use_cache=not blocks_later,  # a copy for the first minute or two: not written out
         )
-    parallel = None
-    if group is not None:
-        from models.parallel import plan_shards, shard_model
+    parallel, pipe, layers = None, None, model_config.num_layers
+    if group is not None:  # the rank's shard, and its stage's layers (engine/parallel/rank_model)
+        from engine.parallel.rank_model import rank_part
 
-        layout = plan_shards(model_config, group.world, group.rank)
-        shard_model(model, layout, group)
+        part = rank_part(model, model_config, config, group)
+        model, layout, pipe, layers = part.model, part.layout, part.pipe, part.num_layers
     if config.quantization == "int8":
         from models.host_memory import release_freed_memory
         from models.quantization import quantize_int8_weight_only
@@ -122,9 +125,17 @@ def build_runner(
         )
     max_model_len = resolve_max_model_len(config, model_config.max_position_embeddings)
     kv_heads = model_config.num_kv_heads if group is None else layout.num_kv_heads
-    num_blocks = _num_blocks(config, model_config, dtype_name, device, max_model_len, kv_heads)
+    num_blocks = _num_blocks(
+        config, model_config, dtype_name, device, max_model_len, kv_heads, layers
+    )
     if model_config.is_encoder_decoder:  # T5 / BART (plan_shards refused tensor parallel)
         from engine.encdec_runner import EncoderDecoderRunner
+
+        if config.kv_cache_dtype != "auto":
+            raise ValueError(
+                "--kv-cache-dtype int8 is read by the decoder-only C++ step; encoder-decoder "
+                f"models ({model_config.architecture}) keep --kv-cache-dtype auto"
+            )
 
         runner = EncoderDecoderRunner(
             model,
@@ -151,7 +162,8 @@ def build_runner(
     # The C++ CPU kernels are built (first run on a machine, ~1 min) or loaded here, while the
     # runner picks its forward path (models/forward_path.py), not at the first step; or, with
     # cpu_kernels_background and no build yet, in the background (engine/kernel_switch.py).
-    runner = ModelRunner(
+    runner_class = ModelRunner if pipe is None else partial(PipelineRunner, pipe=pipe)
+    runner = runner_class(
         model,
         model_config,
         num_blocks,
@@ -164,6 +176,7 @@ def build_runner(
         graphs=graph_settings(config, device, max_model_len) if group is None else None,
         kernels_in_background=kernels_later,
         batch_invariant=config.batch_invariant,
+        kv_cache_dtype=config.kv_cache_dtype,
         kernel_model=(
             (
                 lambda: _same_bank(
@@ -237,6 +250,8 @@ def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> b
         return False
     if config.activation_quantization:  # its layers exist only in the kernels' layout
         return False
+    if config.kv_cache_dtype == "int8":  # only the C++ attention reads the int8 cache
+        return False
     from models import cpu_kernels
 
     return group is None and not cpu_kernels.is_built()
@@ -258,18 +273,13 @@ def _num_blocks(
     device: torch.device,
     max_model_len: int,
     kv_heads: int,
+    num_layers: int,  # whose K/V the pool holds: a pipeline stage's only
 ) -> int:
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
-    blocks = num_kv_blocks(
-        budget,
-        model_config.num_layers,
-        kv_heads,
-        model_config.head_dim,
-        dtype_bytes(dtype_name),
-        config.block_size,
-    )
+    row, element_bytes = kv_row_layout(config.kv_cache_dtype, model_config.head_dim, dtype_name)
+    blocks = num_kv_blocks(budget, num_layers, kv_heads, row, element_bytes, config.block_size)
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)

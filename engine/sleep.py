@@ -33,9 +33,10 @@ def release_kv_pool(engine: Any) -> int:
             "decode steps replay CUDA graphs that hold the KV pool's addresses: sleep at "
             "level 2, or serve with --enforce-eager"
         )
-    if engine.config.tensor_parallel_size > 1 or not hasattr(engine.runner, "kv_caches"):
+    if engine.config.parallel_world_size > 1 or not hasattr(engine.runner, "kv_caches"):
         raise ValueError(
-            "level 1 frees one process's KV pool: with tensor parallel, sleep at level 2"
+            "level 1 frees one process's KV pool: with tensor or pipeline parallel, sleep at "
+            "level 2"
         )
     engine.scheduler.block_manager.forget_cached_blocks()
     freed = 0

@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from engine.scheduling.step_plan import adapter_slots
+if TYPE_CHECKING:
+    import torch
 
 _HEADER = 6
 
@@ -85,6 +84,8 @@ class StepInputs:
             *self.full_logits_for,
             *self.adapters,
         ]
+        import torch  # here: what reads a step's rows (cuda_graphs/buckets.py) stays torch-free
+
         return torch.tensor(values, dtype=torch.int64)
 
     @classmethod
@@ -121,3 +122,10 @@ class StepInputs:
         if not any(slot >= 0 for slot in self.adapters):
             return None
         return [s for s, n in zip(self.adapters, self.query_lens, strict=True) for _ in range(n)]
+
+
+def adapter_slots(chunks: Sequence[object]) -> tuple[int, ...]:
+    """Each chunk's LoRA slot (-1: the base model; a chunk without a request, a draft model's,
+    is the base's), or () when every chunk is the base model's."""
+    slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
+    return slots if any(s >= 0 for s in slots) else ()

@@ -87,6 +87,8 @@ class StepUpdate:
         beams = []
         prompt = []
         for i, chunk in enumerate(sched.chunks):
+            if chunk.request.params.prompt_logprobs is None:  # most rows: nothing asked
+                continue
             state = self.states[chunk.request.request_id]
             if state.wants_prompt_logprobs(chunk) and (ask := state.prompt_ask(chunk, i)):
                 plan.prompt.append((chunk, i))
@@ -103,10 +105,13 @@ class StepUpdate:
                 rid = chunk.request.request_id
                 speculated.append(Speculated(rid, len(draws), chunk.proposal, first.seed))
                 draws += position_rows(first, chunk.proposal)
-            else:
-                seq_ids = [chunk.seq.seq_id, *self._children(chunk)]
+            elif children := self._children(chunk):
+                seq_ids = [chunk.seq.seq_id, *children]
                 plan.ordinary.append((chunk, row, [len(draws) + k for k in range(len(seq_ids))]))
                 draws += [self._draw(state, seq_id, chunk.seq, row) for seq_id in seq_ids]
+            else:  # the common row: one draw for its own sequence
+                plan.ordinary.append((chunk, row, [len(draws)]))
+                draws.append(self._own_draw(state, chunk.seq, row))
         for rid, group in groups.items():
             state = self.states[rid]
             seqs, rows = [seq for seq, _ in group], [row for _, row in group]
@@ -130,6 +135,15 @@ class StepUpdate:
         if not is_parallel(request.params) or seq.num_output_tokens:
             return range(0)
         return request.upcoming_seq_ids(request.params.num_sequences - len(request.seqs))
+
+    def _own_draw(self, state: RequestState, seq: TokenSequence, row: int) -> Draw:
+        """A one-sequence request's draw: the last step's again when its row is the same (a
+        Draw names its row and holds a live view of the sequence's ids, nothing else moves)."""
+        if state.parallel:  # several sequences: no one draw to keep
+            return self._draw(state, seq.seq_id, seq, row)
+        if state.last_draw is None or state.last_draw.row != row:
+            state.last_draw = self._draw(state, seq.seq_id, seq, row)
+        return state.last_draw
 
     @staticmethod
     def _draw(state: RequestState, seq_id: int, seq: TokenSequence, row: int) -> Draw:
@@ -162,12 +176,15 @@ class StepUpdate:
         ordinary = []
         for chunk, row, indices in plan.ordinary:  # forks first, as before any token lands
             state = self.states[chunk.request.request_id]
-            if state.error is None:
-                ordinary.append((state, sample_targets(self.scheduler, chunk, row), indices))
-        for state, targets, indices in ordinary:
-            for target, i in zip(targets, indices, strict=True):
-                append = partial(self._append, state, target.seq, out.tokens[i], out.logprobs[i])
-                self._isolated(state, append)
+            if state.error is None and len(indices) == 1:  # nothing to fork (plan's _children)
+                ordinary.append((state, (chunk.seq,), indices))
+            elif state.error is None:
+                targets = sample_targets(self.scheduler, chunk, row)
+                ordinary.append((state, [t.seq for t in targets], indices))
+        tokens, logprobs = out.tokens, out.logprobs
+        for state, seqs, indices in ordinary:
+            for seq, i in zip(seqs, indices, strict=True):
+                self._isolated(state, self._append, state, seq, tokens[i], logprobs[i])
         for scored, spec, first in plan.scored:
             state = self.states[scored.request.request_id]
             accepted = out.accepted[spec]
@@ -185,13 +202,13 @@ class StepUpdate:
                 moved[chunk.request.request_id] = state
         return list(moved.values())
 
-    def _isolated(self, state: RequestState, work: Callable[[], None]) -> None:
-        """Runs one request's share of the update; if it raises, that request alone fails.
-        A request that already failed in this step does nothing more."""
+    def _isolated(self, state: RequestState, work: Callable[..., None], *args: object) -> None:
+        """Runs one request's share of the update, `work(*args)`; if it raises, that request
+        alone fails. A request that already failed in this step does nothing more."""
         if state.error is not None:
             return
         try:
-            work()
+            work(*args)
         except Exception as exc:
             log.exception("request %s failed in its step update", state.request.request_id)
             self._fail_alone(

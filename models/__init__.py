@@ -19,6 +19,8 @@ from models.encdec.bart import BartForConditionalGeneration
 from models.encdec.t5 import T5ForConditionalGeneration
 from models.gemma import GemmaForCausalLM
 from models.gpt2 import GPT2LMHeadModel
+from models.gpt_oss.model import GptOssForCausalLM
+from models.kv_quant import cache_row_shape, cache_torch_dtype
 from models.linear_backend import pin_mkl_code_path
 from models.llama import LlamaForCausalLM
 from models.moe.model import MoeForCausalLM
@@ -32,6 +34,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "t5": T5ForConditionalGeneration,  # encoder-decoders: models/encdec
     "bart": BartForConditionalGeneration,
     "moe": MoeForCausalLM,  # Mixtral, Qwen3-MoE, Qwen2-MoE: models/moe
+    "gpt_oss": GptOssForCausalLM,  # models/gpt_oss
 }
 
 
@@ -93,11 +96,14 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device | str,
     num_kv_heads: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (k, v), each [num_blocks, block_size, num_kv_heads, head_dim]; a
-    tensor-parallel rank passes the KV heads it holds (default: the model's)."""
+    """Per layer (k, v), each [num_blocks, block_size, num_kv_heads, head_dim] of `dtype`; a
+    tensor-parallel rank passes the KV heads it holds (default: the model's). `kv_cache_dtype`
+    "int8": int8 rows with their scales, [..., head_dim + 4] (models/kv_quant.py)."""
     heads = config.num_kv_heads if num_kv_heads is None else num_kv_heads
-    shape = (num_blocks, block_size, heads, config.head_dim)
+    shape = (num_blocks, block_size, heads, cache_row_shape(config.head_dim, kv_cache_dtype))
+    dtype = cache_torch_dtype(dtype, kv_cache_dtype)
     return [
         (
             torch.zeros(shape, dtype=dtype, device=device),

@@ -220,19 +220,21 @@ def layer_attention(
     scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention` for a layer with its own sliding window and tanh soft-capping of its
-    scores (Gemma 2 / 3): without a cap, through the backend that built `meta` when its kernel
+    scores (Gemma 2 / 3) or attention sinks ([H], gpt-oss): without a cap or sinks, through the
+    backend that built `meta` when its kernel
     takes a window per call (`forward_window`: the C++ attention); otherwise the PyTorch
     key-block attention, whatever backend built `meta` (only the K/V write goes through the
     backend; the forward path keeps such models off the kernels that plan one window per
     model: models/forward_path.py)."""
     forward_window = getattr(meta.backend, "forward_window", None)
-    if softcap is None and forward_window is not None:
+    if softcap is None and sinks is None and forward_window is not None:
         return forward_window(q, cache, meta, scale, window)
     k_cache, v_cache = cache
     plan = meta.window_plan(q.shape[1] // k_cache.shape[2], window)
-    return block_attention(q, k_cache, v_cache, plan, scale, softcap)
+    return block_attention(q, k_cache, v_cache, plan, scale, softcap, sinks)
 
 
 def reference_attention(
@@ -242,8 +244,10 @@ def reference_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain attention for ONE sequence whose queries are its last q_len tokens.
+    """Plain attention for ONE sequence whose queries are its last q_len tokens; `sinks` [H]:
+    one more logit per head in the softmax, with no value (gpt-oss).
 
     q: [q_len, num_heads, head_dim]; k, v: [seq_len, kv_heads, head_dim] (the whole context).
     Written with explicit matmul and softmax in float64, for tests only.
@@ -260,5 +264,9 @@ def reference_attention(
     key_pos = torch.arange(seq_len).view(1, -1)
     mask = _attend_mask(query_pos, key_pos, seq_len, sliding_window)
     scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:  # a column per head that every query sees, dropped after the softmax
+        sink = sinks.double().view(-1, 1, 1).expand(num_heads, q_len, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)

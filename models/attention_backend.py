@@ -22,7 +22,9 @@ Contract:
   - `decode_buffers(max_rows, max_blocks_per_seq, scratch_block)`: only a DECODE_ONLY backend's.
 - `BlockAttentionBackend`: PyTorch key-block attention (models/block_attention.py).
   `CppAttentionBackend`: tgserve's C++ paged attention, one query per row
-  (models/cpu_kernels/paged_attention). The Triton backend: models/triton_attention/backend.py.
+  (models/cpu_kernels/paged_attention), the one that reads int8 K/V caches
+  (models/kv_quant.py: it also writes their rows). The Triton backend:
+  models/triton_attention/backend.py.
 Inside a forward the metadata is read, never built: no host list, no `.item()`, no copy from
 the host (tests/engine/test_host_syncs.py, tests/models/test_capturable_decode.py).
 """
@@ -38,6 +40,7 @@ from torch import nn
 
 from models.attention import AttentionMetadata, KVCache, host_layout, key_block_attention
 from models.decode_buffers import DecodeBuffers
+from models.kv_quant import is_quantized
 from models.triton_attention.reference import reference_write_kv
 
 
@@ -146,6 +149,18 @@ class CppAttentionBackend(AttentionBackend):
     def _plan(self, meta, parts, query_lens) -> AttentionMetadata:
         meta.row_plan()
         return meta
+
+    def write_kv(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, meta) -> None:
+        """As the base class, or int8 rows with their scales into an int8 cache: the C++
+        step's own append (models/cpu_kernels/kv_int8.h), so both paths store the same bits."""
+        if not is_quantized(cache[0]):
+            super().write_kv(cache, k, v, meta)
+            return
+        from models import cpu_kernels
+
+        cpu_kernels.extension().write_kv_int8(
+            cache[0], cache[1], k.contiguous(), v.contiguous(), meta.slot_mapping
+        )
 
     def forward(self, q: torch.Tensor, cache: KVCache, meta, scale: float) -> torch.Tensor:
         return self.forward_window(q, cache, meta, scale, meta.sliding_window)

@@ -21,7 +21,8 @@ The order each row's reductions follow, whatever else is in the step (issue #14)
   key for a row leaves that row's (m, l, acc) untouched (torch.where), so whether a block is
   computed for a row (because a tile-mate needs it) or not changes nothing.
 Keys beyond the sequence's length are masked and their values zeroed (a stale slot could
-hold anything); the output is acc / l, rounded once to q's dtype.
+hold anything); with attention sinks (gpt-oss) exp(sink) is added to l after the last block
+(both rescaled to max(m, sink)); the output is acc / l, rounded once to q's dtype.
 """
 
 from __future__ import annotations
@@ -111,9 +112,11 @@ def block_attention(
     plan: BlockPlan,
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] -> [T, H, D]; see the module doc for the order it fixes. `softcap` (Gemma 2):
-    scores become softcap * tanh(scores / softcap) before the mask and softmax."""
+    scores become softcap * tanh(scores / softcap) before the mask and softmax. `sinks` [H]
+    (gpt-oss): one more logit per head in each row's softmax denominator, with no value."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[2]
     group, qt = num_heads // kv_heads, plan.tile_rows
@@ -158,6 +161,12 @@ def block_attention(
             m.index_copy_(0, sel, m_new)
             denom.index_copy_(0, sel, l_new)
             acc.index_copy_(0, sel, acc_new)
+    if sinks is not None:  # after the last block: exp(sink) joins the sum, rescaled to its max
+        sink = sinks.float().view(1, kv_heads, 1, group).expand(1, kv_heads, qt, group)
+        sink = sink.reshape(1, kv_heads, qt * group, 1)
+        top = torch.maximum(m, sink)
+        a = torch.exp(m - top)
+        denom, acc = denom * a + torch.exp(sink - top), acc * a
     out = (acc / denom).view(-1, kv_heads, qt, group, head_dim).transpose(1, 2)
     out = out.reshape(-1, num_heads, head_dim).index_select(0, plan.out_rows)
     return out.to(q.dtype)

@@ -63,6 +63,8 @@ def _llama_shapes(c: ModelConfig) -> tuple[dict[str, Shape], set[str]]:
         if c.family == "gemma":
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 layer[f"{norm}.weight"] = (h,)
+        if c.family == "gpt_oss":  # attention sinks, one logit per query head
+            layer["self_attn.sinks"] = (c.num_heads,)
         if c.qk_norm:
             layer |= {f"self_attn.{n}_norm.weight": (c.head_dim,) for n in ("q", "k")}
         required |= {p + k for k in layer}

@@ -3,8 +3,8 @@ config.json dict (GGUF metadata is mapped to the same dict by the loader).
 
 Contract: `ModelConfig.from_hf_dict(d)` accepts the config.json of LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense), the mixture-of-experts MixtralForCausalLM, Qwen3MoeForCausalLM and
-Qwen2MoeForCausalLM (models/moe/config.py: their experts in `moe`), Phi3ForCausalLM,
-Gemma2ForCausalLM, Gemma3ForCausalLM (text-only; their own fields: models/config_families.py)
+Qwen2MoeForCausalLM (models/moe/config.py: their experts in `moe`), GptOssForCausalLM,
+Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text-only; their own fields: models/config_families.py)
 and GPT2LMHeadModel, and of the
 encoder-decoders T5ForConditionalGeneration, BartForConditionalGeneration and
 MBartForConditionalGeneration (models/encdec/config.py: the decoder's shape here, the rest in
@@ -38,6 +38,7 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "MixtralForCausalLM": "moe",
     "Qwen3MoeForCausalLM": "moe",
     "Qwen2MoeForCausalLM": "moe",
+    "GptOssForCausalLM": "gpt_oss",  # attention sinks, clamped-SwiGLU experts: models/gpt_oss
 }
 
 
@@ -52,7 +53,7 @@ def _as_id_tuple(value: Any) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str  # the HF class name, e.g. "LlamaForCausalLM"
-    family: str  # "llama" | "moe" | "gemma" | "gpt2" | "t5" | "bart"
+    family: str  # "llama" | "moe" | "gemma" | "gpt_oss" | "gpt2" | "t5" | "bart"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -183,5 +184,6 @@ def _guess_architecture(model_type: str | None) -> str:
         "mixtral": "MixtralForCausalLM",
         "qwen2_moe": "Qwen2MoeForCausalLM",
         "qwen3_moe": "Qwen3MoeForCausalLM",
+        "gpt_oss": "GptOssForCausalLM",
     }
     return by_type.get(model_type or "", str(model_type))

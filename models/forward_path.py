@@ -14,6 +14,10 @@ returns a `ForwardPath`:
 - `attention_kernel`: True when the C++ paged attention serves the path;
 - `description`: one line for the engine's start-up log.
 
+An int8 K/V cache (models/kv_quant.py, `--kv-cache-dtype int8`) is read by the C++ paged
+attention only: a path without it (`attention_kernel` False: PyTorch key-block attention, Triton,
+Gemma 2's capped scores) is refused with a ValueError naming the path.
+
 The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; each name maps
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
 not one it serves (the next is tried; past the list the model's own forward runs). A model
@@ -46,6 +50,7 @@ from models.attention_backend import (
     CppAttentionBackend,
     GraphSupport,
 )
+from models.kv_quant import is_quantized
 from models.linear_backend import use_invariant_linears
 from models.moe.cpu_experts import use_cpp_experts
 
@@ -155,6 +160,8 @@ def cpu_kernels_ready(device: torch.device) -> bool:
 
 
 def _cpp_step(req: PathRequest) -> ForwardPath | None:
+    if _plain_attention(req.model):  # gpt-oss is a Llama subclass, but its layers attend alone
+        return None
     if not (req.cpu_kernels and cpu_kernels_ready(req.device)):
         return None
     from models.cpu_kernels.fused_decoder import FusedDecoder
@@ -240,5 +247,16 @@ def select_forward_path(
     for name in BACKENDS_BY_DEVICE.get(req.device.type, ()):
         path = BUILDERS[name](req)
         if path is not None:
-            return path
-    return PyTorchPath(model, kv_caches, attention_kernel=False)
+            return _reads_its_cache(path, kv_caches)
+    return _reads_its_cache(PyTorchPath(model, kv_caches, attention_kernel=False), kv_caches)
+
+
+def _reads_its_cache(path: ForwardPath, kv_caches: list[KVCache]) -> ForwardPath:
+    """`path`, unless its cache holds int8 rows that its attention cannot read."""
+    if kv_caches and is_quantized(kv_caches[0][0]) and not path.attention_kernel:
+        raise ValueError(
+            f"--kv-cache-dtype int8 is read only by tgserve's C++ paged attention on a CPU; "
+            f"this model runs on {path.description!r} here, which cannot read it: use "
+            "--kv-cache-dtype auto (or a CPU with the C++ kernels and a model they serve)"
+        )
+    return path

@@ -7,7 +7,8 @@ Contract:
   or a sharded model.safetensors.index.json, or a .gguf file (F32/F16/BF16 kept, Q8_0/Q4_0/Q4_1/
   Q5_0/Q5_1/Q4_K/Q5_K/Q6_K dequantised to float32, llama.cpp's Q/K row permutation undone). With tied embeddings the
   result has no `lm_head.weight`, as in the saved files. Every tensor the config implies is
-  checked for presence and shape. A folder's generation_config.json (models/generation_config.py)
+  checked for presence and shape (gpt-oss's MXFP4 `_blocks` / `_scales` pairs as one lazily
+  dequantised entry each: models/gpt_oss/mxfp4.py). A folder's generation_config.json (models/generation_config.py)
   gives the config its token ids and is kept on `ModelConfig.generation`.
 - A GGUF file is converted once into a cache folder (models/gguf/cache.py) and later loads read
   that folder; `cache_dir` overrides the location, `use_cache=False` skips it. If the cache is not
@@ -211,10 +212,15 @@ def _read_safetensors(folder: Path) -> tuple[Tensors, dict[str, Path]]:
 
 
 def _canonical_names(config: ModelConfig, tensors: Tensors) -> Tensors:
-    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix.
+    """GPT-2 files saved from GPT2Model (e.g. the original `gpt2`) lack the `transformer.` prefix;
+    gpt-oss's released experts are MXFP4 `_blocks` / `_scales` pairs (one entry each here).
 
-    The one place that adds it: check_checkpoint and the model's load_weights see HF names only.
+    The one place for both: check_checkpoint and the model's load_weights see HF names only.
     """
+    if config.family == "gpt_oss":  # pairs dequantised as the model takes them
+        from models.gpt_oss.mxfp4 import mxfp4_experts
+
+        return mxfp4_experts(tensors)  # type: ignore[return-value]
     if config.family != "gpt2":
         return tensors
     return {

@@ -1,4 +1,4 @@
-"""Rotary position embedding: inverse frequencies (default, linear, Llama-3 and LongRoPE
+"""Rotary position embedding: inverse frequencies (default, linear, Llama-3, YaRN and LongRoPE
 scaling), the per-step cos/sin tables, and the rotation of q and k.
 
 Contract: `RotaryEmbedding(rotary_dim, theta, scaling)(positions [T], dtype) -> (cos, sin)`, each
@@ -15,6 +15,11 @@ transformers' choice in every decode step (it takes the long set when the forwar
 position + 1 exceeds the original length) and for every prompt shorter than that length; for a
 prompt longer than it, transformers rotates the whole prompt with the long set in its one
 forward, where a position rule gives the long set to positions >= the original length only.
+YaRN (gpt-oss, `rope_type` "yarn"): each frequency blends its interpolated (/ factor) and its
+original value by a linear ramp over the dims between the beta_fast and beta_slow rotation
+counts at original_max_position_embeddings (floored / ceiled unless `truncate` is false), and
+cos/sin are multiplied by the attention factor (0.1 ln(factor) + 1 unless the config gives one),
+as transformers computes them.
 Why a position rule: a key's rotation must not depend on how its prompt was cut into chunks,
 on a prefix-cache hit or on a preemption (the same request gives the same answer), and the
 decode forward stays free of host data (capturable).
@@ -52,6 +57,8 @@ def rope_inverse_frequencies(
         return inv_freq / float(scaling["factor"])
     if kind == "longrope":
         return longrope_tables(head_dim, theta, scaling)[0]
+    if kind == "yarn":
+        return yarn_table(head_dim, theta, scaling)[0]
     if kind == "llama3":
         factor = float(scaling["factor"])
         low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
@@ -65,7 +72,7 @@ def rope_inverse_frequencies(
         in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(in_band, blended, scaled)
     raise ValueError(
-        f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3, longrope"
+        f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3, yarn, longrope"
     )
 
 
@@ -92,6 +99,31 @@ def longrope_tables(
     return sets[0], sets[1], float(attention)
 
 
+def yarn_table(head_dim: int, theta: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [head_dim // 2] float32, attention factor) of YaRN (module doc)."""
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+    def dim_of(rotations: float) -> float:  # the dim that turns `rotations` times in `original`
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = dim_of(float(scaling.get("beta_fast") or 32))
+    high = dim_of(float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of zero width: transformers' guard against dividing by 0
+    base = theta ** (torch.arange(0, head_dim, 2, device="cpu").float() / head_dim)
+    ramp = ((torch.arange(head_dim // 2, device="cpu").float() - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # the share of each frequency left as it was (extrapolated)
+    inv_freq = 1.0 / (factor * base) * (1 - kept) + 1.0 / base * kept
+    return inv_freq, float(attention)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for a step's positions, in the rotate-half (non-interleaved) layout of
     HF; computed once per forward and shared by every layer (of one rope kind)."""
@@ -114,6 +146,8 @@ class RotaryEmbedding(nn.Module):
             )
             self.long_from = int(self.scaling["original_max_position_embeddings"])
             self.long_inv_freq = long.to(device)
+        elif _rope_kind(self.scaling) == "yarn":
+            short, self.attention_factor = yarn_table(self.head_dim, self.theta, self.scaling)
         else:
             short = rope_inverse_frequencies(self.head_dim, self.theta, self.scaling)
         self.inv_freq = short.to(device)

@@ -10,7 +10,8 @@ Starlette's CORSMiddleware wraps OUTSIDE the guard: preflights from those origin
 before auth, and every response the guard or a route gives them (401 / 429 / 503 included)
 carries `Access-Control-Allow-Origin`, so browsers can read errors. Credentials (cookies) are
 never allowed: clients send their key in the Authorization header, which is allowed.
-GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
+With `--role` (server/disagg.py) a prefill server gains its K/V route, a decode server its
+prefill peer, and both their transfer's figures in /metrics. GET /openapi.json serves the API's OpenAPI document (server/openapi.py), /docs and /redoc show it
 (server/docs_ui.py, assets from a package: no CDN); GET / is the playground (server/playground.py).
 Outermost, HttpMetricsMiddleware counts every response by route and status (server/metrics/http.py).
 """
@@ -27,12 +28,13 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from engine import EngineCore
-from server import __version__, operations
+from server import __version__, disagg, operations
 from server.anthropic import router as anthropic_router
 from server.docs_ui import install_docs
 from server.errors import install_error_handlers
 from server.guard import Guard
 from server.metrics import HttpMetrics, HttpMetricsMiddleware
+from server.metrics.kv_transfer import KVTransferCollector
 from server.openai import router as openai_router
 from server.openapi import install_openapi
 from server.playground import install_playground
@@ -95,6 +97,13 @@ def create_app(
     routers = [build(state) for build in API_ROUTERS]
     if state.sleep is not None:  # --enable-sleep-mode
         routers.append(sleep_router(state.sleep))
+    if settings.role == "prefill":  # its decode server asks it for prompts' K/V
+        routers.append(disagg.build_router(state))
+    elif settings.role == "decode":  # prompts are computed by its prefill server
+        state.prefill_peer = disagg.PrefillPeer(settings, state)
+    if settings.role is not None:
+        link = KVTransferCollector(lambda: state.engine.kv_link if state.engine else None)
+        state.metrics.registry.register(link)
     for router in routers:
         app.include_router(router)
     install_openapi(app, settings)

@@ -3,7 +3,7 @@
 Contract: /health is 200 while the process is alive and the engine loop makes progress (the
 AsyncEngine watchdog; loading counts as healthy), else 503. /ready is 200 only once weights
 are loaded and the warm-up request ran, and 503 again while draining or once the engine loop
-died. /metrics is Prometheus text (server/metrics/). /version is `{"version"}`, tgserve's
+died (and on a decode server once its prefill server is gone: `prefill_unavailable`). /metrics is Prometheus text (server/metrics/). /version is `{"version"}`, tgserve's
 version (as `tgserve --version` prints it), answered while the model loads too.
 """
 
@@ -27,10 +27,12 @@ def build_router(state: ServerState) -> APIRouter:
 
     @router.get("/ready")
     async def ready() -> Response:
-        if state.ready:
+        lost = state.prefill_peer is not None and state.prefill_peer.lost  # server/disagg.py
+        if state.ready and not lost:
             return JSONResponse({"status": "ready"})
         status = "dead" if state.dead_reason else "draining" if state.draining else "loading"
         status = "sleeping" if state.sleep is not None and state.sleep.level else status
+        status = "prefill_unavailable" if state.ready else status
         return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
 
     @router.get("/metrics")

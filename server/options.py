@@ -1,20 +1,15 @@
 """The table of `tgserve serve` options: each a CLI flag and a TGSERVE_* variable, with its
 parser and help.
 
-Contract: `OPTIONS` lists every option (`Option`: destination, parser of its text, help; a
-`repeatable` flag may be given several times, its variable a comma list; a `flag_is_switch`
-flag takes no value; `choices`: the only values the flag or variable may take; `default`: in
-words what unset means where server/settings.py's value is None, or `ENGINE_DEFAULT`, read from
-EngineConfig). Parsers (server/option_parsers.py) raise ValueError with a message a user can act on
-(`parse_size` reads "2GiB", "512MiB", "2GB"). Defaults live with the values, in server/settings.py.
+Contract: `OPTIONS` lists every option (`Option`, server/option.py: destination, parser of its
+text, help, whether repeatable or a switch, its choices, and what unset means). Parsers
+(server/option_parsers.py) raise ValueError with a message a user can act on (`parse_size`
+reads "2GiB", "512MiB", "2GB"). Defaults live with the values, in server/settings.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
+from server.option import ENGINE_DEFAULT, Option
 from server.option_parsers import (
     _bool,
     _milliseconds,
@@ -31,27 +26,6 @@ from server.option_parsers import (
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_xml", "pythonic")
 TOOL_CALL_PARSERS += ("deepseek_v3",)
 REASONING_PARSERS = ("auto", "think", "think_inside", "none")
-ENGINE_DEFAULT = "<engine>"  # Option.default: EngineConfig's field of the same name says it
-
-
-@dataclass(frozen=True)
-class Option:
-    dest: str
-    parse: Callable[[str], Any]
-    help: str
-    repeatable: bool = False  # the flag may be given several times; the variable is a comma list
-    flag_is_switch: bool = False
-    choices: tuple[str, ...] = ()  # the values accepted (empty: any the parser takes)
-    default: str | None = None  # what unset means, where the setting's default is None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.dest.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "TGSERVE_" + self.dest.upper()
-
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -85,6 +59,12 @@ OPTIONS: tuple[Option, ...] = (
         "int8: int8 activations before quantised linears (CPU, opt-in)",
         choices=("none", "int8"),
         default="none",
+    ),
+    Option(
+        "kv_cache_dtype",
+        str,
+        "K/V cache rows: auto (the model's dtype) | int8 (a scale per token and head; CPU)",
+        choices=("auto", "int8", "fp8"),
     ),
     Option("max_model_len", int, "context length admitted, in tokens", default="the model's"),
     Option("block_size", int, "tokens per KV cache block", default=ENGINE_DEFAULT),
@@ -141,9 +121,15 @@ OPTIONS: tuple[Option, ...] = (
         "torch.distributed: gloo on CPU, NCCL on CUDA",
     ),
     Option(
+        "pipeline_parallel_size",
+        int,
+        "stages the model's layers are split into, each of --tensor-parallel-size ranks; a "
+        "step's rows stream through them in micro-batches (stages across machines: --nnodes)",
+    ),
+    Option(
         "nnodes",
         int,
-        "machines the --tensor-parallel-size ranks are split over (equal shares); each runs "
+        "machines the ranks (--tensor-parallel-size x --pipeline-parallel-size) are split over (equal shares); each runs "
         "`tgserve serve` with its --node-rank, and node 0 serves HTTP [or torchrun's variables]",
         default="1",
     ),
@@ -167,6 +153,24 @@ OPTIONS: tuple[Option, ...] = (
         "and a node waits for rank 0",
         default="120",
     ),
+    Option(
+        "role",
+        str,
+        "prefill/decode split: prefill computes prompts and sends their K/V to its decode server, "
+        "which serves the clients (needs --kv-transfer-addr; decode also --prefill-url)",
+        choices=("prefill", "decode"),
+        default="both, one server",
+    ),
+    Option(
+        "kv_transfer_addr",
+        str,
+        "HOST:PORT the decode server hosts the K/V transfer group at (gloo; open to the prefill)",
+        default="none",
+    ),
+    Option(
+        "prefill_url", str, "a decode server's prefill server: http://HOST:PORT", default="none"
+    ),
+    Option("kv_transfer_timeout", _positive_float, "seconds to wait for the K/V peer"),
     Option(
         "enforce_eager",
         _bool,

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> NoReturn:
-    from engine import EngineConfig, LoraConfig, kv_tier_config, speculative_config
+    from engine import EngineConfig, KVTierConfig, LoraConfig, kv_tier_config, speculative_config
 
     settings = Settings.resolve(args, os.environ)
     if settings.model is not None and not Path(settings.model).exists():
@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> NoReturn:
 
         configure_logging(settings.log_level)
         exit_now(engine.serve_follower_node(settings.model, cluster))
-    tensor_parallel_size = settings.tensor_parallel_size
+    tensor_parallel_size, stages = settings.tensor_parallel_size, settings.pipeline_parallel_size
     if cluster.world_size is not None and tensor_parallel_size == 1:  # torchrun's WORLD_SIZE
-        tensor_parallel_size = cluster.world_size
-    if cluster.world_size not in (None, tensor_parallel_size):
+        tensor_parallel_size = max(1, cluster.world_size // stages)
+    if cluster.world_size not in (None, tensor_parallel_size * stages):
         raise ValueError(
-            f"--tensor-parallel-size {tensor_parallel_size} differs from torchrun's WORLD_SIZE "
-            f"{cluster.world_size} (one process per rank)"
+            f"--tensor-parallel-size {tensor_parallel_size} x --pipeline-parallel-size {stages} "
+            f"differs from torchrun's WORLD_SIZE {cluster.world_size} (one process per rank)"
         )
     values = {
         "block_size": settings.block_size,
@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> NoReturn:
         "activation_quantization": None
         if settings.activation_quantization in (None, "none")
         else settings.activation_quantization,
+        "kv_cache_dtype": settings.kv_cache_dtype,
         "kv_cache_memory_bytes": settings.kv_cache_memory,
         "max_queued_requests": settings.max_queued_requests,
         "grammar_cache_bytes": settings.grammar_cache_bytes,
@@ -96,11 +97,13 @@ def run(args: argparse.Namespace) -> NoReturn:
         "cpu_kernels_background": True,  # answer at once on PyTorch ops while they build
         "dequantize": settings.dequantize,
         "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": stages,
         "enforce_eager": settings.enforce_eager,
         "batch_invariant": settings.batch_invariant,
-        "kv_tiers": kv_tier_config(
+        "kv_tiers": kv_tier_config(  # a --role server's RAM tier holds the blocks it sends
             settings.kv_offload_ram_bytes, settings.kv_offload_dir, settings.kv_offload_bytes
-        ),
+        )
+        or (KVTierConfig() if settings.role else None),
         "speculative": speculative_config(
             settings.speculative,
             settings.num_speculative_tokens,
@@ -125,7 +128,12 @@ def run(args: argparse.Namespace) -> NoReturn:
         from engine import leader_engine
 
         logger.info("loading %s", settings.model or "the default model (SmolLM2-135M-Instruct)")
-        return leader_engine(settings.model, config, cluster, progress=True)
+        engine = leader_engine(settings.model, config, cluster, progress=True)
+        if settings.role is not None:  # prefill/decode: its K/V peer joins before ready
+            from server.disagg import open_link
+
+            open_link(settings, engine)
+        return engine
 
     configure_logging(settings.log_level)
     return serve_engine(settings, load_engine, config.max_in_flight)  # the one admission rule

@@ -37,6 +37,7 @@ class Settings:
     device: str = "auto"
     quantization: str | None = None
     activation_quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # models/kv_quant.py
     max_model_len: int | None = None
     block_size: int | None = None
     max_num_seqs: int | None = None
@@ -53,11 +54,16 @@ class Settings:
     disable_cpu_kernels: bool = False
     dequantize: bool = False
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     nnodes: int | None = None  # None: torchrun's variables, else 1 (engine's Cluster)
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
     dist_init_timeout: float | None = None
+    role: str | None = None  # prefill/decode disaggregation (server/disagg.py); None: both
+    kv_transfer_addr: str | None = None
+    prefill_url: str | None = None
+    kv_transfer_timeout: float = 30.0
     enforce_eager: bool = False
     batch_invariant: bool = False
     speculative: str | None = None
@@ -104,10 +110,12 @@ class Settings:
         object.__setattr__(self, "allowed_origins", flat)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(
-                f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}"
-            )
+        for flag, size in (
+            ("--tensor-parallel-size", self.tensor_parallel_size),
+            ("--pipeline-parallel-size", self.pipeline_parallel_size),
+        ):
+            if size < 1:
+                raise ValueError(f"{flag} must be at least 1, got {size}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be at least 1KiB, got {self.max_body_bytes}")
         if not (self.shutdown_timeout >= 0 and math.isfinite(self.shutdown_timeout)):
@@ -139,6 +147,8 @@ class Settings:
                 f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                 f"got {self.reasoning_parser!r}"
             )
+        if self.role is not None:
+            _check_role(self)
         if self.sleep_idle_timeout is not None and not self.enable_sleep_mode:
             raise ValueError("--sleep-idle-timeout needs --enable-sleep-mode")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -156,6 +166,23 @@ class Settings:
             elif option.env in environ:
                 values[option.dest] = _from_env(option, environ[option.env])
         return cls(**values)
+
+
+def _check_role(settings: Settings) -> None:
+    """--role's companions (README "More than one machine": prefill/decode)."""
+    host, _, port = (settings.kv_transfer_addr or "").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"--role {settings.role} needs --kv-transfer-addr HOST:PORT (the decode server's "
+            f"address and a free port), got {settings.kv_transfer_addr!r}"
+        )
+    if settings.role == "decode" and not (settings.prefill_url or "").startswith("http"):
+        raise ValueError("--role decode needs --prefill-url http://HOST:PORT (its prefill server)")
+    parallel = settings.tensor_parallel_size * settings.pipeline_parallel_size > 1
+    if parallel or settings.disable_prefix_caching:
+        raise ValueError(
+            f"--role {settings.role} needs prefix caching and no tensor or pipeline parallelism"
+        )
 
 
 def _from_env(option: Option, raw: str) -> Any:

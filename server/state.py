@@ -4,18 +4,17 @@ Contract:
 - `start()` loads the engine in a daemon thread (`engine_factory()`; the process keeps answering
   /health meanwhile, and a signal during the load ends the process without waiting for it),
   starts the AsyncEngine, runs the warm-up (engine/warm_up.py) and only then turns ready. A
-  failed load is logged and `on_fatal` (given at construction) is called. The engine's
-  `EngineInfo` is kept as it came (`info`); `tokenizer`, `max_model_len` and `vocab_size` read
-  it.
+  failed load is logged and `on_fatal` (given at construction) is called. `info`: the engine's
+  `EngineInfo` as it came (`tokenizer`, `max_model_len`, `vocab_size` read it).
 - `open()` is how routes start generation (see server/admission.py; grammars compile on
-  `workers`, within `--grammar-compile-timeout`).
-- `require_ready()`: 503 + Retry-After until ready (loading), and while draining or dead; `model_name()` calls it
-  first, so a request sent while loading is told to retry, never that its model is unknown.
-  `model_name()` takes a served name, none, or a placeholder TGI-style clients send for "the
-  model this server serves" (`PLACEHOLDER_MODEL_NAMES`), which it answers with the served name.
+  `workers`, within `--grammar-compile-timeout`); on a decode server `prefill_peer` first has
+  the prompts computed by its prefill server (server/disagg.py).
+- `require_ready()`: 503 + Retry-After until ready (loading), and while draining or dead;
+  `model_name()` calls it first (a request sent while loading is told to retry), and takes a
+  served name, none, or a placeholder TGI-style clients send for "the model this server
+  serves" (`PLACEHOLDER_MODEL_NAMES`), which it answers with the served name.
 - `drain(timeout)`: not ready any more; in-flight work gets `timeout` seconds, then is aborted.
-- `sleep` (with --enable-sleep-mode; server/sleep.py): while asleep `readiness_error` is its
-  503, after dead and draining.
+- `sleep` (--enable-sleep-mode): asleep, `readiness_error` is its 503 (after dead, draining).
 - When the engine loop dies (AsyncEngine's `on_dead`), the state turns not ready, logs why and
   calls `on_fatal` on the event loop: `tgserve serve` then exits non-zero to be restarted.
 """
@@ -77,9 +76,9 @@ class ServerState:
         self.info: EngineInfo | None = None  # the engine's own description, once loaded
         self.token_texts: TokenTexts | None = None
         self.model_names: tuple[str, ...] = settings.served_model_name
-        self.ready = False
-        self.draining = False
+        self.ready = self.draining = False
         self.dead_reason: str | None = None  # the engine loop died: the process is stopping
+        self.prefill_peer: Any = None  # --role decode: server/disagg.py's PrefillPeer
         self.created = int(time.time())
         # Grammars compile here (server/admission.py): two threads leave the engine's loop a
         # core on a small host; as many may wait as requests may be in flight.
@@ -259,6 +258,8 @@ class ServerState:
         `api_fields`: engine field names -> the request's API fields, for a 400's `param`;
         `request_id`: the id the client sees (server/request_id.py), the engine's too."""
         self.require_ready()
+        if self.prefill_peer is not None:
+            await self.prefill_peer.prefill(prompts, params)
         return await open_streams(
             self.engine,
             self.metrics,

@@ -54,6 +54,7 @@ class BackendOptions:
     num_requests: int  # so queues are sized for the whole run
     quantization: str | None = None  # tgserve: None | "int8"
     activation_quantization: str | None = None  # tgserve: None | "int8"
+    kv_cache_dtype: str = "auto"  # tgserve: "auto" | "int8" (models/kv_quant.py)
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
     dequantize: bool = False  # tgserve: a GGUF dequantised to dtype (default: blocks as stored)

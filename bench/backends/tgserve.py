@@ -37,6 +37,7 @@ class TgserveBackend:
             f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
             + (", int8 activations" if engine.config.activation_quantization else "")
+            + (", int8 K/V" if engine.config.kv_cache_dtype == "int8" else "")
             + (", compiled" if engine.config.compile else "")
             + (", batch-invariant" if engine.config.batch_invariant else "")
             + (", C++ CPU kernels" if described.cpu_kernels else "")
@@ -163,6 +164,7 @@ def engine_config(source: ModelSource, options: BackendOptions):
         max_model_len=min(max_model_len, source.config.max_position_embeddings),
         quantization=options.quantization,
         activation_quantization=options.activation_quantization,
+        kv_cache_dtype=options.kv_cache_dtype,
         compile=options.compile,
         cpu_kernels=options.cpu_kernels,
         dequantize=options.dequantize,

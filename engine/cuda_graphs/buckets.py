@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.scheduling.step_plan import adapter_slots
+from engine.step_inputs import adapter_slots
 
 
 def graph_buckets(max_num_seqs: int) -> tuple[int, ...]:

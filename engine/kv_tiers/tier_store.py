@@ -15,6 +15,8 @@ Contract (the block manager's `TierIndex`, engine/scheduling/block_manager.py, p
   pool blocks. In that order: an evicted block may be handed out and filled in the same step.
 - `set_forward_path(name)`: K/V of another forward path is not this one's (they agree to
   rounding only): the namespace changes and the RAM tier is emptied.
+- `put_received(key, tokens, kv)`: a block another server computed (engine/kv_transfer, its
+  shape and dtype this store's) goes into the RAM tier, where a hit finds it as any other.
 - `stats()`: hits and bytes per tier. `flush()` waits for queued disk writes.
 """
 
@@ -62,6 +64,13 @@ class TierStore:
 
     def count_hit(self, block: RamBlock) -> None:
         self.ram.count_hit(block)
+
+    def put_received(self, key: int, tokens: tuple[int, ...], kv: torch.Tensor) -> None:
+        if tuple(kv.shape) != self.block_shape or kv.dtype != self.dtype:
+            raise ValueError(
+                f"a received K/V block is {tuple(kv.shape)} {kv.dtype}, not this pool's"
+            )
+        self.ram.put(key, tokens, kv)
 
     def prefetch(self, chain: Chain) -> Future | None:
         if self.disk is None:

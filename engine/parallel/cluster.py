@@ -53,8 +53,8 @@ class Cluster:
     def check_world(self, world: int) -> None:
         if world % self.nnodes:
             raise ValueError(
-                f"--tensor-parallel-size {world} must be a multiple of --nnodes {self.nnodes} "
-                "(every node holds the same number of ranks)"
+                f"the group's {world} ranks (--tensor-parallel-size x --pipeline-parallel-size) "
+                f"must be a multiple of --nnodes {self.nnodes} (every node holds as many ranks)"
             )
 
     def ranks_on(self, node: int, world: int) -> range:

@@ -47,7 +47,7 @@ def serve_follower_node(model_path: str | None, cluster: Cluster) -> int:
     except (RendezvousError, ValueError) as exc:
         log.error("%s", exc)
         return 1
-    world = config.tensor_parallel_size
+    world = config.parallel_world_size
     threads = node_threads(cluster, world)
     others = cluster.local_ranks(world)[1:]
     workers = WorkerSet(spawn_ranks(others, cluster, model_path, threads), None)

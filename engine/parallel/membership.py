@@ -137,11 +137,12 @@ class Membership:
                 f"{published['nnodes']}: every node must be given the same"
             )
         config = config_from_dict(published["engine"])
-        cluster.check_world(config.tensor_parallel_size)
+        world = config.parallel_world_size
+        cluster.check_world(world)
         if rank is None:
-            rank = cluster.local_ranks(config.tensor_parallel_size)[0]
+            rank = cluster.local_ranks(world)[0]
         store.set(_joined(rank), f"node {cluster.node_rank} on {socket.gethostname()}")
-        return cls(store, cluster, config.tensor_parallel_size, rank), config
+        return cls(store, cluster, world, rank), config
 
     def start_heartbeat(self, on_lost: Callable[[str], None]) -> None:
         answered = [time.monotonic()]  # when rank 0's store last took a beat

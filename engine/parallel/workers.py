@@ -160,7 +160,7 @@ def spawn_ranks(
 def start_ranks(
     model_path: str, config: EngineConfig, cluster: Cluster | None = None
 ) -> tuple[WorkerSet, ParallelGroup]:
-    world = config.tensor_parallel_size
+    world = config.parallel_world_size
     cluster = cluster or Cluster()
     if cluster.master_port is None:  # one node: a free loopback port
         cluster = replace(cluster, master_addr=LOOPBACK, master_port=free_port())

@@ -203,8 +203,11 @@ class Request:
     @property
     def num_seq_slots(self) -> int:
         """Batch rows this group may occupy: its planned width until it has forked."""
-        num_finished = sum(1 for s in self.seqs if s.is_finished)
-        return max(len(self.seqs) - num_finished, self.params.num_sequences - num_finished)
+        seqs = self.seqs
+        if len(seqs) == 1 and seqs[0].finish_reason is None:  # the common case, every step
+            return max(1, self.params.num_sequences)
+        num_finished = sum(1 for s in seqs if s.is_finished)
+        return max(len(seqs) - num_finished, self.params.num_sequences - num_finished)
 
     def max_kv_tokens(self) -> int:
         """K/V slots one sequence can need: the last sampled token is never computed."""

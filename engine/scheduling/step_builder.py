@@ -89,6 +89,8 @@ class StepBuilder:
         for request in self.queues.by_priority():
             if request.status is not RequestStatus.RUNNING or request.request_id in self.plans:
                 continue
+            if self._decode_in_place(request):
+                continue
             remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
             if min(remaining) < 1:
                 raise RuntimeError(
@@ -101,6 +103,31 @@ class StepBuilder:
                     proposals = self._proposals(request, self.budget - sum(sizes))
                     self._schedule_running(request, sizes, proposals)
                     self.decodes.add(request.request_id)
+
+    def _decode_in_place(self, request: Request) -> bool:
+        """Places the common decode, if it is one: a single live sequence, one token to
+        compute, no proposal, written into the last block of its table, which it alone holds
+        (no block to take, nothing to copy, so no preemption): the general path's lists and
+        block counts cost most of a decode step's host time (issue 38). False: not placed."""
+        seqs = request.seqs
+        if len(seqs) != 1 or self.budget < 1:
+            return False
+        seq = seqs[0]
+        start, table = seq.num_computed_tokens, seq.block_table
+        index = start // self.block_manager.block_size
+        if (
+            len(seq.token_ids) != start + 1
+            or index >= len(table)
+            or self.block_manager.ref_count(table[index]) != 1
+            or (self.proposals.tokens and self.proposals.get(seq))
+        ):
+            return False
+        self.plans[request.request_id] = _Plan(
+            [ScheduledChunk(request, seq, start, 1, True)], [], 1
+        )
+        self.budget -= 1
+        self.decodes.add(request.request_id)
+        return True
 
     def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
         """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""
@@ -148,17 +175,21 @@ class StepBuilder:
 
     def _schedule_prefills(self, budget: PrefillBudget) -> None:
         queues = self.queues
+        # Every running request placed by the decodes (the steady state): no list to build.
+        placed_all = len(self.plans) == len(queues.running)
         partials = [
             r
-            for r in queues.running
+            for r in ([] if placed_all else queues.running)
             if r.status is RequestStatus.RUNNING and r.request_id not in self.plans
         ]
+        # After a preemption nobody: its freed blocks go to the running first.
+        waiting = [] if self.preempted else self._admissible(queues.waiting)
         candidates = PrefillCandidates(
             partials=partials,
-            # After a preemption nobody: its freed blocks go to the running first.
-            waiting=[] if self.preempted else self._admissible(queues.waiting),
+            waiting=waiting,
             arrival=queues.arrival,
-            free_seats=self.config.max_num_seqs - queues.running_seq_slots,
+            # Seats matter to the waiting only (an O(running) sum: skipped without them).
+            free_seats=self.config.max_num_seqs - queues.running_seq_slots if waiting else 0,
             prefix_match=self._prefix_match,
         )
         allots = allot_prefill(candidates, budget)

@@ -22,7 +22,7 @@ was appended or the sequence was finished/removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from engine.requests.request import Request, TokenSequence
@@ -127,10 +127,3 @@ def chunk_sizes(remaining: list[int], budget: int) -> list[int] | None:
         sizes.append(take)
         budget -= take
     return sizes if any(sizes) else None
-
-
-def adapter_slots(chunks: Sequence[object]) -> tuple[int, ...]:
-    """Each chunk's LoRA slot (-1: the base model; a chunk without a request, a draft model's,
-    is the base's), or () when every chunk is the base model's."""
-    slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
-    return slots if any(s >= 0 for s in slots) else ()

@@ -3,7 +3,7 @@
 Contract (pure Python, no torch): the block manager tells it which registered blocks it evicts
 (`evicted`) and which fresh blocks it fills from a tier (`load`); `take_moves()` hands both
 over, in that order, for the engine to apply before the next forward (`TierStore.transfer`).
-`extend(parent_hash, blocks)` continues a pool prefix hit with the blocks the tiers hold (RAM
+`chain(parent_hash, blocks)` keys blocks as the pool does. `extend(parent_hash, blocks)` continues a pool prefix hit with the blocks the tiers hold (RAM
 only; each confirmed by its tokens), and `prefetch(seq, ...)` starts reading the blocks past
 that from disk, holding the sequence back (`is_loading`) until the read is done; `forget(seq)`
 drops that hold when the sequence goes.
@@ -70,12 +70,16 @@ class TierBridge:
             parent_hash = key
         return tuple(found)
 
-    def prefetch(self, seq: Any, parent_hash: int | None, blocks: list[tuple[int, ...]]) -> None:
+    def chain(self, parent_hash: int | None, blocks: list[tuple[int, ...]]) -> Chain:
+        """Each block's key, continuing the chain whose last block hashes to `parent_hash`."""
         chain: Chain = []
         for tokens in blocks:
             parent_hash = self._hash_fn(parent_hash, tokens)
             chain.append((parent_hash, tokens))
-        pending = self.index.prefetch(chain)
+        return chain
+
+    def prefetch(self, seq: Any, parent_hash: int | None, blocks: list[tuple[int, ...]]) -> None:
+        pending = self.index.prefetch(self.chain(parent_hash, blocks))
         if pending is not None:
             self._loading[seq] = pending
 

@@ -11,7 +11,7 @@
 - `read_probe` (read_probe.cpp): one pass of the bench's memory read probe
   (bench/machine_limits.py); a tool, no kernel uses it.
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
-  Llama-family model in one call;
+  Llama-family model in one call (mixture-of-experts MLPs too: `MoeWeights`, moe_block.cpp);
   wrapped by `models.cpu_kernels.fused_decoder`.
 - `lora_add`, `LoraWeights` (lora.cpp): LoRA adapters' shrink / expand, each row its own
   adapter slot (models/lora/stack.py; inside `LlamaDecoder`'s linear layers too).
@@ -57,6 +57,7 @@ _SOURCES = (
     "mixed_blocks.cpp",
     "q8_linear.cpp",
     "decoder.cpp",
+    "moe_block.cpp",
     "lora.cpp",
     "read_probe.cpp",
     "bindings.cpp",
@@ -64,12 +65,14 @@ _SOURCES = (
 _HEADERS = (
     "kernels.h",
     "decoder.h",
+    "moe_block.h",
     "lora.h",
     "vec_math.h",
     "vec_simd.h",
     "attention_simd.h",
     "attention_avx2.h",
     "attention_layout.h",
+    "kv_int8.h",
     "simd16.h",
     "block_fma.h",
     "dense_tile.h",

@@ -10,9 +10,14 @@
 // queries) attend to a chunk together while its K/V rows sit in L1, each in its own order.
 // Work is split over the cores by (group of rows, key range): one long sequence's ranges
 // spread over every core, and the ranges merge in range order, whatever the split.
+// The cache holds rows of the model's dtype, or int8 rows with a scale each (kv_int8.h): the
+// same loops widen them in place (no dequantised copy), a K row's scale joins the score's
+// multiplier and a V row's the key's softmax weight in the V sum (the softmax's running sums
+// keep the unscaled weights), each once per key and head, in the order of the float caches.
 #include "kernels.h"
 
 #include "attention_simd.h"
+#include "kv_int8.h"
 
 #include <omp.h>
 
@@ -42,7 +47,9 @@ struct RangeOut {
 
 // Attention of the R rows of a group (queries of one sequence, same block table and key start
 // k0) over keys [k0, k1[i]) of this range, row i into out[i]. q[i] [H, qstride] is packed by
-// pack_query. scratch holds p [G, kChunk] and per-lane sums [R, H, kChunk].
+// pack_query. scratch holds p [G, kChunk], V weights [G, kChunk] (int8 rows: p times each V
+// row's scale) and per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
+// elements (D values, then an int8 row's scale).
 // A chunk's K/V rows are located and prefetched once and stay in L1 while every row of the
 // group attends to them: rows share the memory traffic, never the arithmetic. Each row walks
 // the chunks k0, k0 + 16, ... < k1[i] with n = min(16, k1[i] - c0) keys, exactly as it does
@@ -54,9 +61,14 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
                   int R, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t num_blocks,
                   float scale, const RangeOut* out, float* scratch, int* bad) {
   namespace simd = tgserve::attn;
-  const int64_t G = H / KVH, W = KVH * D, DA = simd::acc_stride<T>(D);
+  constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  const int64_t G = H / KVH, DS = D + tgserve::KVRowExtra<T>::value, W = KVH * DS;
+  const int64_t DA = simd::acc_stride<T>(D);
   float* p = scratch;
-  float* lsum = scratch + G * kChunk;  // [R, H, kChunk]
+  float* pv = scratch + G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
+  float* lsum = scratch + 2 * G * kChunk;  // [R, H, kChunk]
+  float kmul[kChunk], vmul[kChunk];  // each key's score multiplier and V scale
+  std::fill(kmul, kmul + kChunk, scale);
   const int64_t kmax = *std::max_element(k1, k1 + R);
   for (int i = 0; i < R; ++i) {
     std::fill(out[i].m, out[i].m + H, -std::numeric_limits<float>::infinity());
@@ -85,16 +97,26 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       prefetch_rows(kc, vc, ahead, std::min(n_ahead, g * kChunk / KVH),
                     std::min(n_ahead, (g + 1) * kChunk / KVH), W);
       for (int i = 0; i < kChunk; ++i) {
-        krows[i] = kc + cur[i] + g * D;
-        vrows[i] = vc + cur[i] + g * D;
+        krows[i] = kc + cur[i] + g * DS;
+        vrows[i] = vc + cur[i] + g * DS;
+        if constexpr (kInt8) {  // rows past the range repeat a valid one: finite scales
+          kmul[i] = scale * tgserve::kv_row_scale(krows[i], D);
+          vmul[i] = tgserve::kv_row_scale(vrows[i], D);
+        }
       }
       for (int i = 0; i < R; ++i) {
         if (c0 >= k1[i]) continue;  // this row's range ended
         const int n = static_cast<int>(std::min<int64_t>(kChunk, k1[i] - c0));
         float* acc = out[i].acc + g * G * DA;
-        simd::score_chunk<T, DC>(q[i] + g * G * qstride, qstride, krows, n, G, D, scale, p);
+        simd::score_chunk<T, DC>(q[i] + g * G * qstride, qstride, krows, n, G, D, kmul, p);
         simd::softmax_chunk(p, n, G, out[i].m + g * G, lsum + (i * H + g * G) * kChunk, acc, DA);
-        simd::accumulate_chunk<T, DC>(p, vrows, G, D, acc, DA, n);
+        if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
+          for (int64_t h = 0; h < G; ++h)
+            for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = p[h * kChunk + j] * vmul[j];
+          simd::accumulate_chunk<T, DC>(pv, vrows, G, D, acc, DA, n);
+        } else {
+          simd::accumulate_chunk<T, DC>(p, vrows, G, D, acc, DA, n);
+        }
       }
     }
   }
@@ -117,8 +139,9 @@ constexpr int64_t kRangeKeys = 256;
 constexpr int kGroupRows = 8;
 
 // out [D] = the merge of ranges 0 .. R-1 of head h, in order: weights exp(m_r - max m) on the
-// partial sums. parts: acc [R, H, DA], then m [R, H], then l [R, H], at acc / pm / pl.
-template <typename T>
+// partial sums. parts: acc [R, H, DA], then m [R, H], then l [R, H], at acc / pm / pl; the
+// accumulators are in the layout of a cache of KV rows.
+template <typename KV, typename T>
 void merge_ranges(const float* acc, const float* pm, const float* pl, int64_t R, int64_t H,
                   int64_t h, int64_t DA, int64_t D, float* sum, T* out) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -133,7 +156,7 @@ void merge_ranges(const float* acc, const float* pm, const float* pl, int64_t R,
 #pragma omp simd
     for (int64_t d = 0; d < DA; ++d) sum[d] += w * pa[d];
   }
-  tgserve::attn::store_row(sum, total > 0.0f ? 1.0f / total : 0.0f, D, out);
+  tgserve::attn::store_row<KV>(sum, total > 0.0f ? 1.0f / total : 0.0f, D, out);
 }
 
 // Rows b and c (c > b) may share a group: the same key start and block table.
@@ -147,13 +170,14 @@ bool same_keys(const int64_t* tables, int64_t nb, const std::vector<int64_t>& st
 // Work items are (group, range) pairs when there are too few groups to keep each thread
 // busy, else whole groups (each walking its ranges in order). Either way each row's range is
 // computed by the same code into its own partials and merged by merge_ranges.
-template <typename T, int DC>
-void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
+// q and out rows are T (float32 / bf16 / half), cache rows KV (T, or int8: kv_int8.h).
+template <typename T, typename KV, int DC>
+void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const int64_t* lens,
             T* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t nb,
             int64_t num_blocks, float scale, int64_t window, int* bad) {
   namespace simd = tgserve::attn;
-  using QT = typename simd::QPack<T>::type;
-  const int64_t Dp = round_up(D, simd::QPack<T>::pad), DA = simd::acc_stride<T>(D);
+  using QT = typename simd::QPack<KV>::type;
+  const int64_t Dp = round_up(D, simd::QPack<KV>::pad), DA = simd::acc_stride<KV>(D);
   const int64_t part_size = H * (DA + 2);  // one range's acc [H, DA], m [H], l [H]
   // Row b's keys [start[b], len[b]) and its ranges first[b] .. first[b + 1] - 1.
   std::vector<int64_t> start(B), len(B), first(B + 1, 0);
@@ -186,8 +210,8 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
   {
     std::vector<QT> qp(kGroupRows * H * Dp);  // a group's query heads, packed
     std::vector<float> own_parts(by_group ? kGroupRows * max_ranges * part_size : 0);
-    // merge sum [DA], then attend_range's scratch [G + kGroupRows * H, kChunk]
-    std::vector<float> scratch(DA + (H / KVH + kGroupRows * H) * kChunk);
+    // merge sum [DA], then attend_range's scratch [2 G + kGroupRows * H, kChunk]
+    std::vector<float> scratch(DA + (2 * (H / KVH) + kGroupRows * H) * kChunk);
     float* sum = scratch.data();
     float* p = sum + DA;
     const QT* qrows[kGroupRows];
@@ -196,7 +220,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
     auto pack = [&](int64_t j) {  // group j's query heads into qp
       for (int64_t b = gfirst[j]; b < gfirst[j + 1]; ++b) {
         QT* dst = qp.data() + (b - gfirst[j]) * H * Dp;
-        for (int64_t h = 0; h < H; ++h) simd::pack_query(q + (b * H + h) * D, D, dst + h * Dp);
+        for (int64_t h = 0; h < H; ++h) simd::pack_query<KV>(q + (b * H + h) * D, D, dst + h * Dp);
       }
     };
     // Range r of group j's rows (queries packed in qp) into each row's partials: row b's
@@ -214,13 +238,13 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
       }
       const int64_t b0 = gfirst[j];  // every row with a range r starts it at the same key
       const int64_t k0 = start[b0] + r * kRangeKeys;
-      attend_range<T, DC>(qrows, Dp, kc, vc, tables + b0 * nb, k0, k1, R, H, KVH, D, bs,
-                          num_blocks, scale, outs, p, bad);
+      attend_range<KV, DC>(qrows, Dp, kc, vc, tables + b0 * nb, k0, k1, R, H, KVH, D, bs,
+                           num_blocks, scale, outs, p, bad);
     };
     auto merge = [&](int64_t b, const float* parts) {
       const int64_t R = first[b + 1] - first[b];
       for (int64_t h = 0; h < H; ++h)
-        merge_ranges<T>(parts, parts + R * H * DA, parts + R * H * (DA + 1), R, H, h, DA, D, sum,
+        merge_ranges<KV, T>(parts, parts + R * H * DA, parts + R * H * (DA + 1), R, H, h, DA, D, sum,
                         out + (b * H + h) * D);
     };
     if (by_group) {
@@ -249,25 +273,30 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
 
 namespace tgserve {
 
-template <typename T>
-int paged_decode_attention(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+template <typename T, typename KV>
+int paged_decode_attention(const T* q, const KV* k_cache, const KV* v_cache, const int64_t* tables,
                            int64_t table_width, const int64_t* seq_lens, T* out, int64_t B,
                            int64_t H, int64_t KVH, int64_t D, int64_t block_size,
                            int64_t num_blocks, float scale, int64_t window) {
   int bad = kOk;
-  const auto go = D == 64 ? decode<T, 64> : D == 128 ? decode<T, 128> : decode<T, 0>;
+  const auto go = D == 64    ? decode<T, KV, 64>
+                  : D == 128 ? decode<T, KV, 128>
+                             : decode<T, KV, 0>;
   go(q, k_cache, v_cache, tables, seq_lens, out, B, H, KVH, D, block_size, table_width,
      num_blocks, scale, window, &bad);
   return bad;
 }
 
-#define TGSERVE_INSTANTIATE(T)                                                              \
-  template int paged_decode_attention<T>(const T*, const T*, const T*, const int64_t*,    \
-                                         int64_t, const int64_t*, T*, int64_t, int64_t,     \
-                                         int64_t, int64_t, int64_t, int64_t, float, int64_t);
-TGSERVE_INSTANTIATE(float)
-TGSERVE_INSTANTIATE(c10::BFloat16)
-TGSERVE_INSTANTIATE(c10::Half)
+#define TGSERVE_INSTANTIATE(T, KV)                                                          \
+  template int paged_decode_attention<T, KV>(const T*, const KV*, const KV*, const int64_t*, \
+                                             int64_t, const int64_t*, T*, int64_t, int64_t,  \
+                                             int64_t, int64_t, int64_t, int64_t, float,      \
+                                             int64_t);
+TGSERVE_INSTANTIATE(float, float)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::Half, c10::Half)
+TGSERVE_INSTANTIATE(float, int8_t)  // int8 K/V rows (kv_int8.h)
+TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
 #undef TGSERVE_INSTANTIATE
 
 }  // namespace tgserve

@@ -9,7 +9,8 @@
 //   per-lane running sums over the chunks in key order, added up by the caller;
 // - the V sum: for each output column, one FMA per key, keys in order (0 .. n-1 of a chunk,
 //   chunks in order); keys past n carry weight 0 and are skipped, which changes no bit.
-// Math is float32 throughout; bf16 / half rows are widened exactly.
+// Math is float32 throughout; bf16 / half / int8 rows are widened exactly (int8 rows' scales
+// are applied by the caller, once per key: kv_int8.h).
 #pragma once
 
 #include <immintrin.h>
@@ -45,6 +46,17 @@ inline __m256 load8(const c10::Half* p, int64_t left) { return _mm256_cvtph_ps(l
 inline __m256 load8(const c10::BFloat16* p, int64_t left) {  // bf16 = top half of a float32
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load8x16(p, left)), 16));
 }
+inline __m256 load8(const int8_t* p, int64_t left) {  // int8 cache rows, widened exactly
+  __m128i v;
+  if (left >= 8) {
+    v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  } else {
+    int64_t bytes = 0;
+    std::memcpy(&bytes, p, std::max<int64_t>(left, 0));
+    v = _mm_cvtsi64_si128(bytes);
+  }
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
 
 // Lane i = the sum of the 8 lanes of a[i], as a fixed tree.
 inline __m256 hsum8(const __m256* a) {
@@ -73,11 +85,12 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(bias, 23)));
 }
 
-// s [G, 16]: s[h, i] = scale * q[h] . rows[i] (q rows `qstride` apart, zero-padded to 16);
-// lanes i >= n get -inf. Keys go 8 at a time: 8 FMA chains, one per key, over d.
+// s [G, 16]: s[h, i] = scale[i] * q[h] . rows[i] (q rows `qstride` apart, zero-padded to 16;
+// scale [16] each key's multiplier); lanes i >= n get -inf. Keys go 8 at a time: 8 FMA chains,
+// one per key, over d.
 template <typename T, int DC>
 void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, int64_t G,
-                 int64_t Drt, float scale, float* s) {
+                 int64_t Drt, const float* scale, float* s) {
   const int64_t D = DC > 0 ? DC : Drt;
   const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t h = 0; h < G; ++h) {
@@ -95,7 +108,7 @@ void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, i
         const __m256 qv = _mm256_loadu_ps(qh + d);
         for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(r[i] + d, D - d), acc[i]);
       }
-      const __m256 sv = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
+      const __m256 sv = _mm256_mul_ps(hsum8(acc), _mm256_loadu_ps(scale + half * 8));
       _mm256_storeu_ps(out, _mm256_blendv_ps(neg_inf, sv, first_lanes(n - half * 8)));
     }
   }
@@ -162,7 +175,7 @@ void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t D
 }
 
 // out [D] = acc [D] * inv, rounded to T (nearest even).
-template <typename T>
+template <typename KV, typename T>
 void store_row(const float* acc, float inv, int64_t D, T* out) {
   const __m256 s = _mm256_set1_ps(inv);
   for (int64_t d = 0; d < D; d += 8) {

@@ -22,8 +22,9 @@ namespace tgserve::attn {
 
 constexpr int kChunk = 16;  // keys per chunk: one online-softmax step, one vector of scores
 
-// How score_chunk wants the query heads: element type and row padding (rows are zero-padded
-// to a multiple of `pad` elements). bf16 pairs when the CPU has dot products on them.
+// How score_chunk wants the query heads for a cache of element type T: element type and row
+// padding (rows are zero-padded to a multiple of `pad` elements). bf16 pairs when the CPU has
+// dot products on them; float32 for every other cache (int8 rows included: kv_int8.h).
 template <typename T>
 struct QPack {
   using type = float;
@@ -61,16 +62,18 @@ int64_t acc_stride(int64_t D) {
 // kSlack, so most chunks need no rescale; weights exp(s - m) stay <= e^8, far from overflow.
 constexpr float kSlack = 8.0f;
 
-// dst [Dp] = src [D] (converted), zero-padded to Dp = round_up(D, QPack<T>::pad).
-template <typename T>
-void pack_query(const T* src, int64_t D, typename QPack<T>::type* dst) {
-  const int64_t Dp = round_up(D, QPack<T>::pad);
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<typename QPack<T>::type>(src[d]);
-  for (int64_t d = D; d < Dp; ++d) dst[d] = typename QPack<T>::type(0.0f);
+// dst [Dp] = src [D] (converted), zero-padded to Dp = round_up(D, QPack<KV>::pad), for a
+// cache of KV rows.
+template <typename KV, typename T>
+void pack_query(const T* src, int64_t D, typename QPack<KV>::type* dst) {
+  using QT = typename QPack<KV>::type;
+  const int64_t Dp = round_up(D, QPack<KV>::pad);
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<QT>(static_cast<float>(src[d]));
+  for (int64_t d = D; d < Dp; ++d) dst[d] = QT(0.0f);
 }
 
 // Cache offsets (in elements) of the rows of tokens c0 .. c0 + 15 (the cache is
-// [blocks, bs, KVH, D], a token's row is W = KVH * D long). Tokens at or past k1 repeat the last
+// [blocks, bs, KVH, DS], a token's row is W = KVH * DS long; DS = D, or D + 4 for int8 rows). Tokens at or past k1 repeat the last
 // valid row so the inner loops can always read 16 rows. False if a block id is outside the cache
 // (its rows are then read from block 0; the error is reported after the parallel region).
 inline bool chunk_offsets(const int64_t* table, int64_t c0, int64_t k1, int64_t bs, int64_t W,

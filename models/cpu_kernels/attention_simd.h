@@ -4,7 +4,9 @@
 // AVX-512 versions (bf16 dot products on _mm512_dpbf16_ps where the CPU has it), AVX2 versions
 // (attention_avx2.h) and portable scalar fallbacks share the same contracts; all math is
 // float32 except that bf16 q and K are multiplied as bf16 pairs on AVX512-BF16 (exact
-// products, float32 sums).
+// products, float32 sums). Cache rows are float32 / bf16 / half, or int8 (kv_int8.h): int8
+// values are widened exactly to float32 in the same loops, and each row's scale is applied
+// once per key by the caller (folded into the score's multiplier, and into the V weight).
 // Reduction order of the AVX-512 build: a score is 16 lane sums over d (lane, lane + 16, ...)
 // added by reduce16's fixed tree; the V sum is two FMA chains per column (even and odd keys
 // of a chunk) added at the chunk's end. The portable build: whatever order the compiler's
@@ -38,6 +40,9 @@ inline __m512 load16(const c10::Half* p, __mmask16 m) {
 inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {  // bf16 = top half of a float32
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline __m512 load16(const int8_t* p, __mmask16 m) {  // int8 cache rows, widened exactly
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
 }
 
 // 16 float32 lanes to a row of T, rounding to nearest even.
@@ -86,11 +91,12 @@ inline __m512 reduce16(const __m512* a) {
                        _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
 }
 
-// s [G, 16]: s[h, i] = scale * q[h] . rows[i] over D elements (q rows `qstride` apart, packed
-// by pack_query); lanes i >= n get -inf. DC > 0 fixes D at compile time.
+// s [G, 16]: s[h, i] = scale[i] * q[h] . rows[i] over D elements (q rows `qstride` apart,
+// packed by pack_query; scale [16] each key's multiplier); lanes i >= n get -inf. DC > 0
+// fixes D at compile time.
 template <typename T, int DC>
 void score_chunk(const typename QPack<T>::type* q, int64_t qstride, const T* const* rows, int n,
-                 int64_t G, int64_t Drt, float scale, float* s) {
+                 int64_t G, int64_t Drt, const float* scale, float* s) {
   const int64_t D = DC > 0 ? DC : Drt;
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t h = 0; h < G; ++h) {
@@ -114,7 +120,7 @@ void score_chunk(const typename QPack<T>::type* q, int64_t qstride, const T* con
           acc[i] = _mm512_fmadd_ps(qv, load16(rows[i] + d, m), acc[i]);
       }
     }
-    const __m512 sv = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+    const __m512 sv = _mm512_mul_ps(reduce16(acc), _mm512_loadu_ps(scale));
     _mm512_storeu_ps(s + h * kChunk, _mm512_mask_blend_ps(tail_mask16(n), neg_inf, sv));
   }
 }
@@ -185,11 +191,11 @@ void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t D
   }
 }
 
-// out [D] = acc [D] * inv (acc in the AccPad layout), rounded to T.
-template <typename T>
+// out [D] = acc [D] * inv (acc in the AccPad<KV> layout of a cache of KV rows), rounded to T.
+template <typename KV, typename T>
 void store_row(const float* acc, float inv, int64_t D, T* out) {
   const __m512 s = _mm512_set1_ps(inv);
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<KV, c10::BFloat16>) {
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
     for (int64_t d = 0; d < D; d += 32) {
@@ -209,14 +215,14 @@ void store_row(const float* acc, float inv, int64_t D, T* out) {
 
 template <typename T, int DC>
 void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, int64_t G,
-                 int64_t Drt, float scale, float* s) {
+                 int64_t Drt, const float* scale, float* s) {
   const int64_t D = DC > 0 ? DC : Drt;
   for (int64_t h = 0; h < G; ++h)
     for (int i = 0; i < kChunk; ++i) {
       float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
       for (int64_t d = 0; d < D; ++d) dot += q[h * qstride + d] * static_cast<float>(rows[i][d]);
-      s[h * kChunk + i] = i < n ? dot * scale : -std::numeric_limits<float>::infinity();
+      s[h * kChunk + i] = i < n ? dot * scale[i] : -std::numeric_limits<float>::infinity();
     }
 }
 
@@ -251,7 +257,7 @@ void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t D
     }
 }
 
-template <typename T>
+template <typename KV, typename T>
 void store_row(const float* acc, float inv, int64_t D, T* out) {
   for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(acc[d] * inv);
 }

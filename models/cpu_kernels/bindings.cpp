@@ -4,7 +4,9 @@
 
 #include "decoder.h"
 #include "kernels.h"
+#include "kv_int8.h"
 #include "lora.h"
+#include "moe_block.h"
 #include "q8_linear.h"
 
 namespace {
@@ -24,22 +26,56 @@ void check_error(int code, const char* what) {
   TORCH_CHECK(code != tgserve::kBadBlock, what, ": a block table entry is outside the cache");
 }
 
-// q [B, H, D]; caches [num_blocks, bs, KVH, D]; tables [B, nb] int64; lens [B] int64.
+// q [B, H, D]; caches [num_blocks, bs, KVH, D] of q's dtype, or int8 [num_blocks, bs, KVH,
+// D + 4] (kv_int8.h; q float32 or bf16); tables [B, nb] int64; lens [B] int64.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor tables, torch::Tensor lens, double scale, int64_t window) {
   auto out = torch::empty_like(q);
   int code = tgserve::kOk;
+  const bool int8 = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(!int8 || q.scalar_type() != at::kHalf, "paged_decode: int8 K/V with float16 q");
   dispatch(q.scalar_type(), "paged_decode", [&](auto tag) {
     using T = decltype(tag);
-    code = tgserve::paged_decode_attention<T>(
-        static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k_cache.data_ptr()),
-        static_cast<const T*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(), tables.size(1),
-        lens.data_ptr<int64_t>(), static_cast<T*>(out.data_ptr()), q.size(0), q.size(1),
-        k_cache.size(2), q.size(2), k_cache.size(1), k_cache.size(0), static_cast<float>(scale),
-        window);
+    auto run = [&](auto kv_tag) {
+      using KV = decltype(kv_tag);
+      code = tgserve::paged_decode_attention<T, KV>(
+          static_cast<const T*>(q.data_ptr()), static_cast<const KV*>(k_cache.data_ptr()),
+          static_cast<const KV*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
+          tables.size(1), lens.data_ptr<int64_t>(), static_cast<T*>(out.data_ptr()), q.size(0),
+          q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), k_cache.size(0),
+          static_cast<float>(scale), window);
+    };
+    if constexpr (std::is_same_v<T, c10::Half>) {
+      run(T{});
+    } else if (int8) {
+      run(int8_t{});
+    } else {
+      run(T{});
+    }
   });
   check_error(code, "paged_decode");
   return out;
+}
+
+// k, v [N, KVH, D] -> their int8 rows (kv_int8.h) at slots [N] of caches [blocks, bs, KVH,
+// D + 4]: the C++ step's own append, for the PyTorch layers' path.
+void write_kv_int8(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v,
+                   torch::Tensor slots) {
+  const int64_t N = k.size(0), KVH = k.size(1), D = k.size(2);
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < N; ++i)
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "write_kv_int8: a slot outside the cache");
+  int8_t* kc = k_cache.data_ptr<int8_t>();
+  int8_t* vc = v_cache.data_ptr<int8_t>();
+  dispatch(k.scalar_type(), "write_kv_int8", [&](auto tag) {
+    using T = decltype(tag);
+    const T* kp = static_cast<const T*>(k.data_ptr());
+    const T* vp = static_cast<const T*>(v.data_ptr());
+#pragma omp parallel for if (N >= 64)
+    for (int64_t i = 0; i < N; ++i)
+      tgserve::append_kv(kp + i * KVH * D, vp + i * KVH * D, slot[i], KVH, D, kc, vc);
+  });
 }
 
 // w [N, K] -> its packed copy (see kernels.h), a [panels, elements per panel] tensor. int8
@@ -194,6 +230,7 @@ std::tuple<double, int64_t> read_probe(torch::Tensor buffer, int64_t streams, bo
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (see kernels.h)");
+  m.def("write_kv_int8", &write_kv_int8, "K/V rows into an int8 cache (see kv_int8.h)");
   m.def("pack_linear", &pack_linear, "a linear weight packed for linear (see kernels.h)");
   m.def("linear", &linear, "linear layer over a packed weight (see kernels.h)", py::arg("x"),
         py::arg("packed"), py::arg("bias"), py::arg("n"), py::arg("float_out"),
@@ -207,6 +244,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("float_out"));
   m.def("read_probe", &read_probe, "one pass of the bench's memory read probe (see kernels.h)",
         py::arg("buffer"), py::arg("streams"), py::arg("prefetch"));
+  tgserve::bind_moe(m);
   tgserve::bind_decoder(m);
   tgserve::bind_q8_linear(m);
   tgserve::bind_lora(m);

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels.h"
+#include "kv_int8.h"
+#include "moe_block.h"
 #include "q8_linear.h"
 #include "vec_math.h"
 
@@ -33,7 +35,11 @@ class LlamaDecoder {
     TORCH_CHECK(layers_.size() == k_caches_.size() && layers_.size() == v_caches_.size(),
                 "one K and one V cache per layer");
     hidden_ = final_norm_.size(0);
-    intermediate_ = layers_.front().gate_up.out_features / 2;
+    // int8 K/V rows with their scales (kv_int8.h; --kv-cache-dtype int8), else the model's dtype.
+    kv_int8_ = k_caches_.front().scalar_type() == at::kChar;
+    for (const LayerWeights& w : layers_)  // the widest MLP row, to size element-wise threading
+      intermediate_ = std::max(intermediate_, w.moe ? w.moe->top_k * w.moe->gate_up[0].out_features / 2
+                                                    : w.gate_up->out_features / 2);
   }
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
@@ -111,15 +117,28 @@ class LlamaDecoder {
     return y;
   }
 
+  // The dense SwiGLU MLP of layer w: down(T(silu(gate)) * up) [B, hidden] for h [B, hidden].
+  template <typename T>
+  torch::Tensor dense_mlp(const torch::Tensor& h, const LayerWeights& w, bool wide) const {
+    const int64_t B = h.size(0), I = w.gate_up->out_features / 2;
+    const torch::Tensor gate_up = linear<T>(h, *w.gate_up);
+    auto act = torch::empty({B, I}, h.options());
+    const T* gup = static_cast<const T*>(gate_up.data_ptr());
+    T* actp = static_cast<T*>(act.data_ptr());
+#pragma omp parallel for if (wide)
+    for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
+    return linear<T>(act, *w.down);
+  }
+
   template <typename T>
   torch::Tensor run(torch::Tensor x, const torch::Tensor& rope_cos, const torch::Tensor& rope_sin,
                     const torch::Tensor& slots, const torch::Tensor& tables,
                     const torch::Tensor& seq_lens) {
-    const int64_t B = x.size(0), C = hidden_, I = intermediate_;
+    const int64_t B = x.size(0), C = hidden_, I = intermediate_;  // I: the widest MLP row
     const int64_t q_size = H_ * D_, kv_size = KVH_ * D_, qkv_size = q_size + 2 * kv_size;
     const auto opts = x.options();
     auto h = torch::empty({B, C}, opts), q = torch::empty({B, H_, D_}, opts);
-    auto attn = torch::empty({B, q_size}, opts), act = torch::empty({B, I}, opts);
+    auto attn = torch::empty({B, q_size}, opts);
     T* xp = static_cast<T*>(x.data_ptr());
     T* hp = static_cast<T*>(h.data_ptr());
     T* qp = static_cast<T*>(q.data_ptr());
@@ -134,8 +153,8 @@ class LlamaDecoder {
       for (int64_t b = 0; b < B; ++b) rms_norm_row(xp + b * C, norm_in, hp + b * C, C, eps_);
       const torch::Tensor qkv = linear<T>(h, w.qkv);
       T* qkvp = static_cast<T*>(qkv.data_ptr());
-      T* kc = static_cast<T*>(k_caches_[l].data_ptr());
-      T* vc = static_cast<T*>(v_caches_[l].data_ptr());
+      void* kc = k_caches_[l].data_ptr();
+      void* vc = v_caches_[l].data_ptr();
       const T* q_norm = w.q_norm ? static_cast<const T*>(w.q_norm->data_ptr()) : nullptr;
       const T* k_norm = w.k_norm ? static_cast<const T*>(w.k_norm->data_ptr()) : nullptr;
 #pragma omp parallel for if (wide)
@@ -148,13 +167,22 @@ class LlamaDecoder {
         }
         rope_heads(row, cosp + b * D_, sinp + b * D_, H_ + KVH_, D_);
         std::copy(row, row + q_size, qp + b * q_size);
-        std::copy(row + q_size, row + q_size + kv_size, kc + slot[b] * kv_size);
-        std::copy(row + q_size + kv_size, row + qkv_size, vc + slot[b] * kv_size);
+        if (kv_int8_)
+          append_kv(row + q_size, row + q_size + kv_size, slot[b], KVH_, D_,
+                    static_cast<int8_t*>(kc), static_cast<int8_t*>(vc));
+        else
+          append_kv(row + q_size, row + q_size + kv_size, slot[b], KVH_, D_, static_cast<T*>(kc),
+                    static_cast<T*>(vc));
       }
-      const int code = paged_decode_attention<T>(
-          qp, kc, vc, tables.data_ptr<int64_t>(), tables.size(1), seq_lens.data_ptr<int64_t>(),
-          static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_, k_caches_[l].size(1),
-          k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)), window_);
+      auto attend = [&](auto* k, auto* v) {
+        return paged_decode_attention(
+            static_cast<const T*>(qp), k, v, tables.data_ptr<int64_t>(), tables.size(1),
+            seq_lens.data_ptr<int64_t>(), static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_,
+            k_caches_[l].size(1), k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)),
+            window_);
+      };
+      const int code = kv_int8_ ? attend(static_cast<const int8_t*>(kc), static_cast<const int8_t*>(vc))
+                                : attend(static_cast<const T*>(kc), static_cast<const T*>(vc));
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
       torch::Tensor o = linear<T>(attn, w.o_proj);
       reduce(o);
@@ -165,13 +193,15 @@ class LlamaDecoder {
         add_row(xp + b * C, op + b * C, C);
         rms_norm_row(xp + b * C, norm_post, hp + b * C, C, eps_);
       }
-      const torch::Tensor gate_up = linear<T>(h, w.gate_up);
-      const T* gup = static_cast<const T*>(gate_up.data_ptr());
-      T* actp = static_cast<T*>(act.data_ptr());
-#pragma omp parallel for if (wide)
-      for (int64_t b = 0; b < B; ++b) silu_mul_row(gup + b * 2 * I, actp + b * I, I);
-      o = linear<T>(act, w.down);
-      reduce(o);
+      if (w.moe) {  // router, experts and weighted sum (moe_block.h), reduced inside
+        const auto product = [this](const torch::Tensor& a, const LinearWeights& lw) {
+          return linear<T>(a, lw);
+        };
+        o = moe_forward<T>(h, *w.moe, product, [this](torch::Tensor& t) { reduce(t); });
+      } else {
+        o = dense_mlp<T>(h, w, wide);
+        reduce(o);
+      }
       op = static_cast<const T*>(o.data_ptr());
 #pragma omp parallel for if (wide)
       for (int64_t b = 0; b < B; ++b) add_row(xp + b * C, op + b * C, C);
@@ -188,6 +218,7 @@ class LlamaDecoder {
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
   int64_t window_;
+  bool kv_int8_ = false;
   pybind11::object all_reduce_;
   const int64_t* lora_rows_ = nullptr;  // the running step's, or none
 };
@@ -226,17 +257,21 @@ void bind_decoder(pybind11::module& m) {
       .def_readonly("scales", &LinearWeights::scales);
   py::class_<LayerWeights>(m, "LayerWeights", py::module_local())
       .def(py::init([](torch::Tensor input_norm, LinearWeights qkv, LinearWeights o_proj,
-                       torch::Tensor post_norm, LinearWeights gate_up, LinearWeights down,
+                       torch::Tensor post_norm, std::optional<LinearWeights> gate_up,
+                       std::optional<LinearWeights> down, std::shared_ptr<MoeWeights> moe,
                        std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm) {
              TORCH_CHECK(q_norm.has_value() == k_norm.has_value(),
                          "LayerWeights: q_norm and k_norm come together");
-             return LayerWeights{std::move(input_norm), std::move(qkv),    std::move(o_proj),
+             TORCH_CHECK((gate_up && down && !moe) || (!gate_up && !down && moe),
+                         "LayerWeights: gate_up and down, or moe");
+             return LayerWeights{std::move(input_norm), std::move(qkv),     std::move(o_proj),
                                  std::move(post_norm),  std::move(gate_up), std::move(down),
-                                 std::move(q_norm),     std::move(k_norm)};
+                                 std::move(moe),        std::move(q_norm),  std::move(k_norm)};
            }),
            py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("o_proj"),
-           py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
-           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
+           py::arg("post_norm"), py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
+           py::arg("moe") = py::none(), py::arg("q_norm") = py::none(),
+           py::arg("k_norm") = py::none());
   py::class_<LlamaDecoder>(m, "LlamaDecoder", py::module_local())
       .def(py::init<std::vector<LayerWeights>, torch::Tensor, std::vector<torch::Tensor>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t,

@@ -4,6 +4,7 @@
 
 #include <torch/extension.h>
 
+#include <memory>
 #include <optional>
 
 #include "lora.h"
@@ -22,14 +23,18 @@ struct LinearWeights {
   std::optional<LoraWeights> lora;  // adapter slots added after the product (lora.h), or none
 };
 
+struct MoeWeights;  // a sparse MLP's router and experts (moe_block.h)
+
 // One pre-norm decoder layer of the Llama family, named as in models/llama.py.
 struct LayerWeights {
   torch::Tensor input_norm;  // [hidden] RMSNorm before attention
   LinearWeights qkv;         // [q + 2 kv, hidden], with bias for Qwen2
   LinearWeights o_proj;      // [hidden, q]
   torch::Tensor post_norm;   // [hidden] RMSNorm before the MLP
-  LinearWeights gate_up;     // [2 * intermediate, hidden]: gate rows, then up rows
-  LinearWeights down;        // [hidden, intermediate]
+  // The MLP: a dense SwiGLU (gate_up [2 * intermediate, hidden]: gate rows, then up rows;
+  // down [hidden, intermediate]) or a mixture of experts (moe), never both.
+  std::optional<LinearWeights> gate_up, down;
+  std::shared_ptr<MoeWeights> moe;
   // [head_dim] RMSNorm weights over each q / k head before rotary (Qwen3), else none.
   std::optional<torch::Tensor> q_norm, k_norm;
 };

@@ -10,7 +10,9 @@ decode, is one query of the paged attention kernel over its own context
 (`AttentionMetadata.row_plan`).
 
 Contract: `FusedDecoder.build(model, kv_caches)` returns None when the model is not one it
-runs (not the Llama family, an MLP other than SwiGLU, a partial rotary, a dtype other than float32 / bfloat16, weight-only int8 layers
+runs (not the Llama family, an MLP other than SwiGLU or a mixture of experts'
+sparse block (models/cpu_kernels/moe_layer.py: router, top-k, experts and their weighted sum in
+the same C++ call, moe_block.h), a partial rotary, a dtype other than float32 / bfloat16, weight-only int8 layers
 with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
 `hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states
 [T, hidden] that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
@@ -38,6 +40,7 @@ from models import cpu_kernels
 from models.activation_quant import Q8Linear
 from models.attention import AttentionMetadata, KVCache
 from models.block_linear import BlockLinear
+from models.cpu_kernels.moe_layer import moe_weights, runs_sparse_block
 from models.quantization import Int8Linear
 
 
@@ -53,7 +56,7 @@ class FusedDecoder:
 
         def linear(layer: nn.Module, index: int, proj: str):
             bias = None if layer.bias is None else layer.bias.detach()
-            lora = None if bank is None else bank.layers[index][proj]
+            lora = None if bank is None or proj is None else bank.layers[index][proj]
             if lora is not None:
                 lora = ext.LoraWeights(a=lora.a, b=lora.b, scales=lora.scales, offsets=lora.offsets)
             if isinstance(layer, BlockLinear | Q8Linear):  # already packed, the only copy
@@ -70,16 +73,24 @@ class FusedDecoder:
                 weight=weight, packed=packed, bias=bias, scales=scales, lora=lora
             )
 
+        def mlp(layer: nn.Module, index: int) -> dict:
+            if not runs_sparse_block(layer.mlp):
+                return dict(gate_up=linear(layer.mlp.gate_up_proj, index, "gate_up"),
+                            down=linear(layer.mlp.down_proj, index, "down"))  # fmt: skip
+            # Mixture of experts (models/moe): no LoRA bank serves these models.
+            moe, packed = moe_weights(ext, layer.mlp, lambda m: linear(m, index, None))
+            self.packed_bytes += packed
+            return dict(moe=moe)
+
         layers = [
             ext.LayerWeights(
                 input_norm=layer.input_layernorm.weight.detach(),
                 qkv=linear(layer.self_attn.qkv_proj, i, "qkv"),
                 o_proj=linear(layer.self_attn.o_proj, i, "o"),
                 post_norm=layer.post_attention_layernorm.weight.detach(),
-                gate_up=linear(layer.mlp.gate_up_proj, i, "gate_up"),
-                down=linear(layer.mlp.down_proj, i, "down"),
                 q_norm=_norm_weight(layer.self_attn.q_norm),
                 k_norm=_norm_weight(layer.self_attn.k_norm),
+                **mlp(layer, i),
             )
             for i, layer in enumerate(inner.layers)
         ]
@@ -114,16 +125,28 @@ class FusedDecoder:
     def build(cls, model: nn.Module, kv_caches: list[KVCache]) -> FusedDecoder | None:
         from models.llama import LlamaForCausalLM
 
-        if not isinstance(model, LlamaForCausalLM) or model.config.moe is not None:
-            return None  # mixture-of-experts layers (models/moe) run their own expert kernels
-        if not all(layer.mlp.fused_silu for layer in model.model.layers):
-            return None  # the C++ step's gated MLP is SwiGLU only
+        if not isinstance(model, LlamaForCausalLM):
+            return None
+        moe = model.config.moe is not None
+        if moe and getattr(model, "lora_bank", None) is not None:
+            return None  # the sparse blocks take no LoRA adapters
+        if not all(
+            runs_sparse_block(layer.mlp) if moe and model.config.moe.is_sparse(i)
+            else getattr(layer.mlp, "fused_silu", False)
+            for i, layer in enumerate(model.model.layers)
+        ):  # fmt: skip
+            return None  # the C++ step's MLPs are SwiGLU, dense or mixture of experts
         if model.config.rotary_dim not in (None, model.config.head_dim):
             return None  # its rotary turns whole heads (Phi-4-mini's is partial)
         dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None
-        if any(k.dtype != dtype or not k.is_contiguous() for cache in kv_caches for k in cache):
+        # The model's dtype, or int8 rows with their scales (models/kv_quant.py)
+        if any(
+            k.dtype not in (dtype, torch.int8) or not k.is_contiguous()
+            for cache in kv_caches
+            for k in cache
+        ):
             return None
         ext = cpu_kernels.extension()
         if ext is None:

@@ -8,7 +8,9 @@ seq_lens [B] int64, scale, sliding_window) -> [B, H, D]` in q's dtype equals SDP
 query against keys `max(0, seq_len - window) .. seq_len - 1` of its sequence, where token t
 sits in block `block_tables[b, t // block_size]` at offset `t % block_size` of caches shaped
 `[num_blocks, block_size, kv_heads, head_dim]` (contiguous, float32 / bfloat16 / float16,
-same dtype as q). Scores, softmax and the V sum run in float32.
+same dtype as q), or int8 caches `[num_blocks, block_size, kv_heads, head_dim + 4]` whose rows
+carry their own scale (models/kv_quant.py; q float32 or bfloat16), read in place. Scores,
+softmax and the V sum run in float32.
 
 The C++ source (attention.cpp) is built with the other CPU kernels at first use (see
 models/cpu_kernels/__init__.py). `is_available()` says False (and logs why, once) when it
@@ -20,8 +22,10 @@ from __future__ import annotations
 import torch
 
 from models import cpu_kernels
+from models.kv_quant import SCALE_BYTES
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT8_Q_DTYPES = (torch.float32, torch.bfloat16)  # q dtypes read against int8 caches
 
 
 def is_available(device: torch.device | str = "cpu") -> bool:
@@ -46,11 +50,17 @@ def paged_decode_attention(
         )
     b, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != dim or heads % kv_heads != 0:
+    int8 = k_cache.dtype == torch.int8
+    row = dim + SCALE_BYTES if int8 else dim
+    if k_cache.shape[3] != row or heads % kv_heads != 0:
         raise ValueError(
             f"head_dim {dim} / heads {heads} do not fit the cache's {kv_heads} KV heads"
+            f" of {k_cache.shape[3]} elements"
         )
-    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    if int8:
+        if q.dtype not in _INT8_Q_DTYPES or v_cache.dtype != torch.int8:
+            raise ValueError(f"int8 K/V caches are read with q in {_INT8_Q_DTYPES}, got {q.dtype}")
+    elif q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError(
             f"q and caches must share a dtype in {_DTYPES}; got {q.dtype}, {k_cache.dtype}"
         )

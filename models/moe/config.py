@@ -24,6 +24,10 @@ class MoeConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one dense expert behind a sigmoid gate
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # gpt-oss (models/gpt_oss): its experts' clamped SwiGLU, (up + 1) * gate * sigmoid(alpha *
+    # gate) with gate clamped above at `swiglu_limit` and up at +-swiglu_limit.
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has a sparse block (else a dense MLP)."""

@@ -39,6 +39,10 @@ class StackedWeight(nn.Module):
 
 
 class GroupedExperts(nn.Module):
+    # Whether models/moe/triton_experts.py computes these experts on CUDA (its kernels run plain
+    # SwiGLU without biases: a subclass computing anything else sets it False).
+    triton_kernel = True
+
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
@@ -63,7 +67,8 @@ class GroupedExperts(nn.Module):
     def forward(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        if triton_kernels.enabled(x):  # CUDA: two launches, no host read (capture-safe)
+        # CUDA: two launches, no host read (capture-safe)
+        if self.triton_kernel and triton_kernels.enabled(x):
             from models.moe.triton_experts import triton_experts
 
             return triton_experts(

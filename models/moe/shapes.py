@@ -4,7 +4,8 @@ Contract: `moe_mlp_shapes(config, layer) -> {name inside the layer: shape}`, eve
 required: a dense layer's `mlp.{gate,up,down}_proj.weight`; a sparse layer's router and one
 tensor per expert and projection (Mixtral: `block_sparse_moe.gate.weight` and
 `block_sparse_moe.experts.{e}.w1/w3/w2.weight`; Qwen: `mlp.gate.weight` and
-`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`), and Qwen2-MoE's shared expert.
+`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`), and Qwen2-MoE's shared expert;
+gpt-oss's router with bias and grouped expert tensors with biases, as transformers names them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def moe_mlp_shapes(c: ModelConfig, layer: int) -> dict[str, Shape]:
         return {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
                 "mlp.down_proj.weight": (h, i)}  # fmt: skip
     i, e = moe.expert_intermediate_size, moe.num_experts
+    if c.family == "gpt_oss":  # transformers' grouped [E, K, N] tensors (MXFP4: dequantised)
+        return {"mlp.router.weight": (e, h), "mlp.router.bias": (e,),
+                "mlp.experts.gate_up_proj": (e, h, 2 * i), "mlp.experts.gate_up_proj_bias": (e, 2 * i),
+                "mlp.experts.down_proj": (e, i, h), "mlp.experts.down_proj_bias": (e, h)}  # fmt: skip
     mixtral = c.architecture == "MixtralForCausalLM"
     prefix = "block_sparse_moe" if mixtral else "mlp"
     gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")

@@ -52,10 +52,10 @@ def check_tensor_parallel(config: ModelConfig, world: int) -> None:
         raise ValueError(f"tensor_parallel_size must be at least 1, got {world}")
     if world == 1:
         return
-    if config.family not in ("llama", "moe"):
+    if config.family not in ("llama", "moe", "gpt_oss"):
         raise ValueError(
             f"tensor parallel runs the Llama family (Llama, Mistral, Qwen2/3, SmolLM2) and its "
-            f"mixture-of-experts kin (Mixtral, Qwen3-MoE, Qwen2-MoE); "
+            f"mixture-of-experts kin (Mixtral, Qwen3-MoE, Qwen2-MoE, gpt-oss); "
             f"{config.architecture} runs with tensor_parallel_size 1"
         )
     kvh, heads = config.num_kv_heads, config.num_heads

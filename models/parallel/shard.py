@@ -17,6 +17,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from models.gpt_oss.experts import GptOssMoeBlock
+from models.gpt_oss.parallel import shard_gpt_oss_block
 from models.moe.block import SparseMoeBlock
 from models.moe.parallel import shard_sparse_block
 from models.parallel.group import ParallelGroup
@@ -31,7 +33,9 @@ def shard_model(model: nn.Module, layout: ShardLayout, group: ParallelGroup) -> 
     inner = model.model
     for layer in inner.layers:
         _shard_attention(layer.self_attn, layout, group, c.head_dim)
-        if isinstance(layer.mlp, SparseMoeBlock):  # mixture of experts: models/moe/parallel.py
+        if isinstance(layer.mlp, GptOssMoeBlock):  # gpt-oss: models/gpt_oss/experts.py
+            shard_gpt_oss_block(layer.mlp, layout.world, layout.rank, group)
+        elif isinstance(layer.mlp, SparseMoeBlock):  # mixture of experts: models/moe/parallel.py
             shard_sparse_block(layer.mlp, layout.world, layout.rank, group,
                                lambda mlp, columns: _shard_mlp(mlp, layout, group, columns))  # fmt: skip
         else:
@@ -64,6 +68,8 @@ def _shard_attention(attn: nn.Module, layout: ShardLayout, group: ParallelGroup,
     attn.qkv_proj = _linear(qkv.weight[keep], None if qkv.bias is None else qkv.bias[keep])
     o = attn.o_proj  # [hidden, q]: the columns of this rank's query heads
     attn.o_proj = _row_parallel(o.weight[:, h0 * d : h1 * d], o.bias, layout, group)
+    if getattr(attn, "sinks", None) is not None:  # gpt-oss: one sink logit per query head
+        attn.sinks = nn.Parameter(attn.sinks.detach()[h0:h1].clone(), requires_grad=False)
     attn.num_heads, attn.num_kv_heads = h1 - h0, k1 - k0
     attn.q_size, attn.kv_size = (h1 - h0) * d, (k1 - k0) * d
 

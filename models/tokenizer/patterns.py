@@ -1,6 +1,7 @@
 """Pre-tokenizer regexes: the one regex tiktoken splits text with before BPE, per tokenizer.
 
-Contract: `GPT2_PATTERN`, `DIGITS_GPT2_PATTERN`, `LLAMA3_PATTERN` and `QWEN2_PATTERN` are written
+Contract: `GPT2_PATTERN`, `DIGITS_GPT2_PATTERN`, `LLAMA3_PATTERN`, `QWEN2_PATTERN` and
+`O200K_PATTERN` (o200k_base / o200k_harmony: GPT-4o, gpt-oss) are written
 in the syntax tiktoken (fancy-regex) accepts; `GGUF_PRE_PATTERNS` maps llama.cpp's
 `tokenizer.ggml.pre` names to them; `pattern_from_hf_pre_tokenizer(pre, source)` gives the regex
 equal to a tokenizer.json pre_tokenizer, or raises ValueError naming the file for a shape that
@@ -28,12 +29,28 @@ QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (gpt-oss's o200k_harmony, GPT-4o): cased words keep their case run, digits in threes,
+# punctuation runs take trailing newlines and slashes.
+O200K_PATTERN = "|".join(
+    (
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    )
+)
 # llama.cpp's `tokenizer.ggml.pre` names -> regex (llama-vocab.cpp groups them the same way).
 GGUF_PRE_PATTERNS: dict[str, str] = {
     **dict.fromkeys(("gpt-2", "phi-2"), GPT2_PATTERN),
     **dict.fromkeys(("smollm", "starcoder", "refact"), DIGITS_GPT2_PATTERN),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "smaug-bpe"), LLAMA3_PATTERN),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), QWEN2_PATTERN),
+    "gpt-4o": O200K_PATTERN,  # what llama.cpp writes for gpt-oss
 }
 
 

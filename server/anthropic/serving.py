@@ -58,7 +58,7 @@ class MessagesServing:
         thinking = req.thinking is not None and req.thinking.type != "disabled"
         fmt, grammar = self.renderer.output_format(plan, prompt.text, True if thinking else None)
         defaults = state.info.generation if state.info is not None else None
-        keep = bool(fmt.tools and fmt.tools.markers)
+        keep = fmt.keeps_special_tokens
         params = message_params(req, grammar, keep, defaults)
         message_id = "msg_" + request_id(request).unique  # the engine's id too
         (params,) = state.with_adapter([params], model)  # `model` may name a LoRA adapter

@@ -57,6 +57,11 @@ class ChatOutputFormat:
     def plain(self) -> bool:
         return self.tools is None and self.reasoning is None
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """The output is read from special tokens, so its text must keep them."""
+        return bool(self.tools and self.tools.markers)
+
     def message(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
         reasoning, content = (None, text)
         if self.reasoning is not None:
@@ -111,8 +116,8 @@ class MessageStream:
         if finish_reason == "length":
             self.made_calls = False
             rest = self._answer_text[self._content_sent :]
-            return _merged([d for d in deltas if "tool_calls" not in d] + [{"content": rest}])
-        return _merged(deltas + self._held)
+            return merge_deltas([d for d in deltas if "tool_calls" not in d] + [{"content": rest}])
+        return merge_deltas(deltas + self._held)
 
     def _split(self, pieces: list[tuple[str, str]], final: bool) -> list[Delta]:
         deltas: list[Delta] = []
@@ -123,7 +128,7 @@ class MessageStream:
             else:
                 answer += text
         deltas.extend(self._answer(answer, final))
-        return _merged(deltas)
+        return merge_deltas(deltas)
 
     def _answer(self, text: str, final: bool) -> list[Delta]:
         if self._tools is None:
@@ -132,19 +137,8 @@ class MessageStream:
         events: list[ToolEvent] = self._tools.feed(text) if text else []
         if final:
             events += self._tools.finish()
-        deltas: list[Delta] = []
-        for event in events:
-            if isinstance(event, ContentDelta):
-                deltas.append({"content": event.text})
-            elif isinstance(event, CallStarted):
-                self.made_calls = True
-                function = {"name": event.name, "arguments": ""}
-                call = {"index": event.index, "id": call_id(), "type": "function"}
-                deltas.append({"tool_calls": [{**call, "function": function}]})
-            elif isinstance(event, ArgumentsDelta):
-                call = {"index": event.index, "function": {"arguments": event.text}}
-                deltas.append({"tool_calls": [call]})
-        return self._hold_calls(deltas)
+        self.made_calls |= any(isinstance(event, CallStarted) for event in events)
+        return self._hold_calls([event_delta(event) for event in events])
 
     def _hold_calls(self, deltas: list[Delta]) -> list[Delta]:
         """Deltas before the first call go out; from it on they wait for `finish`."""
@@ -154,12 +148,23 @@ class MessageStream:
             self._content_sent += sum(len(d.get("content", "")) for d in sent)
             if deltas:
                 self._held = deltas
-            return _merged(sent)
+            return merge_deltas(sent)
         self._held += deltas
         return []
 
 
-def _merged(deltas: list[Delta]) -> list[Delta]:
+def event_delta(event: ToolEvent) -> Delta:
+    """A parser's event as its chat delta: content, a call's header, or an arguments piece."""
+    if isinstance(event, ContentDelta):
+        return {"content": event.text}
+    if isinstance(event, CallStarted):
+        call = {"index": event.index, "id": call_id(), "type": "function"}
+        return {"tool_calls": [{**call, "function": {"name": event.name, "arguments": ""}}]}
+    assert isinstance(event, ArgumentsDelta)  # the last kind of ToolEvent
+    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+
+
+def merge_deltas(deltas: list[Delta]) -> list[Delta]:
     """Neighbouring deltas of one kind joined (fewer chunks); a call's header stays alone."""
     out: list[Delta] = []
     for delta in deltas:

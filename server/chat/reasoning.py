@@ -15,7 +15,7 @@ chat template teaches `<think>` (the default of `--reasoning-parser auto`).
 
 from __future__ import annotations
 
-from server.chat.tool_calls.holdback import WHITESPACE, TextUntilTag
+from server.chat.tool_calls.holdback import WHITESPACE, BufferedReader, TextUntilTag
 
 OPEN, CLOSE = "<think>", "</think>"
 Piece = tuple[str, str]
@@ -50,21 +50,14 @@ class ReasoningParser:
         return ReasoningStream(self.starts_inside)
 
 
-class ReasoningStream:
+class ReasoningStream(BufferedReader):
     def __init__(self, starts_inside: bool) -> None:
+        super().__init__()
         self._inside = starts_inside
         self._mode = "lead"  # lead | reasoning | answer
-        self._buf = ""
         self._reasoning = TextUntilTag(CLOSE)
         self._reasoning.after_call = True  # whitespace after <think> is not reasoning
         self._strip_answer = True
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buf += text
-        return self._read(final=False)
-
-    def finish(self) -> list[Piece]:
-        return self._read(final=True)
 
     def _read(self, final: bool) -> list[Piece]:
         pieces: list[Piece] = []

@@ -6,7 +6,8 @@ renders `tools` itself (else server/chat/tool_calls/prompt.py's fallback prompt 
 outputs are split into reasoning (`--reasoning-parser`: think / none, or auto: when the
 template uses `<think>`; think_inside: every answer starts inside the reasoning, as Qwen3 and
 DeepSeek-R1 models that write no opening `<think>` do). A tokenizer without a chat template
-gets the defaults.
+gets the defaults. `harmony`: the vocabulary has harmony's special tokens (gpt-oss), so prompts
+are rendered and outputs read in that format (server/chat/harmony), whatever the flags say.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from server.chat.harmony import HARMONY_MARKERS
 from server.chat.reasoning import uses_reasoning
 from server.chat.tool_calls import ToolParser, detect_parser, make_parser
 from server.settings import Settings
@@ -25,6 +27,7 @@ class ChatSetup:
     takes_tools: bool
     reasoning: bool
     reasoning_inside: bool = False  # answers open inside the reasoning, without <think>
+    harmony: bool = False  # gpt-oss's harmony format: server/chat/harmony
 
 
 def chat_setup(tokenizer: Any, settings: Settings) -> ChatSetup:
@@ -41,7 +44,8 @@ def chat_setup(tokenizer: Any, settings: Settings) -> ChatSetup:
         or (settings.reasoning_parser == "auto" and uses_reasoning(source))
     )
     takes_tools = template is not None and template.uses("tools")
-    return ChatSetup(parser, takes_tools, reasoning, inside)
+    harmony = len(_marker_ids(tokenizer, HARMONY_MARKERS)) == len(HARMONY_MARKERS)
+    return ChatSetup(parser, takes_tools, reasoning, inside, harmony)
 
 
 def _marker_ids(tokenizer: Any, markers: tuple[str, ...]) -> dict[str, int]:

@@ -220,6 +220,9 @@ class ChatCompletionRequest(SamplingFields):
     (that call, enforced)."""
     parallel_tool_calls: bool | None = None
     """Allow several calls in one answer (default true); false: at most one."""
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """How hard a reasoning model thinks (gpt-oss's harmony format: its system message's
+    `Reasoning:` line; default medium); other models ignore it."""
 
 
 class TokenizeRequest(_Body):

@@ -51,7 +51,9 @@ class ChatServing(OpenAIServing[ChatJob]):
         model = state.model_name(req.model)
         tools = tool_plan(req)
         add_generation_prompt = req.add_generation_prompt is not False
-        prompt = await self.chat_prompt(req.messages, add_generation_prompt, tools)
+        prompt = await self.chat_prompt(
+            req.messages, add_generation_prompt, tools, req.reasoning_effort
+        )
         output_format, grammar = self.renderer.output_format(tools, prompt.text or "")
         if req.stream and req.use_beam_search and not output_format.plain:
             raise ApiError(
@@ -65,7 +67,7 @@ class ChatServing(OpenAIServing[ChatJob]):
             req,
             state.settings.enable_fault_injection,
             tool_grammar=grammar,
-            keep_special_tokens=bool(output_format.tools and output_format.tools.markers),
+            keep_special_tokens=output_format.keeps_special_tokens,
             defaults=state.info.generation if state.info is not None else None,
         )
         self.check_logprobs(bool(req.logprobs))
@@ -87,11 +89,14 @@ class ChatServing(OpenAIServing[ChatJob]):
         messages: list[ChatMessage] | None,
         add_generation_prompt: bool,
         tools: ToolPlan | None = None,
+        reasoning_effort: str | None = None,
     ) -> Prompt:
         """Messages (and tools) through the model's chat template, then tokenized (off the event
         loop): server/chat/render.py."""
         dicts = [m.for_template() for m in messages or ()]
-        rendered = await self.renderer.render(dicts, add_generation_prompt, tools)
+        rendered = await self.renderer.render(
+            dicts, add_generation_prompt, tools, reasoning_effort=reasoning_effort
+        )
         return Prompt(rendered.token_ids, rendered.text)
 
     def opening_choices(self, job: ChatJob, num_prompts: int) -> list[Choice]:

@@ -65,7 +65,7 @@ class ResponsesServing:
         asked = True if effort not in (None, "none") else None
         fmt, grammar = self.renderer.output_format(plan, prompt.text, asked)
         defaults = state.info.generation if state.info is not None else None
-        keep = bool(fmt.tools and fmt.tools.markers)
+        keep = fmt.keeps_special_tokens
         params = response_params(req, grammar, keep, defaults)
         shell = _shell(req, model, "resp_" + request_id(request).unique)  # the engine's id too
         (params,) = state.with_adapter([params], model)  # `model` may name a LoRA adapter

@@ -152,3 +152,12 @@ def wheel_index(folder: Path) -> Iterator[str]:
         finally:
             server.shutdown()
             server.server_close()
+
+
+def compose_config_errors(path: Path) -> str:
+    """What docker-compose's own `config` check says against the file ("" when it is valid)."""
+    ensure_tools()
+    check = subprocess.run(
+        ["docker-compose", "-f", str(path), "config", "-q"], capture_output=True, text=True
+    )
+    return "" if check.returncode == 0 else check.stderr or "invalid"

@@ -11,12 +11,11 @@ import pytest
 from engine.config import (
     EngineConfig,
     dtype_bytes,
-    kv_cache_budget_bytes,
-    num_kv_blocks,
     resolve_device,
     resolve_dtype_name,
     resolve_max_model_len,
 )
+from engine.kv_sizing import kv_cache_budget_bytes, num_kv_blocks
 
 
 def test_defaults_are_valid_and_documented_values():

@@ -89,3 +89,18 @@ def test_async_engine_stops_at_once_on_a_fatal_error_and_reports_it():
 
 async def collect(stream) -> list:
     return [out async for out in stream]
+
+
+def test_a_fatal_error_from_the_runner_leaves_step_instead_of_failing_the_batch(folder):
+    # A tensor- or pipeline-parallel step that failed leaves the ranks out of step
+    # (engine/model_runner.py raises FatalEngineError): the engine must stop at once, not fail
+    # the step's requests and go on to the next step's collectives.
+    engine = tiny_engine(folder)
+    engine.add_request("a", random_prompts(1, (6, 6))[0], PLAIN)
+
+    def out_of_step(*args, **kwargs):
+        raise FatalEngineError("a tensor-parallel step failed: the ranks are out of step")
+
+    engine.runner.execute = out_of_step
+    with pytest.raises(FatalEngineError, match="out of step"):
+        engine.step()

@@ -28,9 +28,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.types",
             "engine.errors",
             "engine.config",
+            "engine.kv_sizing",  # the KV pool's arithmetic from EngineConfig
             "engine.speculative.config",  # held by EngineConfig
             "engine.kv_tiers.config",  # held by EngineConfig
             "engine.lora_config",  # held by EngineConfig
+            "engine.parallel_config",  # checks EngineConfig's parallel sizes
             "engine.host_transfer",
         ),
     ),
@@ -51,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.encdec_runner",
             "engine.fake_device",
             "engine.kv_tiers",  # the K/V tiers behind the pool, and their copies
+            "engine.kv_transfer",  # prefill/decode: the K/V channel, its sender and receiver
             # Below the runner boundary: the step's sampling, beam candidates, speculative
             # acceptance and prompt logprobs on the device (issue 38); host data in and out.
             "engine.sampling.host_mask",
@@ -92,6 +95,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.engine_loop",
             "engine.async_engine",
             "engine.tier_hooks",
+            "engine.kv_transfer.link",  # prefill/decode: the engine's side (the export)
             "engine.sleep",
         ),
     ),

@@ -12,13 +12,22 @@ from models.attention import AttentionMetadata
 
 
 class PagedDriver:
-    def __init__(self, model, num_blocks: int = 128, block_size: int = 4, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model,
+        num_blocks: int = 128,
+        block_size: int = 4,
+        seed: int = 0,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
         config = model.config
         self.model = model
         self.block_size = block_size
         param = next(model.parameters())
         self.device = param.device  # the model's: cpu, or the TGSERVE_TEST_DEVICE GPU
-        self.kv = allocate_kv_cache(config, num_blocks, block_size, param.dtype, self.device)
+        self.kv = allocate_kv_cache(
+            config, num_blocks, block_size, param.dtype, self.device, None, kv_cache_dtype
+        )
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         self.tables: list[list[int]] = []

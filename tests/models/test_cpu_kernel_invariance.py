@@ -160,12 +160,16 @@ def test_a_prefill_row_gives_the_same_bits_whichever_rows_share_its_group(dtype,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-def test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(dtype, arch) -> None:
+def test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(
+    dtype, arch, kv_cache_dtype: str = "auto"
+) -> None:
     """The same prompt, prefilled alone in one chunk, or in chunks of 3 beside other
-    sequences' prefills and decodes: identical logits and identical K/V in the cache."""
+    sequences' prefills and decodes: identical logits and identical K/V in the cache (of the
+    model's dtype, or int8 rows: tests/models/test_kv_int8_model.py)."""
     ours = ours_from(make_hf_model(arch), dtype)
     tokens = prompts((11, 5, 17, 9), seed=4)
-    alone, busy = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
+    alone = PagedDriver(ours, block_size=4, kv_cache_dtype=kv_cache_dtype)
+    busy = PagedDriver(ours, block_size=4, kv_cache_dtype=kv_cache_dtype)
     fused_alone, fused_busy = FusedDecoder.build(ours, alone.kv), FusedDecoder.build(ours, busy.kv)
     seq = alone.add_sequence()
     want = alone.step({seq: tokens[0]}, fused=fused_alone)[seq]

@@ -6,7 +6,8 @@ these on every x86 host, so an AVX2-only path cannot break unseen on an AVX-512 
 Each case is a test of the native build's suite run again with the forced build serving
 `cpu_kernels.extension()`: the attention row alone vs in batches of 2..64 (both work splits),
 the whole C++ step alone vs chunked beside other sequences (same logits and K/V bits), the
-attention against its float64 reference, and the C++ step against transformers.
+attention against its float64 reference, and the C++ step against transformers; and the same
+over int8 K/V rows (`--kv-cache-dtype int8`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from models.cpu_features import AVX2_FLAGS, cpu_flags
 from tests.models import test_cpu_kernel_invariance as invariance
 from tests.models import test_cpu_paged_attention as attention
 from tests.models import test_fused_decoder as fused
+from tests.models import test_kv_int8_attention as int8_attention
+from tests.models import test_kv_int8_model as int8_model
 
 pytestmark = [
     pytest.mark.cpu_kernels,
@@ -66,3 +69,10 @@ def test_the_split_keys_path_and_odd_head_dims_equal_the_reference(avx2_build) -
 
 def test_the_cpp_step_equals_transformers(avx2_build) -> None:
     fused.test_fused_steps_equal_transformers("llama3")
+
+
+def test_int8_kv_rows_equal_their_reference_and_keep_a_row_off_the_batch(avx2_build) -> None:
+    int8_attention.test_int8_rows_equal_the_reference_over_their_dequantised_values(9, 3, 16, 5)
+    int8_attention.test_int8_rows_with_bf16_queries_and_other_head_dims(40)
+    int8_attention.test_an_int8_row_does_not_depend_on_the_batch()
+    int8_model.test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(torch.float32)

@@ -4,12 +4,30 @@ Contract: `partial_tag(text, tags)` is the length of the longest suffix of `text
 proper prefix of one of `tags` (it may still grow into the tag). `held_tail(text, tags)` adds
 the whitespace just before that suffix: whitespace next to a tool call is not content, so it is
 shown only once text that is not a call follows it. Both are O(len(tag)^2) per call, independent
-of the text before the tail.
+of the text before the tail. `BufferedReader` is the shape of a streaming reader: `feed(text)`
+appends to its buffer and returns what `_read(final=False)` can tell; `finish()` reads the rest.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 WHITESPACE = " \t\r\n"
+
+
+class BufferedReader:
+    def __init__(self) -> None:
+        self._buf = ""
+
+    def feed(self, text: str) -> list[Any]:
+        self._buf += text
+        return self._read(final=False)
+
+    def finish(self) -> list[Any]:
+        return self._read(final=True)
+
+    def _read(self, final: bool) -> list[Any]:
+        raise NotImplementedError
 
 
 def partial_tag(text: str, tags: tuple[str, ...]) -> int:

@@ -1,9 +1,9 @@
 """Tensor parallel over 2 gloo ranks computes what one process computes: the same logits
 (fp32 within 1e-5, bf16 within bf16 rounding) for GQA (llama), qkv bias (qwen2) and a
-sliding window (mistral), mixture-of-experts (qwen2_moe on the C++ expert kernels, qwen3_moe on
+sliding window (mistral), mixture-of-experts (qwen2_moe in the C++ step, qwen3_moe on
 the PyTorch layers), on the PyTorch layers and on the C++ step, and for Phi-3's fused
 checkpoint matrices with LongRoPE (the script's longer sequence crosses its original length)
-on the C++ step, through prefill chunks, decodes, a copy-on-write block copy and
+on the C++ step, and gpt-oss (sinks, biased clamped-SwiGLU experts), through prefill chunks, decodes, a copy-on-write block copy and
 prompt-logprob rows."""
 
 from __future__ import annotations
@@ -14,15 +14,19 @@ import torch
 from tests.checkpoints import save_checkpoint
 from tests.engine.parallel.tp_driver import run_tp, run_tp1
 from tests.family_checkpoints import save_family_checkpoint
+from tests.models.gpt_oss.checkpoint import save_gpt_oss
 
 ARCHS = ("llama", "qwen2", "mistral")
 CASES = [(arch, "float32", kernels) for arch in ARCHS for kernels in (False, True)]
 CASES.append(("llama", "bfloat16", True))
 CASES.append(("phi3-longrope", "float32", True))
 # Mixture of experts (each expert sharded like a dense MLP: models/moe/parallel.py): Qwen2-MoE's
-# shared expert and qkv bias on the C++ expert kernels, Qwen3-MoE's dense layer on PyTorch.
+# shared expert and qkv bias in the C++ step, Qwen3-MoE's dense layer on PyTorch.
 MOE_CASES = [("qwen2_moe", "float32", True), ("qwen3_moe", "float32", False)]
 CASES += MOE_CASES
+# gpt-oss (models/gpt_oss/parallel.py): sinks split by head, biased experts by column, its own
+# PyTorch layers (no kernel takes sinks); the script's sequences cross its window of 8.
+CASES.append(("gpt_oss", "float32", True))
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,7 @@ def tp2_results(tmp_path_factory):
     folders = {arch: save_checkpoint(arch, root / arch) for arch in ARCHS}
     folders |= {arch: save_checkpoint(arch, root / arch) for arch, _, _ in MOE_CASES}
     folders["phi3-longrope"] = save_family_checkpoint("phi3-longrope", root / "phi3")
+    folders["gpt_oss"] = save_gpt_oss(root / "gpt_oss")
     runs = run_tp([(folders[a], d, k) for a, d, k in CASES])
     return {
         case: (run_tp1(folders[case[0]], case[1], case[2]), *run)
@@ -69,5 +74,11 @@ def test_tp2_phi3_longrope_logits_equal_tp1(tp2_results) -> None:
 @pytest.mark.parametrize("case", MOE_CASES, ids=[arch for arch, _, _ in MOE_CASES])
 def test_tp2_moe_logits_equal_tp1_in_fp32(tp2_results, case) -> None:
     want, got, description = tp2_results[case]
-    assert ("C++ expert kernels" in description) == case[2]
+    assert ("C++ CPU kernels" in description) == case[2]  # the C++ step, its sparse blocks too
+    _compare(want, got, atol=1e-5)
+
+
+def test_tp2_gpt_oss_logits_equal_tp1_in_fp32(tp2_results) -> None:
+    want, got, description = tp2_results[("gpt_oss", "float32", True)]
+    assert description.startswith("PyTorch ops only")  # asked for the kernels: none takes sinks
     _compare(want, got, atol=1e-5)

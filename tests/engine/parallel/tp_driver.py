@@ -1,5 +1,6 @@
 """Runs the same scripted steps through a model runner at TP=1 (in this process) and at TP=N
-(N spawned processes on gloo), returning rank 0's logits, for tests that compare them.
+(N spawned processes on gloo; or N x P under pipeline parallel), returning rank 0's logits,
+for tests that compare them.
 
 The script: two prompts prefilled in one step (one chunked over two steps), then decodes of
 both, a copy-on-write block copy, and a step asking for every row's logits (prompt logprobs).
@@ -64,7 +65,9 @@ def _run_script(runner) -> list[torch.Tensor]:
     return out
 
 
-def _config(dtype: str, cpu_kernels: bool, world: int) -> EngineConfig:
+def _config(
+    dtype: str, cpu_kernels: bool, world: int, stages: int = 1, kv_cache_dtype: str = "auto"
+) -> EngineConfig:
     return EngineConfig(
         dtype=dtype,
         device="cpu",
@@ -74,23 +77,28 @@ def _config(dtype: str, cpu_kernels: bool, world: int) -> EngineConfig:
         max_num_seqs=4,
         max_num_batched_tokens=64,
         tensor_parallel_size=world,
+        pipeline_parallel_size=stages,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
 
-def run_tp1(path: Path, dtype: str, cpu_kernels: bool) -> list[torch.Tensor]:
-    runner = build_runner(path, _config(dtype, cpu_kernels, 1), False).runner
+def run_tp1(path: Path, dtype: str, cpu_kernels: bool, *kv: str) -> list[torch.Tensor]:
+    runner = build_runner(path, _config(dtype, cpu_kernels, 1, 1, *kv), False).runner
     return _run_script(runner)
 
 
-Case = tuple[str, str, bool]  # (checkpoint folder, dtype, C++ kernels)
+# (checkpoint folder, dtype, C++ kernels[, KV cache dtype]: "auto" when not given)
+Case = tuple[str, str, bool] | tuple[str, str, bool, str]
 
 
-def _rank(rank: int, world: int, port: int, cases: list[Case], out) -> None:
+def _rank(rank: int, world: int, port: int, cases: list[Case], out, stages: int, hook) -> None:
     torch.set_num_threads(1)
-    group = init_group(rank, world, port, torch.device("cpu"))
-    for path, dtype, cpu_kernels in cases:  # one group, one runner per case, in turn
-        config = _config(dtype, cpu_kernels, world)
+    group = init_group(rank, world * stages, port, torch.device("cpu"))
+    for path, dtype, cpu_kernels, *kv in cases:  # one group, one runner per case, in turn
+        config = _config(dtype, cpu_kernels, world, stages, *kv)
         runner = build_runner(Path(path), config, False, group).runner
+        if hook is not None:
+            runner.trace = hook
         channel = runner.parallel.channel
         if rank == 0:
             logits = _run_script(runner)
@@ -103,14 +111,21 @@ def _rank(rank: int, world: int, port: int, cases: list[Case], out) -> None:
     exit_rank(0)  # as a server's ranks end (engine/parallel/worker_main.py)
 
 
-def run_tp(cases: list[Case], world: int = 2) -> list[tuple[list[torch.Tensor], str]]:
+def run_tp(
+    cases: list[Case], world: int = 2, stages: int = 1, hook=None
+) -> list[tuple[list[torch.Tensor], str]]:
     """Per case: rank 0's logits of the script and its forward path's description. The
-    ranks are spawned once for all the cases (starting processes is the slow part)."""
+    ranks (`world` tensor-parallel ranks in each of `stages` pipeline stages) are spawned once
+    for all the cases (starting processes is the slow part). `hook`: a picklable callable set
+    as every pipeline stage's `trace` (engine/parallel/pipeline_runner.py)."""
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     port = free_port()
-    cases = [(str(p), d, k) for p, d, k in cases]
-    procs = [ctx.Process(target=_rank, args=(r, world, port, cases, out)) for r in range(world)]
+    cases = [(str(p), *rest) for p, *rest in cases]
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, port, cases, out, stages, hook))
+        for r in range(world * stages)
+    ]
     for p in procs:
         p.start()
     results = []

@@ -1,0 +1,96 @@
+"""What `--kv-cache-dtype int8` costs in answers, on the default model (or `--model`).
+
+`python -m bench.kv_cache_quality [--model PATH] [--dtype auto] [--max-tokens 48]` builds two
+engines in one process, the K/V cache in the model's dtype and in int8 (models/kv_quant.py),
+and prints one JSON line:
+- greedy: the 8 prompts of bench/activation_quant_quality, `--max-tokens` greedy tokens each:
+  how many continuations are unchanged, and for the others the first position that differs;
+- perplexity: each of 10 passages of the Python documentation CPython ships
+  (`pydoc_data.topics`: every 4th of the first 40 topics of >= 1500 characters, cut at a
+  paragraph break before 1200 characters, as PERFORMANCE.md's lm-eval task) scored with
+  `prompt_logprobs` (every token given the ones before it, the first one aside): bits per byte
+  and its change, and how often the top-1 token agrees between the two caches.
+The perplexity is the engine's own teacher-forced log-likelihood, the quantity lm-eval's
+`loglikelihood_rolling` asks a server for (one window per passage: they fit the context).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from bench.activation_quant_quality import PROMPTS
+from engine import Engine, EngineConfig, SamplingParams
+
+
+def passages(count: int = 10) -> list[str]:
+    from pydoc_data.topics import topics
+
+    texts = [t for _, t in sorted(topics.items()) if len(t) >= 1500][: 4 * count : 4]
+    out = []
+    for text in texts:
+        cut = text[:1200].rfind("\n\n")
+        out.append(text[: cut if cut > 0 else 1200].strip())
+    return out
+
+
+def scored(engine: Engine, texts: list[str]) -> list[list]:
+    """Per passage, each token's TokenLogprob (with the top-1) after the first."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+    return [list(out.prompt_logprobs[1:]) for out in engine.generate(texts, params)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kv_cache_quality")
+    parser.add_argument("--model", default=None, help="model path (default: the default model)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    texts = passages()
+    nbytes = sum(len(t.encode()) for t in texts)
+    runs = {}
+    for kind in ("auto", "int8"):
+        config = EngineConfig(dtype=args.dtype, kv_cache_dtype=kind)
+        engine = Engine.from_model(args.model, config)
+        answers = [out.outputs[0].token_ids for out in engine.generate(list(PROMPTS), greedy)]
+        runs[kind] = (answers, scored(engine, texts))
+        del engine
+    (want, ref), (got, test) = runs["auto"], runs["int8"]
+    first_diff = [
+        next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), None)
+        for w, g in zip(want, got, strict=True)
+    ]
+    bpb = {
+        kind: -sum(t.logprob for p in runs[kind][1] for t in p) / math.log(2) / nbytes
+        for kind in runs
+    }
+    pairs = [(a, b) for pa, pb in zip(ref, test, strict=True) for a, b in zip(pa, pb, strict=True)]
+    agree = sum(a.top[0][0] == b.top[0][0] for a, b in pairs)
+    print(
+        json.dumps(
+            {
+                "model": args.model or "default",
+                "dtype": args.dtype,
+                "greedy_unchanged": f"{first_diff.count(None)} / {len(PROMPTS)}",
+                "first_differing_token": first_diff,
+                "passages": len(texts),
+                "bytes": nbytes,
+                "bits_per_byte": {k: round(v, 5) for k, v in bpb.items()},
+                "bits_per_byte_change": f"{100 * (bpb['int8'] / bpb['auto'] - 1):+.3f}%",
+                "max_abs_logprob_change": round(
+                    max(abs(a.logprob - b.logprob) for a, b in pairs), 4
+                ),
+                "mean_abs_logprob_change": round(
+                    sum(abs(a.logprob - b.logprob) for a, b in pairs) / len(pairs), 5
+                ),
+                "top1_agreement": f"{agree} / {len(pairs)}",
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""The KV pool's arithmetic, torch-free: how many bytes the cache gets (`kv_cache_budget_bytes`),
+what one block of K and V costs (`kv_bytes_per_block`:
+2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes; a pool row is the model's dtype, or with
+`--kv-cache-dtype int8` head_dim int8 values and a 4-byte float32 scale: `kv_row_layout`), how
+many whole blocks fit (`num_kv_blocks`, a ValueError naming the settings when none does), and
+whether the K/V dtype asked for can be served on a device (`kv_cache_dtype_refusal`: a reason, or
+None).
+"""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig, dtype_bytes
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def kv_cache_budget_bytes(config: EngineConfig, free_memory_bytes: int) -> int:
+    """Bytes given to the KV cache: the explicit budget, else a fraction of free memory."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if free_memory_bytes < 0:
+        raise ValueError(f"free_memory_bytes must be >= 0, got {free_memory_bytes}")
+    return int(free_memory_bytes * config.kv_cache_memory_fraction)
+
+
+def kv_bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
+) -> int:
+    for name, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("dtype_bytes", dtype_bytes),
+        ("block_size", block_size),
+    ):
+        if not _is_positive_int(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
+
+
+def kv_row_layout(kv_cache_dtype: str, head_dim: int, dtype: str) -> tuple[int, int]:
+    """(elements, bytes per element) of one (token, KV head) row of K or V in the pool: the
+    model's dtype, or int8 values plus a float32 scale's 4 bytes (models/kv_quant.py)."""
+    if kv_cache_dtype == "int8":
+        return head_dim + 4, 1
+    return head_dim, dtype_bytes(dtype)
+
+
+def num_kv_blocks(
+    budget_bytes: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    block_size: int,
+) -> int:
+    """How many whole KV blocks fit in `budget_bytes` (at least one, else a ValueError)."""
+    per_block = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes, block_size)
+    blocks = budget_bytes // per_block if budget_bytes > 0 else 0
+    if blocks < 1:
+        raise ValueError(
+            f"the KV cache budget ({budget_bytes} bytes) holds no block of {per_block} bytes; "
+            "raise kv_cache_memory_bytes / kv_cache_memory_fraction or lower block_size"
+        )
+    return blocks
+
+
+def kv_cache_dtype_refusal(config: EngineConfig, device_type: str) -> str | None:
+    """Why `config.kv_cache_dtype` cannot be served on `device` (None: it can). int8 rows are
+    read by the C++ paged attention on a CPU; fp8 is for CUDA's Triton kernels, not built yet."""
+    kind = config.kv_cache_dtype
+    if kind == "int8" and device_type != "cpu":
+        return (
+            f"--kv-cache-dtype int8 is read by tgserve's C++ CPU attention; on {device_type} "
+            "use --kv-cache-dtype auto"
+        )
+    if kind == "int8" and not config.cpu_kernels:
+        return (
+            "--kv-cache-dtype int8 is read by tgserve's C++ paged attention, which "
+            "--disable-cpu-kernels turns off: drop one of the two"
+        )
+    if kind == "fp8" and device_type == "cpu":
+        return "--kv-cache-dtype fp8 is for CUDA devices; on a CPU use --kv-cache-dtype int8"
+    if kind == "fp8":
+        return (
+            "--kv-cache-dtype fp8 is not built yet (the Triton paged kernels read the model's "
+            "dtype); use --kv-cache-dtype auto"
+        )
+    return None

@@ -1,0 +1,63 @@
+"""Quantized K/V cache rows (`--kv-cache-dtype int8`): the layout the C++ step writes and the C++
+paged attention reads in place (models/cpu_kernels/kv_int8.h), stated in PyTorch for the pool's
+allocation, the PyTorch reference and the tests.
+
+Contract: an int8 cache is `[num_blocks, block_size, kv_heads, head_dim + 4]` int8; the row of a
+(token, KV head) is its `head_dim` values q then its float32 scale s (4 bytes, host order), and
+stands for `q * s`, with `s = max|x| / 127` and `q = round_half_even(x * (127 / max|x|))` in
+[-127, 127] (all-zero rows: q = 0, s = 0), float32 arithmetic. Each row's scale is its own and is
+fixed when the row is written, so a row's bits depend on that row alone: never on what is
+appended later or on its neighbours, and blocks move as bytes (prefix sharing, copy-on-write,
+preemption, the K/V tiers) with their scales inside. Per token and head, not per block: a block
+shared by a prefix is never rewritten, and a scale fixed by a block's first row would clip the
+rows after it.
+- `cache_row_shape(head_dim, kv_cache_dtype)` / `cache_torch_dtype(model_dtype, kv_cache_dtype)`:
+  the last dimension and element type of an allocated cache; `row_bytes` the bytes of one row.
+- `quantize_rows(x [..., D]) -> int8 [..., D + 4]`, `dequantize_rows(c [..., D + 4]) -> float32
+  [..., D]`: the reference write and read (the kernel computes with q and s directly).
+- `is_quantized(cache)`: whether a cache tensor holds int8 rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SCALE_BYTES = 4  # the float32 scale at the end of each int8 row
+QMAX = 127.0
+
+
+def cache_row_shape(head_dim: int, kv_cache_dtype: str) -> int:
+    """The cache's last dimension: head_dim, plus the scale's bytes for int8 rows."""
+    return head_dim + SCALE_BYTES if kv_cache_dtype == "int8" else head_dim
+
+
+def cache_torch_dtype(model_dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
+    return torch.int8 if kv_cache_dtype == "int8" else model_dtype
+
+
+def row_bytes(head_dim: int, model_dtype_bytes: int, kv_cache_dtype: str) -> int:
+    """Bytes of one (token, KV head) row of K (or of V) in the pool."""
+    if kv_cache_dtype == "int8":
+        return head_dim + SCALE_BYTES
+    return head_dim * model_dtype_bytes
+
+
+def is_quantized(cache: torch.Tensor) -> bool:
+    return cache.dtype == torch.int8
+
+
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] (any float dtype) -> int8 [..., D + 4]: values, then the row's scale's bytes."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)  # [..., 1]
+    inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
+    q = torch.round(xf * inv).clamp(-QMAX, QMAX).to(torch.int8)
+    scale = (amax / QMAX).contiguous().view(torch.int8)  # [..., 4]: the float32's bytes
+    return torch.cat([q, scale], dim=-1)
+
+
+def dequantize_rows(cache: torch.Tensor) -> torch.Tensor:
+    """int8 rows [..., D + 4] -> the float32 values [..., D] they stand for (q * s)."""
+    d = cache.shape[-1] - SCALE_BYTES
+    scale = cache[..., d:].contiguous().view(torch.float32)  # [..., 1]
+    return cache[..., :d].float() * scale
