@@ -11,8 +11,9 @@ sampling, which run below the runner, on the device: issue 38); CPU time does no
 other processes share the cores as wall time does. Printed per R: period, device, host,
 max(host, device) (what an overlapped loop can reach), host + device (what a synchronous loop
 pays), period / max(host, device), and the device thread's CPU time per step (`dev cpu`).
-`--async-scheduling` runs the overlapped loop (EngineConfig.async_scheduling: a step's outputs
-are built while the next one runs).
+`--async-scheduling` runs the overlapped loop (EngineConfig.async_scheduling, engine/
+step_pipeline.py: step k+1 is scheduled and submitted before step k's tokens reach the host,
+and step k's outputs are built while step k+1 runs); without it, the synchronous loop.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ class EngineConfig:
     # On CUDA: every linear through one fixed-tile Triton GEMM, so a request's tokens do not
     # depend on the batch (cuBLAS's tuned GEMMs do); CPU paths are batch-invariant already.
     batch_invariant: bool = False
-    async_scheduling: bool = False  # outputs built while the next step runs (engine.py)
+    async_scheduling: bool = False  # the overlapped loop (step_pipeline.py)
     # Speculative decoding (engine/speculative/config.py): None decodes one token per step.
     speculative: SpeculativeConfig | None = None
     # K/V tiers behind the pool (engine/kv_tiers: RAM, disk); None: the pool alone.

@@ -183,7 +183,7 @@ class EncoderDecoderRunner(StepRunner):
             if end <= first:
                 continue  # inside the encoder region
             table = chunk.seq.block_table
-            ids.extend(chunk.seq.token_ids[first:end])
+            ids.extend(chunk.input_ids[first - chunk.start :])  # (a carried input resolved)
             positions.extend(range(first - region, end - region))
             tables.append(tuple(table[region // self.block_size :]))
             lens.append(end - region)

@@ -10,9 +10,10 @@ Contract:
 - `step()` returns one `RequestOutput` of deltas (outputs.py) per request that moved (new
   tokens, finished, aborted, failed). Every admitted request ends with exactly one finished
   output. A failed forward ends that step's requests with "error", never the engine. With
-  `EngineConfig.async_scheduling` the outputs of a step are built while the next one runs
-  and returned by the next `step()` (the same outputs, one step later; `has_unfinished_requests`
-  stays true until they are out).
+  `EngineConfig.async_scheduling` the loop overlaps (step_pipeline.py): the outputs of a
+  step come from the next `step()`, and a step may be scheduled before the previous one's
+  tokens reach the host; the same outputs (`has_unfinished_requests` stays true until they
+  are out).
 - `generate(prompts, params)` runs an offline batch to completion: whole outputs (offline.py).
 - One request -> `n` `CompletionOutput`s with `index`: n > 1 / best_of sample independent
   sequences forked from the prompt (parallel_sampling.py); `use_beam_search` runs best_of (or n)
@@ -26,7 +27,6 @@ by step_update.py), the token and block bookkeeping in the scheduler.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
@@ -35,8 +35,6 @@ from engine.api import EngineInfo
 from engine.config import EngineConfig
 from engine.description import EngineDescription
 from engine.encoder_layout import layout_for
-from engine.errors import FatalEngineError
-from engine.faults import apply_faults
 from engine.intake import RequestIntake
 from engine.request_state import RequestState
 from engine.requests.generation_defaults import GenerationDefaults
@@ -50,9 +48,9 @@ from engine.scheduling.step_plan import Proposals
 from engine.speculative.draft import DraftProposer
 from engine.speculative.speculator import Speculator
 from engine.stats import EngineStats, StepTimings
-from engine.step_launch import launch
+from engine.step_pipeline import StepPipeline
 from engine.step_update import StepUpdate
-from engine.tier_hooks import close_tiers, schedule_step, tier_stats
+from engine.tier_hooks import close_tiers, tier_stats
 
 log = logging.getLogger("tgserve.engine")
 
@@ -98,7 +96,7 @@ class Engine:
         self.speculator = Speculator(config.speculative, draft) if config.speculative else None
         self.updater = StepUpdate(self._states, scheduler, eos_token_ids, self.speculator)
         self._released: list[str] = []  # ended requests whose generators the runner may drop
-        self._lagging: list[RequestState] = []  # async_scheduling: moved, outputs not yet built
+        self._pipeline = StepPipeline(self, config.async_scheduling)
         self._num_steps = 0
         self._timings = StepTimings(scheduler.cost_model)  # teaches the step-time target
 
@@ -166,43 +164,14 @@ class Engine:
         return state.request if state is not None else None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work() or bool(self._lagging)
+        return self.scheduler.has_work() or self._pipeline.busy
 
     # ----- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """schedule -> execute -> update; the outputs of the requests that moved. With
-        `async_scheduling`, those of the previous step: built while this one runs."""
-        start = time.perf_counter()
-        sched = schedule_step(self.scheduler, self.runner, self._idle)  # tier_hooks.py
-        scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
-        self._num_steps += 1
-        outputs = [self._pop(rid).output() for rid in sched.aborted if rid in self._states]
-        # An aborted request's final output holds what it had not sent yet.
-        earlier = [s for s in self._lagging if s.request.request_id in self._states]
-        self._lagging = []
-        if sched.preempted:  # by recompute: they resume from the waiting queue
-            log.debug("preempted %s (KV cache full)", ", ".join(sched.preempted))
-        if sched.is_empty:
-            return outputs + self._emit(earlier)
-        try:
-            released, self._released = self._released, []
-            step = launch(self.runner, self.updater, self.grammars, self._states, sched, released)
-            outputs += self._emit(earlier)  # while the step runs (a runner that returned)
-            earlier = []
-            out = step.wait(self.scheduler, sched)
-            moved = self.updater.apply(sched, step.plan, out, scheduled_at)
-            self._propose()
-        except FatalEngineError:  # e.g. parallel ranks out of step: no later step can be right
-            raise
-        except Exception as exc:  # a failed forward ends its requests, never the engine
-            log.exception("engine step failed")
-            return outputs + self._emit(earlier) + self._fail(sched, exc)
-        self._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
-        moved = apply_faults(self.scheduler, moved)  # tests' params.fault
-        if self.config.async_scheduling:
-            self._lagging = moved
-            return outputs
-        return outputs + self._emit(moved)
+        `async_scheduling`, those of the previous step, built while this one runs, and the
+        step may run on before its tokens reach the host (step_pipeline.py)."""
+        return self._pipeline.step()
 
     def _idle(self) -> bool:
         """No live request has K/V or tokens out: the runner may change how it runs now."""
@@ -236,6 +205,8 @@ class Engine:
     def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []
         for rid in dict.fromkeys(c.request.request_id for c in sched.chunks):
+            if rid not in self._states:  # ended already (the overlapped loop's held step)
+                continue
             state = self._pop(rid)
             state.fail(self.scheduler, f"internal error during generation: {type(exc).__name__}")
             failed.append(state.output())

@@ -11,7 +11,10 @@ floor's `StepSampler`, as a real runner's) runs there too, inside the device tim
 on a GPU's stream. `waited_s` adds up how long the host waited for results (a step's host time
 is its wall time less that wait); `device_cpu_s` adds up the device thread's CPU time (what a
 real device would spend: the engine's host time is the process's CPU time less it). The thread
-is a daemon and `close()` stops it. `num_steps` counts the steps run. Prompt logprobs are
+is a daemon and `close()` stops it. `num_steps` counts the steps run, `submitted_in_flight`
+those submitted while the step before was still on the device (the overlapped loop's second
+part: step k+1 scheduled before step k's tokens reached the host); carried inputs are resolved
+on the device thread (engine/carried_inputs.py). Prompt logprobs are
 answered from zero logits.
 """
 
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 
+from engine.carried_inputs import CarriedTokens
 from engine.description import EngineDescription
 from engine.sampling.step_io import StepOutput, StepSampling
 from engine.sampling.step_sampler import StepSampler
@@ -75,6 +79,9 @@ class FakeDeviceRunner:
         self.waited_s = 0.0
         self.device_cpu_s = 0.0  # the device thread's CPU time (its logits and the sampling)
         self.step_sampler = StepSampler(self.device, seed)
+        self.carried_tokens = CarriedTokens()  # the previous step's, on the device thread
+        self.submitted_in_flight = 0  # steps submitted while the one before was still running
+        self._last: Future | None = None
         self._jobs: SimpleQueue[tuple[int, Sequence[Any], StepSampling, Future] | None] = (
             SimpleQueue()
         )
@@ -107,6 +114,9 @@ class FakeDeviceRunner:
         rows = sum(c.num_sampled_rows for c in chunks)
         sampling = sampling if sampling is not None else StepSampling.argmax(rows)
         done: Future = Future()
+        if self._last is not None and not self._last.done():
+            self.submitted_in_flight += 1  # the host got here before the device finished
+        self._last = done
         self._jobs.put((self.num_steps, chunks, sampling, done))
         self.num_steps += 1
         return _Waited(self, done)
@@ -120,6 +130,8 @@ class FakeDeviceRunner:
             cpu = time.thread_time()
             try:
                 until = time.perf_counter() + self.device_s
+                chunks = self.carried_tokens.resolve(chunks, sampling.carried)
+                self.carried_tokens.drop()
                 rows = sum(c.num_sampled_rows for c in chunks)
                 logits = torch.zeros(rows, self.vocab_size)  # [rows, vocab]
                 picks = (7 * step + torch.arange(rows)) % self.vocab_size
@@ -129,6 +141,7 @@ class FakeDeviceRunner:
                     for i in sampling.full_logits_for
                 }
                 out = self.step_sampler.sample_step(logits, full, sampling)
+                self.carried_tokens.keep(out)
                 self.device_cpu_s += time.thread_time() - cpu
                 time.sleep(max(until - time.perf_counter(), 0.0))
                 done.set_result(out)

@@ -17,7 +17,9 @@ Contract:
   `attention_kernel`, for stats).
 - `StepRunner.execute` is the skeleton: `forward(chunks, block_copies, full_logits_for)`, then
   the runner floor's `StepSampler` (engine/sampling/step_sampler.py; its generators seeded with
-  `sampling_seed`) turns the logits into the step's `StepOutput` with one device-to-host read.
+  `sampling_seed`) turns the logits into the step's `StepOutput` with one device-to-host read;
+  chunks whose last input the previous step drew (`StepSampling.carried`, the overlapped loop)
+  get it first (engine/carried_inputs.py).
   `forward` is: `_prepare(chunks)` (work that needs the chunks
   themselves: thread counts, an encoder's passes), then `_replay` (a captured decode step,
   or None), else the step's host inputs (`_inputs`: a `StepInputs`, rows flat chunk after chunk)
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from engine.carried_inputs import CarriedTokens
 from engine.host_transfer import to_device
 from engine.sampling.step_io import StepOutput, StepSampling
 from engine.sampling.step_sampler import StepSampler
@@ -119,10 +122,18 @@ class StepRunner:
     sampleable_vocab: int | None  # None: every id of the LM head is a token
     sampling_seed: int | None = 0  # the step sampler's shared generators (EngineConfig.seed)
     _step_sampler: StepSampler | None = None
+    _carried: CarriedTokens | None = None
 
     @property
     def vocab_size(self) -> int:
         return self.sampleable_vocab or self.config.vocab_size
+
+    @property
+    def carried_tokens(self) -> CarriedTokens:
+        """The previous step's tokens, for a step that carries them (carried_inputs.py)."""
+        if self._carried is None:
+            self._carried = CarriedTokens()
+        return self._carried
 
     @property
     def step_sampler(self) -> StepSampler:
@@ -140,8 +151,13 @@ class StepRunner:
         """The step's forward, then its sampling (`None`: the argmax of each sampled row)."""
         if sampling is None:
             sampling = StepSampling.argmax(sum(c.num_sampled_rows for c in chunks))
+        carried = self.carried_tokens
+        chunks = carried.resolve(chunks, sampling.carried)
+        carried.drop()  # until this step's output is there
         logits = self.forward(chunks, block_copies, sampling.full_logits_for)
-        return self.step_sampler.sample_step(logits.sampling, logits.all_rows, sampling)
+        out = self.step_sampler.sample_step(logits.sampling, logits.all_rows, sampling)
+        carried.keep(out)
+        return out
 
     def submit(
         self,

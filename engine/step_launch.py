@@ -1,10 +1,11 @@
 """Launching a step: its sampling plan and grammar masks, handed to the runner, and the wait.
 
-Contract: `launch(runner, updater, grammars, states, sched, released) -> Launched` plans the
-step's sampling (step_update.py), starts its grammar masks and submits the step to the runner
+Contract: `launch(runner, updater, grammars, states, sched, released, carried) -> Launched`
+plans the step's sampling (step_update.py; `carried`: the inputs the previous step's draws
+give, `StepSampling.carried`), starts its grammar masks and submits the step to the runner
 (`Runner.submit`: a runner whose device works on its own returns at once); `Launched.wait(
 scheduler, sched)` is the step's `StepOutput` once the runner has it, after which the
-scheduler counts the step done (`on_step_done`). The grammar masks are waited for even when the
+scheduler counts the step done (`on_step_done`; `result()`: the output alone). The grammar masks are waited for even when the
 forward fails: their matchers are the engine's again afterwards.
 `start_grammar_masks(grammars, states, sched)` starts computing, on the grammar
 engine's worker thread, the allowed-token masks of the step's sampled rows whose request is
@@ -56,13 +57,17 @@ class Launched:
     masks: PendingMask | None
 
     def wait(self, scheduler: Scheduler, sched: SchedulerOutput) -> StepOutput:
+        out = self.result()
+        scheduler.on_step_done(sched)
+        return out
+
+    def result(self) -> StepOutput:
+        """The output alone (a held step was counted done when it was held)."""
         try:
-            out = self.pending.result()
+            return self.pending.result()
         finally:
             if self.masks is not None:
                 self.masks.result()
-        scheduler.on_step_done(sched)
-        return out
 
 
 def launch(
@@ -72,9 +77,10 @@ def launch(
     states: dict[str, RequestState],
     sched: SchedulerOutput,
     released: Sequence[str],
+    carried: Sequence[tuple[int, int]] = (),
 ) -> Launched:
     masks = start_grammar_masks(grammars, states, sched)
-    sampling, plan = updater.plan(sched, masks, released)
+    sampling, plan = updater.plan(sched, masks, released, carried)
     try:
         return Launched(plan, runner.submit(sched.chunks, sched.block_copies, sampling), masks)
     except BaseException:

@@ -3,15 +3,17 @@ request state (the engine's `update_from_output`, as nano-vllm's `scheduler.post
 vLLM v1's are). Host data both ways: no tensor reaches this floor (issue 38).
 
 Contract:
-- `plan(sched, grammar, released) -> (StepSampling, StepPlan)` runs before the forward of
+- `plan(sched, grammar, released, carried) -> (StepSampling, StepPlan)` runs before the forward of
   `sched`: per sampled sequence one `Draw` (engine/sampling/step_io.py; a parallel group's
   children to be forked on their first token get theirs, keyed by the sequence ids the fork
   will give them), per speculating sequence one draw per scored position and a `Speculated`,
   per beam group a `BeamAsk` (decoding/beam_search.py), per chunk that asked for prompt
   logprobs a `PromptAsk`; `grammar` the step's pending grammar masks, `released` the requests
   that ended since the last step (the runner drops their generators).
-- `apply(sched, plan, output, scheduled_at)` runs after it and returns the `RequestState`s that
-  moved, in the order they first moved: prompt logprobs recorded; parallel groups forked;
+- `apply(sched, plan, output, scheduled_at, held)` runs after it and returns the
+  `RequestState`s that moved, in the order they first moved (`held`: the overlapped loop held
+  the step, each sampled token replaces its sequence's placeholder; the rows of requests that
+  had ended before the update are discarded, engine/step_pipeline.py): prompt logprobs recorded; parallel groups forked;
   each sampled token appended with its logprobs, then detokenized and checked against the stop
   criteria and the grammar (a sequence that ends is finished in the scheduler, its blocks
   freed); each speculating sequence's accepted tokens committed token by token
@@ -80,6 +82,7 @@ class StepUpdate:
         sched: SchedulerOutput,
         grammar: PendingHostMask | None = None,
         released: Sequence[str] = (),
+        carried: Sequence[tuple[int, int]] = (),
     ) -> tuple[StepSampling, StepPlan]:
         plan = StepPlan()
         draws: list[Draw] = []
@@ -125,6 +128,7 @@ class StepUpdate:
             grammar=grammar,
             eos_token_ids=self.eos_token_ids,
             released=tuple(released),
+            carried=tuple(carried),
         )
         return sampling, plan
 
@@ -160,9 +164,18 @@ class StepUpdate:
 
     # ----- after it -------------------------------------------------------------------------
     def apply(
-        self, sched: SchedulerOutput, plan: StepPlan, out: StepOutput, scheduled_at: float
+        self,
+        sched: SchedulerOutput,
+        plan: StepPlan,
+        out: StepOutput,
+        scheduled_at: float,
+        held: bool = False,
     ) -> list[RequestState]:
         moved: dict[str, RequestState] = {}
+        # Requests that ended before this update (the overlapped loop scheduled this step
+        # before it learned that the previous step's token ended them): their rows are
+        # discarded, never emitted. `held`: this step's tokens replace placeholders.
+        ended = {c.request.request_id for c in sched.chunks if c.request.is_finished}
         for chunk, index in plan.prompt:
             state = self.states[chunk.request.request_id]
             entries = out.prompt_logprobs.get(index)
@@ -170,21 +183,26 @@ class StepUpdate:
                 self._isolated(state, partial(state.record_prompt_logprobs, chunk, entries))
             moved[state.request.request_id] = state
         for rid, message in out.failed.items():
-            state = self.states[rid]
-            if state.error is None:
+            if rid not in ended and (state := self.states[rid]).error is None:
                 self._fail_alone(state, message)
         ordinary = []
         for chunk, row, indices in plan.ordinary:  # forks first, as before any token lands
+            if chunk.request.request_id in ended:
+                continue
             state = self.states[chunk.request.request_id]
+            at = chunk.seq_len if held else None  # where its placeholder is
             if state.error is None and len(indices) == 1:  # nothing to fork (plan's _children)
-                ordinary.append((state, (chunk.seq,), indices))
+                ordinary.append((state, (chunk.seq,), indices, at))
             elif state.error is None:
                 targets = sample_targets(self.scheduler, chunk, row)
-                ordinary.append((state, [t.seq for t in targets], indices))
+                ordinary.append((state, [t.seq for t in targets], indices, at))
         tokens, logprobs = out.tokens, out.logprobs
-        for state, seqs, indices in ordinary:
+        for state, seqs, indices, at in ordinary:
             for seq, i in zip(seqs, indices, strict=True):
-                self._isolated(state, self._append, state, seq, tokens[i], logprobs[i])
+                if at is None:
+                    self._isolated(state, self._append, state, seq, tokens[i], logprobs[i])
+                else:
+                    self._isolated(state, self._put, state, seq, tokens[i], logprobs[i], at)
         for scored, spec, first in plan.scored:
             state = self.states[scored.request.request_id]
             accepted = out.accepted[spec]
@@ -194,6 +212,8 @@ class StepUpdate:
             state = self.states[rid]
             self._isolated(state, partial(self._beam_step, state, group, candidates))
         for chunk in sched.chunks:  # prefill chunks that did not sample yet still started
+            if chunk.request.request_id in ended:
+                continue
             state = self.states[chunk.request.request_id]
             state.note_chunk(chunk, scheduled_at)
             if state.mark_scheduled(scheduled_at):  # counted once, at first scheduling (as vLLM)
@@ -232,10 +252,19 @@ class StepUpdate:
         counts = commit(s, accepted, entries, self.scheduler, append)
         self.speculator.counters.record(*counts)
 
+    def _put(self, state: RequestState, seq: TokenSequence, token: int, entry, at: int) -> None:
+        """`_append` for a token whose place the overlapped loop held (its placeholder)."""
+        seq.put_token(at, token, entry.logprob if entry is not None else 0.0, entry)
+        self._landed(state, seq, token)
+
     def _append(
         self, state: RequestState, seq: TokenSequence, token: int, entry: TokenLogprob | None
     ) -> None:
         seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
+        self._landed(state, seq, token)
+
+    def _landed(self, state: RequestState, seq: TokenSequence, token: int) -> None:
+        """A sampled token is in its sequence: counted, detokenized, the stops checked."""
         self.generation_tokens_total += 1
         state.mark_token(time.time())
         finish = finish_after_token(

@@ -56,11 +56,11 @@ class DecodeRows:
 
     @classmethod
     def from_chunks(cls, chunks: Sequence) -> DecodeRows:
-        """From scheduled decode chunks (`.seq.token_ids`, `.seq.block_table`, `.start`, and
+        """From scheduled decode chunks (`.input_ids`, `.seq.block_table`, `.start`, and
         `.request.lora_slot` where there is one)."""
         slots = adapter_slots(chunks)
         return cls(
-            [chunk.seq.token_ids[chunk.start] for chunk in chunks],
+            [chunk.input_ids[0] for chunk in chunks],  # (a carried input resolved)
             [chunk.start for chunk in chunks],
             [chunk.seq.block_table for chunk in chunks],
             list(slots) or None,

@@ -24,6 +24,10 @@ from typing import Any
 from engine.requests.sampling_params import SamplingParams
 from engine.types import TokenLogprob
 
+# Where a sequence's next token will be once the step that samples it is read back (the
+# overlapped loop: engine/step_pipeline.py); never a vocabulary id.
+PLACEHOLDER = -1
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -90,6 +94,18 @@ class TokenSequence:
                 "Scheduler.on_step_done(output) first"
             )
         self.token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+        if entry is not None:
+            self.logprobs.append(entry)
+
+    def put_token(
+        self, index: int, token_id: int, logprob: float = 0.0, entry: TokenLogprob | None = None
+    ) -> None:
+        """`append_token` for a token whose place was held: the overlapped loop appended
+        PLACEHOLDER at `index` when it scheduled the next step before this token was known."""
+        if self.token_ids[index] != PLACEHOLDER:
+            raise RuntimeError(f"sequence {self.seq_id}: no placeholder at {index}")
+        self.token_ids[index] = token_id
         self.cumulative_logprob += logprob
         if entry is not None:
             self.logprobs.append(entry)

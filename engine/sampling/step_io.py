@@ -110,6 +110,10 @@ class StepSampling:
     grammar: PendingHostMask | None = None
     eos_token_ids: tuple[int, ...] = ()
     released: tuple[str, ...] = ()  # requests that ended: their generators go
+    # (chunk index, draw index of the previous step): that chunk's last input is the token
+    # the previous step drew there (the overlapped loop scheduled it before the token reached
+    # the host; the runner resolves it, engine/carried_inputs.py)
+    carried: tuple[tuple[int, int], ...] = ()
 
     @property
     def full_logits_for(self) -> frozenset[int]:

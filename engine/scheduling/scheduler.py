@@ -104,6 +104,9 @@ class Scheduler:
         """Aborts at the next `schedule()`; finished or unknown requests are ignored."""
         self._pending_aborts.append(request)
 
+    def has_pending_aborts(self) -> bool:
+        return bool(self._pending_aborts)
+
     def has_work(self) -> bool:
         return bool(len(self._queues) or self._pending_aborts)
 

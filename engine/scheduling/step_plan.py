@@ -61,6 +61,9 @@ class ScheduledChunk:
     # They follow the known tokens in this chunk's rows, are never in `seq.token_ids`, and every
     # one of the last 1 + len(proposal) rows is sampled (the target's verdict on each).
     proposal: tuple[int, ...] = ()
+    # The overlapped loop (engine/step_pipeline.py): the chunk's last known token, sampled by
+    # the previous step, which the scheduler saw as a placeholder; the runner sets it.
+    carried_input: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -71,6 +74,8 @@ class ScheduledChunk:
     def input_ids(self) -> list[int]:
         """The token ids of this chunk's rows: known tokens, then the proposal."""
         known = self.seq.token_ids[self.start : self.seq_len - len(self.proposal)]
+        if self.carried_input is not None:
+            known[-1] = self.carried_input  # (a slice: the sequence is not changed)
         return known + list(self.proposal) if self.proposal else known
 
     @property

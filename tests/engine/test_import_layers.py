@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.encoder_layout",
             "engine.encdec_runner",
             "engine.fake_device",
+            "engine.carried_inputs",  # the previous step's draws, for the next step's inputs
             "engine.kv_tiers",  # the K/V tiers behind the pool, and their copies
             "engine.kv_transfer",  # prefill/decode: the K/V channel, its sender and receiver
             # Below the runner boundary: the step's sampling, beam candidates, speculative
@@ -85,6 +86,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.intake",
             "engine.step_update",
             "engine.step_launch",
+            "engine.step_pipeline",
             "engine.faults",
             "engine.offline",
             "engine.warm_up",

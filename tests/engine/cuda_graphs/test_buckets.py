@@ -3,11 +3,11 @@ padding and the persistent buffers: tests/models/test_decode_buffers.py."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from engine.cuda_graphs.buckets import DecodeRows, bucket_for, graph_buckets
+from engine.requests.request import PLACEHOLDER, TokenSequence
+from engine.scheduling.step_plan import ScheduledChunk
 
 
 def test_buckets_double_up_to_max_num_seqs_and_end_on_it() -> None:
@@ -30,7 +30,11 @@ def test_each_batch_size_gets_the_smallest_bucket_that_holds_it(max_num_seqs: in
 
 
 def test_decode_rows_from_chunks_feed_the_last_token_at_its_position() -> None:
-    seq = SimpleNamespace(token_ids=[10, 11, 12, 13, 14, 15], block_table=[7, 3])
-    rows = DecodeRows.from_chunks([SimpleNamespace(seq=seq, start=5)])
+    seq = TokenSequence(0, [10, 11, 12, 13, 14, 15], 3, block_table=[7, 3])
+    rows = DecodeRows.from_chunks([ScheduledChunk(None, seq, 5, 1, True)])
     assert rows == DecodeRows([15], [5], [[7, 3]])
     assert rows.num_rows == 1
+    # The overlapped loop's placeholder, resolved below the runner (carried_inputs.py).
+    seq.token_ids[5] = PLACEHOLDER
+    carried = ScheduledChunk(None, seq, 5, 1, True, carried_input=42)
+    assert DecodeRows.from_chunks([carried]) == DecodeRows([42], [5], [[7, 3]])

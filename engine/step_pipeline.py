@@ -1,0 +1,190 @@
+"""StepPipeline: `Engine.step()`, synchronous or overlapped (`EngineConfig.async_scheduling`,
+issue 38).
+
+Contract: `StepPipeline(engine, overlapped)`; `step()` returns the `RequestOutput`s of the
+requests that moved (engine.py's contract); `busy` is true while a step or outputs are held
+back (the engine still has work).
+- Synchronous: schedule -> launch (plan the sampling, submit the step) -> wait -> update ->
+  outputs, in one call.
+- Overlapped: a step's outputs are built while the next step runs and returned by the next
+  call. And a step whose sampled rows may all go on without their tokens (`deferrable`) is
+  held: the call returns with it in flight, the scheduler counting its K/V as computed and
+  each of its sampled sequences ending in PLACEHOLDER (engine/requests/request.py). The next
+  call schedules and submits the following step first, its inputs taking the held step's
+  tokens on the runner's side (`StepSampling.carried`, engine/carried_inputs.py), and only
+  then waits for the held step and applies it: each placeholder becomes its token and the stop
+  criteria are checked; a sequence that ended there has its row of the step in flight
+  discarded (step_update.py), never emitted, so tokens, text and usage are the synchronous
+  loop's. It waits where the data needs it: a step with a row of a grammar, beam, n > 1,
+  speculated, prompt-logprobs, penalised or min_tokens-banning request, or that preempted, or
+  whose every row draws its last token (max_tokens), is not held; with an abort pending, the held step is applied before scheduling (the request
+  ends after the tokens it has). A failed held step ends its requests ("error") without
+  their placeholders; a FatalEngineError from the runner (parallel ranks out of step) is
+  raised, as the synchronous loop raises it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import FatalEngineError
+from engine.faults import apply_faults
+from engine.request_state import RequestState
+from engine.requests.outputs import RequestOutput
+from engine.requests.request import PLACEHOLDER, TokenSequence
+from engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
+from engine.step_launch import Launched, launch
+from engine.tier_hooks import schedule_step
+
+log = logging.getLogger("tgserve.engine")
+
+
+def deferrable(state: RequestState | None, chunk: ScheduledChunk) -> bool:
+    """Whether this sampled row's step may run on before its token is on the host: nothing
+    between its sampling and the next step reads the token's value (the sampler reads a
+    sequence's ids for penalties and its length for min_tokens bans)."""
+    p = chunk.request.params
+    return (
+        state is not None
+        and state.error is None
+        and state.grammar is None
+        and state.beam is None
+        and not state.parallel
+        and not chunk.proposal
+        and p.prompt_logprobs is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and chunk.seq.num_output_tokens >= p.min_tokens
+    )
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A step in flight whose sampled sequences end in a placeholder."""
+
+    sched: SchedulerOutput
+    step: Launched
+    scheduled_at: float
+    launched_at: float  # perf_counter
+    draws: dict[TokenSequence, tuple[int, int]]  # its placeholder's index, its draw's index
+
+    def carried(self, sched: SchedulerOutput) -> tuple[tuple[int, int], ...]:
+        """(chunk index, draw index) of the chunks of `sched` whose last input is one of
+        this step's tokens."""
+        out = []
+        for i, chunk in enumerate(sched.chunks):
+            if (found := self.draws.get(chunk.seq)) and chunk.start <= found[0] < chunk.seq_len:
+                out.append((i, found[1]))
+        return tuple(out)
+
+    def drop_placeholders(self) -> None:
+        for seq, (index, _) in self.draws.items():
+            if len(seq.token_ids) == index + 1 and seq.token_ids[index] == PLACEHOLDER:
+                seq.token_ids.pop()
+
+
+class StepPipeline:
+    def __init__(self, engine: Any, overlapped: bool) -> None:
+        self.engine = engine  # the Engine whose step this is (engine.py imports this module)
+        self.overlapped = overlapped
+        self._lagging: list[RequestState] = []  # moved, outputs not yet built
+        self._held: _Held | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._held is not None or bool(self._lagging)
+
+    def step(self) -> list[RequestOutput]:
+        e = self.engine
+        start = time.perf_counter()
+        outputs = []
+        if self._held is not None and e.scheduler.has_pending_aborts():
+            outputs += self._apply_held(self._take_held())
+        sched = schedule_step(e.scheduler, e.runner, e._idle)  # tier_hooks.py
+        scheduled_at = time.time()  # a request's queue time ends here, before its forward runs
+        e._num_steps += 1
+        # An aborted request's final output holds what it had not sent yet.
+        outputs += [e._pop(rid).output() for rid in sched.aborted if rid in e._states]
+        earlier = [s for s in self._lagging if s.request.request_id in e._states]
+        self._lagging = []
+        if sched.preempted:  # by recompute: they resume from the waiting queue
+            log.debug("preempted %s (KV cache full)", ", ".join(sched.preempted))
+        held = self._take_held()
+        if sched.is_empty:
+            return outputs + e._emit(earlier) + self._apply_held(held)
+        try:
+            released, e._released = e._released, []
+            carried = held.carried(sched) if held is not None else ()
+            step = launch(e.runner, e.updater, e.grammars, e._states, sched, released, carried)
+        except FatalEngineError:  # e.g. parallel ranks out of step: no later step can be right
+            raise
+        except Exception as exc:  # a failed forward ends its requests, never the engine
+            log.exception("engine step failed")
+            return outputs + e._emit(earlier) + self._apply_held(held) + e._fail(sched, exc)
+        outputs += e._emit(earlier) + self._apply_held(held)  # while the step runs
+        try:
+            if self._may_hold(sched):
+                self._hold(sched, step, scheduled_at)
+                return outputs
+            out = step.wait(e.scheduler, sched)
+            moved = e.updater.apply(sched, step.plan, out, scheduled_at)
+            e._propose()
+        except FatalEngineError:
+            raise
+        except Exception as exc:
+            log.exception("engine step failed")
+            return outputs + e._fail(sched, exc)
+        e._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
+        moved = apply_faults(e.scheduler, moved)  # tests' params.fault
+        if self.overlapped:
+            self._lagging = moved
+            return outputs
+        return outputs + e._emit(moved)
+
+    def _take_held(self) -> _Held | None:
+        held, self._held = self._held, None
+        return held
+
+    def _may_hold(self, sched: SchedulerOutput) -> bool:
+        e = self.engine
+        if not self.overlapped or e.speculator is not None or sched.preempted:
+            return False
+        rows = [(e._states.get(c.request.request_id), c) for c in sched.chunks if c.sample]
+        rows = [(state, c) for state, c in rows if not c.request.is_finished]
+        # Not when every row's token is its last (max_tokens): the next step would be waste.
+        return all(deferrable(state, c) for state, c in rows) and any(
+            c.seq.num_output_tokens + 1 < state.criteria.max_tokens for state, c in rows
+        )
+
+    def _hold(self, sched: SchedulerOutput, step: Launched, scheduled_at: float) -> None:
+        """The step stays in flight: its K/V counts as computed (the device computes it before
+        any later step reads it) and each sampled sequence gets a placeholder."""
+        self.engine.scheduler.on_step_done(sched)
+        draws = {}
+        for chunk, _, indices in step.plan.ordinary:
+            seq = chunk.seq
+            if not chunk.request.is_finished:
+                draws[seq] = (len(seq.token_ids), indices[0])
+                seq.token_ids.append(PLACEHOLDER)
+        self._held = _Held(sched, step, scheduled_at, time.perf_counter(), draws)
+
+    def _apply_held(self, held: _Held | None) -> list[RequestOutput]:
+        """Waits for a held step, puts its tokens in their places, and emits what moved."""
+        if held is None:
+            return []
+        e = self.engine
+        try:
+            out = held.step.result()
+            moved = e.updater.apply(held.sched, held.step.plan, out, held.scheduled_at, True)
+        except FatalEngineError:
+            raise
+        except Exception as exc:
+            log.exception("engine step failed")
+            held.drop_placeholders()
+            return e._fail(held.sched, exc)
+        e._timings.record(held.sched, time.perf_counter() - held.launched_at)
+        return e._emit(apply_faults(e.scheduler, moved))
