@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import engine.engine as engine_module
+import engine.step_pipeline as step_pipeline_module
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
@@ -51,7 +51,7 @@ class SlowRunner(CyclingRunner):
 def slow_engine(monkeypatch) -> tuple[Engine, SlowRunner]:
     clock = SimpleNamespace(now=0.0)
     fake_time = SimpleNamespace(perf_counter=lambda: clock.now, time=time.time)
-    monkeypatch.setattr(engine_module, "time", fake_time)  # the engine times its steps on it
+    monkeypatch.setattr(step_pipeline_module, "time", fake_time)  # the engine times its steps on it
     config = EngineConfig(block_size=16, max_model_len=MAX_LEN, max_num_seqs=4)
     scheduler = Scheduler(config, BlockManager(MAX_LEN // 16 + 8, 16, False), MAX_LEN)
     runner = SlowRunner(clock)
