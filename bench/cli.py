@@ -2,7 +2,8 @@
 arguments, and the entry `tgserve` calls (gpu-check: bench/gpu_check/).
 
 Contract: `add_arguments(parser)` declares the subcommands (soak's and write-gguf's flags live in
-cli_tools.py, gpu-check's in gpu_check/main.py; soak exits 1 when it finds a leak or a 5xx);
+cli_tools.py, gpu-check's in gpu_check/main.py, the model and engine flags the measuring
+subcommands share in cli_engine_args.py; soak exits 1 when it finds a leak or a 5xx);
 `run(args) -> int` runs one
 (commands.py) and prints its results (a table, or `--json`: one JSON object per line, the machine
 limits first) to stdout, with a progress bar on stderr when it is a terminal. `--backend` may be
@@ -23,7 +24,7 @@ import argparse
 import math
 from pathlib import Path
 
-from bench.backends import BACKENDS
+from bench.cli_engine_args import DTYPE_CHOICES, add_model_arguments, add_output_arguments
 from bench.cli_tools import (
     add_grow_model_arguments,
     add_lora_arguments,
@@ -32,13 +33,11 @@ from bench.cli_tools import (
 )
 from bench.kv_tiers import add_kv_tier_arguments
 
-DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", required=True)
     latency = sub.add_parser("latency", help="batch-1 prefill and decode tok/s")
-    _model_args(latency)
+    add_model_arguments(latency)
     _lengths(latency)
     latency.add_argument("--runs", type=int, default=3, help="timed runs (the median is reported)")
     latency.add_argument("--warmup-runs", type=int, default=1)
@@ -67,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _plot_arg(latency, "bars of prefill and decode tok/s per backend, with the machine bounds")
     throughput = sub.add_parser("throughput", help="offline: N requests submitted at once")
     throughput.add_argument("--runs", type=int, default=1, help="timed runs per backend (median)")
-    _model_args(throughput)
+    add_model_arguments(throughput)
     _workload_args(throughput, default_requests=64)
     throughput.add_argument(
         "--hf-batch-size", type=int, default=16, help="transformers static batch size"
@@ -79,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grammar.add_argument("--runs", type=int, default=20, help="timed requests of each kind")
     grammar.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
     grammar.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
-    _model_args(grammar)
+    add_model_arguments(grammar)
     serve = sub.add_parser(
         "serve", help="streaming load against a running server's /v1/completions"
     )
@@ -156,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _plot_arg(serve, "TTFT and ITL p50/p99 vs output tok/s, a point per sweep value")
     _workload_args(serve, default_requests=64)
-    _output_args(serve)
+    add_output_arguments(serve)
     add_write_gguf_arguments(
         sub.add_parser(
             "write-gguf",
@@ -266,142 +265,6 @@ def _workload_args(p: argparse.ArgumentParser, default_requests: int) -> None:
     )
     p.add_argument(
         "--dataset", type=Path, default=None, help="--dist text: a UTF-8 file, one prompt per line"
-    )
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=None,
-        help="HF folder or .gguf file (default: SmolLM2-135M-Instruct), or random:llama3-8b / "
-        "random:llama3-1b / random:tiny-llama: that shape with random weights built in memory "
-        "(tgserve and transformers: the same seeded weights)",
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", *DTYPE_CHOICES],
-        help="auto (default, as the server): float32 on a CPU serving GGUF blocks as stored, "
-        "else bfloat16 where the device computes it natively, else float32 on a CPU, float16 "
-        "on CUDA; tables name the host's ISA and what auto chose",
-    )
-    p.add_argument(
-        "--backend",
-        action="append",
-        choices=list(BACKENDS),
-        help="repeatable; the first is the reference",
-    )
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="tgserve and transformers run here, and the limits are measured here: auto (CUDA "
-        "when present, as the server), cpu, cuda or cuda:N",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=64, help="tgserve / vLLM running batch")
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=2048,
-        help="tgserve / vLLM tokens per step (tgserve: the upper bound, as its default)",
-    )
-    p.add_argument(
-        "--target-itl-ms",
-        type=float,
-        default=None,
-        help="tgserve: step-time target (0: off, fixed budget; default: the engine's)",
-    )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action="store_true",
-        help="off by default: measure compute, not cache hits",
-    )
-    p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
-    p.add_argument(
-        "--activation-quantization",
-        choices=["int8"],
-        default=None,
-        help="tgserve: int8 activations, integer dot products (CPU)",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        choices=["auto", "int8"],
-        default="auto",
-        help="tgserve: K/V cache rows (int8: a scale per token and head, CPU)",
-    )
-    p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
-    p.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="tgserve: dequantise a GGUF to --dtype (default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K kept as stored)",
-    )
-    p.add_argument(
-        "--disable-cpu-kernels",
-        action="store_true",
-        help="tgserve: PyTorch ops only (no C++ decode step / attention kernel)",
-    )
-    p.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="tgserve on CUDA: every step eager (no decode CUDA graphs; the CPU never captures)",
-    )
-    p.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="tgserve on CUDA: a row's bits independent of the batch (fixed-tile GEMMs; the CPU "
-        "is batch-invariant anyway)",
-    )
-    _speculative_args(p)
-    p.add_argument(
-        "--baseline-tree",
-        default=None,
-        metavar="PATH",
-        help="with --backend tgserve-baseline: another tgserve checkout (e.g. made by `git "
-        "worktree add /tmp/base COMMIT`), run in its own subprocess on the same model, options "
-        "and requests; reported as tgserve@COMMIT",
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
-    )
-    p.add_argument(
-        "--skip-limits", action="store_true", help="do not measure bandwidth and matmul rates"
-    )
-    p.add_argument(
-        "--quick-limits",
-        action="store_true",
-        help="measure the limits on small buffers with the GPU method (dry runs: rough figures)",
-    )
-    p.add_argument(
-        "--json-schema",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="with --backend tgserve-json: every request follows this JSON schema (structured "
-        "outputs; bench/schemas/records.json cannot end early, so counts match tgserve's)",
-    )
-    _output_args(p)
-
-
-def _speculative_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--speculative",
-        choices=["ngram", "draft"],
-        default=None,
-        help="tgserve: speculative decoding (ngram: prompt lookup); the report adds how many "
-        "proposed tokens were accepted, per position",
-    )
-    p.add_argument("--num-speculative-tokens", type=int, default=None, help="tgserve: k")
-    p.add_argument("--speculative-ngram-min", type=int, default=None)
-    p.add_argument("--speculative-ngram-max", type=int, default=None)
-    p.add_argument("--speculative-model", default=None, help="tgserve: the draft model")
-
-
-def _output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar on stderr (default: when a terminal)",
     )
 
 
