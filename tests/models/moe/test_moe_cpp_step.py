@@ -99,14 +99,8 @@ def test_bfloat16_cpp_step_matches_the_eager_path() -> None:
     """bfloat16: the C++ step rounds where the eager block rounds (router logits, SiLU, each
     expert's output) and sums the ranks in float32 alike: logits agree to bf16 rounding."""
     ours = ours_from(make_hf_model("qwen2_moe"), torch.bfloat16, "cpu", from_files=False)
-    eager, fast = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
-    fused = FusedDecoder.build(ours, fast.kv)
-    assert fused is not None
-    batch = dict(enumerate(prompts((3, 9, 14))))
-    for _ in batch:
-        eager.add_sequence(), fast.add_sequence()
-    want, got = eager.step(batch), fast.step(batch, fused=fused)
-    for s in batch:
+    want, got = _eager_and_cpp_step(ours)
+    for s in want:
         torch.testing.assert_close(got[s], want[s], atol=3e-2, rtol=3e-2)
 
 
@@ -120,12 +114,18 @@ def test_int8_activations_reach_the_expert_panels_in_the_cpp_step(tmp_path) -> N
     assert all(
         isinstance(block, Q8Linear) for block in ours.model.layers[0].mlp.experts.gate_up_blocks
     )
+    want, got = _eager_and_cpp_step(ours)
+    for s in want:
+        torch.testing.assert_close(got[s], want[s], atol=1e-4, rtol=0)
+
+
+def _eager_and_cpp_step(ours) -> tuple[dict, dict]:
+    """One prefill of three prompts through the eager blocks and through the C++ step:
+    (eager logits, C++ step logits) by sequence."""
     eager, fast = PagedDriver(ours, block_size=4), PagedDriver(ours, block_size=4)
     fused = FusedDecoder.build(ours, fast.kv)
     assert fused is not None
     batch = dict(enumerate(prompts((3, 9, 14))))
     for _ in batch:
         eager.add_sequence(), fast.add_sequence()
-    want, got = eager.step(batch), fast.step(batch, fused=fused)
-    for s in batch:
-        torch.testing.assert_close(got[s], want[s], atol=1e-4, rtol=0)
+    return eager.step(batch), fast.step(batch, fused=fused)
