@@ -75,11 +75,12 @@ def load_checkpoint(
     if path.is_dir():
         return _load_hf_folder(path)
     if _is_gguf(path):
-        return (
+        config, tensors = (
             _load_gguf_cached(path, cache_dir, progress)
             if use_cache
             else _load_gguf(path, progress)[1:]
         )
+        return config, _canonical_names(config, tensors)
     if path.suffix == ".safetensors" or path.name == INDEX_NAME:
         return _load_hf_folder(path.parent)
     raise ValueError(
@@ -250,7 +251,7 @@ def _load_gguf(path: Path, progress: bool) -> tuple[dict[str, Any], ModelConfig,
     def where(name: str | None) -> str:
         return f"{path} (GGUF tensor {gguf_names[name]!r})" if name in gguf_names else str(path)
 
-    check_checkpoint(config, tensors, where)
+    check_checkpoint(config, _canonical_names(config, tensors), where)
     return hf_config, config, tensors
 
 

@@ -4,7 +4,7 @@ Contract: `gguf_to_hf_config(gguf)` reads `general.architecture` ("llama", "qwen
 and the mixture-of-experts "qwen3moe", "qwen2moe" and "llama" with `expert_count` (Mixtral), whose
 `expert_used_count`, `expert_feed_forward_length`, `expert_shared_feed_forward_length` and
 `expert_weights_norm` keys become the experts' config keys, and "gemma2", "gemma3", "phi3" with
-their own keys: models/gguf/dense_families.py) and
+their own keys: models/gguf/dense_families.py; "gpt-oss": models/gpt_oss/gguf.py) and
 that architecture's keys (`<arch>.block_count`, `.embedding_length`, `.feed_forward_length`,
 `.attention.head_count(_kv)`, `.rope.freq_base`, `.attention.layer_norm_rms_epsilon`,
 `.context_length`, `.vocab_size` (else the rows of `token_embd.weight`), rope scaling keys)
@@ -26,6 +26,8 @@ import torch
 
 from models.gguf.dense_families import family_config
 from models.gguf.file import GGUFFile
+from models.gpt_oss.gguf import ARCH as GPT_OSS
+from models.gpt_oss.gguf import gpt_oss_config
 
 if TYPE_CHECKING:
     from models.config import ModelConfig
@@ -42,6 +44,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "gemma2": "Gemma2ForCausalLM",  # these three: models/gguf/dense_families.py
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",  # its own keys: models/gpt_oss/gguf.py
 }
 # GGUF architecture -> whether llama.cpp renormalises the top-k expert weights (its norm_w;
 # Qwen3-MoE always does, Qwen2-MoE never, Mixtral always) when no expert_weights_norm key says.
@@ -112,6 +115,8 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
         "rope_theta": float(key("rope.freq_base", 10000.0)),
         "rope_scaling": _rope_scaling(gguf, arch, key),
     }
+    if arch == GPT_OSS:
+        return out | gpt_oss_config(gguf, key)
     if key("expert_count"):
         out |= _moe_keys(gguf, arch, key, out)
     if key("attention.sliding_window") is not None:

@@ -4,7 +4,7 @@ Contract: `open_gguf(path)` parses the header (little-endian GGUF v2/v3) into a 
 raises `FileNotFoundError` / `ValueError` naming the file. `GGUFFile.tensor(info)` returns the
 tensor in row-major order (for a linear layer `[out_features, in_features]`, the Hugging Face
 order), keeping F32/F16/BF16 in their own dtype and dequantising Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/
-Q6_K to float32 with `gguf.quants.dequantize` (checked against the GGML block formats in
+Q6_K/MXFP4 (gpt-oss's experts) to float32 with `gguf.quants.dequantize` (checked against the GGML block formats in
 tests/models/gguf/test_file.py); `GGUFFile.blocks(info)` returns a quantised matrix's bytes as
 stored, [rows, bytes per row], for models/block_linear.py. Any other tensor type raises `ValueError` naming the file, the
 tensor and the type. Names stay GGUF names here; models/gguf/names.py maps them to Hugging Face
@@ -37,7 +37,7 @@ _NATIVE_TYPES = {
 # Block-quantised: dequantised to float32.
 _QUANTISED_TYPES = tuple(
     GGMLQuantizationType[name]
-    for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+    for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 )
 SUPPORTED_TENSOR_TYPES: tuple[str, ...] = tuple(t.name for t in (*_NATIVE_TYPES, *_QUANTISED_TYPES))
 

@@ -11,6 +11,8 @@ the file, named exactly as transformers' state_dict names them, in transformers'
   [E, rows, cols], yielded expert by expert under the files' per-expert names.
 - gemma2, gemma3, phi3: their own block names and Gemma's norm fixup
   (models/gguf/dense_families.py).
+- gpt-oss: its own names and expert layouts, MXFP4 experts kept as blocks
+  (models/gpt_oss/gguf.py); it has no per-tensor plan (`gguf_to_hf_plan` refuses it).
 - `rope_freqs.weight` (and Phi-3's LongRoPE factors) are not weights: they become config
   (models/gguf/config.py) and are skipped.
 A tensor name we do not know raises `ValueError` naming the file and the tensor.
@@ -27,6 +29,8 @@ import torch
 from models.gguf.dense_families import BLOCK_NAMES, CONFIG_TENSORS, FIXUPS
 from models.gguf.file import GGUFFile
 from models.gguf.header import GGUFTensorInfo
+from models.gpt_oss.gguf import ARCH as GPT_OSS
+from models.gpt_oss.gguf import gpt_oss_tensors
 
 _LLAMA_GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -129,6 +133,9 @@ def gguf_to_hf_tensors(
     gguf: GGUFFile, hf_config: dict[str, Any]
 ) -> Iterator[tuple[str, str, torch.Tensor]]:
     """Yields (gguf_name, hf_name, tensor), checking every name and type before any work."""
+    if gguf.architecture == GPT_OSS:
+        yield from gpt_oss_tensors(gguf)
+        return
     for info, hf_name, tensor in plan_tensors(gguf, gguf_to_hf_plan(gguf, hf_config)):
         yield info.name, hf_name, tensor
 
@@ -173,6 +180,8 @@ def gguf_to_hf_plan(
     A fixup only moves or transposes rows, so it applies to a quantised matrix's block rows too
     (a Q/K unpermute; GPT-2's transpose does not: it needs the values)."""
     arch = gguf.architecture
+    if arch == GPT_OSS:
+        raise ValueError(f"{gguf.path}: a gpt-oss GGUF is read whole (gguf_to_hf_tensors)")
     gguf.check_types()
     plan = []
     for info in gguf.infos:

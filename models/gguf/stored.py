@@ -104,8 +104,10 @@ def stores_blocks(path: Path) -> bool:
     if not path.is_file() or path.suffix.lower() != ".gguf":
         return False
     gguf, hf_config, config = read_gguf_config(path)
+    if config.family not in _FAMILIES:
+        return False
     plan = gguf_to_hf_plan(gguf, hf_config)
-    return config.family in _FAMILIES and bool(_block_groups(plan) or stored_expert_groups(plan))
+    return bool(_block_groups(plan) or stored_expert_groups(plan))
 
 
 def _qtype(info: GGUFTensorInfo) -> GGMLQuantizationType | None:

@@ -12,6 +12,10 @@ pair of a state dict by `P`: an `Mxfp4Pair` whose `shape` is transformers' [E, K
 `dense()` is that tensor (a transposed view), dequantised only then, one projection at a time
 as the model loads (a whole dense copy of the experts would double a load's peak memory);
 other tensors untouched; ValueError naming the tensor for a pair that does not fit.
+`ggml_to_hf_blocks(raw)` reads GGML's MXFP4 blocks (a GGUF's type 39, as llama.cpp's converter
+writes them) as those blocks and scales, byte for byte: each block of 32 is 17 bytes, the scale
+byte first, then 16 bytes holding element j in byte j's low nibble and element j + 16 in its
+high nibble (GGML doubles the code values and halves the scale: the same products).
 """
 
 from __future__ import annotations
@@ -42,6 +46,16 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
         values = torch.ldexp(pairs.flatten(-2), exponents[r : r + step, :, None])  # [rows, G, 32]
         flat_out[r : r + step] = values.flatten(-2).to(torch.bfloat16)
     return out
+
+
+def ggml_to_hf_blocks(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [..., G * 17] GGML MXFP4 rows -> (blocks [..., G, 16], scales [..., G])."""
+    if raw.dtype != torch.uint8 or raw.shape[-1] % 17:
+        raise ValueError(f"GGML MXFP4 rows {tuple(raw.shape)} ({raw.dtype}) are not 17-byte blocks")
+    grouped = raw.reshape(*raw.shape[:-1], -1, 17)
+    qs = grouped[..., 1:]
+    codes = torch.cat((qs & 0x0F, qs >> 4), dim=-1)  # [..., G, 32] in element order
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), grouped[..., 0].contiguous()
 
 
 @dataclass(frozen=True)

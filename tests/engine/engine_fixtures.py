@@ -16,7 +16,7 @@ from tests.devices import selected_device
 
 def tiny_engine(folder: Path, arch: str = "llama", **config) -> Engine:
     """On the tests' device (TGSERVE_TEST_DEVICE, default cpu) unless `device=` is given."""
-    if not (folder / "config.json").exists():
+    if folder.suffix != ".gguf" and not (folder / "config.json").exists():
         save_checkpoint(arch, folder)
     defaults = dict(
         dtype="float32",

@@ -5,14 +5,18 @@
 length of 16 (the tests' sequences cross it). Random init leaves what makes gpt-oss itself at
 zero or too small to show, so the sinks, the router and expert biases and the q/k/v/o biases
 are drawn at scales that move the logits, and the SwiGLU clamp (`swiglu_limit` 1.0) bites.
-`save_gpt_oss(folder)` writes it as a checkpoint folder looks.
+`save_gpt_oss(folder)` writes it as a checkpoint folder looks; `save_mxfp4_folder(model, folder,
+gen)` gives its experts random MXFP4 values and writes them as the released folders store them
+(`_blocks` / `_scales` pairs, quant_method mxfp4), the model keeping the same values dense.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from tests.checkpoints import VOCAB
 
@@ -66,4 +70,46 @@ def make_gpt_oss(seed: int = 0, window: int = 8, **overrides):
 
 def save_gpt_oss(folder: Path, seed: int = 0, **overrides) -> Path:
     make_gpt_oss(seed, **overrides).save_pretrained(folder)
+    return folder
+
+
+def e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit E2M1 codes decoded by their bit layout (sign, 2 exponent bits, 1 mantissa bit)."""
+    sign = 1.0 - 2.0 * ((codes >> 3) & 1).float()
+    exponent, mantissa = ((codes >> 1) & 3).float(), (codes & 1).float()
+    magnitude = torch.where(
+        exponent == 0, mantissa / 2, torch.exp2(exponent - 1) * (1 + mantissa / 2)
+    )
+    return sign * magnitude
+
+
+def quantized_pair(rows: int, cols: int, experts: int, gen) -> tuple[torch.Tensor, ...]:
+    """(dense [E, rows, cols], blocks [E, rows, cols / 32, 16], scales [E, rows, cols / 32])."""
+    codes = torch.randint(0, 16, (experts, rows, cols), generator=gen)
+    scales = torch.randint(121, 126, (experts, rows, cols // 32), generator=gen)
+    dense = e2m1(codes) * torch.exp2(scales.float() - 127).repeat_interleave(32, dim=-1)
+    pairs = codes.view(experts, rows, cols // 32, 16, 2)
+    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+    return dense, blocks, scales.to(torch.uint8)
+
+
+def save_mxfp4_folder(hf, folder: Path, gen: torch.Generator) -> Path:
+    c = hf.config
+    e, h, i = c.num_local_experts, c.hidden_size, c.intermediate_size
+    packed = {}
+    with torch.no_grad():
+        for n, layer in enumerate(hf.model.layers):
+            for proj, rows, cols in (("gate_up_proj", 2 * i, h), ("down_proj", h, i)):
+                dense, blocks, scales = quantized_pair(rows, cols, e, gen)
+                getattr(layer.mlp.experts, proj).copy_(dense.transpose(1, 2))  # [E, in, out]
+                name = f"model.layers.{n}.mlp.experts.{proj}"
+                packed |= {f"{name}_blocks": blocks, f"{name}_scales": scales}
+    hf.save_pretrained(folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in packed:  # the dense tensors give way to their blocks and scales
+        tensors.pop(name.removesuffix("_blocks").removesuffix("_scales"), None)
+    save_file(tensors | packed, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(json.dumps(config))
     return folder

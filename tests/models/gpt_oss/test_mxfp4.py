@@ -5,15 +5,12 @@ model holding the same values dense, and transformers' own load of that folder. 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from models.gpt_oss.mxfp4 import dequantize_mxfp4, mxfp4_experts
 from models.loader import load_model
-from tests.models.gpt_oss.checkpoint import make_gpt_oss
+from tests.models.gpt_oss.checkpoint import make_gpt_oss, save_mxfp4_folder
 from tests.models.paged_driver import PagedDriver
 from tests.models.test_models_vs_transformers import hf_logits
 
@@ -31,46 +28,11 @@ def test_hand_worked_bytes() -> None:
     assert got.dtype == torch.bfloat16 and torch.equal(got.float(), want)
 
 
-def e2m1(codes: torch.Tensor) -> torch.Tensor:
-    sign = 1.0 - 2.0 * ((codes >> 3) & 1).float()
-    exponent, mantissa = ((codes >> 1) & 3).float(), (codes & 1).float()
-    magnitude = torch.where(
-        exponent == 0, mantissa / 2, torch.exp2(exponent - 1) * (1 + mantissa / 2)
-    )
-    return sign * magnitude
-
-
-def quantized_pair(rows: int, cols: int, experts: int, gen) -> tuple[torch.Tensor, ...]:
-    """(dense [E, rows, cols], blocks [E, rows, cols / 32, 16], scales [E, rows, cols / 32])."""
-    codes = torch.randint(0, 16, (experts, rows, cols), generator=gen)
-    scales = torch.randint(121, 126, (experts, rows, cols // 32), generator=gen)
-    dense = e2m1(codes) * torch.exp2(scales.float() - 127).repeat_interleave(32, dim=-1)
-    pairs = codes.view(experts, rows, cols // 32, 16, 2)
-    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
-    return dense, blocks, scales.to(torch.uint8)
-
-
 def test_mxfp4_folder_equals_transformers_dense(tmp_path) -> None:
     hf = make_gpt_oss()
     gen = torch.Generator().manual_seed(5)
     c = hf.config
-    e, h, i = c.num_local_experts, c.hidden_size, c.intermediate_size
-    packed = {}
-    with torch.no_grad():
-        for n, layer in enumerate(hf.model.layers):
-            for proj, rows, cols in (("gate_up_proj", 2 * i, h), ("down_proj", h, i)):
-                dense, blocks, scales = quantized_pair(rows, cols, e, gen)
-                getattr(layer.mlp.experts, proj).copy_(dense.transpose(1, 2))  # [E, in, out]
-                name = f"model.layers.{n}.mlp.experts.{proj}"
-                packed |= {f"{name}_blocks": blocks, f"{name}_scales": scales}
-    hf.save_pretrained(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    for name in packed:  # the dense tensors give way to their blocks and scales
-        tensors.pop(name.removesuffix("_blocks").removesuffix("_scales"), None)
-    save_file(tensors | packed, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_mxfp4_folder(hf, tmp_path, gen)
     ours, _ = load_model(tmp_path, "float32", "cpu")
     prompt = torch.randint(3, c.vocab_size, (12,), generator=gen).tolist()
     driver = PagedDriver(ours)

@@ -1,0 +1,169 @@
+"""gpt-oss GGUF files as llama.cpp's converter writes them (architecture "gpt-oss"): their config
+keys, and their tensors back under transformers' names and layouts.
+
+Contract:
+- `gpt_oss_config(gguf, key)` returns the config.json keys the "gpt-oss" architecture adds to the
+  generic ones (models/gguf/config.py): `expert_count`, `expert_used_count`,
+  `expert_feed_forward_length` (the experts' width), `attention.sliding_window` on the even
+  layers (llama.cpp's fixed pattern of 2: sliding, full, ...), YaRN from `rope.scaling.*` (its
+  beta_fast / beta_slow keys, else 32 / 1; not truncated, as every gpt-oss config says) or no
+  scaling when the file has none, attention biases, and the SwiGLU clamp 7.0 and alpha 1.702
+  that llama.cpp hard-codes (the file holds no key for them). End of generation: the file's eos
+  / eot ids and the vocabulary's `<|return|>`, `<|call|>` and `<|endoftext|>` (the released
+  generation_config.json's three; llama.cpp stops on them too).
+- `gpt_oss_tensors(gguf)` yields `(gguf_name, hf_name, tensor)` for every tensor, after checking
+  that every tensor a gpt-oss layer needs is in the file (`ValueError` naming the file and the
+  first missing GGUF tensor). llama.cpp's converter splits transformers' interleaved gate/up rows
+  (even rows gate, odd rows up) into `ffn_gate_exps` / `ffn_up_exps` [E, I, H] and their biases
+  [E, I]; they are interleaved back into `mlp.experts.gate_up_proj` [E, H, 2I] and
+  `gate_up_proj_bias` [E, 2I]; `ffn_down_exps` [E, H, I] becomes `down_proj` [E, I, H]. MXFP4
+  expert tensors (the released files' type) become transformers' `_blocks` / `_scales` pairs,
+  byte for byte (models/gpt_oss/mxfp4.ggml_to_hf_blocks), so they stay 4-bit until the model
+  takes them, as a folder's do; experts of any other type are dequantised. `attn_sinks.weight`
+  is `self_attn.sinks`, `ffn_gate_inp` the router, `post_attention_norm` the post-attention norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from gguf import GGMLQuantizationType
+
+from models.gguf.file import GGUFFile
+from models.gguf.header import read_gguf_metadata
+from models.gpt_oss.mxfp4 import ggml_to_hf_blocks
+
+ARCH = "gpt-oss"
+# llama.cpp's constants for gpt-oss's clamped SwiGLU (no GGUF key holds them).
+_SWIGLU_LIMIT, _SWIGLU_ALPHA = 7.0, 1.702
+# The released generation_config.json's end-of-generation tokens.
+_STOP_TOKENS = ("<|return|>", "<|endoftext|>", "<|call|>")
+
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
+           "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}  # fmt: skip
+_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+    "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
+} | {
+    f"attn_{g}.{kind}": f"self_attn.{p}_proj.{kind}"
+    for g, p in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
+    for kind in ("weight", "bias")
+}
+# Read in pairs or transposed (below), not by the table.
+_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_gate_exps.bias",
+            "ffn_up_exps.bias", "ffn_down_exps.weight")  # fmt: skip
+
+
+def gpt_oss_config(gguf: GGUFFile, key: Callable[..., Any]) -> dict[str, Any]:
+    layers = int(key("block_count"))
+    window = key("attention.sliding_window")
+    out: dict[str, Any] = {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "num_local_experts": int(key("expert_count", required=True)),
+        "num_experts_per_tok": int(key("expert_used_count", required=True)),
+        "intermediate_size": int(key("expert_feed_forward_length", 0))
+        or int(key("feed_forward_length", required=True)),
+        "sliding_window": int(window) if window else None,
+        "layer_types": [
+            "sliding_attention" if window and n % 2 == 0 else "full_attention"
+            for n in range(layers)
+        ],
+        "attention_bias": True,
+        "swiglu_limit": _SWIGLU_LIMIT,
+        "swiglu_alpha": _SWIGLU_ALPHA,
+        "rope_scaling": _yarn(key),
+    }
+    eos = _stop_ids(gguf)
+    return out | ({"eos_token_id": eos} if eos else {})
+
+
+def _yarn(key: Callable[..., Any]) -> dict[str, Any]:
+    kind = key("rope.scaling.type")
+    if kind in (None, "none"):
+        return {"rope_type": "default"}  # not the YaRN a config.json without keys defaults to
+    if kind != "yarn":
+        raise ValueError(f"gpt-oss rope scaling {kind!r} is not YaRN")
+    return {
+        "rope_type": "yarn",
+        "factor": float(key("rope.scaling.factor", required=True)),
+        "original_max_position_embeddings": int(
+            key("rope.scaling.original_context_length", required=True)
+        ),
+        "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
+        "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0)),
+        "truncate": False,
+    }
+
+
+def _stop_ids(gguf: GGUFFile) -> list[int]:
+    meta = gguf.metadata
+    ids = [
+        meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta
+    ]
+    if "tokenizer.ggml.tokens" in gguf.array_lengths:  # the vocabulary: a long array, read now
+        tokens = read_gguf_metadata(gguf.path)["tokenizer.ggml.tokens"]
+        ids += [i for i, t in enumerate(tokens) if t in _STOP_TOKENS]
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def gpt_oss_tensors(gguf: GGUFFile) -> Iterator[tuple[str, str, torch.Tensor]]:
+    gguf.check_types()
+    layers = int(gguf.metadata[f"{ARCH}.block_count"])
+    names = gguf.tensor_names
+    for name in ("token_embd.weight", "output_norm.weight") + tuple(
+        f"blk.{n}.{part}" for n in range(layers) for part in (*_LAYER, *_EXPERTS)
+    ):
+        if name not in names:
+            raise ValueError(f"{gguf.path}: gpt-oss GGUF lacks tensor {name!r}")
+    for info in gguf.infos:
+        name = info.name
+        if name in _GLOBAL:
+            yield name, _GLOBAL[name], gguf.tensor(info)
+            continue
+        layer, _, part = name.removeprefix("blk.").partition(".")
+        stem = f"model.layers.{layer}."
+        if not name.startswith("blk.") or part not in (*_LAYER, *_EXPERTS):
+            raise ValueError(f"{gguf.path}: tensor {name!r} is not one tgserve knows for gpt-oss")
+        if part in _LAYER:
+            yield name, stem + _LAYER[part], gguf.tensor(info)
+        elif part == "ffn_down_exps.weight":
+            yield from _projection(gguf, [name], stem + "mlp.experts.down_proj")
+        elif part == "ffn_gate_exps.weight":  # with its up rows, interleaved
+            pair = [name, f"blk.{layer}.ffn_up_exps.weight"]
+            yield from _projection(gguf, pair, stem + "mlp.experts.gate_up_proj")
+        elif part == "ffn_gate_exps.bias":
+            gate, up = (
+                gguf.tensor(gguf.info(f"blk.{layer}.ffn_{p}_exps.bias")) for p in ("gate", "up")
+            )
+            yield name, stem + "mlp.experts.gate_up_proj_bias", _interleave(gate, up, 1)  # [E, 2I]
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor, dim: int) -> torch.Tensor:
+    """gate and up [E, I, ...] -> [E, 2I, ...]: row 2i gate's row i, row 2i + 1 up's."""
+    return torch.stack((gate, up.to(gate.dtype)), dim=dim + 1).flatten(dim, dim + 1)
+
+
+def _projection(
+    gguf: GGUFFile, parts: list[str], hf_name: str
+) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """One expert projection from its GGUF part(s) [E, N, K] (gate and up: two, interleaved):
+    as MXFP4 `_blocks` [E, N', K / 32, 16] and `_scales` [E, N', K / 32] when every part is
+    MXFP4, else dense in transformers' [E, K, N']."""
+    infos = [gguf.info(p) for p in parts]
+    if all(i.type_id == GGMLQuantizationType.MXFP4 for i in infos):
+        blocks, scales = zip(*(ggml_to_hf_blocks(gguf.blocks(i)) for i in infos), strict=True)
+        if len(parts) == 2:
+            blocks, scales = (_interleave(*blocks, 1),), (_interleave(*scales, 1),)
+        yield parts[0], hf_name + "_blocks", blocks[0]
+        yield parts[0], hf_name + "_scales", scales[0]
+        return
+    dense = [gguf.tensor(i) for i in infos]
+    tensor = _interleave(*dense, 1) if len(dense) == 2 else dense[0]
+    yield parts[0], hf_name, tensor.transpose(1, 2).contiguous()  # [E, K, N']

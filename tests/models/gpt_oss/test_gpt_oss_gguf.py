@@ -1,0 +1,96 @@
+"""gpt-oss from a GGUF file as llama.cpp's converter writes it (bench/gpt_oss_gguf.py) equals
+transformers on the folder it was written from. transformers' own GGUF loader cannot be the
+oracle here (it leaves the gpt-oss experts, their biases and the sinks unloaded), so the oracle
+is transformers' GptOssForCausalLM on the same tiny checkpoint's folder: float32 and BF16
+matrices (the folder rounded to bfloat16 first, so both sides hold the same values), and MXFP4
+experts written as stored (both sides dequantise the same bits; gguf's own MXFP4 dequantiser
+checks the written blocks). The checkpoint's expert biases are large enough that llama.cpp's
+SwiGLU clamp of 7 (no GGUF key holds it) bites. Then the engine's greedy tokens from the GGUF
+equal transformers' generate on the folder, and a GGUF missing a gpt-oss tensor is refused
+naming it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from safetensors.torch import load_file, save_file
+
+from bench.gpt_oss_gguf import write_gpt_oss_gguf
+from models.gguf.file import open_gguf
+from models.loader import load_model
+from tests.engine.engine_fixtures import random_prompts, tiny_engine
+from tests.models.gpt_oss.checkpoint import make_gpt_oss, save_mxfp4_folder
+from tests.models.moe.test_moe_engine import assert_greedy_equals_generate
+from tests.models.moe.test_moe_vs_transformers import run_prefill_then_decode
+from tests.models.test_models_vs_transformers import hf_logits
+
+
+def gguf_checkpoint(bf16_matrices: bool = False):
+    """The tiny gpt-oss with the released SwiGLU limit 7 and gate/up biases that pass it."""
+    hf = make_gpt_oss(swiglu_limit=7.0)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.experts.gate_up_proj_bias.mul_(20.0)  # N(0, 10): |x| > 7 for about half
+        if bf16_matrices:  # what a BF16 GGUF holds: every matrix but the router
+            for name, param in hf.named_parameters():
+                if param.dim() >= 2 and ".router." not in name:
+                    param.copy_(param.bfloat16().float())
+    return hf
+
+
+def assert_logits_equal(ours, hf) -> None:
+    for got, want in run_prefill_then_decode(ours, lambda t: hf_logits(hf, t), 4):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("float_type", ["F32", "BF16"])
+def test_gguf_logits_equal_transformers_on_the_folder(float_type, tmp_path) -> None:
+    hf = gguf_checkpoint(bf16_matrices=float_type == "BF16")
+    hf.save_pretrained(tmp_path / "folder")
+    path = write_gpt_oss_gguf(tmp_path / "folder", tmp_path / "m.gguf", float_type)
+    gguf = open_gguf(path)
+    assert gguf.architecture == "gpt-oss"
+    ours, config = load_model(path, "float32", "cpu", use_cache=False)
+    assert config.layer_windows == (8, None) and config.moe.swiglu_limit == 7.0
+    assert config.rope_scaling["rope_type"] == "yarn" and not config.rope_scaling["truncate"]
+    assert_logits_equal(ours, hf)
+
+
+def test_mxfp4_experts_as_stored_equal_transformers_on_the_mxfp4_folder(tmp_path) -> None:
+    hf = gguf_checkpoint()
+    folder = save_mxfp4_folder(hf, tmp_path / "folder", torch.Generator().manual_seed(5))
+    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf")
+    gguf = open_gguf(path)
+    gate = gguf.info("blk.1.ffn_gate_exps.weight")
+    assert gate.type_id == GGMLQuantizationType.MXFP4
+    # gguf-py's MXFP4 dequantiser reads the written blocks as the dense gate rows (even rows)
+    values = dequantize(gguf.blocks(gate).numpy(), GGMLQuantizationType.MXFP4)
+    want = hf.model.layers[1].mlp.experts.gate_up_proj.detach().transpose(1, 2)[:, 0::2]
+    assert torch.equal(torch.from_numpy(values), want)
+    # cached as the folder stores them (blocks), then read back: the same logits
+    ours, _ = load_model(path, "float32", "cpu", cache_dir=tmp_path / "cache")
+    assert_logits_equal(ours, hf)
+    again, _ = load_model(path, "float32", "cpu", cache_dir=tmp_path / "cache")
+    assert_logits_equal(again, hf)
+
+
+def test_engine_greedy_from_the_gguf_equals_generate_on_the_folder(tmp_path, monkeypatch) -> None:
+    hf = gguf_checkpoint()
+    hf.save_pretrained(tmp_path / "folder")
+    path = write_gpt_oss_gguf(tmp_path / "folder", tmp_path / "m.gguf")
+    monkeypatch.setenv("TGSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    engine = tiny_engine(path, max_num_batched_tokens=32)
+    assert_greedy_equals_generate(engine, hf, random_prompts(3, (3, 30), seed=1), 10)
+
+
+def test_a_gguf_missing_a_gpt_oss_tensor_is_refused_naming_it(tmp_path) -> None:
+    folder = tmp_path / "folder"
+    gguf_checkpoint().save_pretrained(folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.self_attn.sinks"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf")
+    with pytest.raises(ValueError, match="'blk.1.attn_sinks.weight'"):
+        load_model(path, "float32", "cpu", use_cache=False)
