@@ -4,7 +4,8 @@ loop every rank > 0 runs (`serve_rank`), in such a process or in a node's `tgser
 Contract: `serve_rank(members, config, model_path, threads)` takes a rank that has joined the
 rendezvous (engine/parallel/membership.py, which gave it rank 0's engine config), starts its
 heartbeat, joins the process group, builds its runner exactly as rank 0 does
-(runner_factory.build_runner: the same files on its own host, its own shard), then runs every
+(runner_factory.build_runner: the same files on its own host, its own shard), tells the group
+it serves (the heartbeat's timeout drops from the init timeout to seconds), then runs every
 step rank 0 broadcasts until the stop message, which it acknowledges; it returns exit code 0
 after a stop, 1 on any failure (logged: rank 0 sees the closed connection, the exit or the
 silent heartbeat). If rank 0 dies, the pending broadcast fails or the heartbeat finds its
@@ -57,6 +58,7 @@ def serve_rank(members: Membership, config: EngineConfig, model_path: str, threa
         )
         runner = build_runner(Path(model_path), config, False, group).runner
         channel = runner.parallel.channel
+        members.serving()  # start-up is over: the heartbeat's short timeout from here on
         while (step := channel.receive()) is not None:
             runner.run(step)
     except Exception:

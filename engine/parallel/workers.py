@@ -5,14 +5,19 @@ Contract:
   (engine/parallel/membership.py: the config published for every rank), starts the other ranks
   of its own node as `python -m engine.parallel.worker_main` processes (the same interpreter
   and environment), waits for every rank of every node to check in (`RendezvousError` naming
-  the missing nodes after `cluster.init_timeout_s`; at once when a local rank's process dies
+  the missing nodes after `cluster.init_timeout_s`; at once when a rank's process dies
   starting), joins the process group (gloo on CPU, NCCL on CUDA) and returns
-  (WorkerSet, ParallelGroup). On any failure the ranks it started are stopped.
+  (WorkerSet, ParallelGroup). On any failure the ranks it started are stopped. Joining the
+  process group cannot be interrupted (it waits out the collective timeout, minutes, for a
+  rank that is gone), so it runs under `WorkerSet.guard_start`: a thread that ends this
+  process, the reason logged, as soon as a rank's process ends or its heartbeat stops, or
+  when the group has not formed within the init timeout.
 - `spawn_ranks(ranks, cluster, model_path, threads)`: those processes alone (a node other than
   rank 0's starts the rest of its ranks with it).
 - `WorkerSet.watch(on_failure)`: a daemon thread calls `on_failure(reason)` once when a local
-  rank's process exits while it was not asked to stop, or a rank's heartbeat stops (a node
-  died or was cut off; rank 0 then fails /health and exits non-zero, see AsyncEngine.kill);
+  rank's process exits while it was not asked to stop (a local process, or any rank's
+  liveness connection closing: engine/parallel/liveness.py), or a rank's heartbeat stops (a
+  node cut off; rank 0 then fails /health and exits non-zero, see AsyncEngine.kill);
   it notices within `POLL_SECONDS` (a heartbeat: `HEARTBEAT_TIMEOUT_S`). If the group is not
   being stopped `STUCK_GRACE_S` later (the engine's step waits in a collective on a peer cut
   off without a closed connection, which gloo would wait out for minutes), it ends the
@@ -32,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -72,7 +77,39 @@ class WorkerSet:
         for rank, proc in self.procs.items():
             if (code := proc.poll()) is not None:
                 return f"tensor-parallel rank {rank} (pid {proc.pid}) exited with {code}"
-        return None
+        return self.members.gone() if self.members is not None else None
+
+    def _failure(self) -> str | None:
+        reason = self.dead()
+        if reason is None and self.members is not None:
+            with contextlib.suppress(Exception):  # the store is closing: stopping
+                reason = self.members.stale()
+        return reason
+
+    @contextlib.contextmanager
+    def guard_start(self, timeout: float) -> Iterator[None]:
+        formed = threading.Event()
+
+        def loop() -> None:
+            deadline = time.monotonic() + timeout
+            while not formed.wait(POLL_SECONDS):
+                reason = self._failure()
+                if reason is None and time.monotonic() > deadline:
+                    reason = f"the process group did not form within {timeout:g}s"
+                if reason is not None and not formed.is_set():
+                    log.error(
+                        "%s while the parallel group was forming; ending this process", reason
+                    )
+                    for proc in self.procs.values():
+                        proc.kill()
+                    self._exit(1)
+                    return
+
+        threading.Thread(target=loop, name="tgserve-group-start", daemon=True).start()
+        try:
+            yield
+        finally:
+            formed.set()
 
     def watch(self, on_failure: Callable[[str], None]) -> None:
         if self._watcher is not None:
@@ -80,10 +117,7 @@ class WorkerSet:
 
         def loop() -> None:
             while not self._stopping:
-                reason = self.dead()
-                if reason is None and self.members is not None:
-                    with contextlib.suppress(Exception):  # the store is closing: stopping
-                        reason = self.members.stale()
+                reason = self._failure()
                 if reason is not None and not self._stopping:
                     log.error("%s; the replica cannot go on", reason)
                     on_failure(reason)
@@ -117,6 +151,8 @@ class WorkerSet:
                 self.members.await_stopped(max(0.1, end - time.monotonic()))
             except Exception as exc:  # a rank on another node already gone, or stuck
                 log.warning("not every rank acknowledged the stop: %s", exc)
+        if self.members is not None:
+            self.members.close()
         for proc in self.procs.values():
             if proc.poll() is None:
                 log.warning("rank pid %d did not stop in %.0fs; terminating it", proc.pid, timeout)
@@ -183,9 +219,10 @@ def start_ranks(
         )
     try:
         members.await_joined(workers.dead)
-        group = init_group(
-            0, world, 0, device, store=members.store, master_addr=cluster.master_addr
-        )
+        with workers.guard_start(cluster.init_timeout_s):
+            group = init_group(
+                0, world, 0, device, store=members.store, master_addr=cluster.master_addr
+            )
     except BaseException:
         workers.stop(timeout=0.0)
         raise

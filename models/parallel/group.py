@@ -81,15 +81,21 @@ def bind_gloo_towards(master_addr: str) -> None:
     """
     if "GLOO_SOCKET_IFNAME" in os.environ:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((master_addr, 9))  # UDP: picks the route, sends nothing
-        local = probe.getsockname()[0]
+    local = address_towards(master_addr)
     if local.startswith("127."):
         return  # one host: gloo's default (loopback) reaches every rank
     for _, name in socket.if_nameindex():
         if _ipv4_of(name) == local:
             os.environ["GLOO_SOCKET_IFNAME"] = name
             return
+
+
+def address_towards(master_addr: str) -> str:
+    """This host's IPv4 address on the route to `master_addr` (its own address if it is one
+    of this host's: what the other hosts reach this one at)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_addr, 9))  # UDP: picks the route, sends nothing
+        return probe.getsockname()[0]
 
 
 def _ipv4_of(interface: str) -> str | None:

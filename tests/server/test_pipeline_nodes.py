@@ -4,11 +4,10 @@ each other only through their own 10.x addresses, over gloo.
 
 Guarantees defended: greedy and seeded text through HTTP equals the one-process engine's
 (node 0 holds the embedding, the first stage's layers and the LM head; node 1 the last stage's
-layers and the final norm); node 1 killed while a stream decodes ends node 0 (exit non-zero,
-the stream's connection closed or its request ended) within a bound instead of hanging. One
-group serves every case: starting one is the cost. (TP=2 x PP=2 is held at the logits level,
-tests/engine/parallel/test_pp_logits.py: through HTTP its 4 processes on a loaded 2-core host
-were seen to miss the 10 s heartbeat at start-up.)
+layers and the final norm), at PP=2 and at TP=2 x PP=2 (a stage of two ranks per machine,
+4 processes); node 1 killed while a stream decodes ends node 0 (exit non-zero, the stream's
+connection closed or its request ended) within a bound instead of hanging. One group per
+parallel layout serves its cases: starting one is the cost.
 """
 
 from __future__ import annotations
@@ -60,3 +59,16 @@ def test_two_stages_on_two_nodes_same_text_and_a_killed_stage_ends_the_group(
     assert code not in (0, None) and ended_after < KILLED_BOUND_S, log
     assert "pipeline stages" in log  # it ran as a pipeline (the start-up line says so)
     assert not reader.is_alive() and events[-1] in ("cut", "data: [DONE]"), events[-3:]
+
+
+def test_two_stages_of_two_ranks_on_two_nodes_same_text(tiny_model_folder, solo, tmp_path) -> None:  # noqa: F811
+    sizes = ("--tensor-parallel-size", "2", *STAGES)
+    with netns.hosts(2) as hosts:
+        client = httpx.Client(base_url=f"http://{hosts.client_addr}:{PORT}", trust_env=False)
+        logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+        node0 = _node(hosts, 0, tiny_model_folder, logs[0], sizes=sizes)
+        _node(hosts, 1, tiny_model_folder, logs[1])
+        wait_ready(client, node0, logs[0])
+        assert _texts(client, {"temperature": 0}) == solo["greedy"]
+        assert _texts(client, SEEDED) == solo["seeded"]
+    assert "tensor parallel over 2 ranks in each of 2 pipeline stages" in logs[0].read_text()

@@ -1,14 +1,20 @@
 """Where a group's ranks run (engine/parallel/cluster.py) and how its members find each other
 (engine/parallel/membership.py), on hand-worked cases: the node of each rank, torchrun's
 variables read as its launcher sets them, bad values named; on a real rendezvous store in this
-process: the missing nodes named by rank, a rank whose heartbeat stops named, a joining rank
-given rank 0's config."""
+process: the missing nodes named by rank, a rank whose heartbeat stops named (after the short
+timeout only once it serves: the init timeout while it starts), a rank whose process ends (its
+liveness connection closed) named at once, a joining rank given rank 0's config, beats that go
+on while the rank's store waits (torch.distributed's init waits there for the slowest rank)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.parallel import membership
@@ -75,7 +81,7 @@ def test_rank_zero_names_the_missing_node_and_its_ranks() -> None:
         leader.await_joined()
     first, _ = Membership.join(follower)  # a node's first rank: found from rank 0's config
     assert first.rank == 2
-    with pytest.raises(RendezvousError, match="rank 3 exited with 1 before joining"):
+    with pytest.raises(RendezvousError, match="rank 3 exited with 1 before the group was formed"):
         leader.await_joined(lambda: "rank 3 exited with 1")
 
 
@@ -86,8 +92,52 @@ def test_a_silent_rank_is_named_by_its_node(monkeypatch) -> None:
     follower, _ = Membership.join(Cluster(**{**cluster.__dict__, "node_rank": 1}))
     follower.store.add("tgserve/beat/1", 1)
     assert leader.stale() is None
+    time.sleep(0.4)  # silent past the heartbeat timeout, but still starting: 5 s allowed
+    assert leader.stale() is None
+    follower.serving()
     time.sleep(0.4)
     follower.store.add("tgserve/beat/1", 1)
     assert leader.stale() is None  # it beat since the last look
     time.sleep(0.4)
     assert leader.stale().startswith("node 1 (rank 1) stopped answering: no heartbeat for 0.")
+
+
+def test_a_rank_whose_process_ends_is_named_at_once() -> None:
+    cluster = _cluster(5.0)
+    leader = Membership.lead(cluster, 4, EngineConfig(tensor_parallel_size=4))
+    node1 = Cluster(**{**cluster.__dict__, "node_rank": 1})
+    ranks = [Membership.join(node1, rank)[0] for rank in (2, 3)]
+    assert leader.gone() is None
+    ranks[1]._link.close()  # what the kernel does when rank 3's process ends, however
+    deadline = time.monotonic() + 5.0
+    while leader.gone() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert leader.gone() == ("node 1 (rank 3) closed its connection to rank 0: its process ended")
+    with pytest.raises(RendezvousError, match=r"node 1 \(rank 3\) closed its connection"):
+        leader.await_joined()  # rank 1 never came either: the end is said at once
+    leader.close()
+
+
+def test_beats_go_on_while_the_rank_waits_on_the_store(monkeypatch) -> None:
+    monkeypatch.setattr(membership, "HEARTBEAT_S", 0.05)
+    cluster = _cluster(5.0)
+    leader = Membership.lead(cluster, 2, EngineConfig(tensor_parallel_size=2))
+    follower, _ = Membership.join(Cluster(**{**cluster.__dict__, "node_rank": 1}))
+    lost: list[str] = []
+    follower.start_heartbeat(lost.append)
+    follower.store.set_timeout(timedelta(seconds=1.5))
+
+    def wait_for_a_slow_rank() -> None:  # what init_process_group does: a blocking wait
+        with contextlib.suppress(dist.DistError):  # it times out: no rank sets the key
+            follower.store.wait(["tgserve/a-key-no-one-sets"])
+
+    waiter = threading.Thread(target=wait_for_a_slow_rank)
+    waiter.start()
+    time.sleep(0.2)  # the wait holds the store's connection now
+    before = leader.beats.add("tgserve/beat/1", 0)
+    time.sleep(0.8)
+    during = leader.beats.add("tgserve/beat/1", 0)
+    waiter.join()
+    follower.mark_stopped()
+    assert during - before >= 5 and lost == []  # ~16 beats of 0.05 s in 0.8 s
+    leader.close()
