@@ -14,8 +14,9 @@ model.safetensors, and tokenizer.json / tokenizer_config.json when present) and 
   converter does; dense experts transposed to [E, out, in];
 - MXFP4 experts (a folder holding `_blocks` / `_scales` pairs) written as stored, in GGML's
   MXFP4 block (type 39: the scale byte, then element j in byte j's low nibble and element
-  j + 16 in its high nibble); every other matrix in `float_type` (F32, F16 or BF16); norms,
-  biases, sinks and the router in F32 (the converter keeps 1-D tensors and ffn_gate_inp F32);
+  j + 16 in its high nibble); every other weight matrix in `float_type` (F32, F16 or BF16);
+  norms, sinks, the router and every bias (the experts' 2-D ones too) in F32, as the converter
+  keeps 1-D tensors, ffn_gate_inp and whatever does not end in ".weight";
 - the vocabulary as the converter's GPT-2 BPE path writes it (`tokenizer.ggml.model` "gpt2",
   `pre` "gpt-4o", tokens padded to vocab_size, CONTROL for special added tokens, merges and
   the special ids / chat template by gguf's SpecialVocab).
@@ -62,8 +63,8 @@ def write_gpt_oss_gguf(folder: Path, dest: Path, float_type: str = "F32") -> Pat
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf-py maps no GPT_OSS tensor to {hf_name!r}")
-        if raw is None:  # float tensors: matrices in float_type, the rest F32
-            keep = value.dim() == 1 or ".router." in hf_name
+        if raw is None:  # float tensors: weight matrices in float_type, the rest F32
+            keep = value.dim() == 1 or ".router." in hf_name or hf_name.endswith(".bias")
             value = value.float() if keep else value.to(dtype)
             as_np = value.view(torch.int16) if value.dtype == torch.bfloat16 else value
             value, raw = as_np.numpy(), None if keep else qtype

@@ -33,9 +33,9 @@ def gguf_checkpoint(bf16_matrices: bool = False):
     with torch.no_grad():
         for layer in hf.model.layers:
             layer.mlp.experts.gate_up_proj_bias.mul_(20.0)  # N(0, 10): |x| > 7 for about half
-        if bf16_matrices:  # what a BF16 GGUF holds: every matrix but the router
+        if bf16_matrices:  # what a BF16 GGUF holds: every weight matrix but the router
             for name, param in hf.named_parameters():
-                if param.dim() >= 2 and ".router." not in name:
+                if param.dim() >= 2 and ".router." not in name and "bias" not in name:
                     param.copy_(param.bfloat16().float())
     return hf
 

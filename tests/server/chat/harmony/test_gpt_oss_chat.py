@@ -1,6 +1,6 @@
 """/v1/chat/completions on a tiny gpt-oss folder (the model of tests/models/gpt_oss, the
-harmony-shaped vocabulary of tests/models/tokenizer/harmony_vocab.py) through the openai
-client: the prompt is rendered in harmony (its text reaches the model), and the model's output,
+harmony-shaped vocabulary of tests/models/tokenizer/harmony_vocab.py), and on the GGUF written
+from it as llama.cpp writes one, through the openai client: the prompt is rendered in harmony (its text reaches the model), and the model's output,
 scripted token by token by a fake output layer (every other token's logit far below), is read
 into reasoning_content, content and tool_calls, streamed and whole alike."""
 
@@ -12,6 +12,7 @@ import openai
 import pytest
 import torch
 
+from bench.gpt_oss_gguf import write_gpt_oss_gguf
 from engine import Engine, EngineConfig
 from models.gpt_oss.model import GptOssForCausalLM
 from models.tokenizer import load_tokenizer
@@ -68,22 +69,28 @@ class Script:
         return logits.to(hidden.device)
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
+@pytest.fixture(scope="module", params=["folder", "gguf"])
+def live(tmp_path_factory, request):
+    """Served from the folder, or from the GGUF llama.cpp's converter would write from it (its
+    vocabulary, stop tokens and harmony format from the file's tokenizer.ggml.* metadata)."""
     folder = tmp_path_factory.mktemp("gpt_oss_chat")
     ids = harmony_special_ids()
     eos = [ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"]]
     save_gpt_oss(folder, vocab_size=BPE_SIZE + len(ids), max_position_embeddings=2048,
                  eos_token_id=eos)  # fmt: skip
     save_harmony_tokenizer(folder)
-    script = Script(load_tokenizer(folder))
     patch = pytest.MonkeyPatch()
+    model = folder
+    if request.param == "gguf":
+        model = write_gpt_oss_gguf(folder, folder.parent / f"{folder.name}.gguf")
+        patch.setenv("TGSERVE_CACHE_DIR", str(folder.parent / f"{folder.name}-cache"))
+    script = Script(load_tokenizer(model))
     original = GptOssForCausalLM.forward
     patch.setattr(GptOssForCausalLM, "forward", lambda m, *a: script.forward(original, m, *a))
     patch.setattr(GptOssForCausalLM, "compute_logits", lambda m, h: script.logits(m, h))
     config = EngineConfig(kv_cache_memory_bytes=8 * 1024**2, enable_prefix_caching=False)
     with LiveServer(
-        lambda: Engine.from_model(str(folder), config), served_model_name=("m",)
+        lambda: Engine.from_model(str(model), config), served_model_name=("m",)
     ) as server:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0), script
     patch.undo()
