@@ -32,7 +32,7 @@ PROMPTS = ["Hello world! How are", "The quick brown fox"]
 MAX_TOKENS = 16
 SEEDED = {"temperature": 0.9, "seed": 7}
 PORT, MASTER_PORT = 8000, 29500  # inside the namespaces: nothing else listens there
-HEALTH_BOUND_S = 20.0  # heartbeat timeout (10 s) + polling + a busy machine's slack
+HEALTH_BOUND_S = 20.0  # the closed liveness connection (at once) + polling + a busy host
 STUCK_BOUND_S = 45.0  # + the 10 s grace a stuck step gets, + slack (the collective waits 5 min)
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,9 @@ hit counter holds every full block before each prompt's last token, and its tran
 says they came from the peer); the prefill server killed, the next request to the decode server fails at once with a
 503 naming the prefill server (bounded time, asserted), and the decode server stays up, its
 /metrics saying the transfer is down and its /ready answering 503 (routers look elsewhere).
-One pair of servers serves every case: starting them is the cost.
+Through an off-the-shelf router (sglang-router, as tests/deploy/test_router.py runs it) in
+front of the decode server, a new prompt gets the one-process engine's greedy text, its blocks
+again from the prefill server. One pair of servers serves every case: starting them is the cost.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import httpx
 import pytest
 
 from tests import netns
+from tests.deploy.test_router import _router
 from tests.server.server_group import solo_texts, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Hello world! How are you doing on this fine day", "The quick brown fox jumps over it"]
+ROUTED = "Once upon a time there was a router in front"  # a prompt no server has seen
 MAX_TOKENS = 12
 SEEDED = {"temperature": 0.9, "seed": 7}
 PORT, KV_PORT = 8000, 29600  # inside the namespaces: nothing else listens there
@@ -69,8 +73,13 @@ def _metric(client: httpx.Client, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def solo(tiny_model_folder) -> dict[str, list[str]]:
-    """The one-process engine's greedy and seeded texts: the oracle."""
-    return solo_texts(tiny_model_folder, PROMPTS, MAX_TOKENS, SEEDED, cpu_kernels=False)
+    """The one-process engine's greedy and seeded texts (`routed`: ROUTED's greedy): the oracle."""
+    texts = solo_texts(tiny_model_folder, [*PROMPTS, ROUTED], MAX_TOKENS, SEEDED, cpu_kernels=False)
+    return {
+        "greedy": texts["greedy"][:-1],
+        "seeded": texts["seeded"][:-1],
+        "routed": texts["greedy"][-1],
+    }
 
 
 def test_decode_server_answers_as_one_server_on_the_peers_blocks_and_fails_fast_without_it(
@@ -88,6 +97,14 @@ def test_decode_server_answers_as_one_server_on_the_peers_blocks_and_fails_fast_
         assert blocks > 0 and _metric(client, RAM_HITS) - hits == blocks  # loaded, not prefilled
         assert _metric(client, RECEIVED) == blocks  # and they came from the peer
         assert _texts(client, SEEDED)[0] == solo["seeded"]
+        received = _metric(client, RECEIVED)
+        with _router("round_robin", [f"http://{hosts.client_addr}:{PORT}"]) as router:
+            model = client.get("/v1/models").json()["data"][0]["id"]  # the router wants one
+            body = {"model": model, "prompt": ROUTED, "max_tokens": MAX_TOKENS, "temperature": 0}
+            reply = httpx.post(f"{router}/v1/completions", json=body, timeout=60, trust_env=False)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["text"] == solo["routed"]
+        assert _metric(client, RECEIVED) > received  # its blocks came from the prefill server
         prefill.kill()
         prefill.wait(30)
         t0 = time.monotonic()
