@@ -11,7 +11,8 @@ model.safetensors, and tokenizer.json / tokenizer_config.json when present) and 
 - tensor names from gguf-py's own name map for MODEL_ARCH.GPT_OSS (`attn_sinks.weight`,
   `post_attention_norm`, `ffn_gate_inp` with its bias, 3-D `ffn_{gate,up,down}_exps` with
   biases); transformers' interleaved gate/up rows split (even rows gate, odd rows up), as the
-  converter does; dense experts transposed to [E, out, in];
+  converter does (with `fuse_gate_up`, as its --fuse-gate-up-exps: one `ffn_gate_up_exps`
+  holding gate's rows then up's); dense experts transposed to [E, out, in];
 - MXFP4 experts (a folder holding `_blocks` / `_scales` pairs) written as stored, in GGML's
   MXFP4 block (type 39: the scale byte, then element j in byte j's low nibble and element
   j + 16 in its high nibble); every other weight matrix in `float_type` (F32, F16 or BF16);
@@ -37,6 +38,7 @@ _FLOAT_TYPES = {"F32": (torch.float32, gguf.GGMLQuantizationType.F32, gguf.Llama
                 "BF16": (torch.bfloat16, gguf.GGMLQuantizationType.BF16,
                          gguf.LlamaFileType.MOSTLY_BF16)}  # fmt: skip
 _MXFP4 = gguf.GGMLQuantizationType.MXFP4
+_FUSED_NAME = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_UP_EXP]  # blk.{bid}.ffn_gate_up_exps
 
 
 def hf_to_ggml_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
@@ -48,7 +50,9 @@ def hf_to_ggml_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(packed.flatten(-2).numpy())
 
 
-def write_gpt_oss_gguf(folder: Path, dest: Path, float_type: str = "F32") -> Path:
+def write_gpt_oss_gguf(
+    folder: Path, dest: Path, float_type: str = "F32", fuse_gate_up: bool = False
+) -> Path:
     cfg = json.loads((folder / "config.json").read_text())
     tensors = load_file(folder / "model.safetensors")
     dtype, qtype, file_type = _FLOAT_TYPES[float_type]
@@ -61,6 +65,9 @@ def write_gpt_oss_gguf(folder: Path, dest: Path, float_type: str = "F32") -> Pat
 
     def add(hf_name: str, value: torch.Tensor | np.ndarray, raw: object = None) -> None:
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if ".gate_up_proj." in hf_name:  # fused: gguf-py 0.19 maps no GPT_OSS name to it
+            layer, kind = hf_name.split(".")[2], hf_name.rpartition(".")[2]
+            name = f"{_FUSED_NAME.format(bid=layer)}.{kind}"
         if name is None:
             raise ValueError(f"gguf-py maps no GPT_OSS tensor to {hf_name!r}")
         if raw is None:  # float tensors: weight matrices in float_type, the rest F32
@@ -70,14 +77,22 @@ def write_gpt_oss_gguf(folder: Path, dest: Path, float_type: str = "F32") -> Pat
             value, raw = as_np.numpy(), None if keep else qtype
         writer.add_tensor(name, np.ascontiguousarray(value), raw_dtype=raw)
 
+    def add_gate_up(template: str, gate, up, raw: object = None) -> None:
+        """gate and up [E, I, ...] as two tensors, or as one (gate's rows, then up's)."""
+        if not fuse_gate_up:
+            add(template.format("gate_proj"), gate, raw)
+            add(template.format("up_proj"), up, raw)
+            return
+        joined = np.concatenate((gate, up), 1) if raw is not None else torch.cat((gate, up), 1)
+        add(template.format("gate_up_proj"), joined, raw)
+
     for hf_name, tensor in tensors.items():
         if ".mlp.experts." not in hf_name:
             add(hf_name + (".weight" if hf_name.endswith("sinks") else ""), tensor)
             continue
         stem, _, part = hf_name.rpartition(".")
         if part == "gate_up_proj_bias":
-            add(f"{stem}.gate_proj.bias", tensor[:, 0::2])
-            add(f"{stem}.up_proj.bias", tensor[:, 1::2])
+            add_gate_up(f"{stem}.{{}}.bias", tensor[:, 0::2], tensor[:, 1::2])
         elif part == "down_proj_bias":
             add(f"{stem}.down_proj.bias", tensor)
         elif part in ("gate_up_proj_blocks", "down_proj_blocks"):
@@ -86,13 +101,11 @@ def write_gpt_oss_gguf(folder: Path, dest: Path, float_type: str = "F32") -> Pat
             if proj == "down_proj":
                 add(f"{stem}.down_proj.weight", hf_to_ggml_mxfp4(tensor, scales), _MXFP4)
                 continue
-            for half, rows in (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))):
-                packed = hf_to_ggml_mxfp4(tensor[:, rows], scales[:, rows])
-                add(f"{stem}.{half}.weight", packed, _MXFP4)
+            gate, up = (hf_to_ggml_mxfp4(tensor[:, r::2], scales[:, r::2]) for r in (0, 1))
+            add_gate_up(f"{stem}.{{}}.weight", gate, up, _MXFP4)
         elif part == "gate_up_proj":  # [E, H, 2I] -> gate and up [E, I, H]
             rows = tensor.transpose(1, 2)
-            add(f"{stem}.gate_proj.weight", rows[:, 0::2])
-            add(f"{stem}.up_proj.weight", rows[:, 1::2])
+            add_gate_up(f"{stem}.{{}}.weight", rows[:, 0::2], rows[:, 1::2])
         elif part == "down_proj":  # [E, I, H] -> [E, H, I]
             add(f"{stem}.down_proj.weight", tensor.transpose(1, 2))
         elif not part.endswith("_scales"):

@@ -15,8 +15,9 @@ Contract:
   that every tensor a gpt-oss layer needs is in the file (`ValueError` naming the file and the
   first missing GGUF tensor). llama.cpp's converter splits transformers' interleaved gate/up rows
   (even rows gate, odd rows up) into `ffn_gate_exps` / `ffn_up_exps` [E, I, H] and their biases
-  [E, I]; they are interleaved back into `mlp.experts.gate_up_proj` [E, H, 2I] and
-  `gate_up_proj_bias` [E, 2I]; `ffn_down_exps` [E, H, I] becomes `down_proj` [E, I, H]. MXFP4
+  [E, I] (or, with its --fuse-gate-up-exps, into one `ffn_gate_up_exps` [E, 2I, H] holding
+  gate's rows then up's, and its bias); they are interleaved back into
+  `mlp.experts.gate_up_proj` [E, H, 2I] and `gate_up_proj_bias` [E, 2I]; `ffn_down_exps` [E, H, I] becomes `down_proj` [E, I, H]. MXFP4
   expert tensors (the released files' type) become transformers' `_blocks` / `_scales` pairs,
   byte for byte (models/gpt_oss/mxfp4.ggml_to_hf_blocks), so they stay 4-bit until the model
   takes them, as a folder's do; experts of any other type are dequantised. `attn_sinks.weight`
@@ -55,9 +56,11 @@ _LAYER = {
     for g, p in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
     for kind in ("weight", "bias")
 }
-# Read in pairs or transposed (below), not by the table.
-_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_gate_exps.bias",
-            "ffn_up_exps.bias", "ffn_down_exps.weight")  # fmt: skip
+# Read in pairs or transposed (below), not by the table: gate and up split, as llama.cpp's
+# converter writes them by default, or fused (gate rows, then up rows) by --fuse-gate-up-exps.
+_SPLIT = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_gate_exps.bias", "ffn_up_exps.bias")
+_FUSED = ("ffn_gate_up_exps.weight", "ffn_gate_up_exps.bias")
+_DOWN = "ffn_down_exps.weight"
 
 
 def gpt_oss_config(gguf: GGUFFile, key: Callable[..., Any]) -> dict[str, Any]:
@@ -115,55 +118,63 @@ def _stop_ids(gguf: GGUFFile) -> list[int]:
 
 def gpt_oss_tensors(gguf: GGUFFile) -> Iterator[tuple[str, str, torch.Tensor]]:
     gguf.check_types()
-    layers = int(gguf.metadata[f"{ARCH}.block_count"])
-    names = gguf.tensor_names
-    for name in ("token_embd.weight", "output_norm.weight") + tuple(
-        f"blk.{n}.{part}" for n in range(layers) for part in (*_LAYER, *_EXPERTS)
-    ):
-        if name not in names:
-            raise ValueError(f"{gguf.path}: gpt-oss GGUF lacks tensor {name!r}")
+    _check_complete(gguf)
     for info in gguf.infos:
         name = info.name
         if name in _GLOBAL:
             yield name, _GLOBAL[name], gguf.tensor(info)
             continue
         layer, _, part = name.removeprefix("blk.").partition(".")
-        stem = f"model.layers.{layer}."
-        if not name.startswith("blk.") or part not in (*_LAYER, *_EXPERTS):
+        stem, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        if not name.startswith("blk.") or part not in (*_LAYER, *_SPLIT, *_FUSED, _DOWN):
             raise ValueError(f"{gguf.path}: tensor {name!r} is not one tgserve knows for gpt-oss")
         if part in _LAYER:
             yield name, stem + _LAYER[part], gguf.tensor(info)
-        elif part == "ffn_down_exps.weight":
+        elif part == _DOWN:
             yield from _projection(gguf, [name], stem + "mlp.experts.down_proj")
-        elif part == "ffn_gate_exps.weight":  # with its up rows, interleaved
-            pair = [name, f"blk.{layer}.ffn_up_exps.weight"]
-            yield from _projection(gguf, pair, stem + "mlp.experts.gate_up_proj")
-        elif part == "ffn_gate_exps.bias":
-            gate, up = (
-                gguf.tensor(gguf.info(f"blk.{layer}.ffn_{p}_exps.bias")) for p in ("gate", "up")
-            )
-            yield name, stem + "mlp.experts.gate_up_proj_bias", _interleave(gate, up, 1)  # [E, 2I]
+        elif part in ("ffn_gate_exps.weight", "ffn_gate_up_exps.weight"):  # gate with its up
+            parts = [name] if "gate_up" in part else [name, blk + "ffn_up_exps.weight"]
+            yield from _projection(gguf, parts, stem + "mlp.experts.gate_up_proj")
+        elif part in ("ffn_gate_exps.bias", "ffn_gate_up_exps.bias"):
+            parts = [name] if "gate_up" in part else [name, blk + "ffn_up_exps.bias"]
+            bias = _gate_and_up([gguf.tensor(gguf.info(p)) for p in parts])  # [E, 2I]
+            yield name, stem + "mlp.experts.gate_up_proj_bias", bias
 
 
-def _interleave(gate: torch.Tensor, up: torch.Tensor, dim: int) -> torch.Tensor:
-    """gate and up [E, I, ...] -> [E, 2I, ...]: row 2i gate's row i, row 2i + 1 up's."""
-    return torch.stack((gate, up.to(gate.dtype)), dim=dim + 1).flatten(dim, dim + 1)
+def _check_complete(gguf: GGUFFile) -> None:
+    """Every tensor a gpt-oss layer needs, split or fused gate/up alike, else ValueError."""
+    names = gguf.tensor_names
+    required = ["token_embd.weight", "output_norm.weight"]
+    for n in range(int(gguf.metadata[f"{ARCH}.block_count"])):
+        fused = f"blk.{n}.{_FUSED[0]}" in names
+        required += [f"blk.{n}.{p}" for p in (*_LAYER, _DOWN, *(_FUSED if fused else _SPLIT))]
+    missing = next((name for name in required if name not in names), None)
+    if missing is not None:
+        raise ValueError(f"{gguf.path}: gpt-oss GGUF lacks tensor {missing!r}")
+
+
+def _gate_and_up(parts: list[torch.Tensor]) -> torch.Tensor:
+    """gate and up [E, I, ...] (two tensors, or one holding gate's rows then up's) ->
+    transformers' interleaved [E, 2I, ...]: row 2i gate's row i, row 2i + 1 up's."""
+    gate, up = parts if len(parts) == 2 else parts[0].chunk(2, dim=1)
+    return torch.stack((gate, up.to(gate.dtype)), dim=2).flatten(1, 2)
 
 
 def _projection(
     gguf: GGUFFile, parts: list[str], hf_name: str
 ) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """One expert projection from its GGUF part(s) [E, N, K] (gate and up: two, interleaved):
-    as MXFP4 `_blocks` [E, N', K / 32, 16] and `_scales` [E, N', K / 32] when every part is
-    MXFP4, else dense in transformers' [E, K, N']."""
+    """One expert projection from its GGUF part(s) [E, N, K] (down: one; gate and up: two, or
+    one fused): as MXFP4 `_blocks` [E, N', K / 32, 16] and `_scales` [E, N', K / 32] when every
+    part is MXFP4, else dense in transformers' [E, K, N']."""
     infos = [gguf.info(p) for p in parts]
+    gate_up = hf_name.endswith("gate_up_proj")
     if all(i.type_id == GGMLQuantizationType.MXFP4 for i in infos):
         blocks, scales = zip(*(ggml_to_hf_blocks(gguf.blocks(i)) for i in infos), strict=True)
-        if len(parts) == 2:
-            blocks, scales = (_interleave(*blocks, 1),), (_interleave(*scales, 1),)
+        if gate_up:
+            blocks, scales = (_gate_and_up(list(blocks)),), (_gate_and_up(list(scales)),)
         yield parts[0], hf_name + "_blocks", blocks[0]
         yield parts[0], hf_name + "_scales", scales[0]
         return
     dense = [gguf.tensor(i) for i in infos]
-    tensor = _interleave(*dense, 1) if len(dense) == 2 else dense[0]
+    tensor = _gate_and_up(dense) if gate_up else dense[0]
     yield parts[0], hf_name, tensor.transpose(1, 2).contiguous()  # [E, K, N']

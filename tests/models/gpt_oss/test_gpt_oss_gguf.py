@@ -45,11 +45,12 @@ def assert_logits_equal(ours, hf) -> None:
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("float_type", ["F32", "BF16"])
-def test_gguf_logits_equal_transformers_on_the_folder(float_type, tmp_path) -> None:
+@pytest.mark.parametrize(("float_type", "fuse"), [("F32", False), ("BF16", False), ("F32", True)])
+def test_gguf_logits_equal_transformers_on_the_folder(float_type, fuse, tmp_path) -> None:
+    """`fuse`: gate and up as one ffn_gate_up_exps, as llama.cpp's --fuse-gate-up-exps writes."""
     hf = gguf_checkpoint(bf16_matrices=float_type == "BF16")
     hf.save_pretrained(tmp_path / "folder")
-    path = write_gpt_oss_gguf(tmp_path / "folder", tmp_path / "m.gguf", float_type)
+    path = write_gpt_oss_gguf(tmp_path / "folder", tmp_path / "m.gguf", float_type, fuse)
     gguf = open_gguf(path)
     assert gguf.architecture == "gpt-oss"
     ours, config = load_model(path, "float32", "cpu", use_cache=False)
@@ -58,17 +59,18 @@ def test_gguf_logits_equal_transformers_on_the_folder(float_type, tmp_path) -> N
     assert_logits_equal(ours, hf)
 
 
-def test_mxfp4_experts_as_stored_equal_transformers_on_the_mxfp4_folder(tmp_path) -> None:
+@pytest.mark.parametrize("fuse", [False, True])
+def test_mxfp4_experts_as_stored_equal_transformers_on_the_mxfp4_folder(fuse, tmp_path) -> None:
     hf = gguf_checkpoint()
     folder = save_mxfp4_folder(hf, tmp_path / "folder", torch.Generator().manual_seed(5))
-    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf")
+    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf", fuse_gate_up=fuse)
     gguf = open_gguf(path)
-    gate = gguf.info("blk.1.ffn_gate_exps.weight")
+    gate = gguf.info(f"blk.1.ffn_gate{'_up' if fuse else ''}_exps.weight")
     assert gate.type_id == GGMLQuantizationType.MXFP4
     # gguf-py's MXFP4 dequantiser reads the written blocks as the dense gate rows (even rows)
-    values = dequantize(gguf.blocks(gate).numpy(), GGMLQuantizationType.MXFP4)
+    values = torch.from_numpy(dequantize(gguf.blocks(gate).numpy(), GGMLQuantizationType.MXFP4))
     want = hf.model.layers[1].mlp.experts.gate_up_proj.detach().transpose(1, 2)[:, 0::2]
-    assert torch.equal(torch.from_numpy(values), want)
+    assert torch.equal(values[:, : want.shape[1]], want)
     # cached as the folder stores them (blocks), then read back: the same logits
     ours, _ = load_model(path, "float32", "cpu", cache_dir=tmp_path / "cache")
     assert_logits_equal(ours, hf)
