@@ -4,7 +4,8 @@ Contract: `read_header(path, max_array_len=SHORT_ARRAY_LEN, tensors=True)` parse
 a little-endian GGUF v2/v3 file into a `GGUFHeader`: `metadata` (key -> scalar or list),
 `array_lengths` (key -> element count, for every array field) and, when `tensors`, the
 `GGUFTensorInfo` of every tensor in file order (row-major shape, absolute offset, byte size).
-Arrays longer than `max_array_len` are skipped (only their length kept); `None` keeps them all.
+Arrays longer than `max_array_len` are skipped (only their length kept) unless their key is in
+`keep`; `None` keeps them all.
 `read_gguf_metadata(path)` is every key/value with every array, tensors left unread (what a
 tokenizer needs). Raises `FileNotFoundError` for a missing file and `ValueError` naming the file
 for a bad magic, another version, or a corrupt or truncated header.
@@ -54,7 +55,10 @@ class GGUFHeader:
 
 
 def read_header(
-    path: str | Path, max_array_len: int | None = SHORT_ARRAY_LEN, tensors: bool = True
+    path: str | Path,
+    max_array_len: int | None = SHORT_ARRAY_LEN,
+    tensors: bool = True,
+    keep: frozenset[str] = frozenset(),
 ) -> GGUFHeader:
     path = Path(path)
     if not path.is_file():
@@ -63,7 +67,7 @@ def read_header(
         if buf[:4] != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r})")
         try:
-            return _parse(path, buf, max_array_len, tensors)
+            return _parse(path, buf, max_array_len, tensors, keep)
         except (struct.error, UnicodeDecodeError, KeyError, IndexError) as exc:
             raise ValueError(f"{path}: corrupt or truncated GGUF header ({exc!r})") from exc
 
@@ -72,7 +76,9 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     return read_header(path, max_array_len=None, tensors=False).metadata
 
 
-def _parse(path: Path, buf: mmap.mmap, max_array_len: int | None, tensors: bool) -> GGUFHeader:
+def _parse(
+    path: Path, buf: mmap.mmap, max_array_len: int | None, tensors: bool, keep: frozenset[str]
+) -> GGUFHeader:
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
     if version not in (2, 3):
         raise ValueError(f"{path}: GGUF version {version} is not supported (little-endian v2/v3)")
@@ -85,7 +91,7 @@ def _parse(path: Path, buf: mmap.mmap, max_array_len: int | None, tensors: bool)
         if kind == _ARRAY:
             item_kind, count = reader.u32(), reader.u64()
             array_lengths[key] = count
-            if max_array_len is not None and count > max_array_len:
+            if max_array_len is not None and count > max_array_len and key not in keep:
                 reader.skip_array(item_kind, count)
                 continue
             metadata[key] = reader.array(item_kind, count)

@@ -33,7 +33,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from models.gguf.file import GGUFFile
-from models.gguf.header import read_gguf_metadata
+from models.gguf.header import read_header
 from models.gpt_oss.mxfp4 import ggml_to_hf_blocks
 
 ARCH = "gpt-oss"
@@ -41,6 +41,8 @@ ARCH = "gpt-oss"
 _SWIGLU_LIMIT, _SWIGLU_ALPHA = 7.0, 1.702
 # The released generation_config.json's end-of-generation tokens.
 _STOP_TOKENS = ("<|return|>", "<|endoftext|>", "<|call|>")
+_TOKENS_KEY = "tokenizer.ggml.tokens"
+_TOKENS = frozenset({_TOKENS_KEY})
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}  # fmt: skip
@@ -110,8 +112,8 @@ def _stop_ids(gguf: GGUFFile) -> list[int]:
     ids = [
         meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta
     ]
-    if "tokenizer.ggml.tokens" in gguf.array_lengths:  # the vocabulary: a long array, read now
-        tokens = read_gguf_metadata(gguf.path)["tokenizer.ggml.tokens"]
+    if _TOKENS_KEY in gguf.array_lengths:  # the vocabulary: a long array, read now (alone)
+        tokens = read_header(gguf.path, tensors=False, keep=_TOKENS).metadata[_TOKENS_KEY]
         ids += [i for i, t in enumerate(tokens) if t in _STOP_TOKENS]
     return list(dict.fromkeys(int(i) for i in ids))
 
