@@ -6,8 +6,9 @@ Contract:
   generic ones (models/gguf/config.py): `expert_count`, `expert_used_count`,
   `expert_feed_forward_length` (the experts' width), `attention.sliding_window` on the even
   layers (llama.cpp's fixed pattern of 2: sliding, full, ...), YaRN from `rope.scaling.*` (its
-  beta_fast / beta_slow keys, else 32 / 1; not truncated, as every gpt-oss config says) or no
-  scaling when the file has none, attention biases, and the SwiGLU clamp 7.0 and alpha 1.702
+  beta_fast / beta_slow keys, else 32 / 1; not truncated, as every gpt-oss config says; a file
+  with llama.cpp's yarn attn / ext factor or log multiplier keys is refused naming the key) or
+  no scaling when the file has none, attention biases, and the SwiGLU clamp 7.0 and alpha 1.702
   that llama.cpp hard-codes (the file holds no key for them). End of generation: the file's eos
   / eot ids and the vocabulary's `<|return|>`, `<|call|>` and `<|endoftext|>` (the released
   generation_config.json's three; llama.cpp stops on them too).
@@ -43,6 +44,9 @@ _SWIGLU_LIMIT, _SWIGLU_ALPHA = 7.0, 1.702
 _STOP_TOKENS = ("<|return|>", "<|endoftext|>", "<|call|>")
 _TOKENS_KEY = "tokenizer.ggml.tokens"
 _TOKENS = frozenset({_TOKENS_KEY})
+# YaRN keys the converter writes only for configs that gpt-oss's do not have.
+_YARN_UNREAD = ("rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor",
+                "rope.scaling.yarn_log_multiplier")  # fmt: skip
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}  # fmt: skip
@@ -95,6 +99,9 @@ def _yarn(key: Callable[..., Any]) -> dict[str, Any]:
         return {"rope_type": "default"}  # not the YaRN a config.json without keys defaults to
     if kind != "yarn":
         raise ValueError(f"gpt-oss rope scaling {kind!r} is not YaRN")
+    for name in _YARN_UNREAD:  # llama.cpp's meaning differs from transformers': not guessed
+        if key(name) is not None:
+            raise ValueError(f"gpt-oss GGUF key {ARCH}.{name} is not read by tgserve")
     return {
         "rope_type": "yarn",
         "factor": float(key("rope.scaling.factor", required=True)),

@@ -18,7 +18,8 @@ from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 
 from bench.gpt_oss_gguf import write_gpt_oss_gguf
-from models.gguf.file import open_gguf
+from models.gguf.file import GGUFFile, open_gguf
+from models.gpt_oss.gguf import gpt_oss_config
 from models.loader import load_model
 from tests.engine.engine_fixtures import random_prompts, tiny_engine
 from tests.models.gpt_oss.checkpoint import make_gpt_oss, save_mxfp4_folder
@@ -96,3 +97,26 @@ def test_a_gguf_missing_a_gpt_oss_tensor_is_refused_naming_it(tmp_path) -> None:
     path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf")
     with pytest.raises(ValueError, match="'blk.1.attn_sinks.weight'"):
         load_model(path, "float32", "cpu", use_cache=False)
+
+
+def test_yarn_keys_whose_meaning_is_not_transformers_are_refused_by_name(tmp_path) -> None:
+    meta = {"gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0,
+            "gpt-oss.rope.scaling.original_context_length": 4096,
+            "gpt-oss.rope.scaling.yarn_attn_factor": 1.5}  # fmt: skip
+    with pytest.raises(ValueError, match="gpt-oss.rope.scaling.yarn_attn_factor"):
+        gpt_oss_config(GGUFFile(tmp_path / "m.gguf", meta, {}, ()), fake_keys(meta))
+    del meta["gpt-oss.rope.scaling.yarn_attn_factor"]
+    scaling = gpt_oss_config(GGUFFile(tmp_path / "m.gguf", meta, {}, ()), fake_keys(meta))
+    assert scaling["rope_scaling"] == {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+
+
+def fake_keys(meta: dict):
+    """models/gguf/config.py's key reader over `meta`, with the few keys a config needs."""
+    meta |= {"gpt-oss.block_count": 2, "gpt-oss.expert_count": 4, "gpt-oss.expert_used_count": 2,
+             "gpt-oss.expert_feed_forward_length": 32}  # fmt: skip
+
+    def key(name: str, default=None, *, required: bool = False):
+        return meta.get(f"gpt-oss.{name}", default)
+
+    return key
