@@ -5,8 +5,9 @@ each other only through their own 10.x addresses, over gloo.
 Guarantees defended: greedy and seeded text through HTTP equals the one-process engine's
 (node 0 holds the embedding, the first stage's layers and the LM head; node 1 the last stage's
 layers and the final norm), at PP=2 and at TP=2 x PP=2 (a stage of two ranks per machine,
-4 processes); node 1 killed while a stream decodes ends node 0 (exit non-zero, the stream's
-connection closed or its request ended) within a bound instead of hanging. One group per
+4 processes); node 1 killed while a stream decodes (PP=2), or idle (TP=2 x PP=2), ends node 0
+(exit non-zero; the stream's connection closed or its request ended) within a bound instead
+of hanging. One group per
 parallel layout serves its cases: starting one is the cost.
 """
 
@@ -67,8 +68,15 @@ def test_two_stages_of_two_ranks_on_two_nodes_same_text(tiny_model_folder, solo,
         client = httpx.Client(base_url=f"http://{hosts.client_addr}:{PORT}", trust_env=False)
         logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
         node0 = _node(hosts, 0, tiny_model_folder, logs[0], sizes=sizes)
-        _node(hosts, 1, tiny_model_folder, logs[1])
+        node1 = _node(hosts, 1, tiny_model_folder, logs[1])
         wait_ready(client, node0, logs[0])
         assert _texts(client, {"temperature": 0}) == solo["greedy"]
         assert _texts(client, SEEDED) == solo["seeded"]
-    assert "tensor parallel over 2 ranks in each of 2 pipeline stages" in logs[0].read_text()
+        node1.kill()  # idle, the process holding rank 2 (rank 3 is its child)
+        t0 = time.monotonic()
+        code = node0.wait(KILLED_BOUND_S)
+        ended_after = time.monotonic() - t0
+    log = logs[0].read_text()
+    assert "tensor parallel over 2 ranks in each of 2 pipeline stages" in log
+    assert code not in (0, None) and ended_after < KILLED_BOUND_S, log
+    assert "node 1 (rank 2) closed its connection to rank 0" in log
