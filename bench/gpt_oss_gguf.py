@@ -15,7 +15,8 @@ model.safetensors, and tokenizer.json / tokenizer_config.json when present) and 
   holding gate's rows then up's); dense experts transposed to [E, out, in];
 - MXFP4 experts (a folder holding `_blocks` / `_scales` pairs) written as stored, in GGML's
   MXFP4 block (type 39: the scale byte, then element j in byte j's low nibble and element
-  j + 16 in its high nibble); every other weight matrix in `float_type` (F32, F16 or BF16);
+  j + 16 in its high nibble); every other weight matrix in `float_type` (F32, F16, BF16, or
+  Q8_0 blocks by gguf's own quantize, as a llama-quantize'd file holds them);
   norms, sinks, the router and every bias (the experts' 2-D ones too) in F32, as the converter
   keeps 1-D tensors, ffn_gate_inp and whatever does not end in ".weight";
 - the vocabulary as the converter's GPT-2 BPE path writes it (`tokenizer.ggml.model` "gpt2",
@@ -33,11 +34,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-_FLOAT_TYPES = {"F32": (torch.float32, gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
-                "F16": (torch.float16, gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
-                "BF16": (torch.bfloat16, gguf.GGMLQuantizationType.BF16,
-                         gguf.LlamaFileType.MOSTLY_BF16)}  # fmt: skip
-_MXFP4 = gguf.GGMLQuantizationType.MXFP4
+QT = gguf.GGMLQuantizationType
+# float_type -> (torch dtype the values take, or None: block-quantised by gguf; its GGML type;
+# general.file_type)
+_TYPES = {"F32": (torch.float32, QT.F32, gguf.LlamaFileType.ALL_F32),
+          "F16": (torch.float16, QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+          "BF16": (torch.bfloat16, QT.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+          "Q8_0": (None, QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}  # fmt: skip
+_MXFP4 = QT.MXFP4
 _FUSED_NAME = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_UP_EXP]  # blk.{bid}.ffn_gate_up_exps
 
 
@@ -55,7 +59,7 @@ def write_gpt_oss_gguf(
 ) -> Path:
     cfg = json.loads((folder / "config.json").read_text())
     tensors = load_file(folder / "model.safetensors")
-    dtype, qtype, file_type = _FLOAT_TYPES[float_type]
+    dtype, qtype, file_type = _TYPES[float_type]
     mxfp4 = any(name.endswith("_blocks") for name in tensors)
     writer = gguf.GGUFWriter(str(dest), arch="gpt-oss")
     _write_keys(writer, cfg, gguf.LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4 else file_type)
@@ -72,9 +76,12 @@ def write_gpt_oss_gguf(
             raise ValueError(f"gguf-py maps no GPT_OSS tensor to {hf_name!r}")
         if raw is None:  # float tensors: weight matrices in float_type, the rest F32
             keep = value.dim() == 1 or ".router." in hf_name or hf_name.endswith(".bias")
-            value = value.float() if keep else value.to(dtype)
-            as_np = value.view(torch.int16) if value.dtype == torch.bfloat16 else value
-            value, raw = as_np.numpy(), None if keep else qtype
+            if not keep and dtype is None:  # block-quantised, as llama-quantize would
+                value, raw = gguf.quants.quantize(value.float().numpy(), qtype), qtype
+            else:
+                value = value.float() if keep else value.to(dtype)
+                as_np = value.view(torch.int16) if value.dtype == torch.bfloat16 else value
+                value, raw = as_np.numpy(), None if keep else qtype
         writer.add_tensor(name, np.ascontiguousarray(value), raw_dtype=raw)
 
     def add_gate_up(template: str, gate, up, raw: object = None) -> None:

@@ -7,7 +7,8 @@ zero or too small to show, so the sinks, the router and expert biases and the q/
 are drawn at scales that move the logits, and the SwiGLU clamp (`swiglu_limit` 1.0) bites.
 `save_gpt_oss(folder)` writes it as a checkpoint folder looks; `save_mxfp4_folder(model, folder,
 gen)` gives its experts random MXFP4 values and writes them as the released folders store them
-(`_blocks` / `_scales` pairs, quant_method mxfp4), the model keeping the same values dense.
+(`_blocks` / `_scales` pairs, quant_method mxfp4), the model keeping the same values dense;
+`gguf_checkpoint(matrices)` is the GGUF tests' and bench/gguf_crosscheck.py's variant.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file, save_file
 
 from tests.checkpoints import VOCAB
@@ -113,3 +116,26 @@ def save_mxfp4_folder(hf, folder: Path, gen: torch.Generator) -> Path:
     config["quantization_config"] = {"quant_method": "mxfp4"}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def gguf_checkpoint(matrices: str = "F32", **overrides):
+    """The tiny gpt-oss with the released SwiGLU limit 7 and gate/up biases that pass it, its
+    weight matrices (not the router's, not biases) rounded to what a `matrices` GGUF holds."""
+    hf = make_gpt_oss(swiglu_limit=7.0, **overrides)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.experts.gate_up_proj_bias.mul_(20.0)  # N(0, 10): |x| > 7 for about half
+        for name, param in hf.named_parameters():
+            if param.dim() >= 2 and ".router." not in name and "bias" not in name:
+                # experts [E, in, out] are stored [E, out, in]: Q8_0 blocks run along `in`
+                rows = param.transpose(1, 2) if param.dim() == 3 else param
+                rows.copy_(ROUND[matrices](rows.contiguous()))
+    return hf
+
+
+def _q8_0(w: torch.Tensor) -> torch.Tensor:  # gguf-py's own Q8_0, there and back
+    return torch.from_numpy(dequantize(quantize(w.numpy(), QT.Q8_0), QT.Q8_0)).view(w.shape)
+
+
+ROUND = {"F32": lambda w: w, "BF16": lambda w: w.bfloat16().float(),
+         "F16": lambda w: w.half().float(), "Q8_0": _q8_0}  # fmt: skip

@@ -22,23 +22,10 @@ from models.gguf.file import GGUFFile, open_gguf
 from models.gpt_oss.gguf import gpt_oss_config
 from models.loader import load_model
 from tests.engine.engine_fixtures import random_prompts, tiny_engine
-from tests.models.gpt_oss.checkpoint import make_gpt_oss, save_mxfp4_folder
+from tests.models.gpt_oss.checkpoint import gguf_checkpoint, save_mxfp4_folder
 from tests.models.moe.test_moe_engine import assert_greedy_equals_generate
 from tests.models.moe.test_moe_vs_transformers import run_prefill_then_decode
 from tests.models.test_models_vs_transformers import hf_logits
-
-
-def gguf_checkpoint(bf16_matrices: bool = False):
-    """The tiny gpt-oss with the released SwiGLU limit 7 and gate/up biases that pass it."""
-    hf = make_gpt_oss(swiglu_limit=7.0)
-    with torch.no_grad():
-        for layer in hf.model.layers:
-            layer.mlp.experts.gate_up_proj_bias.mul_(20.0)  # N(0, 10): |x| > 7 for about half
-        if bf16_matrices:  # what a BF16 GGUF holds: every weight matrix but the router
-            for name, param in hf.named_parameters():
-                if param.dim() >= 2 and ".router." not in name and "bias" not in name:
-                    param.copy_(param.bfloat16().float())
-    return hf
 
 
 def assert_logits_equal(ours, hf) -> None:
@@ -46,10 +33,13 @@ def assert_logits_equal(ours, hf) -> None:
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize(("float_type", "fuse"), [("F32", False), ("BF16", False), ("F32", True)])
+@pytest.mark.parametrize(
+    ("float_type", "fuse"),
+    [("F32", False), ("BF16", False), ("F16", False), ("Q8_0", False), ("F32", True)],
+)
 def test_gguf_logits_equal_transformers_on_the_folder(float_type, fuse, tmp_path) -> None:
     """`fuse`: gate and up as one ffn_gate_up_exps, as llama.cpp's --fuse-gate-up-exps writes."""
-    hf = gguf_checkpoint(bf16_matrices=float_type == "BF16")
+    hf = gguf_checkpoint(float_type)
     hf.save_pretrained(tmp_path / "folder")
     path = write_gpt_oss_gguf(tmp_path / "folder", tmp_path / "m.gguf", float_type, fuse)
     gguf = open_gguf(path)
@@ -60,11 +50,14 @@ def test_gguf_logits_equal_transformers_on_the_folder(float_type, fuse, tmp_path
     assert_logits_equal(ours, hf)
 
 
-@pytest.mark.parametrize("fuse", [False, True])
-def test_mxfp4_experts_as_stored_equal_transformers_on_the_mxfp4_folder(fuse, tmp_path) -> None:
-    hf = gguf_checkpoint()
+@pytest.mark.parametrize(("fuse", "rest"), [(False, "F32"), (True, "F32"), (False, "Q8_0")])
+def test_mxfp4_experts_as_stored_equal_transformers_on_the_mxfp4_folder(
+    fuse, rest, tmp_path
+) -> None:
+    """`rest`: the other matrices' type (Q8_0: as llama-quantize'd gpt-oss files hold them)."""
+    hf = gguf_checkpoint(rest)
     folder = save_mxfp4_folder(hf, tmp_path / "folder", torch.Generator().manual_seed(5))
-    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf", fuse_gate_up=fuse)
+    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf", rest, fuse_gate_up=fuse)
     gguf = open_gguf(path)
     gate = gguf.info(f"blk.1.ffn_gate{'_up' if fuse else ''}_exps.weight")
     assert gate.type_id == GGMLQuantizationType.MXFP4
