@@ -111,8 +111,8 @@ class FakeDeviceRunner:
         sampling: StepSampling | None = None,
     ) -> _Waited:
         """Hands the step to the device thread and returns at once."""
-        rows = sum(c.num_sampled_rows for c in chunks)
-        sampling = sampling if sampling is not None else StepSampling.argmax(rows)
+        if sampling is None:
+            sampling = StepSampling.argmax(sum(c.num_sampled_rows for c in chunks))
         done: Future = Future()
         if self._last is not None and not self._last.done():
             self.submitted_in_flight += 1  # the host got here before the device finished

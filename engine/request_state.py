@@ -43,6 +43,17 @@ class RequestState:
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
         self.parallel = is_parallel(request.params)  # n > 1 / best_of: several sequences
+        # One sequence, sampled (no beams): its rows take the common paths of a step.
+        self.plain = not self.parallel and not request.params.use_beam_search
+        p = request.params  # nothing reads its tokens' values between steps (step_pipeline.py)
+        self.may_defer = (
+            self.plain
+            and grammar is None
+            and p.prompt_logprobs is None
+            and p.repetition_penalty == 1.0
+            and not p.presence_penalty
+            and not p.frequency_penalty
+        )
         self.last_draw: Draw | None = None  # a one-sequence request's last (step_update.py)
         self.beam: BeamSearch | None = None
         # An encoder-decoder's answer continues no text: its first space goes as decode drops it.
@@ -145,10 +156,10 @@ class RequestState:
     def output(self) -> RequestOutput:
         """What moved since the previous call (see outputs.py): deltas per index."""
         request = self.request
-        if self.beam is not None and self._beam_stream is not None:
-            completions = self._beam_stream.outputs(request, self.beam)
-        elif not self.parallel:  # one sequence, index 0: select_outputs would keep it as is
+        if self.plain:  # one sequence, index 0: select_outputs would keep it as is
             completions = (self._delta(0, request.seqs[0]),)
+        elif self.beam is not None and self._beam_stream is not None:
+            completions = self._beam_stream.outputs(request, self.beam)
         elif request.is_finished and keeps_best(request.params) and len(request.seqs) > 1:
             completions = select_outputs(
                 [self._whole(i, s) for i, s in enumerate(request.seqs)], request.params, True
@@ -159,14 +170,14 @@ class RequestState:
                 request.params,
                 request.is_finished,
             )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.input_token_ids,
-            outputs=completions,
-            finished=request.is_finished,
-            prompt_logprobs=self._take_prompt_logprobs(),
-            metrics=self._current_metrics(),
-            error=self.error,
+        return RequestOutput(  # positional: once per request per step, keywords cost more
+            request.request_id,
+            request.input_token_ids,
+            completions,
+            request.is_finished,
+            None if request.params.prompt_logprobs is None else self._take_prompt_logprobs(),
+            self._current_metrics(),
+            self.error,
         )
 
     def _current_metrics(self) -> RequestMetrics:
@@ -201,6 +212,8 @@ class RequestState:
         return (None,) + tuple(self._prompt_logprobs.get(p) for p in range(1, len(prompt)))
 
     def _detok_done(self, seq: TokenSequence) -> IncrementalDetokenizer | None:
+        if not self._detokenizers:  # no tokenizer, or no token yet
+            return None
         detok = self._detokenizers.get(seq.seq_id)
         if detok is not None and seq.is_finished and not detok.finished:
             detok.finish()  # aborted / failed: release the held-back text
@@ -213,18 +226,16 @@ class RequestState:
         text = detok.take_new_text() if detok is not None else ""
         new_ids = seq.token_ids[seq.num_prompt_tokens + sent_tokens :]
         self._sent[seq.seq_id] = (sent_tokens + len(new_ids), sent_chars + len(text))
-        return CompletionOutput(
-            index=index,
-            text=text,
-            token_ids=tuple(new_ids),
-            cumulative_logprob=seq.cumulative_logprob,
-            logprobs=tuple(seq.logprobs[sent_tokens:])
-            if self.request.params.logprobs is not None
-            else None,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            text_offset=sent_chars,
-            token_offset=sent_tokens,
+        return CompletionOutput(  # positional: once per sequence per step, keywords cost more
+            index,
+            text,
+            tuple(new_ids),
+            seq.cumulative_logprob,
+            tuple(seq.logprobs[sent_tokens:]) if self.request.params.logprobs is not None else None,
+            seq.finish_reason,
+            seq.stop_reason,
+            sent_chars,  # text_offset
+            sent_tokens,  # token_offset
         )
 
     def _whole(self, index: int, seq: TokenSequence) -> CompletionOutput:

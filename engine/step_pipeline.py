@@ -46,19 +46,12 @@ def deferrable(state: RequestState | None, chunk: ScheduledChunk) -> bool:
     """Whether this sampled row's step may run on before its token is on the host: nothing
     between its sampling and the next step reads the token's value (the sampler reads a
     sequence's ids for penalties and its length for min_tokens bans)."""
-    p = chunk.request.params
     return (
         state is not None
+        and state.may_defer  # no grammar, beams, forks, prompt logprobs or penalties
         and state.error is None
-        and state.grammar is None
-        and state.beam is None
-        and not state.parallel
         and not chunk.proposal
-        and p.prompt_logprobs is None
-        and p.repetition_penalty == 1.0
-        and not p.presence_penalty
-        and not p.frequency_penalty
-        and chunk.seq.num_output_tokens >= p.min_tokens
+        and chunk.seq.num_output_tokens >= chunk.request.params.min_tokens
     )
 
 
@@ -153,12 +146,15 @@ class StepPipeline:
         e = self.engine
         if not self.overlapped or e.speculator is not None or sched.preempted:
             return False
-        rows = [(e._states.get(c.request.request_id), c) for c in sched.chunks if c.sample]
-        rows = [(state, c) for state, c in rows if not c.request.is_finished]
-        # Not when every row's token is its last (max_tokens): the next step would be waste.
-        return all(deferrable(state, c) for state, c in rows) and any(
-            c.seq.num_output_tokens + 1 < state.criteria.max_tokens for state, c in rows
-        )
+        goes_on = False  # not when every row's token is its last (max_tokens): waste
+        for c in sched.chunks:
+            if not c.sample or c.request.is_finished:
+                continue
+            state = e._states.get(c.request.request_id)
+            if not deferrable(state, c):
+                return False
+            goes_on = goes_on or c.seq.num_output_tokens + 1 < state.criteria.max_tokens
+        return goes_on
 
     def _hold(self, sched: SchedulerOutput, step: Launched, scheduled_at: float) -> None:
         """The step stays in flight: its K/V counts as computed (the device computes it before

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.decoding.parallel_sampling import is_parallel, sample_targets
+from engine.decoding.parallel_sampling import children_to_fork, sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.request_state import RequestState
 from engine.requests.request import TokenSequence
@@ -56,6 +56,7 @@ class StepPlan:
     """Which answers of the runner belong to which sequences (indices into `StepSampling`)."""
 
     ordinary: list[tuple[ScheduledChunk, int, list[int]]] = field(default_factory=list)
+    forking: list[int] = field(default_factory=list)  # `ordinary` indices that fork their group
     scored: list[tuple[ScoredProposal, int, int]] = field(default_factory=list)  # (, spec, draw)
     beams: list[tuple[str, list[tuple[TokenSequence, int]]]] = field(default_factory=list)
     prompt: list[tuple[ScheduledChunk, int]] = field(default_factory=list)  # (chunk, its index)
@@ -89,32 +90,39 @@ class StepUpdate:
         speculated: list[Speculated] = []
         beams = []
         prompt = []
+        groups: dict[str, list[tuple[TokenSequence, int]]] = {}
+        row = 0  # the first logits row of the chunk (as sched.sampled_rows() counts them)
         for i, chunk in enumerate(sched.chunks):
-            if chunk.request.params.prompt_logprobs is None:  # most rows: nothing asked
-                continue
-            state = self.states[chunk.request.request_id]
-            if state.wants_prompt_logprobs(chunk) and (ask := state.prompt_ask(chunk, i)):
+            request = chunk.request
+            state = self.states[request.request_id]
+            asks = request.params.prompt_logprobs is not None  # most rows: nothing asked
+            if asks and state.wants_prompt_logprobs(chunk) and (ask := state.prompt_ask(chunk, i)):
                 plan.prompt.append((chunk, i))
                 prompt.append(ask)
-        groups: dict[str, list[tuple[TokenSequence, int]]] = {}
-        for row, chunk in sched.sampled_rows():
-            state = self.states[chunk.request.request_id]
-            if chunk.request.params.use_beam_search:
-                groups.setdefault(chunk.request.request_id, []).append((chunk.seq, row))
-            elif chunk.proposal:
-                first = self._draw(state, chunk.seq.seq_id, chunk.seq, row)
-                scored = ScoredProposal(chunk.request, chunk.seq, row, chunk.proposal)
-                plan.scored.append((scored, len(speculated), len(draws)))
-                rid = chunk.request.request_id
-                speculated.append(Speculated(rid, len(draws), chunk.proposal, first.seed))
-                draws += position_rows(first, chunk.proposal)
-            elif children := self._children(chunk):
-                seq_ids = [chunk.seq.seq_id, *children]
-                plan.ordinary.append((chunk, row, [len(draws) + k for k in range(len(seq_ids))]))
-                draws += [self._draw(state, seq_id, chunk.seq, row) for seq_id in seq_ids]
-            else:  # the common row: one draw for its own sequence
+            if not chunk.sample:
+                continue
+            if state.plain and not chunk.proposal:  # the common row: one draw, its own
                 plan.ordinary.append((chunk, row, [len(draws)]))
                 draws.append(self._own_draw(state, chunk.seq, row))
+            elif request.params.use_beam_search:
+                groups.setdefault(request.request_id, []).append((chunk.seq, row))
+            elif chunk.proposal:
+                first = self._draw(state, chunk.seq.seq_id, chunk.seq, row)
+                scored = ScoredProposal(request, chunk.seq, row, chunk.proposal)
+                plan.scored.append((scored, len(speculated), len(draws)))
+                speculated.append(
+                    Speculated(request.request_id, len(draws), chunk.proposal, first.seed)
+                )
+                draws += position_rows(first, chunk.proposal)
+            else:  # a parallel group's sequence (and on its first token, its children's)
+                seq_ids = [chunk.seq.seq_id, *children_to_fork(chunk)]
+                if len(seq_ids) > 1:
+                    plan.forking.append(len(plan.ordinary))
+                plan.ordinary.append(
+                    (chunk, row, list(range(len(draws), len(draws) + len(seq_ids))))
+                )
+                draws += [self._draw(state, seq_id, chunk.seq, row) for seq_id in seq_ids]
+            row += chunk.num_sampled_rows
         for rid, group in groups.items():
             state = self.states[rid]
             seqs, rows = [seq for seq, _ in group], [row for _, row in group]
@@ -132,19 +140,9 @@ class StepUpdate:
         )
         return sampling, plan
 
-    @staticmethod
-    def _children(chunk: ScheduledChunk) -> range:
-        """The sequence ids of the children a parallel group forks on its first token."""
-        request, seq = chunk.request, chunk.seq
-        if not is_parallel(request.params) or seq.num_output_tokens:
-            return range(0)
-        return request.upcoming_seq_ids(request.params.num_sequences - len(request.seqs))
-
     def _own_draw(self, state: RequestState, seq: TokenSequence, row: int) -> Draw:
         """A one-sequence request's draw: the last step's again when its row is the same (a
         Draw names its row and holds a live view of the sequence's ids, nothing else moves)."""
-        if state.parallel:  # several sequences: no one draw to keep
-            return self._draw(state, seq.seq_id, seq, row)
         if state.last_draw is None or state.last_draw.row != row:
             state.last_draw = self._draw(state, seq.seq_id, seq, row)
         return state.last_draw
@@ -185,24 +183,29 @@ class StepUpdate:
         for rid, message in out.failed.items():
             if rid not in ended and (state := self.states[rid]).error is None:
                 self._fail_alone(state, message)
-        ordinary = []
-        for chunk, row, indices in plan.ordinary:  # forks first, as before any token lands
-            if chunk.request.request_id in ended:
-                continue
-            state = self.states[chunk.request.request_id]
-            at = chunk.seq_len if held else None  # where its placeholder is
-            if state.error is None and len(indices) == 1:  # nothing to fork (plan's _children)
-                ordinary.append((state, (chunk.seq,), indices, at))
-            elif state.error is None:
-                targets = sample_targets(self.scheduler, chunk, row)
-                ordinary.append((state, [t.seq for t in targets], indices, at))
+        forks: dict[int, list[TokenSequence]] = {}  # forks first, as before any token lands
+        for k in plan.forking:
+            chunk, row, _ = plan.ordinary[k]
+            rid = chunk.request.request_id
+            if rid not in ended and self.states[rid].error is None:
+                forks[k] = [t.seq for t in sample_targets(self.scheduler, chunk, row)]
         tokens, logprobs = out.tokens, out.logprobs
-        for state, seqs, indices, at in ordinary:
+        for k, (chunk, _, indices) in enumerate(plan.ordinary):
+            rid = chunk.request.request_id
+            if rid in ended:
+                continue
+            state = self.states[rid]
+            if len(indices) == 1:  # the common row: its own sequence
+                seqs: Sequence[TokenSequence] = (chunk.seq,)
+            elif (seqs := forks.get(k)) is None:  # the group failed before its fork
+                continue
             for seq, i in zip(seqs, indices, strict=True):
-                if at is None:
-                    self._isolated(state, self._append, state, seq, tokens[i], logprobs[i])
+                if held:  # the overlapped loop held the step: the token takes its placeholder
+                    self._isolated(
+                        state, self._put, state, seq, tokens[i], logprobs[i], chunk.seq_len
+                    )
                 else:
-                    self._isolated(state, self._put, state, seq, tokens[i], logprobs[i], at)
+                    self._isolated(state, self._append, state, seq, tokens[i], logprobs[i])
         for scored, spec, first in plan.scored:
             state = self.states[scored.request.request_id]
             accepted = out.accepted[spec]
@@ -266,10 +269,10 @@ class StepUpdate:
     def _landed(self, state: RequestState, seq: TokenSequence, token: int) -> None:
         """A sampled token is in its sequence: counted, detokenized, the stops checked."""
         self.generation_tokens_total += 1
-        state.mark_token(time.time())
-        finish = finish_after_token(
-            state.criteria, state.detokenizer(seq.seq_id), token, seq.num_output_tokens
-        )
+        if state.first_token_time is None:
+            state.mark_token(time.time())
+        detokenizer = state.detokenizer(seq.seq_id) if state.tokenizer is not None else None
+        finish = finish_after_token(state.criteria, detokenizer, token, seq.num_output_tokens)
         reason, stop_reason = (finish.reason, finish.stop_reason) if finish else (None, None)
         # A grammar that is complete and allows nothing more ends the sequence: "stop" (also
         # when that happens on the last allowed token).

@@ -55,6 +55,15 @@ def row_params(params: SamplingParams) -> SamplingParams:
     return params
 
 
+def children_to_fork(chunk: ScheduledChunk) -> range:
+    """The sequence ids of the children a parallel group forks on its first token, which
+    `sample_targets` will give them (empty for any other row)."""
+    request, seq = chunk.request, chunk.seq
+    if not is_parallel(request.params) or seq.num_output_tokens:
+        return range(0)
+    return request.upcoming_seq_ids(request.params.num_sequences - len(request.seqs))
+
+
 def sample_targets(scheduler: Scheduler, chunk: ScheduledChunk, row: int) -> list[SampleTarget]:
     """The sequences that sample from `row` (the chunk's logits): the chunk's own, plus the
     children forked now when a parallel group samples its first token."""

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from engine.fast_frozen import fast_frozen
 from engine.types import TokenLogprob
 
 
+@fast_frozen  # one per returned sequence per step
 @dataclass(frozen=True)
 class CompletionOutput:
     index: int
@@ -107,6 +109,7 @@ class RequestMetrics:
     events: tuple[StepEvent, ...] = ()  # every StepEvent so far, in order
 
 
+@fast_frozen  # one per moved request per step
 @dataclass(frozen=True)
 class RequestOutput:
     request_id: str

@@ -243,8 +243,8 @@ class BlockManager:
 
     def mark_computed(self, seq: TokenSequence) -> None:
         """Registers the sequence's full computed blocks in the prefix cache (after a step)."""
-        state = self._seqs.get(seq)
-        if not self.enable_prefix_caching or state is None or state.broken:
+        state = self._seqs.get(seq) if self.enable_prefix_caching else None
+        if state is None or state.broken:
             return
         table, bs = seq.block_table, self.block_size
         for idx in range(state.num_registered, min(seq.num_computed_tokens // bs, len(table))):

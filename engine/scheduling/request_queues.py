@@ -23,6 +23,7 @@ class RequestQueues:
         self.arrival: dict[Request, int] = {}
         self.num_preemptions = 0
         self._arrivals = itertools.count()
+        self._by_priority: list[Request] | None = None  # `running` sorted, until it changes
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -36,10 +37,12 @@ class RequestQueues:
         self.waiting.remove(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self._by_priority = None
 
     def preempt(self, request: Request) -> None:
         """Preempted by recompute: from running back to the front of waiting."""
         self.running.remove(request)
+        self._by_priority = None
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -48,6 +51,7 @@ class RequestQueues:
     def retire(self, request: Request) -> None:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
+            self._by_priority = None
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         self.arrival.pop(request, None)
@@ -58,8 +62,11 @@ class RequestQueues:
         return any(r is request for r in queue)  # identity: O(queue), aborts are rare
 
     def by_priority(self) -> list[Request]:
-        """Running requests, a lower `priority` value first; stable: admission order."""
-        return sorted(self.running, key=lambda r: r.params.priority)
+        """Running requests, a lower `priority` value first; stable: admission order. Sorted
+        again only after `running` changed (not every step); the caller does not modify it."""
+        if self._by_priority is None:
+            self._by_priority = sorted(self.running, key=lambda r: r.params.priority)
+        return self._by_priority
 
     def victim(self) -> Request:
         """The lowest priority (highest value) running request; the latest admitted of those."""

@@ -129,14 +129,15 @@ class Scheduler:
         `num_computed_tokens` and registers newly full blocks in the prefix cache. Chunks of
         requests finished in between are skipped. A proposal's rows are not counted: those the
         verification keeps are, by `accept_proposed`."""
+        mark_computed = self.block_manager.mark_computed
         for chunk in output.chunks:
             seq = chunk.seq
-            if chunk.request.status is not RequestStatus.RUNNING or seq.is_finished:
+            if chunk.request.status is not RequestStatus.RUNNING or seq.finish_reason is not None:
                 continue
             if seq.num_computed_tokens != chunk.start:
                 raise RuntimeError(f"seq {seq.seq_id}: on_step_done called twice for one output?")
             seq.num_computed_tokens += chunk.num_new_tokens - len(chunk.proposal)
-            self.block_manager.mark_computed(seq)
+            mark_computed(seq)
 
     def accept_proposed(self, seq: TokenSequence) -> None:
         """The last appended token was a kept proposal whose K/V the step computed: it counts

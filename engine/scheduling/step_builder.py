@@ -34,13 +34,14 @@ from engine.scheduling.step_plan import (
 )
 
 
-@dataclass
+@dataclass(slots=True)  # one per running request per step: slots make it cheap to build
 class _Plan:
     """What one request got in the step being built (undone if it is preempted later)."""
 
     chunks: list[ScheduledChunk]
     copies: list[tuple[int, int]]
     num_tokens: int
+    decode: bool = False  # placed by the decode pass
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,11 @@ class StepBuilder:
     budget: int = field(init=False)
     plans: dict[str, _Plan] = field(default_factory=dict, init=False)
     preempted: list[str] = field(default_factory=list, init=False)
-    decodes: set[str] = field(default_factory=set, init=False)  # placed by the decode pass
+    # Running totals of the placed chunks, kept as they are placed and taken back (rows are
+    # the token budget spent): no per-step sums over every row (issue 38's host time).
+    pairs: int = field(default=0, init=False)  # query x key pairs (step_cost.chunk_pairs)
+    delivering: int = field(default=0, init=False)  # sampled chunks of streamed requests
+    decode_tokens: int = field(default=0, init=False)  # rows of the decode pass's plans
 
     def __post_init__(self) -> None:
         self.budget = self.config.max_num_batched_tokens
@@ -71,19 +76,30 @@ class StepBuilder:
         left = budget.tokens_left
         capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
         self._schedule_prefills(budget)
-        chunks = tuple(c for p in self.plans.values() for c in p.chunks)
+        chunks: list[ScheduledChunk] = []
+        copies: list[tuple[int, int]] = []
+        for plan in self.plans.values():
+            chunks += plan.chunks
+            if plan.copies:
+                copies += plan.copies
+        rows = self.config.max_num_batched_tokens - self.budget
         output = SchedulerOutput(
-            chunks=chunks,
-            block_copies=tuple(c for p in self.plans.values() for c in p.copies),
+            chunks=tuple(chunks),
+            block_copies=tuple(copies),
             preempted=tuple(self.preempted),
             aborted=aborted,
-            num_batched_tokens=sum(c.num_new_tokens for c in chunks),
-            num_pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in chunks),
-            num_prefill_tokens=sum(
-                p.num_tokens for rid, p in self.plans.items() if rid not in self.decodes
-            ),
+            num_batched_tokens=rows,
+            num_pairs=self.pairs,
+            num_prefill_tokens=rows - self.decode_tokens,
         )
         return StepResult(output, capacity)
+
+    def _count(self, chunks: Iterable[ScheduledChunk], sign: int) -> None:
+        """Adds placed chunks to the running totals (`sign` 1), or takes them back (-1)."""
+        for c in chunks:
+            self.pairs += sign * chunk_pairs(c.start, c.num_new_tokens)
+            if c.sample and c.request.params.streamed:
+                self.delivering += sign
 
     def _schedule_decodes(self) -> None:
         for request in self.queues.by_priority():
@@ -102,7 +118,9 @@ class StepBuilder:
                 if sizes is not None:
                     proposals = self._proposals(request, self.budget - sum(sizes))
                     self._schedule_running(request, sizes, proposals)
-                    self.decodes.add(request.request_id)
+                    if (plan := self.plans.get(request.request_id)) is not None:
+                        plan.decode = True
+                        self.decode_tokens += plan.num_tokens
 
     def _decode_in_place(self, request: Request) -> bool:
         """Places the common decode, if it is one: a single live sequence, one token to
@@ -123,10 +141,13 @@ class StepBuilder:
         ):
             return False
         self.plans[request.request_id] = _Plan(
-            [ScheduledChunk(request, seq, start, 1, True)], [], 1
+            [ScheduledChunk(request, seq, start, 1, True)], [], 1, True
         )
         self.budget -= 1
-        self.decodes.add(request.request_id)
+        self.decode_tokens += 1
+        self.pairs += start + 1  # chunk_pairs(start, 1)
+        if request.params.streamed:
+            self.delivering += 1
         return True
 
     def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
@@ -163,14 +184,13 @@ class StepBuilder:
         self._add_plan(request, chunks, copies, proposals)
 
     def _prefill_budget(self) -> PrefillBudget:
-        placed = [c for p in self.plans.values() for c in p.chunks]
         return PrefillBudget(
             tokens_left=self.budget,
             target_s=self.target_s,
             cost=self.cost_model,
-            rows=sum(c.num_new_tokens for c in placed),
-            pairs=sum(chunk_pairs(c.start, c.num_new_tokens) for c in placed),
-            delivers=any(c.sample and c.request.params.streamed for c in placed),
+            rows=self.config.max_num_batched_tokens - self.budget,
+            pairs=self.pairs,
+            delivers=self.delivering > 0,
         )
 
     def _schedule_prefills(self, budget: PrefillBudget) -> None:
@@ -263,11 +283,15 @@ class StepBuilder:
         plan = _Plan(scheduled, copies, sum(n for _, n in chunks))
         self.plans[request.request_id] = plan
         self.budget -= plan.num_tokens
+        self._count(scheduled, 1)
 
     def _preempt(self, victim: Request) -> None:
         plan = self.plans.pop(victim.request_id, None)
         if plan is not None:  # scheduled earlier in this step: its tokens go back to the budget
             self.budget += plan.num_tokens
+            self._count(plan.chunks, -1)
+            if plan.decode:
+                self.decode_tokens -= plan.num_tokens
         for seq in victim.live_seqs:
             self.block_manager.free(seq)
             seq.num_computed_tokens = 0

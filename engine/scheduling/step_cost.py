@@ -68,11 +68,10 @@ class StepCostModel:
             return
         if self.ready:  # clip, so one stall does not teach the model that every step is slow
             seconds = min(seconds, self.outlier_factor * max(self.predict(rows, pairs), 1e-4))
-        x = (1.0, rows * _ROW_SCALE, pairs * _PAIR_SCALE)
-        for i in range(3):
-            self._xy[i] = self.decay * self._xy[i] + x[i] * seconds
-            for j in range(3):
-                self._xx[i][j] = self.decay * self._xx[i][j] + x[i] * x[j]
+        x, decay = (1.0, rows * _ROW_SCALE, pairs * _PAIR_SCALE), self.decay
+        for xx_i, x_i, i in zip(self._xx, x, range(3), strict=True):
+            self._xy[i] = decay * self._xy[i] + x_i * seconds
+            xx_i[:] = [decay * a + x_i * x_j for a, x_j in zip(xx_i, x, strict=True)]
         self.num_samples += 1
         if rows >= self.max_rows_seen:
             self.rough_per_row = seconds / rows
@@ -115,13 +114,18 @@ def _non_negative_fit(xx: list[list[float]], xy: list[float]) -> list[float]:
     if full is not None:
         return full
     best, best_loss = [0.0, 0.0, 0.0], 0.0  # theta = 0: loss relative to sum(w y^2) is 0
-    for subset in _SUBSETS:
+    for subset in _SUBSETS[:-1]:  # (all three free: no solution >= 0, just seen)
         theta = _subset_solution(xx, xy, subset)
         if theta is None:
             continue
-        # loss - sum(w y^2) = theta' XX theta - 2 theta' Xy
-        quad = sum(theta[i] * xx[i][j] * theta[j] for i in range(3) for j in range(3))
-        loss = quad - 2 * sum(theta[i] * xy[i] for i in range(3))
+        # loss - sum(w y^2) = theta' XX theta - 2 theta' Xy, over the free ones (the others'
+        # terms are 0; plain loops: this runs after every step, generators cost more here)
+        quad = linear = 0.0
+        for i in subset:
+            for j in subset:
+                quad += theta[i] * xx[i][j] * theta[j]
+            linear += theta[i] * xy[i]
+        loss = quad - 2 * linear
         if loss < best_loss:
             best, best_loss = theta, loss
     return best
@@ -133,7 +137,10 @@ def _subset_solution(
     """The least-squares theta with only `subset` free (the others 0), a tiny ridge on the
     diagonal; None when singular or when a free coefficient comes out negative."""
     a = [[xx[i][j] for j in subset] for i in subset]
-    ridge = 1e-9 * (sum(a[k][k] for k in range(len(subset))) + 1e-12)
+    trace = 0.0
+    for k in range(len(subset)):
+        trace += a[k][k]
+    ridge = 1e-9 * (trace + 1e-12)
     for k in range(len(subset)):
         a[k][k] += ridge
     sol = _solve(a, [xy[i] for i in subset])
@@ -150,7 +157,10 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
     for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        pivot = col  # the first row of the largest magnitude in the column
+        for r in range(col + 1, n):
+            if abs(m[r][col]) > abs(m[pivot][col]):
+                pivot = r
         if abs(m[pivot][col]) < 1e-300:
             return None
         m[col], m[pivot] = m[pivot], m[col]
@@ -160,5 +170,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
                 m[r][c] -= f * m[col][c]
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+        known = 0.0
+        for c in range(r + 1, n):
+            known += m[r][c] * x[c]
+        x[r] = (m[r][n] - known) / m[r][r]
     return x

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from engine.fast_frozen import fast_frozen
 from engine.requests.request import Request, TokenSequence
 from engine.scheduling.block_manager import BlockUsage
 
@@ -50,6 +51,7 @@ class Proposals:
 NO_PROPOSALS = Proposals({}, {})
 
 
+@fast_frozen  # one per scheduled sequence per step
 @dataclass(frozen=True)
 class ScheduledChunk:
     request: Request

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.lora_config",  # held by EngineConfig
             "engine.parallel_config",  # checks EngineConfig's parallel sizes
             "engine.host_transfer",
+            "engine.fast_frozen",  # cheap constructors for the per-row frozen dataclasses
         ),
     ),
     # The runner and what it runs on: knows chunks by their shape, never requests.
