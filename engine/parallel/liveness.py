@@ -5,9 +5,10 @@ than when a heartbeat times out. A cut-off link closes nothing: the heartbeats
 (membership.py) still cover that.
 
 Contract:
-- rank 0: `LivenessServer()` listens on a free port of every interface (`port`, published
-  through the rendezvous store); a daemon thread accepts the ranks' connections (each opens
-  with its rank as an ASCII line) and notes which of them closed. `closed()` lists those
+- rank 0: `LivenessServer(host)` listens on a free port of `host`, the address the other
+  machines reach this one at (`port`, published through the rendezvous store); a daemon thread
+  accepts the ranks' connections (each opens with its rank as an ASCII line; one that does not
+  is dropped and never counts) and notes which of them closed. `closed()` lists those
   ranks in the order they closed; `close()` stops listening.
 - rank > 0: `hold(host, port, rank, timeout)` connects and announces the rank, and returns
   the socket, which the caller keeps referenced (dropping it would close it: the rank would
@@ -22,11 +23,8 @@ import threading
 
 
 class LivenessServer:
-    def __init__(self) -> None:
-        family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
-        self._listener = socket.create_server(
-            ("", 0), family=family, dualstack_ipv6=family == socket.AF_INET6
-        )
+    def __init__(self, host: str) -> None:
+        self._listener = socket.create_server((host, 0))
         self.port: int = self._listener.getsockname()[1]
         self._closed: list[int] = []
         self._lock = threading.Lock()
@@ -56,9 +54,9 @@ class LivenessServer:
                     data = conn.recv(64)
                 except OSError:  # a reset: the peer is gone as surely as after a FIN
                     data = b""
-                if data and ranks[conn] is None:
-                    ranks[conn] = int(data.split(b"\n")[0])  # the rank's one line
-                elif not data:
+                if data and ranks[conn] is None and (rank := _rank(data)) is not None:
+                    ranks[conn] = rank
+                elif not data or ranks[conn] is None:  # closed, or not a rank's opening line
                     self._selector.unregister(conn)
                     conn.close()
                     if (rank := ranks.pop(conn)) is not None:
@@ -67,6 +65,11 @@ class LivenessServer:
         for conn in [self._listener, *ranks]:
             conn.close()
         self._selector.close()
+
+
+def _rank(opening: bytes) -> int | None:
+    line, newline, _ = opening.partition(b"\n")
+    return int(line) if newline and line.isdigit() and len(line) < 10 else None
 
 
 def hold(host: str, port: int, rank: int, timeout: float) -> socket.socket:

@@ -83,8 +83,9 @@ class Membership:
     @classmethod
     def lead(cls, cluster: Cluster, world: int, config: EngineConfig) -> Membership:
         store = _open_store(cluster, is_master=not cluster.agent_store)
-        liveness = LivenessServer()
-        store.set(_LIVENESS, f"{address_towards(cluster.master_addr)}:{liveness.port}")
+        host = address_towards(cluster.master_addr)  # loopback when every rank is here
+        liveness = LivenessServer(host)
+        store.set(_LIVENESS, f"{host}:{liveness.port}")
         store.set(_CONFIG, json.dumps({"nnodes": cluster.nnodes, "engine": asdict(config)}))
         members = cls(store, cluster, world, 0)
         members.liveness = liveness

@@ -9,6 +9,7 @@ on while the rank's store waits (torch.distributed's init waits there for the sl
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -107,6 +108,10 @@ def test_a_rank_whose_process_ends_is_named_at_once() -> None:
     leader = Membership.lead(cluster, 4, EngineConfig(tensor_parallel_size=4))
     node1 = Cluster(**{**cluster.__dict__, "node_rank": 1})
     ranks = [Membership.join(node1, rank)[0] for rank in (2, 3)]
+    host, port = leader.store.get("tgserve/liveness").decode().rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as stray:  # not a rank: never counts
+        stray.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    time.sleep(0.3)
     assert leader.gone() is None
     ranks[1]._link.close()  # what the kernel does when rank 3's process ends, however
     deadline = time.monotonic() + 5.0
