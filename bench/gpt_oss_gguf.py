@@ -1,5 +1,6 @@
 """A gpt-oss Hugging Face folder written as a GGUF file the way llama.cpp's convert_hf_to_gguf.py
-(its GptOssModel) writes one, for the tests and the llama.cpp cross-check (bench/gguf_crosscheck.py).
+(its GptOssModel) writes one, for the tests and the llama.cpp cross-check
+(tests/models/gpt_oss/llamacpp_crosscheck.py).
 
 Contract: `write_gpt_oss_gguf(folder, dest, float_type="F32")` reads `folder` (config.json,
 model.safetensors, and tokenizer.json / tokenizer_config.json when present) and writes `dest`:

@@ -8,7 +8,7 @@ are drawn at scales that move the logits, and the SwiGLU clamp (`swiglu_limit` 1
 `save_gpt_oss(folder)` writes it as a checkpoint folder looks; `save_mxfp4_folder(model, folder,
 gen)` gives its experts random MXFP4 values and writes them as the released folders store them
 (`_blocks` / `_scales` pairs, quant_method mxfp4), the model keeping the same values dense;
-`gguf_checkpoint(matrices)` is the GGUF tests' and bench/gguf_crosscheck.py's variant.
+`gguf_checkpoint(matrices)` is the GGUF tests' and llamacpp_crosscheck.py's variant.
 """
 
 from __future__ import annotations

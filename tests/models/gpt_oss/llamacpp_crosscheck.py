@@ -2,7 +2,7 @@
 gpt-oss GGUFs bench/gpt_oss_gguf.py writes, and its logits match tgserve's on the same file and
 transformers' on the folder the file was written from.
 
-Run from tgserve's venv: `python -m bench.gguf_crosscheck [--peer-python PATH] [--out DIR]`.
+Run from tgserve's venv: `python -m tests.models.gpt_oss.llamacpp_crosscheck [--peer-python PATH] [--out DIR]`.
 It writes a tiny seeded gpt-oss (4 layers alternating sliding window 8 / full, hidden 64, 4
 experts top-2, YaRN factor 4 over 16 positions, SwiGLU limit 7 with gate/up biases that pass
 it; the tests' harmony-shaped vocabulary of 461 tokens, tests/models/tokenizer/harmony_vocab.py)
@@ -14,7 +14,9 @@ prompts (`logits_all`) with its default F16 KV cache and with an F32 one, and sa
 Prints one JSON line per file and prompt: the largest |difference| over every logit of every
 position between each pair, at how many positions tgserve's and llama.cpp's (default KV) argmax
 differ, and the widest top-1 / top-2 gap of tgserve's logits among those (how near a tie).
-The test helpers it borrows (the tiny checkpoint, the paged driver) are imported when it runs.
+It lives beside the tests, not in bench/, because it is built from their helpers (the tiny
+checkpoint, the harmony vocabulary, the paged driver), which bench/ may not import; nothing
+collects it as a test.
 """
 
 from __future__ import annotations
@@ -149,9 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     _write_files(out)
     vocab = json.loads((out / "folder-F32" / "config.json").read_text())["vocab_size"]
     (out / "vocab").write_text(str(vocab))
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     subprocess.run(
-        [args.peer_python, "-m", "bench.gguf_crosscheck", "--peer", str(out)], cwd=root, check=True
+        [args.peer_python, "-m", "tests.models.gpt_oss.llamacpp_crosscheck", "--peer", str(out)],
+        cwd=root,
+        check=True,
     )
     for row in _compare(out, vocab):
         print(json.dumps(row))
