@@ -4,7 +4,9 @@
 engines in one process, the K/V cache in the model's dtype and in int8 (models/kv_quant.py),
 and prints one JSON line:
 - greedy: the 8 prompts of bench/activation_quant_quality, `--max-tokens` greedy tokens each:
-  how many continuations are unchanged, and for the others the first position that differs;
+  how many continuations are unchanged, and for the others the first position that differs
+  and the float cache's margin there (its top-1 minus top-2 log-probability: a near-tie that
+  any small change of the K/V may flip);
 - perplexity: each of 10 passages of the Python documentation CPython ships
   (`pydoc_data.topics`: every 4th of the first 40 topics of >= 1500 characters, cut at a
   paragraph break before 1200 characters, as PERFORMANCE.md's lm-eval task) scored with
@@ -47,20 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args(argv)
-    greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(
+        max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=2
+    )
     texts = passages()
     nbytes = sum(len(t.encode()) for t in texts)
     runs = {}
     for kind in ("auto", "int8"):
         config = EngineConfig(dtype=args.dtype, kv_cache_dtype=kind)
         engine = Engine.from_model(args.model, config)
-        answers = [out.outputs[0].token_ids for out in engine.generate(list(PROMPTS), greedy)]
-        runs[kind] = (answers, scored(engine, texts))
+        outs = [out.outputs[0] for out in engine.generate(list(PROMPTS), greedy)]
+        runs[kind] = ([o.token_ids for o in outs], scored(engine, texts), outs)
         del engine
-    (want, ref), (got, test) = runs["auto"], runs["int8"]
+    (want, ref, float_outs), (got, test, _) = runs["auto"], runs["int8"]
     first_diff = [
         next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), None)
         for w, g in zip(want, got, strict=True)
+    ]
+    margins = [
+        None if i is None else round(o.logprobs[i].top[0][1] - o.logprobs[i].top[1][1], 4)
+        for i, o in zip(first_diff, float_outs, strict=True)
     ]
     bpb = {
         kind: -sum(t.logprob for p in runs[kind][1] for t in p) / math.log(2) / nbytes
@@ -75,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dtype": args.dtype,
                 "greedy_unchanged": f"{first_diff.count(None)} / {len(PROMPTS)}",
                 "first_differing_token": first_diff,
+                "float_margin_there": margins,
                 "passages": len(texts),
                 "bytes": nbytes,
                 "bits_per_byte": {k: round(v, 5) for k, v in bpb.items()},

@@ -3,18 +3,26 @@ paged attention reads in place (models/cpu_kernels/kv_int8.h), stated in PyTorch
 allocation, the PyTorch reference and the tests.
 
 Contract: an int8 cache is `[num_blocks, block_size, kv_heads, head_dim + 4]` int8; the row of a
-(token, KV head) is its `head_dim` values q then its float32 scale s (4 bytes, host order), and
-stands for `q * s`, with `s = max|x| / 127` and `q = round_half_even(x * (127 / max|x|))` in
-[-127, 127] (all-zero rows: q = 0, s = 0), float32 arithmetic. Each row's scale is its own and is
+(token, KV head) is its `head_dim` values q then its float32 scale s (4 bytes, host order). The
+values are those of y = W x, W the unnormalised Walsh-Hadamard matrix (entries +-1, W W = P I) on
+each block of P elements, P the largest power of two dividing head_dim (`rotation_block`), so
+the row stands for x = W (q * s) / P; `s = max|y| / 127` and `q = round_half_even(y * (127 /
+max|y|))` in [-127, 127] (all-zero rows: q = 0, s = 0), float32 arithmetic, y by butterflies
+(a, b) -> (a + b, a - b) on pairs h = 1, 2, 4, ... apart (`walsh_hadamard`). The rotation spreads
+RoPE'd K's few large channels over the row before one scale covers it (the QuaRot idea): on the
+default model it halves the mean change of a token's log-probability for the same bytes
+(PERFORMANCE.md). Each row's scale is its own and is
 fixed when the row is written, so a row's bits depend on that row alone: never on what is
 appended later or on its neighbours, and blocks move as bytes (prefix sharing, copy-on-write,
 preemption, the K/V tiers) with their scales inside. Per token and head, not per block: a block
 shared by a prefix is never rewritten, and a scale fixed by a block's first row would clip the
-rows after it.
+rows after it. `LAYOUT` names this layout for the K/V tiers' keys (a changed layout must never
+read an older one's files).
 - `cache_row_shape(head_dim, kv_cache_dtype)` / `cache_torch_dtype(model_dtype, kv_cache_dtype)`:
   the last dimension and element type of an allocated cache; `row_bytes` the bytes of one row.
 - `quantize_rows(x [..., D]) -> int8 [..., D + 4]`, `dequantize_rows(c [..., D + 4]) -> float32
-  [..., D]`: the reference write and read (the kernel computes with q and s directly).
+  [..., D]`: the reference write and read (W (q * s) / P in float64, rounded once to float32;
+  the kernel computes with q and s directly, rotating the query and the output instead).
 - `is_quantized(cache)`: whether a cache tensor holds int8 rows.
 """
 
@@ -24,6 +32,8 @@ import torch
 
 SCALE_BYTES = 4  # the float32 scale at the end of each int8 row
 QMAX = 127.0
+# The int8 rows' layout, in the K/V tiers' keys. v1: plain rows; v2: Walsh-Hadamard-rotated.
+LAYOUT = "int8-rows-v2-walsh-hadamard"
 
 
 def cache_row_shape(head_dim: int, kv_cache_dtype: str) -> int:
@@ -46,18 +56,39 @@ def is_quantized(cache: torch.Tensor) -> bool:
     return cache.dtype == torch.int8
 
 
+def rotation_block(head_dim: int) -> int:
+    """P: the largest power of two dividing head_dim (64 for 64, 8 for 40)."""
+    return head_dim & -head_dim
+
+
+def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """W x over the last dimension (blocks of `rotation_block`), in x's dtype: the butterflies
+    on pairs h = 1, 2, 4, ... apart, each result one rounding (the C++ writer's bits)."""
+    d = x.shape[-1]
+    h = 1
+    while h < rotation_block(d):
+        pairs = x.reshape(*x.shape[:-1], d // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        x = torch.stack([a + b, a - b], dim=-2).reshape(x.shape)
+        h *= 2
+    return x
+
+
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] (any float dtype) -> int8 [..., D + 4]: values, then the row's scale's bytes."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=-1, keepdim=True)  # [..., 1]
+    """x [..., D] (any float dtype) -> int8 [..., D + 4]: the rotated values, then the row's
+    scale's bytes."""
+    y = walsh_hadamard(x.float())
+    amax = y.abs().amax(dim=-1, keepdim=True)  # [..., 1]
     inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
-    q = torch.round(xf * inv).clamp(-QMAX, QMAX).to(torch.int8)
+    q = torch.round(y * inv).clamp(-QMAX, QMAX).to(torch.int8)
     scale = (amax / QMAX).contiguous().view(torch.int8)  # [..., 4]: the float32's bytes
     return torch.cat([q, scale], dim=-1)
 
 
 def dequantize_rows(cache: torch.Tensor) -> torch.Tensor:
-    """int8 rows [..., D + 4] -> the float32 values [..., D] they stand for (q * s)."""
+    """int8 rows [..., D + 4] -> the float32 values [..., D] they stand for, W (q * s) / P
+    (computed in float64)."""
     d = cache.shape[-1] - SCALE_BYTES
     scale = cache[..., d:].contiguous().view(torch.float32)  # [..., 1]
-    return cache[..., :d].float() * scale
+    rotated = cache[..., :d].double() * scale.double()
+    return (walsh_hadamard(rotated) / rotation_block(d)).float()

@@ -5,9 +5,9 @@ for `config.kv_tiers` over the runner's KV cache, under the namespace of what de
 bytes (keys.py): the model's identity (its resolved path, and the name, size and modification
 time of its files, so weights replaced in place are a new model; a random-weights shape its
 config and seed), the weight and activation quantization, the tokenizer, the dtype, the KV
-cache dtype, the forward path and the tgserve version. None when the runner holds no local KV
-cache (tensor parallel: every rank holds a shard; tiers are refused there by the config) and
-for an encoder-decoder model (its prefix is the encoder's, reused whole: not tiered).
+cache dtype (with the int8 rows' layout version), the forward path and the tgserve version.
+None when the runner holds no local KV cache (tensor parallel: every rank holds a shard; tiers
+are refused there by the config) and for an encoder-decoder model (its prefix is the encoder's, reused whole: not tiered).
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.kv_tiers.keys import TierNamespace, tgserve_version
 from engine.kv_tiers.tier_store import TierStore
+from models import kv_quant
 
 log = logging.getLogger("tgserve.engine")
+
+
+def kv_dtype_name(cache: Any) -> str:
+    """The cache's element dtype, with the int8 rows' layout version (models/kv_quant.py): rows
+    of another layout are other bytes for the same tokens."""
+    return f"{cache.dtype}|{kv_quant.LAYOUT}" if kv_quant.is_quantized(cache) else str(cache.dtype)
 
 
 def model_identity(path: Path, random_weights: dict[str, Any] | None, seed: int) -> str:
@@ -58,7 +65,7 @@ def open_tier_store(
         model=f"{model}|{quant}",
         tokenizer=tok,
         dtype=built.dtype_name,
-        kv_dtype=str(kv_caches[0][0].dtype),
+        kv_dtype=kv_dtype_name(kv_caches[0][0]),
         forward_path=built.runner.forward_path.description,
         version=tgserve_version(),
     )

@@ -14,6 +14,8 @@
 // same loops widen them in place (no dequantised copy), a K row's scale joins the score's
 // multiplier and a V row's the key's softmax weight in the V sum (the softmax's running sums
 // keep the unscaled weights), each once per key and head, in the order of the float caches.
+// int8 rows hold Walsh-Hadamard-rotated values: each query head is rotated once when packed
+// (kv_rotate_query) and each output row once before it is stored (merge_ranges).
 #include "kernels.h"
 
 #include "attention_simd.h"
@@ -140,7 +142,7 @@ constexpr int kGroupRows = 8;
 
 // out [D] = the merge of ranges 0 .. R-1 of head h, in order: weights exp(m_r - max m) on the
 // partial sums. parts: acc [R, H, DA], then m [R, H], then l [R, H], at acc / pm / pl; the
-// accumulators are in the layout of a cache of KV rows.
+// accumulators are in the layout of a cache of KV rows (int8 rows: rotated, turned back here).
 template <typename KV, typename T>
 void merge_ranges(const float* acc, const float* pm, const float* pl, int64_t R, int64_t H,
                   int64_t h, int64_t DA, int64_t D, float* sum, T* out) {
@@ -156,7 +158,12 @@ void merge_ranges(const float* acc, const float* pm, const float* pl, int64_t R,
 #pragma omp simd
     for (int64_t d = 0; d < DA; ++d) sum[d] += w * pa[d];
   }
-  tgserve::attn::store_row<KV>(sum, total > 0.0f ? 1.0f / total : 0.0f, D, out);
+  float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  if constexpr (std::is_same_v<KV, int8_t>) {  // the V sum of rotated rows: W sum / P (kv_int8.h)
+    tgserve::walsh_hadamard(sum, D);
+    inv /= static_cast<float>(tgserve::kv_rotation_block(D));  // a power of two: exact
+  }
+  tgserve::attn::store_row<KV>(sum, inv, D, out);
 }
 
 // Rows b and c (c > b) may share a group: the same key start and block table.
@@ -220,7 +227,10 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
     auto pack = [&](int64_t j) {  // group j's query heads into qp
       for (int64_t b = gfirst[j]; b < gfirst[j + 1]; ++b) {
         QT* dst = qp.data() + (b - gfirst[j]) * H * Dp;
-        for (int64_t h = 0; h < H; ++h) simd::pack_query<KV>(q + (b * H + h) * D, D, dst + h * Dp);
+        for (int64_t h = 0; h < H; ++h) {
+          simd::pack_query<KV>(q + (b * H + h) * D, D, dst + h * Dp);
+          if constexpr (std::is_same_v<KV, int8_t>) tgserve::kv_rotate_query(dst + h * Dp, D);
+        }
       }
     };
     // Range r of group j's rows (queries packed in qp) into each row's partials: row b's

@@ -2,11 +2,17 @@
 // row of K or V once, at append, and how the paged attention reads it back in place.
 //
 // Layout: a cache of int8 [num_blocks, block_size, KVH, D + 4]; the row of one token and KV
-// head is its D values q[d] then its float32 scale s (4 bytes, host order, unaligned), and the
-// value it stands for is q[d] * s. The scale is the row's own: s = max|x| / 127, so a row's
-// bits depend on that row alone, never on what is appended after it or beside it (a block's
-// rows are each final once written; prefix sharing, copy-on-write and the K/V tiers move them
-// as bytes). models/kv_quant.py is the PyTorch statement of the same layout and rounding.
+// head is its D values q[d] then its float32 scale s (4 bytes, host order, unaligned). The
+// values are those of y = W x, W the unnormalised Walsh-Hadamard matrix on each block of P
+// elements (P = the largest power of two dividing D: 64 for head_dim 64; W W = P I), so the row
+// stands for x = W (q * s) / P. The rotation spreads a few large channels (RoPE'd K has them)
+// over the whole row before one scale covers it: 2x less rounding error for the same bytes.
+// Attention needs no un-rotated copy: q . x = (W q / P) . (q * s) (the kernel rotates the
+// query once), and a V sum sum_i w_i x_i = W (sum_i w_i q_i s_i) / P (it rotates the output
+// once). The scale is the row's own: s = max|y| / 127, so a row's bits depend on that row
+// alone, never on what is appended after it or beside it (a block's rows are each final once
+// written; prefix sharing, copy-on-write and the K/V tiers move them as bytes).
+// models/kv_quant.py is the PyTorch statement of the same layout, rotation and rounding.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace tgserve {
 
@@ -35,15 +42,48 @@ inline float kv_row_scale(const int8_t* row, int64_t D) {
   return s;
 }
 
-// x [D] -> dst [D + 4]: q[d] = round-half-even(x[d] * (127 / max|x|)) in [-127, 127], then
-// s = max|x| / 127 (all-zero rows: q = 0, s = 0). float32 arithmetic, no fused operations.
+// The rotation's block: the largest power of two dividing D (D itself for 64 and 128).
+inline int64_t kv_rotation_block(int64_t D) { return D & -D; }
+
+// x [D] <- W x, W the unnormalised Walsh-Hadamard matrix (entries +-1) on each block of
+// kv_rotation_block(D) elements: butterflies (a, b) -> (a + b, a - b) on pairs h apart, for
+// h = 1, 2, 4, ... in that order, in float32 (each result one rounding: the same bits however
+// the compiler vectorises the pairs).
+inline void walsh_hadamard(float* x, int64_t D) {
+  const int64_t P = kv_rotation_block(D);
+  for (int64_t h = 1; h < P; h *= 2)
+    for (int64_t i = 0; i < D; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+}
+
+// A query row [D] as the kernel scores it against int8 rows: W q / P (P a power of two:
+// exact), so that its dot product with a row's values q * s is q . x.
+inline void kv_rotate_query(float* q, int64_t D) {
+  walsh_hadamard(q, D);
+  const float inv = 1.0f / static_cast<float>(kv_rotation_block(D));
+  for (int64_t d = 0; d < D; ++d) q[d] *= inv;
+}
+
+// x [D] -> dst [D + 4]: y = W x (float32, walsh_hadamard), q[d] = round-half-even(y[d] * (127 /
+// max|y|)) in [-127, 127], then s = max|y| / 127 (all-zero rows: q = 0, s = 0). float32
+// arithmetic, no fused operations.
 template <typename T>
 void quantize_kv_row(const T* x, int64_t D, int8_t* dst) {
+  constexpr int64_t kOnStack = 512;
+  float stack[kOnStack];
+  std::vector<float> heap(D > kOnStack ? D : 0);
+  float* y = D > kOnStack ? heap.data() : stack;
+  for (int64_t d = 0; d < D; ++d) y[d] = static_cast<float>(x[d]);
+  walsh_hadamard(y, D);
   float amax = 0.0f;
-  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(static_cast<float>(x[d])));
+  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(y[d]));
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   for (int64_t d = 0; d < D; ++d) {
-    const float r = std::nearbyint(static_cast<float>(x[d]) * inv);
+    const float r = std::nearbyint(y[d] * inv);
     dst[d] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
   }
   const float s = amax / 127.0f;

@@ -7,8 +7,8 @@ head_dim 16, block 4, float32 model):
 - a request's greedy answer is its solo run's whatever else shares the pool with it: beside other
   requests, preempted and recomputed, or over a prefix cached by an earlier request;
 - the K/V tiers move int8 blocks as they move float ones (a prefix evicted to the RAM tier
-  answers as the cold run), and never hand a float engine's blocks to an int8 one (the tier key
-  holds the K/V dtype);
+  answers as the cold run), and never hand a float engine's blocks to an int8 one, nor an older
+  int8 row layout's (the tier key holds the K/V dtype and the int8 layout's version);
 - what cannot serve int8 K/V says so: fp8 on a CPU, no C++ kernels, encoder-decoder models,
   a model whose attention is the PyTorch key-block one (Gemma 2's capped scores).
 Oracles: hand-computed block counts; the same request alone on a fresh int8 engine."""
@@ -22,6 +22,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.kv_tiers.config import KVTierConfig
 from engine.requests.sampling_params import SamplingParams
+from models import kv_quant
 from tests.encdec_checkpoints import save_encdec_checkpoint
 from tests.engine.engine_fixtures import (
     assert_no_leaks,
@@ -84,7 +85,9 @@ def test_a_preempted_request_answers_as_alone(model, alone, monkeypatch) -> None
     assert_no_leaks(engine)
 
 
-def test_int8_blocks_go_through_the_ram_tier_and_only_to_int8_engines(model, tmp_path) -> None:
+def test_int8_blocks_go_through_the_ram_tier_and_only_to_int8_engines(
+    model, tmp_path, monkeypatch
+) -> None:
     prompt = random_prompts(1, (61, 61), seed=11)[0]
     fillers = random_prompts(2, (150, 150), seed=12)
     pool = dict(kv_cache_memory_bytes=58 * 640, **INT8)  # 58 blocks: the fillers evict P
@@ -106,6 +109,11 @@ def test_int8_blocks_go_through_the_ram_tier_and_only_to_int8_engines(model, tmp
     )
     other.generate([prompt], GREEDY)
     assert other.stats().kv_tiers.disk_hits == 0
+    # nor does an int8 engine of another row layout (the key holds the layout's version)
+    monkeypatch.setattr(kv_quant, "LAYOUT", "int8-rows-v1")
+    older = tiny_engine(model, **pool, kv_tiers=KVTierConfig(disk_dir=str(tmp_path)))
+    older.generate([prompt], GREEDY)
+    assert older.stats().kv_tiers.disk_hits == 0
 
 
 @pytest.mark.parametrize(
