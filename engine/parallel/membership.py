@@ -12,7 +12,8 @@ hosts it unless torchrun's agent does):
   `stale()` names a rank whose heartbeat stopped (None while all beat) for
   `HEARTBEAT_TIMEOUT_S` once that rank said it serves, for the init timeout before (a loaded
   host may starve a starting rank's beats for seconds); `await_stopped(timeout)` waits for
-  every rank's acknowledgement of the stop message; `close()` ends the liveness listener.
+  every live rank's acknowledgement of the stop message (one whose process ended sends none);
+  `close()` ends the liveness listener.
 - rank > 0: `Membership.join(cluster, rank)` connects (retrying until the init timeout: start
   order is free), reads the config, opens its liveness connection and checks in;
   `start_heartbeat()` beats every `HEARTBEAT_S` from a daemon thread, and calls
@@ -148,7 +149,10 @@ class Membership:
         return None
 
     def await_stopped(self, timeout: float) -> None:
-        keys = [_stopped(r) for r in range(1, self.world)]
+        ended = set(self.liveness.closed() if self.liveness is not None else [])
+        keys = [_stopped(r) for r in range(1, self.world) if r not in ended]  # the ended: none
+        if not keys:
+            return
         self.store.set_timeout(timedelta(seconds=max(timeout, 0.1)))
         self.store.wait(keys)
 

@@ -120,6 +120,10 @@ def test_a_rank_whose_process_ends_is_named_at_once() -> None:
     assert leader.gone() == ("node 1 (rank 3) closed its connection to rank 0: its process ended")
     with pytest.raises(RendezvousError, match=r"node 1 \(rank 3\) closed its connection"):
         leader.await_joined()  # rank 1 never came either: the end is said at once
+    node0 = Cluster(**{**cluster.__dict__, "node_rank": 0})
+    for member in (Membership.join(node0, 1)[0], ranks[0]):
+        member.mark_stopped()
+    leader.await_stopped(2.0)  # ranks 1 and 2 acknowledged; rank 3's process ended: none due
     leader.close()
 
 
