@@ -54,7 +54,7 @@ class EngineConfig:
     # Requests in flight (running + waiting) are bounded by max_num_seqs + this (see
     # `max_in_flight`: the one admission rule; beyond it QueueFullError, a 429 on the server).
     max_queued_requests: int = 256
-    # Compiled grammars kept for reuse, by estimated bytes (engine/sampling/grammar_compiler.py).
+    # Compiled grammars kept for reuse, by estimated bytes (engine/grammar/grammar_compiler.py).
     grammar_cache_bytes: int = 512 * 1024 * 1024
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)

@@ -35,6 +35,7 @@ from engine.api import EngineInfo
 from engine.config import EngineConfig
 from engine.description import EngineDescription
 from engine.encoder_layout import layout_for
+from engine.grammar.grammar_engine import GrammarEngine
 from engine.intake import RequestIntake
 from engine.request_state import RequestState
 from engine.requests.generation_defaults import GenerationDefaults
@@ -42,7 +43,6 @@ from engine.requests.outputs import RequestOutput
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
 from engine.runner import Runner
-from engine.sampling.grammar_engine import GrammarEngine
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.scheduling.step_plan import Proposals
 from engine.speculative.draft import DraftProposer

@@ -21,11 +21,11 @@ from engine.api import EngineInfo
 from engine.decoding.beam_search import check_beam_params
 from engine.encoder_layout import EncoderLayout
 from engine.errors import InvalidRequest
+from engine.grammar.grammar_compiler import CompiledGrammar
+from engine.grammar.grammar_engine import NO_TOKENIZER, GrammarEngine
 from engine.lora_adapters import LoraAdapters
 from engine.requests.request import Request
 from engine.requests.sampling_params import SamplingParams
-from engine.sampling.grammar_compiler import CompiledGrammar
-from engine.sampling.grammar_engine import NO_TOKENIZER, GrammarEngine
 from engine.scheduling.admission_check import check_admissible, check_request
 from engine.scheduling.block_manager import BlockManager
 

@@ -22,9 +22,9 @@ from engine.decoding.parallel_sampling import (
     select_outputs,
 )
 from engine.decoding.stop_checker import StopCriteria
+from engine.grammar.grammar_compiler import CompiledGrammar
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepEvent
 from engine.requests.request import Request, TokenSequence
-from engine.sampling.grammar_compiler import CompiledGrammar
 from engine.sampling.step_io import Draw, PromptAsk, SeedKey
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 from engine.types import TokenLogprob

@@ -100,7 +100,7 @@ class EngineStats:
     cpu_kernels_active: bool = False
     # Speculative decoding: proposals, proposed / accepted tokens, per position (None: off).
     speculation: SpeculationStats | None = None
-    # Estimated bytes of the compiled grammars kept for reuse (engine/sampling/grammar_cache.py).
+    # Estimated bytes of the compiled grammars kept for reuse (engine/grammar/grammar_cache.py).
     grammar_cache_bytes: int = 0
     # The K/V tiers behind the pool: hits and bytes per tier (engine/kv_tiers; None: off).
     kv_tiers: TierStats | None = None

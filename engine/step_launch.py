@@ -11,7 +11,7 @@ forward fails: their matchers are the engine's again afterwards.
 engine's worker thread, the allowed-token masks of the step's sampled rows whose request is
 under a grammar (a speculated row: one mask per scored position,
 engine/speculative/speculator.py's `grammar_jobs`), and returns the pending mask the runner
-waits for after its forward (engine/sampling/grammar_masker.py); None when no row needs one or
+waits for after its forward (engine/grammar/grammar_masker.py); None when no row needs one or
 the engine has no grammars. A row whose matcher raises here is named in the mask as failed:
 its request fails alone, the step goes on.
 """
@@ -22,10 +22,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.grammar.grammar_engine import GrammarEngine
+from engine.grammar.grammar_masker import PendingMask
 from engine.request_state import RequestState
 from engine.runner import PendingStep, Runner
-from engine.sampling.grammar_engine import GrammarEngine
-from engine.sampling.grammar_masker import PendingMask
 from engine.sampling.step_io import StepOutput
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.speculator import grammar_jobs

@@ -39,9 +39,9 @@ from functools import partial
 
 from engine.decoding.parallel_sampling import children_to_fork, sample_targets
 from engine.decoding.stop_checker import finish_after_token
+from engine.grammar.host_mask import PendingHostMask
 from engine.request_state import RequestState
 from engine.requests.request import TokenSequence
-from engine.sampling.host_mask import PendingHostMask
 from engine.sampling.step_io import BeamCandidate, Draw, Speculated, StepOutput, StepSampling
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from engine.speculative.speculator import Speculator

@@ -6,7 +6,7 @@ of `threads` daemon threads and returns its result or raises its exception. Past
 seconds it raises `WorkTimedOut` (`started`: whether `fn` had begun; one that had not is
 skipped). More than `max_waiting` jobs not yet started: `PoolBusy` at once, queueing nothing.
 A thread cannot be interrupted, so a job past its deadline runs on to its end (the grammar
-engine's own limits bound it: engine/sampling/grammar_compiler.py) and its result is dropped.
+engine's own limits bound it: engine/grammar/grammar_compiler.py) and its result is dropped.
 The threads are daemons (not concurrent.futures': those are joined at exit, so a signal would
 wait for a compilation) and start with the first job.
 """

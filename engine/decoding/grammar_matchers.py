@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 
 import llguidance
 
+from engine.grammar.grammar_compiler import CompiledGrammar
 from engine.requests.request import TokenSequence
-from engine.sampling.grammar_compiler import CompiledGrammar
 
 log = logging.getLogger("tgserve.engine")
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar.token_mask import TokenMask
 from engine.host_transfer import to_device
 from engine.sampling.logits_processors import filtered_probs, softmax_rows
 from engine.sampling.sampler import process_logits
 from engine.sampling.sampling_batch import SamplingBatch, SamplingRow
 from engine.sampling.step_io import BeamCandidate
-from engine.sampling.token_mask import TokenMask
 
 
 def beam_logprobs(

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar.token_mask import TokenMask, row_argmax
 from engine.host_transfer import fetch, to_device
 from engine.sampling.inverse_cdf import sample_inverse_cdf
 from engine.sampling.logits_processors import (
@@ -47,7 +48,6 @@ from engine.sampling.logits_processors import (
     softmax_rows,
 )
 from engine.sampling.sampling_batch import SamplingBatch, SamplingFilters, SamplingRow
-from engine.sampling.token_mask import TokenMask, row_argmax
 from engine.types import TokenLogprob
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, index) over seeds

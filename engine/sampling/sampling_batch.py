@@ -25,9 +25,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from engine.grammar.token_mask import TokenMask
 from engine.host_transfer import to_device
 from engine.sampling.logits_processors import FilterPlan
-from engine.sampling.token_mask import TokenMask
 
 
 class RowParams(Protocol):

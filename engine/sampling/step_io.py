@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from engine.sampling.host_mask import PendingHostMask
+from engine.grammar.host_mask import PendingHostMask
 from engine.sampling.sampling_batch import RowParams
 from engine.types import TokenLogprob
 

@@ -24,13 +24,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from engine.grammar.token_mask import TokenMask
 from engine.host_transfer import fetch, to_device
 from engine.sampling.beam_candidates import BeamCandidates
 from engine.sampling.generator_bank import GeneratorBank
 from engine.sampling.sampler import Drawn, Sampler, gather_logprobs
 from engine.sampling.sampling_batch import SamplingRow
 from engine.sampling.step_io import BeamAsk, StepOutput, StepSampling
-from engine.sampling.token_mask import TokenMask
 from engine.speculative.acceptance import accept_matching
 from engine.types import TokenLogprob
 

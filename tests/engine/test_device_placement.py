@@ -15,11 +15,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.grammar.token_mask import TokenMask
 from engine.requests.sampling_params import SamplingParams
 from engine.requests.structured_output import StructuredOutput
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.token_mask import TokenMask
 from tests.engine.device_placement import DevicePlacementMode, on_other_device
 from tests.engine.engine_fixtures import run_staggered
 

@@ -58,21 +58,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.kv_transfer",  # prefill/decode: the K/V channel, its sender and receiver
             # Below the runner boundary: the step's sampling, beam candidates, speculative
             # acceptance and prompt logprobs on the device (issue 38); host data in and out.
-            "engine.sampling.host_mask",
-            "engine.sampling.step_io",
-            "engine.sampling.step_sampler",
-            "engine.sampling.sampler",
-            "engine.sampling.sampling_batch",
-            "engine.sampling.logits_processors",
-            "engine.sampling.inverse_cdf",
-            "engine.sampling.token_mask",
-            "engine.sampling.beam_candidates",
-            "engine.sampling.generator_bank",
+            "engine.sampling",
+            "engine.grammar.host_mask",  # the grammars' masks, as the sampler reads them
+            "engine.grammar.token_mask",
             "engine.speculative.acceptance",
         ),
     ),
     ("requests", ("engine.requests",)),
-    ("sampling", ("engine.sampling",)),
+    ("grammar", ("engine.grammar",)),  # compiled and masked on the host
     ("scheduling", ("engine.scheduling",)),
     ("decoding", ("engine.decoding",)),
     ("speculation", ("engine.speculative",)),  # proposers, verification (issue #29)
@@ -235,13 +228,13 @@ def _graph(edges: Iterable[tuple[str, str]], nodes: Iterable[str] = ()) -> dict[
 
 
 def test_an_upward_arrow_is_reported_with_both_layers() -> None:
-    graph = _graph([("engine.requests.request", "engine.sampling.grammar_engine")])
+    graph = _graph([("engine.requests.request", "engine.grammar.grammar_engine")])
     assert upward_arrows(graph) == [
-        "engine.requests.request (requests) imports engine.sampling.grammar_engine (sampling), "
+        "engine.requests.request (requests) imports engine.grammar.grammar_engine (grammar), "
         "a layer above it"
     ]
     assert (
-        upward_arrows(_graph([("engine.sampling.grammar_engine", "engine.requests.request")])) == []
+        upward_arrows(_graph([("engine.grammar.grammar_engine", "engine.requests.request")])) == []
     )
 
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.grammar.host_mask import HostMask, bitmask_words, unpack_bitmask
 from engine.host_transfer import to_device
-from engine.sampling.host_mask import HostMask, bitmask_words, unpack_bitmask
 
 _MINUS_INF_BITS = -8388608  # 0xFF800000 as int32: the bits of float32 -inf
 

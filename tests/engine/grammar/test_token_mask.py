@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from engine.grammar.token_mask import TokenMask, allowed_tokens, bitmask_words
 from engine.requests.sampling_params import SamplingParams
 from engine.sampling.sampler import Sampler, seeded_generator
 from engine.sampling.sampling_batch import SamplingRow
-from engine.sampling.token_mask import TokenMask, allowed_tokens, bitmask_words
 
 V = 70  # not a multiple of 32: the last word is partly padding
 GREEDY = SamplingParams(temperature=0.0)

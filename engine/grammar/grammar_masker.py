@@ -24,7 +24,7 @@ from functools import partial
 import llguidance
 import numpy as np
 
-from engine.sampling.host_mask import HostMask, bitmask_words, unpack_bitmask
+from engine.grammar.host_mask import HostMask, bitmask_words, unpack_bitmask
 
 log = logging.getLogger("tgserve.engine")
 

@@ -13,9 +13,9 @@ import json
 
 import pytest
 
+from engine.grammar.grammar_cache import GrammarCache
+from engine.grammar.grammar_compiler import MAX_CHOICES, GrammarCompiler, _clean
 from engine.requests.structured_output import StructuredOutput
-from engine.sampling.grammar_cache import GrammarCache
-from engine.sampling.grammar_compiler import MAX_CHOICES, GrammarCompiler, _clean
 from models.tokenizer.loading import load_tokenizer
 from tests.server.tiny_model import make_tiny_model
 

@@ -19,14 +19,14 @@ from collections.abc import Sequence
 
 import llguidance
 
-from engine.requests.sampling_params import SamplingParams
-from engine.sampling.grammar_compiler import (
+from engine.grammar.grammar_compiler import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_CACHE_SIZE,
     CompiledGrammar,
     GrammarCompiler,
 )
-from engine.sampling.grammar_masker import GrammarMasker, PendingMask
+from engine.grammar.grammar_masker import GrammarMasker, PendingMask
+from engine.requests.sampling_params import SamplingParams
 
 NO_TOKENIZER = "structured outputs need the model's tokenizer, and this model has none"
 

@@ -40,9 +40,9 @@ from collections.abc import Sequence
 
 import llguidance
 
+from engine.grammar.grammar_cache import GrammarCache
+from engine.grammar.grammar_tokenizer import grammar_tokenizer
 from engine.requests.structured_output import StructuredOutput
-from engine.sampling.grammar_cache import GrammarCache
-from engine.sampling.grammar_tokenizer import grammar_tokenizer
 
 DEFAULT_CACHE_SIZE = 256  # compiled grammars kept at most (each a few kB to ~100 MB)
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024  # and their estimated bytes at most
