@@ -628,6 +628,58 @@ void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int6
   }
 }
 
+namespace {
+
+// Panels [p0, p0 + nr) of the few-rows product for every row of x, in passes of kMaxMR rows
+// (x32: x as float32 for the bf16 pair fmas, or null).
+template <typename T, typename OutT>
+void few_rows_group(int type, bool trusted, const T* x, const float* x32, int64_t M, int64_t K,
+                    const uint8_t* Wp, int64_t panel_bytes, const T* bias, OutT* y, int64_t N,
+                    int64_t p0, int nr) {
+  const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
+  alignas(64) float out[kMaxMR * kMaxNR * kPanel];
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
+    const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
+    if constexpr (kHasSimd<T>)
+      simd_any<T>(type, x + m0 * K, x32 ? x32 + m0 * K : nullptr, K, Wp + p0 * panel_bytes,
+                  panel_bytes, mr, nr, out);
+    else
+      order_pass<T>(type, trusted, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr,
+                    out);
+    store_tile<T, OutT>(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * N + n0, N);
+  }
+}
+
+// Panels per few-rows pass for M rows (fewer rows -> more panels per pass).
+template <typename T>
+int few_rows_nr(int64_t M) {
+  int nr_max = M <= 2 ? kMaxNR : 2;
+#if defined(TGSERVE_BLOCK_FMA)
+  if constexpr (!kHasSimd<T>)
+    nr_max = block_fma::few_rows_panels(
+        static_cast<int>(std::min<int64_t>(M, block_fma::kFewRowsPerPass)));
+#endif
+  return nr_max;
+}
+
+// bf16 x as float32 (exact) for the pair fmas, where this CPU's vdpbf16ps is two fmas and
+// rows share the dequantising (one row: vdpbf16ps, 5-10% faster there, one thread); else empty.
+template <typename T>
+std::vector<float> pair_rows(const T* x, int64_t M, int64_t K) {
+  std::vector<float> x32;
+#if defined(TGSERVE_BF16_PAIRS)
+  if (kHasSimd<T> && M >= 2 && bf16_pairs::fmas_match_dpbf16()) {
+    x32.resize(M * K);
+    for (int64_t i = 0; i < M * K; ++i) x32[i] = static_cast<float>(x[i]);
+  }
+#else
+  (void)x, (void)M, (void)K;
+#endif
+  return x32;
+}
+
+}  // namespace
+
 template <typename T, typename OutT>
 void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
                   OutT* y, int64_t N) {
@@ -647,40 +699,35 @@ void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
     if (M > kMaxMR) return many_rows_fma<T, OutT>(x, M, K, Wp, type, bias, y, N);
   }
 #endif
-  // Few rows (decode, a speculative verify), or no SIMD: fewer rows -> more panels per pass.
-  int nr_max = M <= 2 ? kMaxNR : 2;
-#if defined(TGSERVE_BLOCK_FMA)
-  if constexpr (!kHasSimd<T>)
-    nr_max = block_fma::few_rows_panels(
-        static_cast<int>(std::min<int64_t>(M, block_fma::kFewRowsPerPass)));
-#endif
-  nr_max = group_walk::balanced_panels(panels, nr_max, omp_get_max_threads());
+  // Few rows (decode, a speculative verify), or no SIMD.
+  const int nr_max = group_walk::balanced_panels(panels, few_rows_nr<T>(M), omp_get_max_threads());
   const int64_t groups = (panels + nr_max - 1) / nr_max;
-  // bf16 x as float32 (exact) for the pair fmas, where this CPU's vdpbf16ps is two fmas and
-  // rows share the dequantising (one row: vdpbf16ps, 5-10% faster there, one thread).
-  std::vector<float> x32;
-#if defined(TGSERVE_BF16_PAIRS)
-  if (kHasSimd<T> && M >= 2 && bf16_pairs::fmas_match_dpbf16()) {
-    x32.resize(M * K);
-    for (int64_t i = 0; i < M * K; ++i) x32[i] = static_cast<float>(x[i]);
-  }
-#endif
+  const std::vector<float> x32 = pair_rows(x, M, K);
+  const float* x32p = x32.empty() ? nullptr : x32.data();
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t p0 = g * nr_max;
     const int nr = static_cast<int>(std::min<int64_t>(nr_max, panels - p0));
-    const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
-    alignas(64) float out[kMaxMR * kMaxNR * kPanel];
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, M - m0));
-      if constexpr (kHasSimd<T>)
-        simd_any<T>(type, x + m0 * K, x32.empty() ? nullptr : x32.data() + m0 * K, K,
-                    Wp + p0 * panel_bytes, panel_bytes, mr, nr, out);
-      else
-        order_pass<T>(type, trusted, x + m0 * K, K, Wp + p0 * panel_bytes, panel_bytes, mr, nr,
-                      out);
-      store_tile<T, OutT>(out, mr, nn, bias ? bias + n0 : nullptr, y + m0 * N + n0, N);
-    }
+    few_rows_group<T, OutT>(type, trusted, x, x32p, M, K, Wp, panel_bytes, bias, y, N, p0, nr);
+  }
+}
+
+bool block_panels_type(int type) {
+  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_1Exact;
+}
+
+template <typename T, typename OutT>
+void block_linear_panels(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
+                         const T* bias, OutT* y, int64_t N, int64_t p_begin, int64_t p_end) {
+  const bool trusted = type == kQ4_1Exact;
+  if (trusted) type = kQ4_1;
+  const int64_t panel_bytes = K / kBlock * format_of(type).file_block * kPanel;
+  const int nr_max = few_rows_nr<T>(M);
+  const std::vector<float> x32 = pair_rows(x, M, K);
+  const float* x32p = x32.empty() ? nullptr : x32.data();
+  for (int64_t p0 = p_begin; p0 < p_end; p0 += nr_max) {
+    const int nr = static_cast<int>(std::min<int64_t>(nr_max, p_end - p0));
+    few_rows_group<T, OutT>(type, trusted, x, x32p, M, K, Wp, panel_bytes, bias, y, N, p0, nr);
   }
 }
 
@@ -691,5 +738,11 @@ TGSERVE_INSTANTIATE(float, float)
 TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
 TGSERVE_INSTANTIATE(c10::BFloat16, float)
 #undef TGSERVE_INSTANTIATE
+template void block_linear_panels<float, float>(const float*, int64_t, int64_t, const uint8_t*,
+                                                int, const float*, float*, int64_t, int64_t,
+                                                int64_t);
+template void block_linear_panels<c10::BFloat16, c10::BFloat16>(
+    const c10::BFloat16*, int64_t, int64_t, const uint8_t*, int, const c10::BFloat16*,
+    c10::BFloat16*, int64_t, int64_t, int64_t);
 
 }  // namespace tgserve

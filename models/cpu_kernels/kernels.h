@@ -80,6 +80,15 @@ void block_rows(const uint8_t* Wp, int64_t K, int type, const int64_t* ids, int6
 template <typename T, typename OutT>
 void block_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type, const T* bias,
                   OutT* y, int64_t N);
+// block_linear's few-rows product over output panels [p_begin, p_end) only (rows 16 p ..
+// min(N, 16 p_end) of W), run on the calling thread: for a caller that splits several
+// products over the threads of its own OpenMP region (moe_experts.h). The same bits as
+// block_linear for any M (whose passes never change a lane's order); few rows are its use
+// (M <= 8: one pass per panel group). Types: those block_panels_type accepts.
+bool block_panels_type(int type);  // Q4_0, Q4_1 (and kQ4_1Exact), Q8_0
+template <typename T, typename OutT>
+void block_linear_panels(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int type,
+                         const T* bias, OutT* y, int64_t N, int64_t p_begin, int64_t p_end);
 
 // The bench's read probe (read_probe.cpp): seconds of one pass over p's first bytes (whole
 // 32 KiB units per thread) on the OpenMP threads, `streams` (1, 2, 4, 8) streams per thread,

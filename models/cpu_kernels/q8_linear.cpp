@@ -233,11 +233,52 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
   }
 }
 
+namespace {
+
+// Panels [p0, p0 + nr) (nr <= kPanels) for the quantised rows xq [M, K] (dx, sx [M, K / 32]):
+// y = round(acc + bias) in passes of kRows rows.
+template <typename T, typename OutT>
+void q8_group(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t M,
+              int64_t K, const uint8_t* Wp, const T* bias, OutT* y, int64_t N, int64_t p0,
+              int nr) {
+  const int64_t nb = K / kBlock, panel_bytes = nb * f.bytes;
+  const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
+  alignas(64) float acc[kRows * kPanels * kPanel];
+  for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m0));
+    const int8_t* xr = xq + m0 * K;
+    const float* dr = dx + m0 * nb;
+    const int32_t* sr = sx + m0 * nb;
+    const uint8_t* wp = Wp + p0 * panel_bytes;
+    if (f.q4)
+      nr == kPanels ? pass_rows<true, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
+                    : pass_rows<true, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
+    else
+      nr == kPanels ? pass_rows<false, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
+                    : pass_rows<false, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
+    // y = round(acc + bias) panel by panel (lanes past nn are padding rows)
+    for (int m = 0; m < mr; ++m)
+      for (int j = 0; j < nr; ++j) {
+        const float* a = acc + (m * nr + j) * kPanel;
+        const int64_t c0 = j * kPanel, count = std::min<int64_t>(kPanel, nn - c0);
+        OutT* out = y + (m0 + m) * N + n0 + c0;
+        if (bias) {
+          for (int64_t l = 0; l < count; ++l)
+            out[l] = static_cast<OutT>(a[l] + static_cast<float>(bias[n0 + c0 + l]));
+        } else {
+          for (int64_t l = 0; l < count; ++l) out[l] = static_cast<OutT>(a[l] + 0.0f);
+        }
+      }
+  }
+}
+
+}  // namespace
+
 template <typename T, typename OutT>
 void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, const T* bias,
                OutT* y, int64_t N) {
   const Layout f = layout_of(kind);
-  const int64_t nb = K / kBlock, panel_bytes = nb * f.bytes;
+  const int64_t nb = K / kBlock;
   AlignedScratch<int8_t> xq_buffer;  // the rows' int8 values, loaded 32 at a time
   int8_t* xq = xq_buffer.resize(M * K);
   std::vector<float> dx(M * nb);
@@ -249,34 +290,18 @@ void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, co
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t p0 = g * kPanels;
     const int nr = static_cast<int>(std::min<int64_t>(kPanels, panels - p0));
-    const int64_t n0 = p0 * kPanel, nn = std::min(N - n0, nr * kPanel);
-    alignas(64) float acc[kRows * kPanels * kPanel];
-    for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-      const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m0));
-      const int8_t* xr = xq + m0 * K;
-      const float* dr = dx.data() + m0 * nb;
-      const int32_t* sr = sx.data() + m0 * nb;
-      const uint8_t* wp = Wp + p0 * panel_bytes;
-      if (f.q4)
-        nr == kPanels ? pass_rows<true, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
-                      : pass_rows<true, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
-      else
-        nr == kPanels ? pass_rows<false, kPanels>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc)
-                      : pass_rows<false, 1>(mr, f, xr, dr, sr, K, wp, panel_bytes, acc);
-      // y = round(acc + bias) panel by panel (lanes past nn are padding rows)
-      for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < nr; ++j) {
-          const float* a = acc + (m * nr + j) * kPanel;
-          const int64_t c0 = j * kPanel, count = std::min<int64_t>(kPanel, nn - c0);
-          OutT* out = y + (m0 + m) * N + n0 + c0;
-          if (bias) {
-            for (int64_t l = 0; l < count; ++l)
-              out[l] = static_cast<OutT>(a[l] + static_cast<float>(bias[n0 + c0 + l]));
-          } else {
-            for (int64_t l = 0; l < count; ++l) out[l] = static_cast<OutT>(a[l] + 0.0f);
-          }
-        }
-    }
+    q8_group<T, OutT>(f, xq, dx.data(), sx.data(), M, K, Wp, bias, y, N, p0, nr);
+  }
+}
+
+template <typename T, typename OutT>
+void q8_linear_panels(const int8_t* xq, const float* dx, const int32_t* sx, int64_t M, int64_t K,
+                      const uint8_t* Wp, int kind, const T* bias, OutT* y, int64_t N,
+                      int64_t p_begin, int64_t p_end) {
+  const Layout f = layout_of(kind);
+  for (int64_t p0 = p_begin; p0 < p_end; p0 += kPanels) {
+    const int nr = static_cast<int>(std::min<int64_t>(kPanels, p_end - p0));
+    q8_group<T, OutT>(f, xq, dx, sx, M, K, Wp, bias, y, N, p0, nr);
   }
 }
 
@@ -290,6 +315,12 @@ TGSERVE_INSTANTIATE(float, float)
 TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
 TGSERVE_INSTANTIATE(c10::BFloat16, float)
 #undef TGSERVE_INSTANTIATE
+template void q8_linear_panels<float, float>(const int8_t*, const float*, const int32_t*,
+                                             int64_t, int64_t, const uint8_t*, int, const float*,
+                                             float*, int64_t, int64_t, int64_t);
+template void q8_linear_panels<c10::BFloat16, c10::BFloat16>(
+    const int8_t*, const float*, const int32_t*, int64_t, int64_t, const uint8_t*, int,
+    const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t, int64_t);
 
 // Python bindings (models/activation_quant.py wraps them with the shape checks).
 namespace {

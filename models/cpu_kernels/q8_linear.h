@@ -45,6 +45,16 @@ template <typename T, typename OutT>
 void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, const T* bias,
                OutT* y, int64_t N);
 
+// q8_linear's product of rows already quantised by q8_quantize_rows (xq [M, K], dx and sx
+// [M, K / 32]) over output panels [p_begin, p_end) only (rows 16 p .. min(N, 16 p_end) of W),
+// on the calling thread: for a caller that quantises a row once for several products and
+// splits them over the threads of its own OpenMP region (moe_experts.h). The same bits as
+// q8_linear.
+template <typename T, typename OutT>
+void q8_linear_panels(const int8_t* xq, const float* dx, const int32_t* sx, int64_t M, int64_t K,
+                      const uint8_t* Wp, int kind, const T* bias, OutT* y, int64_t N,
+                      int64_t p_begin, int64_t p_end);
+
 // q8_quantize, q8_linear and q8_isa (the integer path of this build) on the extension module.
 void bind_q8_linear(pybind11::module& m);
 
