@@ -66,6 +66,7 @@ _HEADERS = (
     "kernels.h",
     "decoder.h",
     "moe_block.h",
+    "moe_experts.h",
     "lora.h",
     "vec_math.h",
     "vec_simd.h",

@@ -92,9 +92,11 @@ void bind_moe(pybind11::module& m) {
                TORCH_CHECK(gate_up[e].out_features == gate_up[0].out_features &&
                                down[e].out_features == down[0].out_features,
                            "MoeWeights: every expert has the same shape");
+             const bool panels = moe_experts::panel_weights(gate_up, down);
              return std::make_shared<MoeWeights>(MoeWeights{
                  std::move(router), std::move(gate_up), std::move(down), top_k, renormalize,
-                 std::move(shared_gate_up), std::move(shared_down), std::move(shared_gate)});
+                 std::move(shared_gate_up), std::move(shared_down), std::move(shared_gate),
+                 panels});
            }),
            py::kw_only(), py::arg("router"), py::arg("gate_up"), py::arg("down"),
            py::arg("top_k"), py::arg("renormalize"), py::arg("shared_gate_up") = py::none(),

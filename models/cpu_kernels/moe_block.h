@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "decoder.h"
+#include "moe_experts.h"
 #include "vec_math.h"
 
 namespace tgserve {
@@ -34,6 +35,8 @@ struct MoeWeights {
   bool renormalize = false;
   // Qwen2-MoE: a dense SwiGLU expert every row runs, scaled by sigmoid(shared_gate(x)) [1].
   std::optional<LinearWeights> shared_gate_up, shared_down, shared_gate;
+  // The experts run through the panel kernels (moe_experts.h: one region for a decode step).
+  bool panel_experts = false;
 };
 
 // logits [E] of one row -> its top_k experts (descending probability, ties to the lower id)
@@ -73,7 +76,11 @@ torch::Tensor moe_forward(const torch::Tensor& h, const MoeWeights& w, const Lin
   auto slots = torch::empty({B * k, C}, h.options());  // [B * k, C]: each slot's expert output
   T* sp = static_cast<T*>(slots.data_ptr());
   const T* hp = static_cast<const T*>(h.data_ptr());
-  for (int64_t e = 0; e < E; ++e) {
+  size_t most = 0;  // rows of the busiest expert
+  for (const std::vector<int64_t>& mine : by_expert) most = std::max(most, mine.size());
+  const bool one_region = w.panel_experts && most <= moe_experts::kMostRows;
+  if (one_region) experts_region<T>(hp, C, w.gate_up, w.down, by_expert, k, sp);
+  for (int64_t e = 0; e < E && !one_region; ++e) {  // else each expert's products in turn
     const std::vector<int64_t>& mine = by_expert[e];
     const int64_t m = static_cast<int64_t>(mine.size());
     if (m == 0) continue;

@@ -66,14 +66,17 @@ def test_cpp_step_on_experts_as_stored_equals_transformers_gguf_loading(tmp_path
 
 def test_a_row_alone_equals_it_among_rows_sharing_its_experts(tmp_path) -> None:
     """Sequence 0 alone, and beside two others (8 experts, top-4: every expert of its rows is
-    shared): prefill then decodes, its logits bit for bit, float32 dense experts and Q8_0
-    experts as stored (the batch's prefill rows take the block kernels' many-rows pass)."""
+    shared): prefill then decodes, its logits bit for bit, float32 dense experts, Q8_0
+    experts as stored (the batch's prefill rows take the block kernels' many-rows pass) and
+    with int8 activations (the decodes: moe_experts.h's one region)."""
     hf = make_hf_model("qwen3_moe", mlp_only_layers=[])
     stored, _ = load_model(
         write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0), "float32", "cpu",
         use_cache=False,
     )  # fmt: skip
-    for model in (ours_from(hf, torch.float32, "cpu", from_files=False), stored):
+    int8, _ = load_model(tmp_path / "tiny.gguf", "float32", "cpu", use_cache=False)
+    quantize_activations_int8(int8)
+    for model in (ours_from(hf, torch.float32, "cpu", from_files=False), stored, int8):
         alone, busy = PagedDriver(model, block_size=4), PagedDriver(model, block_size=4)
         fused_alone, fused_busy = (
             FusedDecoder.build(model, alone.kv),
@@ -93,6 +96,29 @@ def test_a_row_alone_equals_it_among_rows_sharing_its_experts(tmp_path) -> None:
             want = alone.step({0: nxt[:1]}, fused=fused_alone)[0]
             got = busy.step({s: [t] for s, t in enumerate(nxt)}, fused=fused_busy)[0]
             assert torch.equal(got, want)
+
+
+def test_a_decode_row_equals_the_same_token_at_the_end_of_a_long_prefill(tmp_path) -> None:
+    """A decode step's experts run in one region (moe_experts.h: at most 8 rows per expert),
+    a 24-token prefill's through each expert's own products (12 rows per expert on average):
+    the last token's logits, bit for bit, Q8_0 experts as stored and with int8 activations."""
+    hf = make_hf_model("qwen3_moe", mlp_only_layers=[])
+    path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0)
+    tokens = prompts((24,), seed=5)[0]
+    for int8 in (False, True):
+        model, _ = load_model(path, "float32", "cpu", use_cache=False)
+        if int8:
+            quantize_activations_int8(model)
+        whole, split = PagedDriver(model, block_size=4), PagedDriver(model, block_size=4)
+        fused_whole, fused_split = (
+            FusedDecoder.build(model, whole.kv),
+            FusedDecoder.build(model, split.kv),
+        )
+        whole.add_sequence(), split.add_sequence()
+        want = whole.step({0: tokens}, fused=fused_whole)[0][-1]
+        split.step({0: tokens[:-1]}, fused=fused_split)
+        got = split.step({0: tokens[-1:]}, fused=fused_split)[0][-1]
+        assert torch.equal(got, want), f"int8 activations: {int8}"
 
 
 def test_bfloat16_cpp_step_matches_the_eager_path() -> None:
