@@ -51,6 +51,10 @@ class FusedDecoder:
         # Bytes of the packed copies made here (GGUF blocks are run in place: no copy).
         self.packed_bytes = 0
 
+        # The sparse blocks' ext.MoeWeights, shared with the C++ layers (a bench or a test
+        # may set their `one_region`).
+        self.moe_blocks: list = []
+
         # LoRA adapters (models/lora): the bank's slots, shared in place with the C++ layers.
         bank = getattr(model, "lora_bank", None)
 
@@ -80,6 +84,7 @@ class FusedDecoder:
             # Mixture of experts (models/moe): no LoRA bank serves these models.
             moe, packed = moe_weights(ext, layer.mlp, lambda m: linear(m, index, None))
             self.packed_bytes += packed
+            self.moe_blocks.append(moe)
             return dict(moe=moe)
 
         layers = [

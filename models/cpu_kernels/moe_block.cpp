@@ -100,7 +100,9 @@ void bind_moe(pybind11::module& m) {
            }),
            py::kw_only(), py::arg("router"), py::arg("gate_up"), py::arg("down"),
            py::arg("top_k"), py::arg("renormalize"), py::arg("shared_gate_up") = py::none(),
-           py::arg("shared_down") = py::none(), py::arg("shared_gate") = py::none());
+           py::arg("shared_down") = py::none(), py::arg("shared_gate") = py::none())
+      .def_readonly("panel_experts", &MoeWeights::panel_experts)
+      .def_readwrite("one_region", &MoeWeights::one_region);
 }
 
 }  // namespace tgserve

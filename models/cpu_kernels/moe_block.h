@@ -37,6 +37,9 @@ struct MoeWeights {
   std::optional<LinearWeights> shared_gate_up, shared_down, shared_gate;
   // The experts run through the panel kernels (moe_experts.h: one region for a decode step).
   bool panel_experts = false;
+  // Whether such experts take the one region (Python: `one_region`, True; False runs each
+  // expert's products in turn, as the steps with more rows do: a bench's and a test's peer).
+  bool one_region = true;
 };
 
 // logits [E] of one row -> its top_k experts (descending probability, ties to the lower id)
@@ -78,7 +81,7 @@ torch::Tensor moe_forward(const torch::Tensor& h, const MoeWeights& w, const Lin
   const T* hp = static_cast<const T*>(h.data_ptr());
   size_t most = 0;  // rows of the busiest expert
   for (const std::vector<int64_t>& mine : by_expert) most = std::max(most, mine.size());
-  const bool one_region = w.panel_experts && most <= moe_experts::kMostRows;
+  const bool one_region = w.one_region && w.panel_experts && most <= moe_experts::kMostRows;
   if (one_region) experts_region<T>(hp, C, w.gate_up, w.down, by_expert, k, sp);
   for (int64_t e = 0; e < E && !one_region; ++e) {  // else each expert's products in turn
     const std::vector<int64_t>& mine = by_expert[e];

@@ -121,6 +121,44 @@ def test_a_decode_row_equals_the_same_token_at_the_end_of_a_long_prefill(tmp_pat
         assert torch.equal(got, want), f"int8 activations: {int8}"
 
 
+def test_the_one_region_equals_each_experts_products_in_turn(tmp_path) -> None:
+    """Three rows' decode steps with the experts in one region (moe_experts.h) and with its
+    switch off (each expert's products in turn, as a long prefill runs them): the same logits
+    bit for bit, Q8_0 experts as stored and with int8 activations (8 experts, top-4: experts
+    with 1-3 rows)."""
+    hf = make_hf_model("qwen3_moe", mlp_only_layers=[])
+    path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0)
+    tokens = prompts((6, 9, 13), seed=8)
+    for int8 in (False, True):
+        model, _ = load_model(path, "float32", "cpu", use_cache=False)
+        if int8:
+            quantize_activations_int8(model)
+        driver = PagedDriver(model, block_size=4)
+        fused = FusedDecoder.build(model, driver.kv)
+        assert fused.moe_blocks and all(moe.panel_experts for moe in fused.moe_blocks)
+        for _ in tokens:
+            driver.add_sequence()
+        logits = driver.step(dict(enumerate(tokens)), fused=fused)
+        for _ in range(3):
+            nxt = {s: [int(logits[s][-1].argmax())] for s in logits}
+            want = _step_with(fused, driver, nxt, one_region=False)
+            logits = _step_with(fused, driver, nxt, one_region=True, append=True)
+            for s in nxt:
+                assert torch.equal(logits[s], want[s]), f"int8 activations: {int8}"
+
+
+def _step_with(fused, driver, nxt: dict, one_region: bool, append: bool = False) -> dict:
+    """One decode step of `nxt` with the sparse blocks' one region on or off; the K/V it
+    writes is kept only when `append` (else the sequences' lengths are restored)."""
+    for moe in fused.moe_blocks:
+        moe.one_region = one_region
+    lens = list(driver.lens)
+    logits = driver.step(nxt, fused=fused)
+    if not append:
+        driver.lens[:] = lens
+    return logits
+
+
 def test_bfloat16_cpp_step_matches_the_eager_path() -> None:
     """bfloat16: the C++ step rounds where the eager block rounds (router logits, SiLU, each
     expert's output) and sums the ranks in float32 alike: logits agree to bf16 rounding."""
