@@ -12,7 +12,9 @@
 // kernels whose per-row order is fixed by K alone (linear.cpp, block_linear.cpp), and each
 // kernel splits its output columns over the threads by a fixed static schedule; the weighted
 // sum runs over the row's own slots. A row's bits never depend on which other rows share its
-// experts or on how many rows the step has.
+// experts or on how many rows the step has. Steps whose busiest expert has at most 8 rows (a
+// decode step's) run the experts through the same panel kernels in one OpenMP region
+// (moe_experts.h) instead of two regions per expert: the same bits.
 #pragma once
 
 #include <torch/extension.h>
