@@ -90,16 +90,18 @@ void experts_region(const T* h, int64_t C, const std::vector<LinearWeights>& gat
   const int64_t A = static_cast<int64_t>(active.size()), R = row0.back();
   const int64_t I = gate_up.front().out_features / 2, G = 2 * I;
   const bool q8 = is_q8_kind(static_cast<int>(gate_up.front().block_type));
+  const int64_t B = R / k;       // h's rows (every row has k slots)
   std::vector<int64_t> src(R);  // buffer row -> h's row
   for (int64_t a = 0; a < A; ++a)
     for (int64_t i = 0; i < row0[a + 1] - row0[a]; ++i) src[row0[a] + i] = by_expert[active[a]][i] / k;
   // Activations: q8 -> int8 rows with a scale and a sum per block of 32; float -> T rows.
   const int64_t xw = q8 ? 1 : static_cast<int64_t>(sizeof(T));
-  thread_local AlignedScratch<uint8_t> x_buf, act_buf;
+  thread_local AlignedScratch<uint8_t> h_buf, x_buf, act_buf;
+  int8_t* hq = reinterpret_cast<int8_t*>(h_buf.resize(q8 ? B * C : 0));  // q8: h's rows
   uint8_t* xs = x_buf.resize(R * C * xw);
   uint8_t* acts = act_buf.resize(R * I * xw);
-  std::vector<float> dx(q8 ? R * C / 32 : 0), da(q8 ? R * I / 32 : 0);
-  std::vector<int32_t> sx(dx.size()), sa(da.size());
+  std::vector<float> dh(q8 ? B * C / 32 : 0), dx(q8 ? R * C / 32 : 0), da(q8 ? R * I / 32 : 0);
+  std::vector<int32_t> sh(dh.size()), sx(dx.size()), sa(da.size());
   std::vector<T> gu(R * G), ys(R * C);
   const auto rows = [&](int64_t a, bool first) {  // expert a's rows of a product
     const int64_t K = first ? C : I, r = row0[a];
@@ -124,15 +126,25 @@ void experts_region(const T* h, int64_t C, const std::vector<LinearWeights>& gat
   };
 #pragma omp parallel
   {
-    // Each buffer row: h's row, quantised (q8) or copied (the same bits for every expert).
+    // q8: each of h's rows quantised once (a row alone: the bits q8_linear gives it).
+    if (q8) {
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b)
+        q8_quantize_rows(h + b * C, 1, C, hq + b * C, dh.data() + b * C / 32,
+                         sh.data() + b * C / 32);
+    }
+    // Each expert's rows, contiguous: h's rows (float) or their int8 values, scales and sums.
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; ++r) {
-      const T* row = h + src[r] * C;
-      if (q8)
-        q8_quantize_rows(row, 1, C, reinterpret_cast<int8_t*>(xs) + r * C, dx.data() + r * C / 32,
-                         sx.data() + r * C / 32);
-      else
+      if (q8) {
+        const int64_t b = src[r], nb = C / 32;
+        std::copy(hq + b * C, hq + (b + 1) * C, reinterpret_cast<int8_t*>(xs) + r * C);
+        std::copy(dh.begin() + b * nb, dh.begin() + (b + 1) * nb, dx.begin() + r * nb);
+        std::copy(sh.begin() + b * nb, sh.begin() + (b + 1) * nb, sx.begin() + r * nb);
+      } else {
+        const T* row = h + src[r] * C;
         std::copy(row, row + C, reinterpret_cast<T*>(xs) + r * C);
+      }
     }
     run_units(true);
     std::vector<T> act(q8 ? I : 0);  // q8: a row's SiLU x up before it is quantised
