@@ -31,18 +31,30 @@ import torch
 
 from bench.machine_limits import probe_read_gb_s
 from models import cpu_kernels
+from models.activation_quant import Q8Linear
 from models.block_linear import BlockLinear
 
 
-def linear_groups(model: torch.nn.Module) -> list[tuple[str, BlockLinear]]:
-    """(group key, layer) for each block linear layer, in forward (module) order."""
+def linear_groups(model: torch.nn.Module) -> list[tuple[str, BlockLinear | Q8Linear]]:
+    """(group key, layer) for each block linear layer (GGUF blocks, or their int8-activation
+    panels), in forward (module) order."""
     out = []
     for name, module in model.named_modules():
         if isinstance(module, BlockLinear):
             w = module.block_weight
-            role = re.sub(r"^.*\.", "", name)
-            out.append((f"{role} {w.type_name} {w.out_features}x{w.in_features}", module))
+            kind = w.type_name
+        elif isinstance(module, Q8Linear):
+            w = module.q8_weight
+            kind = f"q8x{w.qtype.name}"
+        else:
+            continue
+        role = re.sub(r"^.*\.", "", name)
+        out.append((f"{role} {kind} {w.out_features}x{w.in_features}", module))
     return out
+
+
+def weight_bytes(layer: BlockLinear | Q8Linear) -> int:
+    return (layer.q8_weight if isinstance(layer, Q8Linear) else layer.block_weight).nbytes
 
 
 def time_pass(
@@ -51,10 +63,15 @@ def time_pass(
     """Seconds per group of one forward-order pass, one call per layer (by `clock`)."""
     seconds: dict[str, float] = defaultdict(float)
     for key, layer in layers:
-        w = layer.block_weight
         float_out = key.startswith("lm_head")
-        start = clock()
-        ext.block_linear(xs[w.in_features], w.packed, w.type_id, w.out_features, None, float_out)
+        x = xs[layer.in_features]
+        if isinstance(layer, Q8Linear):
+            start = clock()
+            layer.apply(x, float_out)
+        else:
+            w = layer.block_weight
+            start = clock()
+            ext.block_linear(x, w.packed, w.type_id, w.out_features, None, float_out)
         seconds[key] += clock() - start
     return seconds
 
@@ -96,14 +113,14 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     xs = {
         k: torch.randn(1, k, generator=gen).to(getattr(torch, args.dtype))
-        for k in {layer.block_weight.in_features for _, layer in layers}
+        for k in {layer.in_features for _, layer in layers}
     }
     time_pass(ext, layers, xs)  # warm: the OpenMP pool
     passes = [time_pass(ext, layers, xs) for _ in range(args.passes)]
     nbytes: dict[str, int] = defaultdict(int)
     count: dict[str, int] = defaultdict(int)
     for key, layer in layers:
-        nbytes[key] += layer.block_weight.nbytes
+        nbytes[key] += weight_bytes(layer)
         count[key] += 1
     del model, layers
     gc.collect()

@@ -1,8 +1,9 @@
 """Where a batch-1 decode step's time goes, op kind by op kind, against the machine's read bound.
 
 `python -m bench.decode_profile [--model FILE.gguf] [--dtype float32] [--context 192]
-[--threads N] [--passes 7] [--tokens 32]` loads the file as tgserve serves it (its loader,
-GGUF blocks kept as stored; the default model when no --model) and times, at batch 1:
+[--threads N] [--passes 7] [--tokens 32] [--activation-quantization int8]` loads the file as tgserve serves it (its loader,
+GGUF blocks kept as stored, or their int8-activation panels with `--activation-quantization
+int8`; the default model when no --model) and times, at batch 1:
 - each linear op kind (qkv, o, gate_up, down over all layers, and the LM head with its float32
   output): one kernel call per layer in forward order, as the step calls them, median of
   `passes` passes (bench/decode_layers.py's timing; the matrices together are far larger than
@@ -33,7 +34,7 @@ import time
 
 import torch
 
-from bench.decode_layers import linear_groups, time_pass
+from bench.decode_layers import linear_groups, time_pass, weight_bytes
 
 ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 
@@ -84,10 +85,13 @@ def time_fused_step(model, config, context: int, rounds: int, clock) -> tuple[fl
     return hidden_ms, _median_ms(lambda: fused.logits(h), rounds, clock)
 
 
-def engine_decode_ms(model_path: str, dtype: str, context: int, tokens: int, clock) -> float:
+def engine_decode_ms(
+    model_path: str, dtype: str, context: int, tokens: int, clock, activations: str | None
+) -> float:
     from engine import Engine, EngineConfig, SamplingParams
 
-    engine = Engine.from_model(model_path, EngineConfig(dtype=dtype))
+    config = EngineConfig(dtype=dtype, activation_quantization=activations)
+    engine = Engine.from_model(model_path, config)
     prompt = [[1 + i % 1000 for i in range(max(1, context - tokens // 2))]]
 
     def run(n: int) -> float:
@@ -115,6 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         help="process: the process's CPU time (a shared host's other jobs do not count; with "
         "one thread, its work)",
     )
+    parser.add_argument(
+        "--activation-quantization",
+        choices=("int8",),
+        default=None,
+        help="int8: the linears as `--activation-quantization int8` serves them (Q8 panels)",
+    )
     args = parser.parse_args(argv)
     from bench.host_label import host_label
     from bench.machine_limits import probe_read_gb_s
@@ -130,12 +140,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("tgserve's C++ CPU kernels are unavailable here")
     path = str(args.model or default_model_path())
     model, _ = load_model(path, args.dtype, "cpu")
+    if args.activation_quantization == "int8":
+        from models.activation_quant import quantize_activations_int8
+
+        quantize_activations_int8(model)
     config = model.config
     layers = linear_groups(model)
     gen = torch.Generator().manual_seed(0)
     xs = {
         k: torch.randn(1, k, generator=gen).to(getattr(torch, args.dtype))
-        for k in {layer.block_weight.in_features for _, layer in layers}
+        for k in {layer.in_features for _, layer in layers}
     }
     time_pass(ext, layers, xs)  # warm
     passes = [time_pass(ext, layers, xs, clock) for _ in range(args.passes)]
@@ -143,20 +157,24 @@ def main(argv: list[str] | None = None) -> None:
     for role in ROLES:
         keys = {key for key, _ in layers if key.split()[0] == role}
         ms = statistics.median(sum(p[key] for key in keys) for p in passes) * 1e3
-        nbytes = sum(layer.block_weight.nbytes for key, layer in layers if key in keys)
+        nbytes = sum(weight_bytes(layer) for key, layer in layers if key in keys)
         rows[role] = (ms, nbytes)
     rows["attention"] = time_attention(ext, config, args.context, args.passes * 5, clock)
     hidden_ms, logits_ms = time_fused_step(model, config, args.context, args.passes * 5, clock)
     del model, layers
     gc.collect()
-    step_ms = engine_decode_ms(path, args.dtype, args.context, args.tokens, clock)
+    step_ms = engine_decode_ms(
+        path, args.dtype, args.context, args.tokens, clock, args.activation_quantization
+    )
     in_step = sum(rows[r][0] for r in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
     rows["elementwise"] = (hidden_ms - in_step - rows["attention"][0], 0)
     rows["engine"] = (step_ms - hidden_ms - logits_ms, 0)
     bound = max(probe_read_gb_s(), default=float("nan"))
     print(
         f"build {cpu_kernels.selected_build()} on {host_label('cpu')}, "
-        f"{torch.get_num_threads()} threads, {args.dtype}, context {args.context}, {args.clock} "
+        f"{torch.get_num_threads()} threads, {args.dtype}, "
+        f"activations {args.activation_quantization or args.dtype}, context {args.context}, "
+        f"{args.clock} "
         "clock; "
         f"read probe {bound:.1f} GB/s; decode step {step_ms:.2f} ms ({1e3 / step_ms:.1f} tok/s), "
         f"C++ step {hidden_ms:.2f} ms + logits {logits_ms:.2f} ms"

@@ -12,9 +12,9 @@ the rest of its row (one large channel costs only its own 31 neighbours their re
 
 Contract:
 - `Q8Weight.from_blocks(weight)` repacks a `BlockWeight` of `Q8_KINDS` (the same integers and
-  scales, float32 scales) into the kernels' Q8 panels (models/cpu_kernels/q8_linear.h);
+  fp16 scales) into the kernels' Q8 panels (models/cpu_kernels/q8_linear.h);
   `Q8Weight.from_int8(weight_int8 [N, K], scale [N])` packs weight-only int8 rows (K a multiple
-  of 32). `dequantized()` -> float32 [N, K], d * q (+ m) as the file's dequantisation rounds.
+  of 32; float32 scales). `dequantized()` -> float32 [N, K], d * q (+ m) as the file's dequantisation rounds.
 - `Q8Linear(weight, bias)`: `forward(x [..., K]) -> [..., N]` in x's dtype (`apply(x,
   float_out=True)`: float32, the LM head). Each row of x is quantised on its own and the sums
   run in an order fixed by K (q8_linear.h): a row's bits do not depend on the other rows, the
@@ -38,7 +38,8 @@ from models.cpu_features import cpu_flags
 from models.quantization import Int8Linear
 
 Q8_KINDS: frozenset[QT] = frozenset((QT.Q4_0, QT.Q4_1, QT.Q8_0))
-KIND_BASE = 2000  # q8_linear.h's kQ8Activations: a kind is KIND_BASE + the GGML type
+KIND_BASE = 2000  # q8_linear.h's kQ8Activations: a kind is KIND_BASE + the GGML type,
+INT8_ROWS = 1008  # or + kInt8Rows: Q8 quants with float32 scales (`--quantization int8` rows)
 _PANEL, _BLOCK = 16, 32
 # CPU flags under which the integer path beats float: VNNI, or AVX2's vpmaddubsw.
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "avx2")
@@ -63,18 +64,33 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class Q8Weight:
-    packed: torch.Tensor  # uint8 [ceil(N / 16), K / 32 * block bytes]
+    packed: torch.Tensor  # uint8 [ceil(N / 16), K / 32 * block bytes] (q8_linear.h's panels)
     qtype: QT  # the integers' format: Q4_0, Q4_1, or Q8_0 (int8 rows too)
     out_features: int
     in_features: int
+    # float32 scales: `--quantization int8` rows (any float32 row scale); a file's blocks keep
+    # their fp16 ones (fewer bytes to stream)
+    row_scales: bool = False
 
     @property
     def kind(self) -> int:
-        return KIND_BASE + int(self.qtype)
+        return KIND_BASE + (INT8_ROWS if self.row_scales else int(self.qtype))
+
+    @property
+    def _scale_dtype(self) -> torch.dtype:
+        return torch.float32 if self.row_scales else torch.float16
 
     @classmethod
-    def pack(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, qtype: QT) -> Q8Weight:
-        """q [N, K] integers (Q4: the nibbles 0..15; Q8: int8), d / m [N, K / 32] float32."""
+    def pack(
+        cls,
+        q: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor | None,
+        qtype: QT,
+        row_scales: bool = False,
+    ) -> Q8Weight:
+        """q [N, K] integers (Q4: the nibbles 0..15; Q8: int8), d / m [N, K / 32] float32: values
+        fp16 holds exactly, as a file's (ValueError otherwise), or any with `row_scales` (Q8)."""
         n, k = q.shape
         rows = -(-n // _PANEL) * _PANEL
         nb = k // _BLOCK
@@ -85,12 +101,16 @@ class Q8Weight:
         else:  # low nibble: k = 4g + j, high: 16 + 4g + j
             nib = q.to(torch.uint8).reshape(*q.shape[:3], 2, 4, 4)  # [P, nb, l, half, g, j]
             quants = (nib[:, :, :, 0] | (nib[:, :, :, 1] << 4)).transpose(2, 3)
+        scale_dtype = torch.float32 if row_scales else torch.float16  # q8_linear.h
         scales = [d] if m is None else [d, m]
+        for s in scales:
+            if not torch.equal(s.float().to(scale_dtype).float(), s.float()):
+                raise ValueError(f"{qtype.name} panels need scales exact in {scale_dtype}")
         parts = [
             _padded(s, rows).reshape(rows // _PANEL, _PANEL, nb).transpose(1, 2) for s in scales
         ]
-        blob = torch.cat([_as_bytes(p.float()) for p in parts] + [_as_bytes(quants)], dim=2)
-        return cls(blob.reshape(rows // _PANEL, -1).contiguous(), qtype, n, k)
+        blob = torch.cat([_as_bytes(p.to(scale_dtype)) for p in parts] + [_as_bytes(quants)], dim=2)
+        return cls(blob.reshape(rows // _PANEL, -1).contiguous(), qtype, n, k, row_scales)
 
     @classmethod
     def from_blocks(cls, weight: BlockWeight) -> Q8Weight:
@@ -131,7 +151,7 @@ class Q8Weight:
         if k % _BLOCK:
             raise ValueError(f"int8 activations need K a multiple of 32, got {k}")
         d = scale.float().reshape(n, 1).expand(n, k // _BLOCK)
-        return cls.pack(weight_int8, d, None, QT.Q8_0)
+        return cls.pack(weight_int8, d, None, QT.Q8_0, row_scales=True)
 
     @property
     def nbytes(self) -> int:
@@ -141,14 +161,16 @@ class Q8Weight:
         """(q [N, K] int32 as the sums use it (Q4_0: nibble - 8), d [N, K / 32], m or None)."""
         panels, nb = self.packed.shape[0], self.in_features // _BLOCK
         blocks = self.packed.reshape(panels, nb, -1)
-        scale_bytes = 128 if self.qtype == QT.Q4_1 else 64
+        scale_dtype = self._scale_dtype
+        size = _PANEL * scale_dtype.itemsize  # one panel block's 16 scales
+        scale_bytes = 2 * size if self.qtype == QT.Q4_1 else size
 
-        def rows(s: torch.Tensor) -> torch.Tensor:  # bytes [P, nb, 64] -> float32 [N, nb]
-            s = s.contiguous().view(torch.float32).transpose(1, 2)
+        def rows(s: torch.Tensor) -> torch.Tensor:  # bytes [P, nb, size] -> float32 [N, nb]
+            s = s.contiguous().view(scale_dtype).float().transpose(1, 2)
             return s.reshape(panels * _PANEL, nb)[: self.out_features]
 
-        d = rows(blocks[:, :, :64])
-        m = rows(blocks[:, :, 64:128]) if self.qtype == QT.Q4_1 else None
+        d = rows(blocks[:, :, :size])
+        m = rows(blocks[:, :, size : 2 * size]) if self.qtype == QT.Q4_1 else None
         raw = blocks[:, :, scale_bytes:]
         if self.qtype == QT.Q8_0:  # [P, nb, g, l, j] -> [P, l, nb, g, j]
             q = raw.view(torch.int8).reshape(panels, nb, 8, 16, 4).permute(0, 3, 1, 2, 4)

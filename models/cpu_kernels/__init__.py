@@ -84,6 +84,7 @@ _HEADERS = (
     "group_walk.h",
     "q8_linear.h",
     "q8_dot.h",
+    "q8_avx2.h",
     "aligned_scratch.h",
 )
 

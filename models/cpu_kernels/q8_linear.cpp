@@ -3,7 +3,9 @@
 // scratch ([M, K] int8 + a scale and a sum per block of 32); a pass then runs up to kRows rows
 // against kPanels panels block by block: the integer sums of the block (q8_dot.h), then the
 // float32 epilogue, lane-wise and IEEE (simd16.h: one zmm, two ymm, or the scalar loop: the
-// same bits). Threads split the panel pairs (each row's order is the same whoever runs it).
+// same bits); AVX512-VNNI builds keep the sums in zmm registers (pass_vnni), AVX2 builds do so
+// for one or two rows (q8_avx2.h). Threads split the panel pairs (each row's order is the same
+// whoever runs it).
 #include "q8_linear.h"
 
 #include <torch/extension.h>
@@ -16,6 +18,7 @@
 
 #include "aligned_scratch.h"
 #include "kernels.h"
+#include "q8_avx2.h"
 #include "q8_dot.h"
 #include "simd16.h"
 
@@ -27,20 +30,32 @@ constexpr int64_t kBlock = 32;
 constexpr int kRows = 4;    // rows per pass
 constexpr int kPanels = 2;  // panels per pass (a thread's unit of work)
 
-// Where d, m and the quants of a panel's block start, by kind.
+// Where d, m and the quants of a panel's block start, by kind (q8_linear.h: a file's scales
+// are fp16, 2 bytes a lane; int8 rows' float32). Q4_1's 16 fp16 mins follow its scales.
 struct Layout {
   int64_t bytes;  // one panel's block
   int64_t quants;  // offset of the quants
-  bool q4, has_min, offset8;  // nibbles; Q4_1's min; Q4_0's nibble - 8
+  bool q4, has_min, offset8, half;  // nibbles; Q4_1's min; Q4_0's nibble - 8; fp16 scales
 };
 
 Layout layout_of(int kind) {
   switch (kind - kQ8Activations) {
-    case kQ4_0: return {64 + 256, 64, true, false, true};
-    case kQ4_1: return {64 + 64 + 256, 128, true, true, false};
-    case kQ8_0: return {64 + 512, 64, false, false, false};
-    default: return {0, 0, false, false, false};
+    case kQ4_0: return {32 + 256, 32, true, false, true, true};
+    case kQ4_1: return {32 + 32 + 256, 64, true, true, false, true};
+    case kQ8_0: return {32 + 512, 32, false, false, false, true};
+    case kInt8Rows: return {64 + 512, 64, false, false, false, false};
+    default: return {0, 0, false, false, false, false};
   }
+}
+
+// Lane l's weight scale (d) and Q4_1 min (m) of a panel's block `blk` as float32 (fp16 -> float32
+// is exact).
+inline float scale_of(const Layout& f, const uint8_t* blk, int l) {
+  if (f.half) return static_cast<float>(reinterpret_cast<const c10::Half*>(blk)[l]);
+  return reinterpret_cast<const float*>(blk)[l];
+}
+inline float min_of(const uint8_t* blk, int l) {
+  return static_cast<float>(reinterpret_cast<const c10::Half*>(blk + 32)[l]);
 }
 
 // acc [MR][NR][16] += the block's terms (q8_linear.h's order), from isum [MR][NR][16].
@@ -52,22 +67,22 @@ inline void epilogue(const Layout& f, const uint8_t* const* blk, const float* dx
     const int32_t s_x = sx[m * nb];
     const int32_t off = f.offset8 ? 8 * s_x : 0;
     for (int j = 0; j < NR; ++j) {
-      const float* d_w = reinterpret_cast<const float*>(blk[j]);
-      const float* m_w = reinterpret_cast<const float*>(blk[j] + 64);
       const int32_t* is = isum + (m * NR + j) * kPanel;
       float* a = acc + (m * NR + j) * kPanel;
 #if defined(TGSERVE_SIMD16)
       using namespace simd16;
       const VF dxv = set1f(d_x);
       const VI sums = subi(as_int(loadf(reinterpret_cast<const float*>(is))), set1i(off));
-      VF v = fmadd(mul(loadf(d_w), dxv), to_float(sums), loadf(a));
-      if (f.has_min) v = fmadd(mul(loadf(m_w), dxv), set1f(static_cast<float>(s_x)), v);
+      const VF d_w = f.half ? load_halves(blk[j]) : loadf(reinterpret_cast<const float*>(blk[j]));
+      VF v = fmadd(mul(d_w, dxv), to_float(sums), loadf(a));
+      if (f.has_min)
+        v = fmadd(mul(load_halves(blk[j] + 32), dxv), set1f(static_cast<float>(s_x)), v);
       storef(a, v);
 #else
       for (int l = 0; l < kPanel; ++l) {
-        const float scale = d_w[l] * d_x;  // rounded: a multiplicand of the fma, never fused
+        const float scale = scale_of(f, blk[j], l) * d_x;  // rounded: an fma operand, not fused
         float v = std::fma(scale, static_cast<float>(is[l] - off), a[l]);
-        if (f.has_min) v = std::fma(m_w[l] * d_x, static_cast<float>(s_x), v);
+        if (f.has_min) v = std::fma(min_of(blk[j], l) * d_x, static_cast<float>(s_x), v);
         a[l] = v;
       }
 #endif
@@ -110,9 +125,10 @@ void pass(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // `pass` with the block's integer sums and the float32 sums kept in registers (no isum / acc
 // round trip through memory per block): the same integers (q8_dot::vnni_sums) and the same
-// epilogue operations in the same order as `epilogue`, so the same bits. kMin / kOffset8: the
-// layout's has_min / offset8 as constants (no zero offset subtracted, no untaken branch).
-template <bool Q4, bool kMin, bool kOffset8, int MR, int NR>
+// epilogue operations in the same order as `epilogue`, so the same bits. kMin / kOffset8 /
+// kHalf: the layout's has_min / offset8 / half as constants (no zero offset subtracted, no
+// untaken branch).
+template <bool Q4, bool kMin, bool kOffset8, bool kHalf, int MR, int NR>
 void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t K,
                const uint8_t* Wp, int64_t panel_bytes, float* out) {
   const int64_t nb = K / kBlock;
@@ -128,13 +144,16 @@ void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t
       const __m512 dxv = _mm512_set1_ps(dx[m * nb + b]);
       const int32_t s_x = sx[m * nb + b];
       for (int j = 0; j < NR; ++j) {
-        const __m512 d_w = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j]));
+        const __m512 d_w =
+            kHalf ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[j])))
+                  : _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j]));
         __m512i terms = isum[m][j];
         if constexpr (kOffset8) terms = _mm512_sub_epi32(terms, _mm512_set1_epi32(8 * s_x));
         const __m512 sums = _mm512_cvtepi32_ps(terms);
         __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(d_w, dxv), sums, acc[m][j]);
         if constexpr (kMin) {
-          const __m512 m_w = _mm512_loadu_ps(reinterpret_cast<const float*>(blk[j] + 64));
+          const __m512 m_w =  // Q4_1's fp16 mins, after its 16 fp16 scales
+              _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[j] + 32)));
           v = _mm512_fmadd_ps(_mm512_mul_ps(m_w, dxv), _mm512_set1_ps(static_cast<float>(s_x)), v);
         }
         acc[m][j] = v;
@@ -146,23 +165,46 @@ void pass_vnni(const Layout& f, const int8_t* xq, const float* dx, const int32_t
 }
 #endif
 
+// rows(std::integral_constant<int, v>) for the layout's variant v: 1 Q4_1, 2 Q4_0, 0 Q8_0 (fp16
+// scales), 3 int8 rows (float32 scales).
+template <typename Rows>
+[[gnu::always_inline]] inline void dispatch_layout(const Layout& f, const Rows& rows) {
+  if (f.has_min) return rows(std::integral_constant<int, 1>{});
+  if (f.offset8) return rows(std::integral_constant<int, 2>{});
+  if (!f.half) return rows(std::integral_constant<int, 3>{});
+  return rows(std::integral_constant<int, 0>{});
+}
+
 template <bool Q4, int NR>
 void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
                int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const auto rows = [&](auto kind) {
-    constexpr bool kMin = decltype(kind)::value == 1, kOffset8 = decltype(kind)::value == 2;
+    constexpr int v = decltype(kind)::value;  // the layout: 1 Q4_1, 2 Q4_0, 0 Q8_0, 3 int8 rows
+    constexpr bool kMin = v == 1, kOffset8 = v == 2, kHalf = v != 3;
     switch (mr) {
-      case 1: return pass_vnni<Q4, kMin, kOffset8, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-      case 2: return pass_vnni<Q4, kMin, kOffset8, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-      case 3: return pass_vnni<Q4, kMin, kOffset8, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-      default: return pass_vnni<Q4, kMin, kOffset8, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      case 1: return pass_vnni<Q4, kMin, kOffset8, kHalf, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      case 2: return pass_vnni<Q4, kMin, kOffset8, kHalf, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      case 3: return pass_vnni<Q4, kMin, kOffset8, kHalf, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+      default:
+        return pass_vnni<Q4, kMin, kOffset8, kHalf, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     }
   };
-  if (f.has_min) return rows(std::integral_constant<int, 1>{});
-  if (f.offset8) return rows(std::integral_constant<int, 2>{});
-  return rows(std::integral_constant<int, 0>{});
+  return dispatch_layout(f, rows);
 #else
+#if defined(TGSERVE_Q8_AVX2)
+  // One or two rows: the sums stay in registers (q8_avx2.h); more: the generic pass's tile.
+  const auto rows = [&](auto kind) {
+    constexpr int v = decltype(kind)::value;  // as in the VNNI build's dispatch above
+    constexpr bool kMin = v == 1, kOffset8 = v == 2, kHalf = v != 3;
+    if (mr == 1)
+      return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 1, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
+                                                             f.quants, acc);
+    return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 2, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
+                                                           f.quants, acc);
+  };
+  if (mr <= 2) return dispatch_layout(f, rows);
+#endif
   switch (mr) {
     case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);

@@ -5,14 +5,18 @@
 //
 // Weight layout (`Q8 panels`, packed in Python by models/activation_quant.py): rows in panels of
 // 16 (zero rows pad the last), a panel's blocks of 32 k in K order, each block:
-//   d [16 lanes] float32 (the row's block scale), Q4_1 only: m [16] float32 (its min), then the
-//   quants in groups of 4 k, lane-major inside a group (the vpdpbusd operand: lane l's 32-bit
-//   word holds 4 consecutive k):
-//   Q8 kind (Q8_0, and `--quantization int8` weights with d = the row's scale): 8 groups of 64
-//     int8 bytes, group g: byte 4l + j = q[l][4g + j];
+//   d [16 lanes] (the row's block scale: fp16 as a GGUF file stores it; float32 for the int8
+//   rows of `--quantization int8`, whose row scales are any float32), Q4_1 only: m [16] fp16
+//   (its min), then the quants in groups of 4 k, lane-major inside a group (the vpdpbusd
+//   operand: lane l's 32-bit word holds 4 consecutive k):
+//   Q8 kinds (Q8_0, and kInt8Rows: `--quantization int8` weights with d = the row's scale): 8
+//     groups of 64 int8 bytes, group g: byte 4l + j = q[l][4g + j];
 //   Q4 kinds (Q4_0 / Q4_1): 4 groups of 64 bytes, byte 4l + j of group g holds the nibble of
 //     k = 4g + j in its low half and of k = 16 + 4g + j in its high half (the file's order).
-// A weight is d * (nibble - 8) (Q4_0), d * nibble + m (Q4_1) or d * q (Q8).
+// A weight is d * (nibble - 8) (Q4_0), d * nibble + m (Q4_1) or d * q (Q8), d and m widened to
+// float32 (exact). fp16 scales: a Q4_1 block is 20 bytes per 32 weights of a row and a Q8_0
+// one 34, as in the file (float32 ones made them 24 and 36: a batch-1 decode reads every
+// weight once, so bytes are time).
 #pragma once
 
 #include <torch/extension.h>
@@ -22,8 +26,10 @@
 namespace tgserve {
 
 // Kinds of Q8 panels: kQ8Activations + the GGML type id of the weights' format (kernels.h's
-// kQ4_0, kQ4_1, kQ8_0). The fused decoder's LinearWeights carry them as their block_type.
+// kQ4_0, kQ4_1, kQ8_0; fp16 scales) or + kInt8Rows (Q8 quants, float32 scales). The fused
+// decoder's LinearWeights carry them as their block_type.
 constexpr int kQ8Activations = 2000;
+constexpr int kInt8Rows = 1008;
 bool is_q8_kind(int kind);
 // Bytes of one panel's block of 32 k (0: not a kind).
 int64_t q8_block_bytes(int kind);

@@ -71,7 +71,11 @@ def test_repacked_blocks_dequantise_as_the_file(qtype: QT) -> None:
     bw = block_weight(qtype, 37, 96, seed=int(qtype))  # a partial last panel
     w = Q8Weight.from_blocks(bw)
     assert torch.equal(w.dequantized(), bw.dequantized())
-    assert w.packed.shape == (3, 3 * {QT.Q4_0: 320, QT.Q4_1: 384, QT.Q8_0: 576}[qtype])
+    # a panel block: the file's 16 fp16 scales (Q4_1: and 16 fp16 mins), then 16 x 32 quants
+    assert w.packed.shape == (
+        3,
+        3 * {QT.Q4_0: 32 + 256, QT.Q4_1: 64 + 256, QT.Q8_0: 32 + 512}[qtype],
+    )
 
 
 def test_int8_rows_pack_with_their_row_scale() -> None:
@@ -80,6 +84,11 @@ def test_int8_rows_pack_with_their_row_scale() -> None:
     scale = torch.rand(20, generator=gen) + 0.01
     w = Q8Weight.from_int8(q, scale)
     assert torch.equal(w.dequantized(), q.float() * scale[:, None])
+    assert w.packed.shape == (2, 2 * (64 + 512))  # float32 scales: any row scale stays exact
+    x = torch.randn(3, 64, generator=gen)
+    want = reference_linear(x, w)
+    got = Q8Linear(w).apply(x, float_out=True).double()
+    assert (got - want).abs().max().item() <= 4e-6 * want.abs().amax().item() + 1e-6
     with pytest.raises(ValueError, match="multiple of 32"):
         Q8Weight.from_int8(q[:, :48], scale)
 
@@ -102,7 +111,7 @@ def test_linear_matches_the_float64_quantised_product(qtype: QT, dtype: torch.dt
     n, k = 200, 512  # 13 panels (7 pairs, the last a single panel), 16 blocks
     w = Q8Weight.from_blocks(block_weight(qtype, n, k, seed=int(qtype)))
     gen = torch.Generator().manual_seed(int(qtype))
-    for m in (1, 3, 4, 9, 40):
+    for m in (1, 2, 3, 4, 9, 40):
         x = torch.randn(m, k, generator=gen).to(dtype)
         want = reference_linear(x, w)
         got = Q8Linear(w).apply(x, float_out=True).double()
@@ -137,10 +146,14 @@ def test_a_row_alone_gives_its_bits_among_others(qtype: QT) -> None:
         together = layer(x)
         torch.set_num_threads(1)
         alone = torch.cat([layer(x[i : i + 1]) for i in range(13)])
+        # passes of 1, 2 or 3 rows (AVX2: registers for 1 or 2, the 4-row tile's code for 3)
+        pairs = torch.cat([layer(x[i : i + 2]) for i in range(0, 13, 2)])
+        threes = torch.cat([layer(x[i : i + 3]) for i in range(0, 13, 3)])
         shuffled = layer(x.flip(0)).flip(0)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(together, alone) and torch.equal(together, shuffled)
+    for other in (alone, pairs, threes, shuffled):
+        assert torch.equal(together, other)
 
 
 def test_bias_and_bfloat16_rounding() -> None:

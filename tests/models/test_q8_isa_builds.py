@@ -41,11 +41,13 @@ def test_every_build_gives_the_native_bits(march: str) -> None:
     assert other.q8_isa() == EXPECTED_PATH[march]
     n, k = 200, 256  # 13 panels: pairs and a single last one
     gen = torch.Generator().manual_seed(0)
-    for qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0):
-        w = q8_weight(qtype, n, k)
+    int8_rows = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    weights = [q8_weight(qtype, n, k) for qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0)]
+    for w in weights + [Q8Weight.from_int8(int8_rows, torch.rand(n, generator=gen) + 0.01)]:
+        qtype = w.qtype
         for dtype in (torch.float32, torch.bfloat16):
             bias = torch.randn(n, generator=gen).to(dtype)
-            for m in (1, 3, 9, 40):
+            for m in (1, 2, 3, 9, 40):
                 x = (torch.randn(m, k, generator=gen) * 3).to(dtype)
                 for got, want in zip(other.q8_quantize(x), native.q8_quantize(x), strict=True):
                     assert torch.equal(got, want), (qtype.name, dtype, m)
