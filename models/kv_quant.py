@@ -19,7 +19,8 @@ shared by a prefix is never rewritten, and a scale fixed by a block's first row 
 rows after it. `LAYOUT` names this layout for the K/V tiers' keys (a changed layout must never
 read an older one's files).
 - `cache_row_shape(head_dim, kv_cache_dtype)` / `cache_torch_dtype(model_dtype, kv_cache_dtype)`:
-  the last dimension and element type of an allocated cache; `row_bytes` the bytes of one row.
+  the last dimension and element type of an allocated cache; `row_bytes` the bytes of one row
+  (and of "fp8" rows, models/kv_fp8.py: e4m3 values and a float32 scale, for CUDA).
 - `quantize_rows(x [..., D]) -> int8 [..., D + 4]`, `dequantize_rows(c [..., D + 4]) -> float32
   [..., D]`: the reference write and read (W (q * s) / P in float64, rounded once to float32;
   the kernel computes with q and s directly, rotating the query and the output instead).
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from models import kv_fp8
+
 SCALE_BYTES = 4  # the float32 scale at the end of each int8 row
 QMAX = 127.0
 # The int8 rows' layout, in the K/V tiers' keys. v1: plain rows; v2: Walsh-Hadamard-rotated.
@@ -37,17 +40,21 @@ LAYOUT = "int8-rows-v2-walsh-hadamard"
 
 
 def cache_row_shape(head_dim: int, kv_cache_dtype: str) -> int:
-    """The cache's last dimension: head_dim, plus the scale's bytes for int8 rows."""
-    return head_dim + SCALE_BYTES if kv_cache_dtype == "int8" else head_dim
+    """The cache's last dimension: head_dim, plus the scale's bytes for int8 (and fp8) rows."""
+    if kv_cache_dtype == "fp8":  # models/kv_fp8.py: e4m3 values, then a float32 scale
+        kv_fp8.check_head_dim(head_dim)
+    return head_dim + SCALE_BYTES if kv_cache_dtype in ("int8", "fp8") else head_dim
 
 
 def cache_torch_dtype(model_dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
+    if kv_cache_dtype == "fp8":
+        return kv_fp8.FP8_DTYPE
     return torch.int8 if kv_cache_dtype == "int8" else model_dtype
 
 
 def row_bytes(head_dim: int, model_dtype_bytes: int, kv_cache_dtype: str) -> int:
     """Bytes of one (token, KV head) row of K (or of V) in the pool."""
-    if kv_cache_dtype == "int8":
+    if kv_cache_dtype in ("int8", "fp8"):
         return head_dim + SCALE_BYTES
     return head_dim * model_dtype_bytes
 

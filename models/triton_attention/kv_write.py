@@ -4,7 +4,11 @@ Contract: `triton_write_kv(k_cache, v_cache, k, v, slot_mapping)` stores k[t] an
 (`[num_tokens, kv_heads, head_dim]`, any token stride, rows contiguous) at flat slot
 `slot_mapping[t]` of the caches (`[num_blocks, block_size, kv_heads, head_dim]`: slot s is
 block s // block_size, offset s % block_size), cast to the cache dtype (by torch, before
-the launch, and only when the dtypes differ: the kernel copies bits). A negative slot
+the launch, and only when the dtypes differ: the kernel copies bits). An fp8 cache
+(models/kv_fp8.py) gets each row quantised by torch (`quantize_fp8_rows`: its e4m3 values and
+float32 scale, `[num_tokens, kv_heads, head_dim + 4]`) and the kernel copies those rows'
+bytes: Triton's interpreter casts float32 to e4m3 wrongly (7.77 -> 4.0), torch's cast is the
+same on CPU and CUDA, and neither waits on the host (capture-safe). A negative slot
 stores nothing: the padding rows of a fixed-size (CUDA graph) batch. Same bits as
 models/attention.py `write_kv` for valid slots; one program per token, nothing is reduced.
 """
@@ -14,6 +18,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from models.kv_fp8 import is_fp8, quantize_fp8_rows
 
 
 @triton.jit
@@ -69,6 +75,9 @@ def triton_write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores k, v [num_tokens, kv_heads, head_dim] at `slot_mapping` [num_tokens] (int64)."""
+    if is_fp8(k_cache):  # the quantised rows' bytes into the caches' bytes
+        k, v = quantize_fp8_rows(k).view(torch.uint8), quantize_fp8_rows(v).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     num_tokens, kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return

@@ -42,9 +42,10 @@ import torch
 import triton
 import triton.language as tl
 
+from models.kv_fp8 import is_fp8
 from models.triton_attention.split_decode import triton_split_decode
 from models.triton_attention.tile_plan import TILE_ROWS, TilePlan, group_pad
-from models.triton_attention.tile_step import LOG2E, attend_tile, tile_constants
+from models.triton_attention.tile_step import LOG2E, attend_tile, scale_words, tile_constants
 
 
 @triton.jit
@@ -52,6 +53,8 @@ def _paged_attention_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    ks_ptr,  # FP8: the caches as float32 words (the rows' scales); else unused
+    vs_ptr,
     out_ptr,
     tables_ptr,
     seq_lens_ptr,
@@ -81,6 +84,7 @@ def _paged_attention_kernel(
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter (see ordered_dot)
+    FP8: tl.constexpr,  # e4m3 rows with their scales (models/kv_fp8.py)
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -122,6 +126,8 @@ def _paged_attention_kernel(
             acc,
             k_ptr,
             v_ptr,
+            ks_ptr,
+            vs_ptr,
             tables_ptr + seq * stride_table,
             start + keys,
             seq_len,
@@ -138,9 +144,11 @@ def _paged_attention_kernel(
             stride_vs,
             stride_vh,
             BLOCK_SIZE,
+            HEAD_DIM,
             SLIDING,
             PRECISION,
             INTERPRETED,
+            FP8,
         )
 
     out = acc / denom[:, None]
@@ -178,6 +186,7 @@ def triton_paged_attention(
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out
+    fp8 = is_fp8(k_cache)
     constants = kernel_constants(
         q.dtype,
         q.device.type == "cpu",  # CPU tensors only run under TRITON_INTERPRET=1
@@ -185,11 +194,12 @@ def triton_paged_attention(
         head_dim,
         plan.block_size,
         plan.sliding_window is not None,
-    )
+    ) | {"FP8": fp8}
     _paged_attention_kernel[(plan.num_tiles, kv_heads)](
         q,
         k_cache,
         v_cache,
+        *scale_words(k_cache, v_cache, fp8),
         out,
         plan.block_tables,
         plan.seq_lens,

@@ -9,13 +9,15 @@ Contract: `reference_paged_attention(q, k_cache, v_cache, plan, scale)` and
 rounding: one softmax over all of a row's keys instead of online key tiles). Every shape is
 fixed by the inputs' shapes (each row reads all `max_blocks * block_size` key slots of its
 table, masked), nothing reads a tensor value on the host: the same properties a captured
-decode step needs.
+decode step needs. An fp8 cache (models/kv_fp8.py) is written as `quantize_fp8_rows` rows
+and read dequantised (q * s in float32: one rounding of the exact product).
 """
 
 from __future__ import annotations
 
 import torch
 
+from models.kv_fp8 import is_fp8, quantize_fp8_rows, row_parts
 from models.triton_attention.tile_plan import TilePlan
 
 
@@ -28,6 +30,9 @@ def reference_write_kv(
 ) -> None:
     """Stores k, v [T, kv_heads, head_dim] at `slot_mapping` [T] (valid slots only)."""
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if is_fp8(k_cache):  # torch copies no fp8 by index on a CPU: the rows' bytes instead
+        k, v = quantize_fp8_rows(k).view(torch.uint8), quantize_fp8_rows(v).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -37,7 +42,7 @@ def reference_paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D] -> [T, H, D] in q's dtype, float32 inside."""
     num_tokens, num_heads, head_dim = q.shape
-    kv_heads, bs = k_cache.shape[2], plan.block_size
+    kv_heads, bs, row = k_cache.shape[2], plan.block_size, k_cache.shape[3]
     rows = torch.arange(num_tokens, device=q.device)
     seq = torch.searchsorted(plan.query_start, rows, right=True) - 1  # [T] each row's sequence
     start = plan.query_start[seq]
@@ -48,8 +53,8 @@ def reference_paged_attention(
     visible = key_pos.view(1, -1) <= pos.view(-1, 1)  # causal: also inside the sequence
     if plan.sliding_window is not None:
         visible &= key_pos.view(1, -1) > pos.view(-1, 1) - plan.sliding_window
-    k = k_cache.view(-1, kv_heads, head_dim)[slots].float()  # [T, K, KVH, D]
-    v = v_cache.view(-1, kv_heads, head_dim)[slots].float()
+    k = _rows(k_cache.view(-1, kv_heads, row), slots)  # [T, K, KVH, D] float32
+    v = _rows(v_cache.view(-1, kv_heads, row), slots)
     v = v.masked_fill(~visible.view(num_tokens, -1, 1, 1), 0.0)  # stale slots never reach a row
     group = num_heads // kv_heads
     qg = q.float().view(num_tokens, kv_heads, group, head_dim)
@@ -58,3 +63,11 @@ def reference_paged_attention(
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("tkgn,tnkd->tkgd", probs, v)
     return out.reshape(num_tokens, num_heads, head_dim).to(q.dtype)
+
+
+def _rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [S, KVH, row] at `slots` [T, K] -> [T, K, KVH, D] float32, fp8 rows dequantised."""
+    if not is_fp8(cache):
+        return cache[slots].float()
+    values, scale = row_parts(cache.view(torch.uint8)[slots].view(cache.dtype))
+    return values.float() * scale

@@ -32,8 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
+from models.kv_fp8 import is_fp8
 from models.triton_attention.tile_plan import DECODE_SPLITS, TilePlan, group_pad
-from models.triton_attention.tile_step import LOG2E, attend_tile, tile_constants
+from models.triton_attention.tile_step import LOG2E, attend_tile, scale_words, tile_constants
 
 
 @triton.jit
@@ -41,6 +42,8 @@ def _split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    ks_ptr,  # FP8: the caches as float32 words (the rows' scales); else unused
+    vs_ptr,
     acc_ptr,  # [B, H, SPLITS, HEAD_DIM] float32: each split's unnormalised output
     stats_ptr,  # [B, H, SPLITS, 2] float32: each split's (m, l), base 2
     tables_ptr,
@@ -67,6 +70,7 @@ def _split_kernel(
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -104,6 +108,8 @@ def _split_kernel(
             acc,
             k_ptr,
             v_ptr,
+            ks_ptr,
+            vs_ptr,
             tables_ptr + row * stride_table,
             tile + keys,
             seq_len,
@@ -120,9 +126,11 @@ def _split_kernel(
             stride_vs,
             stride_vh,
             BLOCK_SIZE,
+            HEAD_DIM,
             SLIDING,
             PRECISION,
             INTERPRETED,
+            FP8,
         )
 
     part = ((row * num_heads + head) * SPLITS + split).to(tl.int64)  # [ROWS]
@@ -203,10 +211,12 @@ def triton_split_decode(
     stats = torch.empty((rows, num_heads, DECODE_SPLITS, 2), dtype=torch.float32, device=q.device)
     interpreted = q.device.type == "cpu"  # CPU tensors only run under TRITON_INTERPRET=1
     sliding = plan.sliding_window is not None
+    fp8 = is_fp8(k_cache)
     _split_kernel[(rows, kv_heads, DECODE_SPLITS)](
         q,
         k_cache,
         v_cache,
+        *scale_words(k_cache, v_cache, fp8),
         acc,
         stats,
         plan.block_tables,
@@ -225,7 +235,8 @@ def triton_split_decode(
         plan.block_tables.stride(0),
         **split_constants(
             q.dtype, interpreted, num_heads // kv_heads, head_dim, plan.block_size, sliding
-        ),
+        )
+        | {"FP8": fp8},
     )
     _merge_kernel[(rows, num_heads)](
         acc, stats, out, num_heads, out.stride(0), out.stride(1), **merge_constants(head_dim)

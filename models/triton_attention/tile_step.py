@@ -2,7 +2,8 @@
 (paged_attention.py) and the split decode (split_decode.py), so both round the same way.
 
 Contract: `tile_constants(...)` are the compile-time constants the kernels share (the key tile,
-the padded head dim, the dots' precision); `attend_tile(q, m, denom, acc, ...) ->
+the padded head dim, the dots' precision, FP8); `scale_words(k_cache, v_cache, fp8)` what the
+kernels pass as `ks_ptr` / `vs_ptr`; `attend_tile(q, m, denom, acc, ...) ->
 (m, denom, acc)` folds the keys at `key_pos`
 ([KEYS], one tile aligned at a multiple of KEY_TILE) of one KV head into a query tile's running
 state: q [ROWS, HEAD_PAD], m [ROWS] the running max of the
@@ -13,8 +14,12 @@ keys at or before its position `pos` [ROWS] (and after pos - window when SLIDING
 s = q . k^T (float32 accumulation) x scale, masked to -inf; m_j = the tile's row max; p =
 2^(s - m_new); p is rounded to the cache dtype for p . V, as flash attention does; a row that
 sees no key of the tile keeps its state untouched (tl.where), so visiting a tile for a row's
-tile-mates changes nothing of the row. Both products go through `ordered_dot`
-(models/triton_kernels/ordered_dot.py): `tl.dot` compiled; interpreted, a sum over the head
+tile-mates changes nothing of the row. FP8 (an e4m3 cache, models/kv_fp8.py; `ks_ptr` /
+`vs_ptr` the caches' storage as float32 words, where each row's scale sits after its HEAD_DIM
+values): K and V tiles are widened to q's dtype (exact), s = (q . k_q^T) x k_scale (per key)
+x scale, and p x v_scale (per key) is what is rounded to q's dtype for (p v_scale) . V_q;
+l sums p itself. Without FP8 the code and bits are those of the float cache. Both products
+go through `ordered_dot` (models/triton_kernels/ordered_dot.py): `tl.dot` compiled; interpreted, a sum over the head
 dim (scores) and over the tile's keys (p . V) in one order for every row of the tile, on any
 host ISA (the interpreter's `tl.dot` is the host BLAS, whose AVX2 sgemm orders a row's sum by
 its place in the tile).
@@ -26,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from models.kv_fp8 import scale_view
 from models.triton_kernels.ordered_dot import ordered_dot
 
 KEY_TILE = 64  # keys per tile, aligned at absolute positions
@@ -35,7 +41,8 @@ LOG2E = 1.4426950408889634
 def tile_constants(
     dtype: torch.dtype, interpreted: bool, head_dim: int, block_size: int, sliding: bool
 ) -> dict[str, object]:
-    """The compile-time constants `attend_tile` takes, as both kernels launch it."""
+    """The compile-time constants `attend_tile` takes, as both kernels launch it (FP8 False:
+    a launch over an e4m3 cache, models/kv_fp8.py, sets it)."""
     return {
         "BLOCK_SIZE": block_size,
         "HEAD_DIM": head_dim,
@@ -46,7 +53,18 @@ def tile_constants(
         "PRECISION": "ieee" if interpreted or dtype == torch.float32 else "tf32",
         # Triton's CPU interpreter: the dots go through ordered_dot's numpy sums
         "INTERPRETED": interpreted,
+        "FP8": False,
     }
+
+
+def scale_words(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, fp8: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' `ks_ptr` / `vs_ptr`: an fp8 cache's storage as float32 words (its rows'
+    scales, models/kv_fp8.py), else the caches themselves (never read)."""
+    if fp8:
+        return scale_view(k_cache), scale_view(v_cache)
+    return k_cache, v_cache
 
 
 @triton.jit
@@ -57,6 +75,8 @@ def attend_tile(
     acc,
     k_ptr,
     v_ptr,
+    ks_ptr,
+    vs_ptr,
     table_ptr,
     key_pos,
     seq_len,
@@ -73,9 +93,11 @@ def attend_tile(
     stride_vs,
     stride_vh,
     BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     key_ok = key_pos < seq_len
     block = tl.load(table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
@@ -85,7 +107,17 @@ def attend_tile(
     v_rows = v_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
     k = tl.load(k_rows + kv_head * stride_kh + dims[None, :], mask=mask, other=0.0)
     v = tl.load(v_rows + kv_head * stride_vh + dims[None, :], mask=mask, other=0.0)
-    s = ordered_dot(q, tl.trans(k), PRECISION, INTERPRETED) * scale_log2  # [ROWS, KEYS]
+    if FP8:  # each row's float32 scale: the word after its HEAD_DIM e4m3 values
+        k_word = block * stride_kb + offset * stride_ks + kv_head * stride_kh + HEAD_DIM
+        v_word = block * stride_vb + offset * stride_vs + kv_head * stride_vh + HEAD_DIM
+        k_scale = tl.load(ks_ptr + k_word // 4, mask=key_ok, other=0.0)  # [KEYS]
+        v_scale = tl.load(vs_ptr + v_word // 4, mask=key_ok, other=0.0)
+        k = k.to(q.dtype)  # e4m3 -> q's dtype: exact
+        v = v.to(q.dtype)
+    s = ordered_dot(q, tl.trans(k), PRECISION, INTERPRETED)  # [ROWS, KEYS]
+    if FP8:
+        s = s * k_scale[None, :]
+    s = s * scale_log2
     visible = key_pos[None, :] <= pos[:, None]  # causal; implies key_pos < seq_len
     if SLIDING:
         visible &= key_pos[None, :] > pos[:, None] - window
@@ -95,7 +127,10 @@ def attend_tile(
     m_new = tl.where(seen, tl.maximum(m, m_j), 0.0)
     p = tl.exp2(s - m_new[:, None])  # 0 where masked
     alpha = tl.exp2(tl.where(seen, m - m_new, 0.0))  # old part's weight (0 before any key)
-    p_v = p.to(v.dtype)  # rounded to the cache dtype, as flash attention does
+    p_v = p
+    if FP8:  # V's scale joins the key's weight
+        p_v = p * v_scale[None, :]
+    p_v = p_v.to(v.dtype)  # rounded to the cache dtype, as flash attention does
     acc_j = ordered_dot(p_v, v, PRECISION, INTERPRETED)  # [ROWS, HEAD_PAD]
     denom = tl.where(seen, denom * alpha + tl.sum(p, 1), denom)
     acc = tl.where(seen[:, None], acc * alpha[:, None] + acc_j, acc)

@@ -21,24 +21,28 @@ INDEX_POINTERS = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "query_start_ptr
 INDEX_POINTERS |= {"tile_seq_ptr": "*i32", "tile_first_ptr": "*i32", "slots_ptr": "*i64"}
 INDEX_POINTERS |= {"acc_ptr": "*fp32", "stats_ptr": "*fp32"}  # the split decode's partials
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-# (dtype, block size, query heads per KV head, head dim, sliding window): Llama-3-8B's shape
-# in bfloat16, padded heads and dims with a window, float32 (IEEE dots) — a few, as each
-# build takes seconds of CPU
+# An fp8 cache (models/kv_fp8.py): e4m3 rows, their scales read as float32 words.
+FP8_POINTERS = {"k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32"}
+# (dtype, block size, query heads per KV head, head dim, sliding window, fp8 K/V): Llama-3-8B's
+# shape in bfloat16, padded heads and dims with a window over an fp8 cache, float32 (IEEE
+# dots) — a few, as each build takes seconds of CPU
 ATTENTION = [
-    (torch.bfloat16, 16, 4, 128, False),
-    (torch.bfloat16, 1, 3, 80, True),
-    (torch.float32, 32, 8, 64, True),
+    (torch.bfloat16, 16, 4, 128, False, False),
+    (torch.bfloat16, 1, 3, 80, True, True),
+    (torch.float32, 32, 8, 64, True, False),
 ]
 
 
 def build(kernel, dtype: torch.dtype, constants: dict) -> str:
-    """Tensors other than the index ones are `dtype`; plain integers are int32 scalars."""
+    """Tensors other than the index ones are `dtype` (the cache's e4m3 with FP8); plain
+    integers are int32 scalars."""
+    pointers = INDEX_POINTERS | (FP8_POINTERS if constants.get("FP8") else {})
     signature = {}
     for name in kernel.arg_names:
         if name in constants:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
-            signature[name] = INDEX_POINTERS.get(name, "*" + TRITON_TYPES[dtype])
+            signature[name] = pointers.get(name, "*" + TRITON_TYPES[dtype])
         else:
             signature[name] = "fp32" if name == "scale_log2" else "i32"
     source = ASTSource(kernel, signature, constexprs=constants)
@@ -53,12 +57,16 @@ def build(kernel, dtype: torch.dtype, constants: dict) -> str:
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("run without TRITON_INTERPRET: interpreted kernels do not compile")
-    for dtype, block_size, group, head_dim, sliding in ATTENTION:
+    for dtype, block_size, group, head_dim, sliding, fp8 in ATTENTION:
         constants = paged_attention.kernel_constants(
             dtype, False, group, head_dim, block_size, sliding
         )
-        print(build(paged_attention._paged_attention_kernel, dtype, constants), flush=True)
+        print(
+            build(paged_attention._paged_attention_kernel, dtype, constants | {"FP8": fp8}),
+            flush=True,
+        )
         constants = split_decode.split_constants(dtype, False, group, head_dim, block_size, sliding)
+        constants |= {"FP8": fp8}
         print(build(split_decode._split_kernel, dtype, constants), flush=True)
         constants = split_decode.merge_constants(head_dim)
         print(build(split_decode._merge_kernel, dtype, constants), flush=True)
