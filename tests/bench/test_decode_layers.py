@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from bench import random_gguf
 from bench.decode_layers import linear_groups, time_pass
-from bench.random_gguf import write_random_gguf
 from models import cpu_kernels
 from models.block_linear import BlockLinear
 from models.loader import load_model
-from tests.bench.test_random_gguf import TINY
 
 
-def test_groups_cover_every_stored_matrix_once_and_a_pass_times_each(tmp_path, monkeypatch):
-    monkeypatch.setitem(random_gguf.SHAPES, "tiny", TINY)
-    path = write_random_gguf(tmp_path / "tiny.gguf", "Q4_1", shape="tiny")
-    model, config = load_model(path, "bfloat16", "cpu")
+def test_groups_cover_every_stored_matrix_once_and_a_pass_times_each(tiny_q4_1_gguf):
+    model, config = load_model(tiny_q4_1_gguf, "bfloat16", "cpu")
     layers = linear_groups(model)
     stored = [m for m in model.modules() if isinstance(m, BlockLinear)]
     assert [layer for _, layer in layers] == stored  # each once, in module (forward) order

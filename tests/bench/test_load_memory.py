@@ -11,14 +11,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from bench import random_gguf
 from bench.backends import BackendOptions, load_backend
 from bench.load_memory import LoadMemory, render
 from bench.model_source import resolve_model
-from bench.random_gguf import write_random_gguf
 from models.cpu_kernels import extension as cpu_kernels_extension
 from models.gguf.file import open_gguf
-from tests.bench.test_random_gguf import TINY
 from tests.checkpoints import save_checkpoint
 
 MIB = 2**20
@@ -81,12 +78,11 @@ def test_tgserve_holds_the_checkpoints_weights_and_its_kv_cache(tiny_llama, cpu_
         backend.close()
 
 
-def test_a_gguf_kept_as_stored_holds_its_blocks_once_and_no_packed_copy(tmp_path, monkeypatch):
+def test_a_gguf_kept_as_stored_holds_its_blocks_once_and_no_packed_copy(tiny_q4_1_gguf):
     """The file's header is the oracle: every quantised tensor's bytes once (the tied LM head
     shares the embedding's blocks; fused q/k/v and gate/up keep their rows), the float32 norms
     loaded in bfloat16, and the rotary inverse frequencies; the C++ step runs blocks in place."""
-    monkeypatch.setitem(random_gguf.SHAPES, "tiny", TINY)
-    path = write_random_gguf(tmp_path / "tiny.gguf", "Q4_1", shape="tiny")
+    path = tiny_q4_1_gguf  # tests/bench/conftest.py: the tiny shape's Q4_1 file
     infos = open_gguf(path).infos
     blocks = sum(i.nbytes for i in infos if i.type_id != F32_TYPE_ID)
     norms_bf16 = sum(i.nbytes // 2 for i in infos if i.type_id == F32_TYPE_ID)

@@ -10,21 +10,21 @@ from gguf import GGUFReader
 from bench import random_gguf
 from bench.random_gguf import write_random_gguf
 from models.block_linear import BlockEmbedding, BlockLinear
-from models.default_model import default_model_path
 from models.loader import load_model
-
-TINY = dict(
-    block_count=2, embedding_length=64, feed_forward_length=96, head_count=4, head_count_kv=2,
-    rope_freq_base=10000.0, rms_eps=1e-5, context_length=256,
-)  # fmt: skip
+from tests.bench.conftest import TINY
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
-def test_written_gguf_has_the_shape_type_and_vocabulary_asked_for(tmp_path, monkeypatch, qtype):
-    monkeypatch.setitem(random_gguf.SHAPES, "tiny", TINY)
-    path = write_random_gguf(tmp_path / "tiny.gguf", qtype, shape="tiny")
+def test_written_gguf_has_the_shape_type_and_vocabulary_asked_for(
+    tmp_path, random_gguf_writer, default_vocab_reader, tiny_q4_1_gguf, qtype
+):
+    """The Q4_1 file is the session's shared one (tests/bench/conftest.py), written as here."""
+    if qtype == "Q4_1":
+        path = tiny_q4_1_gguf
+    else:
+        path = write_random_gguf(tmp_path / "tiny.gguf", qtype, shape="tiny")
     reader = GGUFReader(path)
-    vocab = GGUFReader(default_model_path()).fields["tokenizer.ggml.tokens"]
+    vocab = default_vocab_reader.fields["tokenizer.ggml.tokens"]
     assert reader.fields["tokenizer.ggml.tokens"].contents() == vocab.contents()
     matrices = {t.name: QT(t.tensor_type) for t in reader.tensors if len(t.shape) == 2}
     assert len(matrices) == 1 + 7 * 2 and set(matrices.values()) == {QT[qtype]}
@@ -41,7 +41,9 @@ def test_unwritable_type_is_refused_with_the_choices(tmp_path):
         write_random_gguf(tmp_path / "x.gguf", "Q2_K")
 
 
-def test_q4_k_m_file_has_llama_quantizes_type_mix_and_loads_as_stored(tmp_path, monkeypatch):
+def test_q4_k_m_file_has_llama_quantizes_type_mix_and_loads_as_stored(
+    tmp_path, monkeypatch, random_gguf_writer
+):
     # 8 layers: llama.cpp's use_more_bits gives layers 0, 3, 6, 7 Q6_K attn_v and ffn_down
     shape = TINY | dict(block_count=8, embedding_length=256, feed_forward_length=512)
     monkeypatch.setitem(random_gguf.SHAPES, "tiny-k", shape)
