@@ -11,7 +11,7 @@ floor's `StepSampler`, as a real runner's) runs there too, inside the device tim
 on a GPU's stream. `waited_s` adds up how long the host waited for results (a step's host time
 is its wall time less that wait); `device_cpu_s` adds up the device thread's CPU time (what a
 real device would spend: the engine's host time is the process's CPU time less it). The thread
-is a daemon and `close()` stops it. `num_steps` counts the steps run, `submitted_in_flight`
+is a daemon and `close()` stops it and joins it. `num_steps` counts the steps run, `submitted_in_flight`
 those submitted while the step before was still on the device (the overlapped loop's second
 part: step k+1 scheduled before step k's tokens reached the host); carried inputs are resolved
 on the device thread (engine/carried_inputs.py). Prompt logprobs are
@@ -167,4 +167,9 @@ class FakeDeviceRunner:
         pass
 
     def close(self) -> None:
+        # Joined, not left to the interpreter's exit: a daemon thread still inside torch when
+        # the interpreter tears down aborts the process ("terminate called without an active
+        # exception", seen at the bench's exit).
         self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)

@@ -71,11 +71,15 @@ class RequestState:
         self._prompt_logprobs: dict[int, TokenLogprob] = {}
         self._prompt_logprobs_sent = False
         self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, chars) reported
+        self._plain_sent = (0, 0)  # the same of a plain request's one sequence
+        self._wants_logprobs = request.params.logprobs is not None
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
         self.error: str | None = None
-        self._metrics: RequestMetrics | None = None  # the last one sent, while still true
+        # The last one sent, while still true: the timings and events are set here only, and
+        # each setter drops it (no per-step comparison of every field).
+        self._metrics: RequestMetrics | None = None
         self.events: list[StepEvent] = []  # prefill chunks and preemptions, for traces
         self._preemptions_seen = 0
 
@@ -126,25 +130,37 @@ class RequestState:
         """True the first time only: the request's first chunk ran."""
         if self.first_scheduled_time is None:
             self.first_scheduled_time = now
+            self._metrics = None
             return True
         return False
+
+    def notes(self, chunk: ScheduledChunk) -> bool:
+        """Whether `note_chunk` would record anything for this chunk."""
+        return (
+            self.request.num_preemptions > self._preemptions_seen
+            or chunk.start < chunk.seq.num_prompt_tokens
+        )
 
     def note_chunk(self, chunk: ScheduledChunk, now: float) -> None:
         """Records a chunk that computes prompt tokens (and a preemption that led to it)."""
         if self.request.num_preemptions > self._preemptions_seen:
             self._preemptions_seen = self.request.num_preemptions
             self.events.append(StepEvent("recompute_after_preemption", now, chunk.start))
+            self._metrics = None
         prompt = chunk.seq.num_prompt_tokens
         if chunk.start < prompt and chunk.seq.seq_id == 0:  # forks share the first's prompt
             tokens = min(chunk.num_new_tokens, prompt - chunk.start)
             self.events.append(StepEvent("prefill_chunk", now, chunk.start, tokens))
+            self._metrics = None
 
     def mark_token(self, now: float) -> None:
         if self.first_token_time is None:
             self.first_token_time = now
+            self._metrics = None
 
     def mark_finished(self, now: float) -> None:
         self.finished_time = now
+        self._metrics = None
 
     def fail(self, scheduler: Scheduler, message: str) -> None:
         """Ends the request with finish_reason "error" and `message`, freeing its blocks."""
@@ -157,7 +173,7 @@ class RequestState:
         """What moved since the previous call (see outputs.py): deltas per index."""
         request = self.request
         if self.plain:  # one sequence, index 0: select_outputs would keep it as is
-            completions = (self._delta(0, request.seqs[0]),)
+            completions = (self._plain_delta(request.seqs[0]),)
         elif self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
         elif request.is_finished and keeps_best(request.params) and len(request.seqs) > 1:
@@ -183,14 +199,8 @@ class RequestState:
     def _current_metrics(self) -> RequestMetrics:
         """The request's timings (frozen, so an unchanged one is sent again, not rebuilt)."""
         request, metrics = self.request, self._metrics
-        if (
-            metrics is None
-            or metrics.first_scheduled_time != self.first_scheduled_time
-            or metrics.first_token_time != self.first_token_time
-            or metrics.finished_time != self.finished_time
-            or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens
-            or len(metrics.events) != len(self.events)
-        ):
+        # (The scheduler sets the cached prompt tokens, when it admits the request.)
+        if metrics is None or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens:
             metrics = self._metrics = RequestMetrics(
                 arrival_time=request.arrival_time,
                 first_scheduled_time=self.first_scheduled_time,
@@ -236,6 +246,27 @@ class RequestState:
             seq.stop_reason,
             sent_chars,  # text_offset
             sent_tokens,  # token_offset
+        )
+
+    def _plain_delta(self, seq: TokenSequence) -> CompletionOutput:
+        """`_delta(0, seq)` of a one-sequence request, built once per row per step: its sent
+        counts in two fields, not the per-sequence dict, and no detokenizer looked up when
+        the request has none."""
+        detok = self._detok_done(seq) if self._detokenizers else None
+        sent_tokens, sent_chars = self._plain_sent
+        text = detok.take_new_text() if detok is not None else ""
+        new_ids = tuple(seq.token_ids[seq.num_prompt_tokens + sent_tokens :])
+        self._plain_sent = (sent_tokens + len(new_ids), sent_chars + len(text))
+        return CompletionOutput(
+            0,
+            text,
+            new_ids,
+            seq.cumulative_logprob,
+            tuple(seq.logprobs[sent_tokens:]) if self._wants_logprobs else None,
+            seq.finish_reason,
+            seq.stop_reason,
+            sent_chars,
+            sent_tokens,
         )
 
     def _whole(self, index: int, seq: TokenSequence) -> CompletionOutput:

@@ -27,9 +27,10 @@ from engine.grammar.grammar_masker import PendingMask
 from engine.request_state import RequestState
 from engine.runner import PendingStep, Runner
 from engine.sampling.step_io import StepOutput
+from engine.sampling_plan import StepPlan
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.speculator import grammar_jobs
-from engine.step_update import StepPlan, StepUpdate
+from engine.step_update import StepUpdate
 
 log = logging.getLogger("tgserve.engine")
 

@@ -129,15 +129,20 @@ class Scheduler:
         `num_computed_tokens` and registers newly full blocks in the prefix cache. Chunks of
         requests finished in between are skipped. A proposal's rows are not counted: those the
         verification keeps are, by `accept_proposed`."""
-        mark_computed = self.block_manager.mark_computed
+        bm = self.block_manager
+        mark_computed, block_size = bm.mark_computed, bm.block_size
+        caching, running = bm.enable_prefix_caching, RequestStatus.RUNNING
         for chunk in output.chunks:
-            seq = chunk.seq
-            if chunk.request.status is not RequestStatus.RUNNING or seq.finish_reason is not None:
+            seq, start = chunk.seq, chunk.start
+            if chunk.request.status is not running or seq.finish_reason is not None:
                 continue
-            if seq.num_computed_tokens != chunk.start:
+            if seq.num_computed_tokens != start:
                 raise RuntimeError(f"seq {seq.seq_id}: on_step_done called twice for one output?")
-            seq.num_computed_tokens += chunk.num_new_tokens - len(chunk.proposal)
-            mark_computed(seq)
+            computed = seq.num_computed_tokens = start + chunk.num_new_tokens - len(chunk.proposal)
+            # Only a block that filled up is news to the prefix cache: the blocks before
+            # `start` were registered when they filled (a decode fills one in block_size).
+            if caching and computed // block_size != start // block_size:
+                mark_computed(seq)
 
     def accept_proposed(self, seq: TokenSequence) -> None:
         """The last appended token was a kept proposal whose K/V the step computed: it counts

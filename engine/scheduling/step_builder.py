@@ -59,7 +59,7 @@ class StepBuilder:
     target_s: float | None  # the step-time target (None: budget in tokens only)
     proposals: Proposals = NO_PROPOSALS  # speculative decoding's, for decodes
     budget: int = field(init=False)
-    plans: dict[str, _Plan] = field(default_factory=dict, init=False)
+    plans: dict[str, _Plan | ScheduledChunk] = field(default_factory=dict, init=False)
     preempted: list[str] = field(default_factory=list, init=False)
     # Running totals of the placed chunks, kept as they are placed and taken back (rows are
     # the token budget spent): no per-step sums over every row (issue 38's host time).
@@ -79,6 +79,9 @@ class StepBuilder:
         chunks: list[ScheduledChunk] = []
         copies: list[tuple[int, int]] = []
         for plan in self.plans.values():
+            if type(plan) is ScheduledChunk:  # a decode in place's plan is its chunk
+                chunks.append(plan)
+                continue
             chunks += plan.chunks
             if plan.copies:
                 copies += plan.copies
@@ -103,9 +106,7 @@ class StepBuilder:
 
     def _schedule_decodes(self) -> None:
         for request in self.queues.by_priority():
-            if request.status is not RequestStatus.RUNNING or request.request_id in self.plans:
-                continue
-            if self._decode_in_place(request):
+            if request.status is not RequestStatus.RUNNING or self._decode_in_place(request):
                 continue
             remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
             if min(remaining) < 1:
@@ -123,10 +124,10 @@ class StepBuilder:
                         self.decode_tokens += plan.num_tokens
 
     def _decode_in_place(self, request: Request) -> bool:
-        """Places the common decode, if it is one: a single live sequence, one token to
-        compute, no proposal, written into the last block of its table, which it alone holds
-        (no block to take, nothing to copy, so no preemption): the general path's lists and
-        block counts cost most of a decode step's host time (issue 38). False: not placed."""
+        """Places the common decode (its plan: its chunk, no `_Plan` per row), if it is one:
+        one live sequence, one token, no proposal, written into the last block of its table,
+        which it alone holds (no block to take or copy, no preemption): the general path's
+        lists and block counts cost most of a decode step's host time (issue 38)."""
         seqs = request.seqs
         if len(seqs) != 1 or self.budget < 1:
             return False
@@ -140,14 +141,12 @@ class StepBuilder:
             or (self.proposals.tokens and self.proposals.get(seq))
         ):
             return False
-        self.plans[request.request_id] = _Plan(
-            [ScheduledChunk(request, seq, start, 1, True)], [], 1, True
-        )
         self.budget -= 1
         self.decode_tokens += 1
         self.pairs += start + 1  # chunk_pairs(start, 1)
         if request.params.streamed:
             self.delivering += 1
+        self.plans[request.request_id] = ScheduledChunk(request, seq, start, 1, True)
         return True
 
     def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
@@ -287,6 +286,8 @@ class StepBuilder:
 
     def _preempt(self, victim: Request) -> None:
         plan = self.plans.pop(victim.request_id, None)
+        if type(plan) is ScheduledChunk:  # a decode in place
+            plan = _Plan([plan], [], 1, True)
         if plan is not None:  # scheduled earlier in this step: its tokens go back to the budget
             self.budget += plan.num_tokens
             self._count(plan.chunks, -1)

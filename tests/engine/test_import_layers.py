@@ -78,6 +78,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.request_state",
             "engine.lora_adapters",  # LoRA adapters by name, for intake and the engine
             "engine.intake",
+            "engine.sampling_plan",  # what a step asks of the sampling (before the forward)
             "engine.step_update",
             "engine.step_launch",
             "engine.step_pipeline",

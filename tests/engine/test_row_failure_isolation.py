@@ -134,14 +134,14 @@ def test_a_raising_sampler_row_fails_its_request_alone(folder):
 
 def test_a_raising_append_fails_its_request_alone_after_its_good_tokens(folder):
     engine = tiny_engine(folder)
-    append = engine.updater._append
+    land = engine.updater._land  # a one-sequence row's append and stop checks
 
-    def flaky(state, seq, token, entry):
-        if state.request.request_id == "0" and seq.num_output_tokens == 2:
+    def flaky(state, chunk, token, entry, held):
+        if state.request.request_id == "0" and chunk.seq.num_output_tokens == 2:
             raise ValueError("the detokenizer choked")
-        append(state, seq, token, entry)
+        land(state, chunk, token, entry, held)
 
-    engine.updater._append = flaky
+    engine.updater._land = flaky
     finals = run_staggered(engine, PROMPTS, [GREEDY, SEEDED, GREEDY], arrive_every=0)
     assert finals[0].outputs[0].finish_reason == "error" and "ValueError" in finals[0].error
     assert tokens(finals[0]) == tokens(solo(folder, PROMPTS[0], GREEDY))[:2]

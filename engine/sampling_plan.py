@@ -1,0 +1,122 @@
+"""The sampling plan of a step: what a step asks of the runner's sampling (one `Draw` per
+sampled row, speculated positions, beam asks, prompt-logprob asks) and which of the runner's
+answers belong to which sequences (`StepPlan`), built before the forward. Host data only.
+
+Contract: `plan_sampling(states, eos_token_ids, sched, grammar, released, carried) ->
+(StepSampling, StepPlan)`: per sampled sequence one `Draw` (engine/sampling/step_io.py; a
+parallel group's children to be forked on their first token get theirs, keyed by the sequence
+ids the fork will give them), per speculating sequence one draw per scored position and a
+`Speculated`, per beam group a `BeamAsk` (decoding/beam_search.py), per chunk that asked for
+prompt logprobs a `PromptAsk`; `grammar` the step's pending grammar masks, `released` the
+requests that ended since the last step (the runner drops their generators), `carried` the
+inputs the previous step's draws give (`StepSampling.carried`). A one-sequence request's draw
+is reused from step to step while its row stays the same (`RequestState.last_draw`).
+step_update.py applies the answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.decoding.parallel_sampling import children_to_fork
+from engine.grammar.host_mask import PendingHostMask
+from engine.request_state import RequestState
+from engine.requests.request import TokenSequence
+from engine.sampling.step_io import Draw, Speculated, StepSampling
+from engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
+from engine.speculative.verification import ScoredProposal, position_rows
+
+
+@dataclass
+class StepPlan:
+    """Which answers of the runner belong to which sequences (indices into `StepSampling`)."""
+
+    ordinary: list[tuple[ScheduledChunk, int, list[int]]] = field(default_factory=list)
+    forking: list[int] = field(default_factory=list)  # `ordinary` indices that fork their group
+    scored: list[tuple[ScoredProposal, int, int]] = field(default_factory=list)  # (, spec, draw)
+    beams: list[tuple[str, list[tuple[TokenSequence, int]]]] = field(default_factory=list)
+    prompt: list[tuple[ScheduledChunk, int]] = field(default_factory=list)  # (chunk, its index)
+
+
+def plan_sampling(
+    states: dict[str, RequestState],
+    eos_token_ids: Sequence[int],
+    sched: SchedulerOutput,
+    grammar: PendingHostMask | None = None,
+    released: Sequence[str] = (),
+    carried: Sequence[tuple[int, int]] = (),
+) -> tuple[StepSampling, StepPlan]:
+    plan = StepPlan()
+    draws: list[Draw] = []
+    speculated: list[Speculated] = []
+    beams = []
+    prompt = []
+    groups: dict[str, list[tuple[TokenSequence, int]]] = {}
+    row = 0  # the first logits row of the chunk (as sched.sampled_rows() counts them)
+    for i, chunk in enumerate(sched.chunks):
+        request = chunk.request
+        state = states[request.request_id]
+        asks = request.params.prompt_logprobs is not None  # most rows: nothing asked
+        if asks and state.wants_prompt_logprobs(chunk) and (ask := state.prompt_ask(chunk, i)):
+            plan.prompt.append((chunk, i))
+            prompt.append(ask)
+        if not chunk.sample:
+            continue
+        if state.plain and not chunk.proposal:  # the common row: one draw, its own
+            plan.ordinary.append((chunk, row, [len(draws)]))
+            draws.append(_own_draw(state, chunk.seq, row))
+        elif request.params.use_beam_search:
+            groups.setdefault(request.request_id, []).append((chunk.seq, row))
+        elif chunk.proposal:
+            first = _draw(state, chunk.seq.seq_id, chunk.seq, row)
+            scored = ScoredProposal(request, chunk.seq, row, chunk.proposal)
+            plan.scored.append((scored, len(speculated), len(draws)))
+            speculated.append(
+                Speculated(request.request_id, len(draws), chunk.proposal, first.seed)
+            )
+            draws += position_rows(first, chunk.proposal)
+        else:  # a parallel group's sequence (and on its first token, its children's)
+            seq_ids = [chunk.seq.seq_id, *children_to_fork(chunk)]
+            if len(seq_ids) > 1:
+                plan.forking.append(len(plan.ordinary))
+            plan.ordinary.append((chunk, row, list(range(len(draws), len(draws) + len(seq_ids)))))
+            draws += [_draw(state, seq_id, chunk.seq, row) for seq_id in seq_ids]
+        row += chunk.num_sampled_rows
+    for rid, group in groups.items():
+        state = states[rid]
+        seqs, rows = [seq for seq, _ in group], [row for _, row in group]
+        plan.beams.append((rid, group))
+        beams.append(state.beam.ask(rid, seqs, rows, state.request.params, state.seed_key(0)))
+    sampling = StepSampling(
+        draws=tuple(draws),
+        speculated=tuple(speculated),
+        beams=tuple(beams),
+        prompt_logprobs=tuple(prompt),
+        grammar=grammar,
+        eos_token_ids=tuple(eos_token_ids),
+        released=tuple(released),
+        carried=tuple(carried),
+    )
+    return sampling, plan
+
+
+def _own_draw(state: RequestState, seq: TokenSequence, row: int) -> Draw:
+    """A one-sequence request's draw: the last step's again when its row is the same (a
+    Draw names its row and holds a live view of the sequence's ids, nothing else moves)."""
+    if state.last_draw is None or state.last_draw.row != row:
+        state.last_draw = _draw(state, seq.seq_id, seq, row)
+    return state.last_draw
+
+
+def _draw(state: RequestState, seq_id: int, seq: TokenSequence, row: int) -> Draw:
+    params = state.row_params
+    return Draw(
+        row=row,
+        owner=state.request.request_id,
+        params=params,
+        # Only the repetition penalty reads the prompt: skip copying it every step otherwise.
+        prompt_token_ids=seq.prompt_token_ids if params.repetition_penalty != 1.0 else (),
+        output_token_ids=seq.output_view(),
+        seed=state.seed_key(seq_id),
+    )
