@@ -23,7 +23,8 @@ from engine.parallel_config import check_parallel_sizes
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # models/kv_quant.py (kept torch-free here)
+# models/kv_quant.py, models/kv_fp8.py (kept torch-free here); "fp8_e4m3" is "fp8" (vLLM's name)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3")
 # The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
 DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
 
@@ -62,8 +63,9 @@ class EngineConfig:
     # against GGUF Q4_0 / Q4_1 / Q8_0 blocks and int8 weights (models/activation_quant.py; CPU).
     activation_quantization: str | None = None
     # "auto": the KV cache holds the model's dtype; "int8": int8 rows with a float32 scale per
-    # token and KV head (models/kv_quant.py; CPU, read by the C++ paged attention); "fp8": CUDA
-    # only, not built yet (refused).
+    # token and KV head (models/kv_quant.py; CPU, read by the C++ paged attention); "fp8" (alias
+    # "fp8_e4m3", stored as "fp8"): e4m3 rows with a float32 scale per token and KV head
+    # (models/kv_fp8.py; CUDA, read by the Triton paged kernels).
     kv_cache_dtype: str = "auto"
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)
@@ -178,6 +180,8 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                 f"{self.kv_cache_dtype!r}"
             )
+        if self.kv_cache_dtype == "fp8_e4m3":  # one name inside: the alias is the same rows
+            object.__setattr__(self, "kv_cache_dtype", "fp8")
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):

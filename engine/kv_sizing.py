@@ -1,7 +1,8 @@
 """The KV pool's arithmetic, torch-free: how many bytes the cache gets (`kv_cache_budget_bytes`),
 what one block of K and V costs (`kv_bytes_per_block`:
 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes; a pool row is the model's dtype, or with
-`--kv-cache-dtype int8` head_dim int8 values and a 4-byte float32 scale: `kv_row_layout`), how
+`--kv-cache-dtype int8` head_dim int8 values and a 4-byte float32 scale, with fp8 head_dim e4m3
+values and the same scale: `kv_row_layout`), how
 many whole blocks fit (`num_kv_blocks`, a ValueError naming the settings when none does), and
 whether the K/V dtype asked for can be served on a device (`kv_cache_dtype_refusal`: a reason, or
 None).
@@ -42,8 +43,9 @@ def kv_bytes_per_block(
 
 def kv_row_layout(kv_cache_dtype: str, head_dim: int, dtype: str) -> tuple[int, int]:
     """(elements, bytes per element) of one (token, KV head) row of K or V in the pool: the
-    model's dtype, or int8 values plus a float32 scale's 4 bytes (models/kv_quant.py)."""
-    if kv_cache_dtype == "int8":
+    model's dtype, or int8 (e4m3) values plus a float32 scale's 4 bytes (models/kv_quant.py,
+    models/kv_fp8.py)."""
+    if kv_cache_dtype in ("int8", "fp8"):
         return head_dim + 4, 1
     return head_dim, dtype_bytes(dtype)
 
@@ -69,7 +71,8 @@ def num_kv_blocks(
 
 def kv_cache_dtype_refusal(config: EngineConfig, device_type: str) -> str | None:
     """Why `config.kv_cache_dtype` cannot be served on `device` (None: it can). int8 rows are
-    read by the C++ paged attention on a CPU; fp8 is for CUDA's Triton kernels, not built yet."""
+    read by the C++ paged attention on a CPU; fp8 rows by the Triton paged kernels on CUDA
+    (models/forward_path.py refuses a path that cannot read the cache it is given)."""
     kind = config.kv_cache_dtype
     if kind == "int8" and device_type != "cpu":
         return (
@@ -83,9 +86,8 @@ def kv_cache_dtype_refusal(config: EngineConfig, device_type: str) -> str | None
         )
     if kind == "fp8" and device_type == "cpu":
         return "--kv-cache-dtype fp8 is for CUDA devices; on a CPU use --kv-cache-dtype int8"
-    if kind == "fp8":
+    if kind == "fp8" and device_type != "cuda":
         return (
-            "--kv-cache-dtype fp8 is not built yet (the Triton paged kernels read the model's "
-            "dtype); use --kv-cache-dtype auto"
+            f"--kv-cache-dtype fp8 is for CUDA devices; on {device_type} use --kv-cache-dtype auto"
         )
     return None

@@ -133,8 +133,8 @@ def build_runner(
 
         if config.kv_cache_dtype != "auto":
             raise ValueError(
-                "--kv-cache-dtype int8 is read by the decoder-only C++ step; encoder-decoder "
-                f"models ({model_config.architecture}) keep --kv-cache-dtype auto"
+                f"--kv-cache-dtype {config.kv_cache_dtype} is read by the decoder-only paths; "
+                f"encoder-decoder models ({model_config.architecture}) keep --kv-cache-dtype auto"
             )
 
         runner = EncoderDecoderRunner(

@@ -16,7 +16,8 @@ returns a `ForwardPath`:
 
 An int8 K/V cache (models/kv_quant.py, `--kv-cache-dtype int8`) is read by the C++ paged
 attention only: a path without it (`attention_kernel` False: PyTorch key-block attention, Triton,
-Gemma 2's capped scores) is refused with a ValueError naming the path.
+Gemma 2's capped scores) is refused with a ValueError naming the path; an fp8 one
+(models/kv_fp8.py, `--kv-cache-dtype fp8`) by the Triton path only, on CUDA.
 
 The backends a device may use are listed in `BACKENDS_BY_DEVICE`, best first; each name maps
 to a builder in `BUILDERS` that returns its path, or None when the model, dtype or machine is
@@ -50,6 +51,7 @@ from models.attention_backend import (
     CppAttentionBackend,
     GraphSupport,
 )
+from models.kv_fp8 import is_fp8
 from models.kv_quant import is_quantized
 from models.linear_backend import use_invariant_linears
 from models.moe.cpu_experts import use_cpp_experts
@@ -252,7 +254,13 @@ def select_forward_path(
 
 
 def _reads_its_cache(path: ForwardPath, kv_caches: list[KVCache]) -> ForwardPath:
-    """`path`, unless its cache holds int8 rows that its attention cannot read."""
+    """`path`, unless its cache holds int8 or fp8 rows that its attention cannot read."""
+    if kv_caches and is_fp8(kv_caches[0][0]) and not isinstance(path, TritonPath):
+        raise ValueError(
+            f"--kv-cache-dtype fp8 is read only by tgserve's Triton paged attention on CUDA; "
+            f"this model runs on {path.description!r} here, which cannot read it: use "
+            "--kv-cache-dtype auto"
+        )
     if kv_caches and is_quantized(kv_caches[0][0]) and not path.attention_kernel:
         raise ValueError(
             f"--kv-cache-dtype int8 is read only by tgserve's C++ paged attention on a CPU; "

@@ -48,7 +48,7 @@ def cache_row_shape(head_dim: int, kv_cache_dtype: str) -> int:
 
 def cache_torch_dtype(model_dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
     if kv_cache_dtype == "fp8":
-        return kv_fp8.FP8_DTYPE
+        return kv_fp8.CACHE_DTYPE
     return torch.int8 if kv_cache_dtype == "int8" else model_dtype
 
 

@@ -53,6 +53,7 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
     )
     latency = _of_kind(by_name.get("latency"), "latency")
     invariant = _of_kind(by_name.get("latency_invariant"), "latency")
+    fp8 = _of_kind(by_name.get("latency_fp8"), "latency")
     offline = _of_kind(by_name.get("offline"), "throughput")
     wide = _of_kind(by_name.get("offline_wide"), "throughput")
     serve = _of_kind(by_name.get("serve"), "serve")
@@ -63,6 +64,7 @@ def collect(results: Sequence[StageResult]) -> dict[str, Any]:
         "machine": machine[0] if machine else None,
         "latency": latency[0] if latency else None,
         "latency_invariant": invariant[0] if invariant else None,
+        "latency_fp8": fp8[0] if fp8 else None,
         "offline": {r["backend"]: r for r in offline} or None,
         "offline_wide": wide[0] if wide else None,
         "serve": serve[0] if serve else None,

@@ -102,6 +102,18 @@ def build_plan(settings: Settings) -> list[Stage]:
             60,
             min_s=30,
         ),
+    ]
+    if not settings.tiny:  # fp8 K/V is CUDA's (a CPU refuses it): not in the CPU dry run
+        stages.append(
+            Stage(
+                "latency_fp8",
+                "The same with --kv-cache-dtype fp8 (e4m3 K/V, models/kv_fp8.py)",
+                (*latency, "--skip-limits", "--kv-cache-dtype", "fp8"),
+                60,
+                min_s=30,
+            )
+        )
+    stages += [
         Stage(
             "offline",
             f"{s.offline} x {s.input_len}/{s.output_len} offline, tgserve vs transformers",

@@ -141,16 +141,21 @@ def _benchmarks(f: dict[str, Any]) -> str:
             label = "batch-1 decode tok/s" if phase == "decode" else "prefill tok/s"
             figures = (lat[f"{phase}_tok_s"], lat[f"{phase}_bound_tok_s"])
             rows.append([label, *map(_fmt, figures), _pct(lat[f"{phase}_fraction_of_bound"]), note])
-    inv = f.get("latency_invariant")
-    if inv:
-        note = "--batch-invariant" + (
+    for key, flag, what in (
+        ("latency_invariant", "--batch-invariant", "batch-invariant"),
+        ("latency_fp8", "--kv-cache-dtype fp8", "fp8 K/V"),
+    ):
+        inv = f.get(key)
+        if not inv:
+            continue
+        note = flag + (
             f"; x{inv['decode_tok_s'] / lat['decode_tok_s']:.2f} / "
             f"x{inv['prefill_tok_s'] / lat['prefill_tok_s']:.2f} of the default"
             if lat
             else ""
         )
         for phase in ("decode", "prefill"):
-            label = f"batch-1 {phase} tok/s, batch-invariant"
+            label = f"batch-1 {phase} tok/s, {what}"
             rows.append([label, _fmt(inv[f"{phase}_tok_s"]), "-", "-", note])
     for backend, r in (f["offline"] or {}).items():
         what = f"offline {r['num_requests']} requests, {backend}, output tok/s"

@@ -21,14 +21,16 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.kv_tiers.keys import TierNamespace, tgserve_version
 from engine.kv_tiers.tier_store import TierStore
-from models import kv_quant
+from models import kv_fp8, kv_quant
 
 log = logging.getLogger("tgserve.engine")
 
 
 def kv_dtype_name(cache: Any) -> str:
-    """The cache's element dtype, with the int8 rows' layout version (models/kv_quant.py): rows
-    of another layout are other bytes for the same tokens."""
+    """The cache's element dtype, with the int8 (fp8) rows' layout version (models/kv_quant.py,
+    models/kv_fp8.py): rows of another layout are other bytes for the same tokens."""
+    if kv_fp8.is_fp8(cache):  # bytes: the name says what they hold
+        return f"{cache.dtype}|{kv_fp8.LAYOUT}"
     return f"{cache.dtype}|{kv_quant.LAYOUT}" if kv_quant.is_quantized(cache) else str(cache.dtype)
 
 

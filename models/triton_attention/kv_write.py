@@ -76,8 +76,7 @@ def triton_write_kv(
 ) -> None:
     """Stores k, v [num_tokens, kv_heads, head_dim] at `slot_mapping` [num_tokens] (int64)."""
     if is_fp8(k_cache):  # the quantised rows' bytes into the caches' bytes
-        k, v = quantize_fp8_rows(k).view(torch.uint8), quantize_fp8_rows(v).view(torch.uint8)
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+        k, v = quantize_fp8_rows(k), quantize_fp8_rows(v)
     num_tokens, kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return

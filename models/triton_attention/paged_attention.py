@@ -45,7 +45,7 @@ import triton.language as tl
 from models.kv_fp8 import is_fp8
 from models.triton_attention.split_decode import triton_split_decode
 from models.triton_attention.tile_plan import TILE_ROWS, TilePlan, group_pad
-from models.triton_attention.tile_step import LOG2E, attend_tile, scale_words, tile_constants
+from models.triton_attention.tile_step import LOG2E, attend_tile, cache_operands, tile_constants
 
 
 @triton.jit
@@ -197,9 +197,7 @@ def triton_paged_attention(
     ) | {"FP8": fp8}
     _paged_attention_kernel[(plan.num_tiles, kv_heads)](
         q,
-        k_cache,
-        v_cache,
-        *scale_words(k_cache, v_cache, fp8),
+        *cache_operands(k_cache, v_cache, fp8),
         out,
         plan.block_tables,
         plan.seq_lens,

@@ -30,9 +30,8 @@ def reference_write_kv(
 ) -> None:
     """Stores k, v [T, kv_heads, head_dim] at `slot_mapping` [T] (valid slots only)."""
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    if is_fp8(k_cache):  # torch copies no fp8 by index on a CPU: the rows' bytes instead
-        k, v = quantize_fp8_rows(k).view(torch.uint8), quantize_fp8_rows(v).view(torch.uint8)
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    if is_fp8(k_cache):  # the rows' bytes (models/kv_fp8.py)
+        k, v = quantize_fp8_rows(k), quantize_fp8_rows(v)
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -69,5 +68,5 @@ def _rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """cache [S, KVH, row] at `slots` [T, K] -> [T, K, KVH, D] float32, fp8 rows dequantised."""
     if not is_fp8(cache):
         return cache[slots].float()
-    values, scale = row_parts(cache.view(torch.uint8)[slots].view(cache.dtype))
+    values, scale = row_parts(cache[slots])
     return values.float() * scale

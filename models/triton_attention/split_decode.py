@@ -34,7 +34,7 @@ import triton.language as tl
 
 from models.kv_fp8 import is_fp8
 from models.triton_attention.tile_plan import DECODE_SPLITS, TilePlan, group_pad
-from models.triton_attention.tile_step import LOG2E, attend_tile, scale_words, tile_constants
+from models.triton_attention.tile_step import LOG2E, attend_tile, cache_operands, tile_constants
 
 
 @triton.jit
@@ -214,9 +214,7 @@ def triton_split_decode(
     fp8 = is_fp8(k_cache)
     _split_kernel[(rows, kv_heads, DECODE_SPLITS)](
         q,
-        k_cache,
-        v_cache,
-        *scale_words(k_cache, v_cache, fp8),
+        *cache_operands(k_cache, v_cache, fp8),
         acc,
         stats,
         plan.block_tables,

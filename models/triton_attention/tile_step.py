@@ -2,8 +2,8 @@
 (paged_attention.py) and the split decode (split_decode.py), so both round the same way.
 
 Contract: `tile_constants(...)` are the compile-time constants the kernels share (the key tile,
-the padded head dim, the dots' precision, FP8); `scale_words(k_cache, v_cache, fp8)` what the
-kernels pass as `ks_ptr` / `vs_ptr`; `attend_tile(q, m, denom, acc, ...) ->
+the padded head dim, the dots' precision, FP8); `cache_operands(k_cache, v_cache, fp8)` are
+what the kernels pass as `k_ptr, v_ptr, ks_ptr, vs_ptr`; `attend_tile(q, m, denom, acc, ...) ->
 (m, denom, acc)` folds the keys at `key_pos`
 ([KEYS], one tile aligned at a multiple of KEY_TILE) of one KV head into a query tile's running
 state: q [ROWS, HEAD_PAD], m [ROWS] the running max of the
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.kv_fp8 import scale_view
+from models.kv_fp8 import kernel_views
 from models.triton_kernels.ordered_dot import ordered_dot
 
 KEY_TILE = 64  # keys per tile, aligned at absolute positions
@@ -57,14 +57,13 @@ def tile_constants(
     }
 
 
-def scale_words(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, fp8: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' `ks_ptr` / `vs_ptr`: an fp8 cache's storage as float32 words (its rows'
-    scales, models/kv_fp8.py), else the caches themselves (never read)."""
+def cache_operands(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8: bool) -> tuple:
+    """The kernels' `k_ptr, v_ptr, ks_ptr, vs_ptr`: an fp8 cache's bytes as e4m3 values and as
+    float32 words (its rows' scales, models/kv_fp8.py), else the caches (ks / vs never read)."""
     if fp8:
-        return scale_view(k_cache), scale_view(v_cache)
-    return k_cache, v_cache
+        (k, ks), (v, vs) = kernel_views(k_cache), kernel_views(v_cache)
+        return k, v, ks, vs
+    return k_cache, v_cache, k_cache, v_cache
 
 
 @triton.jit

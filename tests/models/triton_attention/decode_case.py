@@ -38,12 +38,13 @@ class DecodeCase:
         return torch.cat([step[s] for s in range(len(self.token_ids))])
 
 
-def decode_case(seed: int = 0) -> DecodeCase:
+def decode_case(seed: int = 0, kv_cache_dtype: str = "auto") -> DecodeCase:
+    """`kv_cache_dtype` "fp8": the cache holds e4m3 rows (models/kv_fp8.py)."""
     model = ours_from(make_hf_model("mistral"), torch.float32)
     # Linears whose rows do not depend on the batch size (what the CPU paths run), so a step
     # padded to its bucket can be compared bit for bit with the unpadded one.
     use_invariant_linears(model)
-    driver = PagedDriver(model, block_size=4)
+    driver = PagedDriver(model, block_size=4, kv_cache_dtype=kv_cache_dtype)
     scratch = driver.free.pop()
     path = TritonPath(model, driver.kv)
     gen = torch.Generator().manual_seed(seed)

@@ -7,6 +7,7 @@ on a GPU a launch is a launch) and counted. The step's one copy is the replay bu
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -46,13 +47,15 @@ def _allow_kernel_launches(monkeypatch, rec: _SyncRecorder) -> dict[str, int]:
     return launches
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_the_capturable_decode_forward_reads_nothing_and_copies_nothing_in(
-    cpu_triton, monkeypatch
+    cpu_triton, monkeypatch, kv_cache_dtype
 ) -> None:
     """The Triton path's decode forward + LM head over its persistent buffers (what a CUDA
     graph records): no read of tensor data, no data-dependent op, no tensor from host data,
-    no move to a device, whatever the kernels' launchers do around the launches."""
-    case = decode_case()
+    no move to a device, whatever the kernels' launchers do around the launches; over an fp8
+    cache too (its rows quantised by torch ops, the cache viewed as e4m3 at launch)."""
+    case = decode_case(kv_cache_dtype=kv_cache_dtype)
     step = case.buffers.build_for_replay(case.token_ids, case.positions, case.tables, 4)
     num_layers = len(case.driver.kv)
     with recording(monkeypatch, host_copies=True) as rec:

@@ -50,7 +50,7 @@ def test_rows_are_the_layouts_statement() -> None:
     x[0, 0] = 0.0  # an all-zero row
     x[1, 1, 5] = 1e4  # one outlier: the rest of its row falls to e4m3's subnormals or zero
     rows = quantize_fp8_rows(x)
-    assert rows.shape == (6, 2, 36) and rows.dtype == FP8_DTYPE
+    assert rows.shape == (6, 2, 36) and rows.dtype == torch.uint8
     values, scales = row_parts(rows)
     amax = x.abs().amax(dim=-1, keepdim=True)
     assert torch.equal(scales, amax / 448)  # float32 division, bytes compared as floats
@@ -73,17 +73,17 @@ def test_the_triton_write_stores_the_rows_at_their_slots(triton_kernels) -> None
     slots = torch.tensor([37, -1, 3, 150, 16])
     shape = (12, bs, 2, dim + 4)
     before = torch.randint(0, 255, shape, dtype=torch.uint8, generator=gen)
-    got = tuple(before.clone().view(FP8_DTYPE).to(device) for _ in range(2))
+    got = tuple(before.clone().to(device) for _ in range(2))
     triton_write_kv(*got, k.to(device), v.to(device), slots.to(device))
-    by_torch = tuple(before.clone().view(FP8_DTYPE) for _ in range(2))
+    by_torch = tuple(before.clone() for _ in range(2))
     keep = slots >= 0
     write_kv(by_torch, k[keep], v[keep], slots[keep])  # the PyTorch paths' write
     for cache, x, ref in zip(got, (k, v), by_torch, strict=True):
-        flat = cache.cpu().view(torch.uint8).view(-1, 2, dim + 4)
+        flat = cache.cpu().view(-1, 2, dim + 4)
         want = before.clone().view(-1, 2, dim + 4)
-        want[slots[keep]] = quantize_fp8_rows(x[keep]).view(torch.uint8)
+        want[slots[keep]] = quantize_fp8_rows(x[keep])
         assert torch.equal(flat, want)
-        assert torch.equal(flat, ref.view(torch.uint8).view(-1, 2, dim + 4))
+        assert torch.equal(flat, ref.view(-1, 2, dim + 4))
 
 
 def _fp8_step(cases, group, head_dim, block_size, window, dtype, device, **kw) -> Step:
@@ -91,9 +91,7 @@ def _fp8_step(cases, group, head_dim, block_size, window, dtype, device, **kw) -
     so a slot read outside a sequence's context would poison the output."""
     if "cache" not in kw:
         shape = (NUM_BLOCKS, block_size, KV_HEADS, head_dim + 4)
-        kw["cache"] = tuple(
-            torch.full(shape, 255, dtype=torch.uint8).view(FP8_DTYPE).to(device) for _ in "kv"
-        )
+        kw["cache"] = tuple(torch.full(shape, 255, dtype=torch.uint8, device=device) for _ in "kv")
     return make_step(cases, group * KV_HEADS, head_dim, block_size, window, dtype, device, **kw)
 
 
@@ -104,12 +102,7 @@ def _dequantised(step: Step, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     pos = torch.arange(n)
     slots = table[pos // bs] * bs + pos % bs
     rows = step.cache[0].shape[-1]
-    return tuple(
-        dequantize_fp8_rows(
-            c.cpu().view(torch.uint8).view(-1, KV_HEADS, rows)[slots].view(FP8_DTYPE)
-        )
-        for c in step.cache
-    )
+    return tuple(dequantize_fp8_rows(c.cpu().view(-1, KV_HEADS, rows)[slots]) for c in step.cache)
 
 
 def _run(step: Step, splits: int = 0) -> torch.Tensor:
