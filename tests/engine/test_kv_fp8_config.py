@@ -4,7 +4,9 @@
   shape (32 layers, 8 KV heads of 128, blocks of 16) gets 992 blocks of 1 GiB against bf16's
   512 (hand-computed: 2 * 32 * 16 * 8 * 132 = 1,081,344 bytes a block against 2,097,152);
 - a CPU (or another device) refuses it naming the flag and what to use; CUDA takes it;
-- the K/V tiers' key names the fp8 rows' layout, not bare bytes."""
+- the K/V tiers' key names the fp8 rows' layout, not bare bytes;
+- copy-on-write copies an fp8 block with its rows' scales (torch has no float8 index_copy_:
+  why the cache is bytes)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import torch
 from engine.config import EngineConfig
 from engine.kv_sizing import kv_cache_dtype_refusal, kv_row_layout, num_kv_blocks
 from engine.kv_tiers.open_store import kv_dtype_name
+from engine.runner import copy_blocks
 from models import kv_fp8
 from models.kv_quant import cache_row_shape, cache_torch_dtype
+from models.triton_attention.reference import reference_write_kv
 
 
 def test_fp8_e4m3_is_fp8() -> None:
@@ -53,3 +57,17 @@ def test_the_tier_key_names_the_fp8_layout() -> None:
     fp8 = torch.zeros(2, 4, 2, 20, dtype=kv_fp8.CACHE_DTYPE)
     assert kv_dtype_name(fp8) == f"torch.uint8|{kv_fp8.LAYOUT}"
     assert kv_dtype_name(torch.zeros(2, dtype=torch.bfloat16)) == "torch.bfloat16"
+
+
+def test_copy_on_write_moves_fp8_rows_with_their_scales() -> None:
+    shape = (6, 4, 2, cache_row_shape(16, "fp8"))  # blocks of 4 tokens, 2 KV heads of 16
+    caches = [
+        tuple(torch.zeros(shape, dtype=cache_torch_dtype(torch.float32, "fp8")) for _ in "kv")
+    ]
+    k, v = torch.randn(2, 4, 2, 16, generator=torch.Generator().manual_seed(0))
+    reference_write_kv(*caches[0], k, v, torch.arange(4, 8))  # block 1
+    copy_blocks(caches, [(1, 4)], torch.device("cpu"))
+    for cache, x in zip(caches[0], (k, v), strict=True):
+        assert torch.equal(cache[4], cache[1]) and torch.equal(
+            cache[1], kv_fp8.quantize_fp8_rows(x)
+        )
