@@ -9,8 +9,9 @@ nearest even; |x * 448 / max|x|| <= 448 up to one float32 rounding, which rounds
 no value saturates or becomes NaN), float32 arithmetic; all-zero rows: q = 0, s = 0. head_dim
 must be a multiple of 4, so that every scale is 4-byte aligned (the kernels read it as a
 float32). Why bytes and not a float8 tensor: the pool's block moves (copy-on-write's
-index_copy_, the K/V tiers' loads) have no float8 kernel in torch (CPU nor CUDA); bytes move
-everywhere, and the kernels view them as e4m3 at launch (no copy).
+index_copy_, the K/V tiers' loads on CUDA) have no float8 kernel in torch (on the CPU checked
+here; on CUDA per its dispatch lists); bytes move everywhere, and the kernels view them as e4m3
+at launch (no copy).
 Why per (token, KV head) and inside the row, as the int8 rows (models/kv_quant.py) do: a row's
 bits depend on that row alone (batch invariance; a block shared by a prefix is never
 rewritten), the scale costs 4 bytes of a 132-byte row at head_dim 128 (1.94x the tokens of a
