@@ -6,7 +6,7 @@
 // are located once, the next chunk's rows are prefetched, and for each KV head its G query
 // heads are scored, softmaxed (online) and V-summed together by the SIMD loops of
 // attention_simd.h (AVX-512), attention_avx2.h (AVX2 + FMA) or the portable ones, each naming
-// the reduction order it fixes. Up to 8 consecutive rows of one sequence (a prefill chunk's
+// the reduction order it fixes. Up to 32 consecutive rows of one sequence (a prefill chunk's
 // queries) attend to a chunk together while its K/V rows sit in L1, each in its own order.
 // Work is split over the cores by (group of rows, key range): one long sequence's ranges
 // spread over every core, and the ranges merge in range order, whatever the split.
@@ -39,6 +39,15 @@ using tgserve::attn::kChunk;
 using tgserve::attn::prefetch_rows;
 using tgserve::attn::round_up;
 
+// Rows per group: consecutive rows of one sequence (a prefill chunk's queries) read each K/V
+// chunk once for up to this many queries. A long prefill streams its whole context (12.6 MB a
+// layer at 8k keys for the default model) from L3 or memory once per group: 32 rows read it a
+// quarter as often as 8 did (PERFORMANCE.md, AVX2 long prompts). Fewer when a group's partials
+// (rows x ranges x heads) would pass kPartsBudget floats a thread (large models, long
+// contexts), never fewer than 8; a row's bits do not depend on its group.
+constexpr int kGroupRows = 32;
+constexpr int64_t kPartsBudget = int64_t{4} << 20;  // 16 MB of float32 partials a thread
+
 // Per-row state of attend_range: acc [H, DA] (DA = acc_stride(D), the attention_simd.h
 // layout) the unnormalised V sums, m [H] the online softmax's reference max, l [H] its sum.
 struct RangeOut {
@@ -49,11 +58,14 @@ struct RangeOut {
 
 // Attention of the R rows of a group (queries of one sequence, same block table and key start
 // k0) over keys [k0, k1[i]) of this range, row i into out[i]. q[i] [H, qstride] is packed by
-// pack_query. scratch holds p [G, kChunk], V weights [G, kChunk] (int8 rows: p times each V
-// row's scale) and per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
+// pack_query. scratch holds p [R, G, kChunk], V weights [G, kChunk] (int8 rows: p times each
+// V row's scale) and per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
 // elements (D values, then an int8 row's scale).
 // A chunk's K/V rows are located and prefetched once and stay in L1 while every row of the
-// group attends to them: rows share the memory traffic, never the arithmetic. Each row walks
+// group attends to them: rows share the memory traffic, never the arithmetic. For each KV
+// head the rows' scores come first, then their softmax steps, then their V sums: each row's
+// three steps depend on one another, different rows' do not, so the core overlaps one row's
+// chain with the next row's instead of waiting at every step. Each row walks
 // the chunks k0, k0 + 16, ... < k1[i] with n = min(16, k1[i] - c0) keys, exactly as it does
 // alone (R = 1), so its bits do not depend on its group.
 // DC > 0 fixes head_dim at compile time (64, 128) so the D loops unroll.
@@ -66,9 +78,9 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
   constexpr bool kInt8 = std::is_same_v<T, int8_t>;
   const int64_t G = H / KVH, DS = D + tgserve::KVRowExtra<T>::value, W = KVH * DS;
   const int64_t DA = simd::acc_stride<T>(D);
-  float* p = scratch;
-  float* pv = scratch + G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
-  float* lsum = scratch + 2 * G * kChunk;  // [R, H, kChunk]
+  float* p = scratch;                         // [R, G, kChunk] scores, then weights
+  float* pv = scratch + R * G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
+  float* lsum = scratch + (R + 1) * G * kChunk;  // [R, H, kChunk]
   float kmul[kChunk], vmul[kChunk];  // each key's score multiplier and V scale
   std::fill(kmul, kmul + kChunk, scale);
   const int64_t kmax = *std::max_element(k1, k1 + R);
@@ -106,18 +118,27 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
           vmul[i] = tgserve::kv_row_scale(vrows[i], D);
         }
       }
+      int n[kGroupRows];  // row i's keys in this chunk (0: its range ended)
+      for (int i = 0; i < R; ++i)
+        n[i] = static_cast<int>(std::clamp<int64_t>(k1[i] - c0, 0, kChunk));
+      for (int i = 0; i < R; ++i)
+        if (n[i] > 0)
+          simd::score_chunk<T, DC>(q[i] + g * G * qstride, qstride, krows, n[i], G, D, kmul,
+                                   p + i * G * kChunk);
+      for (int i = 0; i < R; ++i)
+        if (n[i] > 0)
+          simd::softmax_chunk(p + i * G * kChunk, n[i], G, out[i].m + g * G,
+                              lsum + (i * H + g * G) * kChunk, out[i].acc + g * G * DA, DA);
       for (int i = 0; i < R; ++i) {
-        if (c0 >= k1[i]) continue;  // this row's range ended
-        const int n = static_cast<int>(std::min<int64_t>(kChunk, k1[i] - c0));
+        if (n[i] == 0) continue;
+        const float* pi = p + i * G * kChunk;
         float* acc = out[i].acc + g * G * DA;
-        simd::score_chunk<T, DC>(q[i] + g * G * qstride, qstride, krows, n, G, D, kmul, p);
-        simd::softmax_chunk(p, n, G, out[i].m + g * G, lsum + (i * H + g * G) * kChunk, acc, DA);
         if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
           for (int64_t h = 0; h < G; ++h)
-            for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = p[h * kChunk + j] * vmul[j];
-          simd::accumulate_chunk<T, DC>(pv, vrows, G, D, acc, DA, n);
+            for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = pi[h * kChunk + j] * vmul[j];
+          simd::accumulate_chunk<T, DC>(pv, vrows, G, D, acc, DA, n[i]);
         } else {
-          simd::accumulate_chunk<T, DC>(p, vrows, G, D, acc, DA, n);
+          simd::accumulate_chunk<T, DC>(pi, vrows, G, D, acc, DA, n[i]);
         }
       }
     }
@@ -136,9 +157,6 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
 // threads (batch invariance; only the grouping of work items changes with the batch), and
 // whichever rows share its group (attend_range).
 constexpr int64_t kRangeKeys = 256;
-// Rows per group: consecutive rows of one sequence (a prefill chunk's queries) read each K/V
-// chunk once for up to this many queries.
-constexpr int kGroupRows = 8;
 
 // out [D] = the merge of ranges 0 .. R-1 of head h, in order: weights exp(m_r - max m) on the
 // partial sums. parts: acc [R, H, DA], then m [R, H], then l [R, H], at acc / pm / pl; the
@@ -197,28 +215,31 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
     start[b] = window > 0 ? std::max<int64_t>(0, len[b] - window) : 0;
     first[b + 1] = first[b] + std::max<int64_t>(1, (len[b] - start[b] + kRangeKeys - 1) / kRangeKeys);
   }
-  // Groups: runs of up to kGroupRows consecutive rows over the same keys; group j is rows
+  const int64_t max_ranges = (nb * bs + kRangeKeys - 1) / kRangeKeys + 1;
+  const int64_t group_rows =
+      std::clamp<int64_t>(kPartsBudget / (max_ranges * part_size), 8, kGroupRows);
+  // Groups: runs of up to group_rows consecutive rows over the same keys; group j is rows
   // gfirst[j] .. gfirst[j + 1] - 1, its ranges gitem[j] .. gitem[j + 1] - 1 (its longest row's).
   std::vector<int64_t> gfirst{0}, gitem{0};
   for (int64_t b = 1; b <= B; ++b) {
     const int64_t g0 = gfirst.back();
-    if (b < B && b - g0 < kGroupRows && same_keys(tables, nb, start, len, bs, g0, b)) continue;
+    if (b < B && b - g0 < group_rows && same_keys(tables, nb, start, len, bs, g0, b)) continue;
     int64_t ranges = 0;
     for (int64_t c = g0; c < b; ++c) ranges = std::max(ranges, first[c + 1] - first[c]);
     gfirst.push_back(b);
     gitem.push_back(gitem.back() + ranges);
   }
   const int64_t num_groups = static_cast<int64_t>(gfirst.size()) - 1;
-  const int64_t max_ranges = (nb * bs + kRangeKeys - 1) / kRangeKeys + 1;
-  const bool by_group = num_groups >= 2 * omp_get_max_threads();
+  // Whole groups when there are enough to share out evenly (the last, longest ones first).
+  const bool by_group = num_groups >= 4 * omp_get_max_threads();
   // Partials of every row's ranges (split work) or of one group per thread (by_group).
   std::vector<float> shared_parts(by_group ? 0 : first[B] * part_size);
 #pragma omp parallel
   {
     std::vector<QT> qp(kGroupRows * H * Dp);  // a group's query heads, packed
-    std::vector<float> own_parts(by_group ? kGroupRows * max_ranges * part_size : 0);
-    // merge sum [DA], then attend_range's scratch [2 G + kGroupRows * H, kChunk]
-    std::vector<float> scratch(DA + (2 * (H / KVH) + kGroupRows * H) * kChunk);
+    std::vector<float> own_parts(by_group ? group_rows * max_ranges * part_size : 0);
+    // merge sum [DA], then attend_range's scratch [(kGroupRows + 1) G + kGroupRows H, kChunk]
+    std::vector<float> scratch(DA + ((kGroupRows + 1) * (H / KVH) + kGroupRows * H) * kChunk);
     float* sum = scratch.data();
     float* p = sum + DA;
     const QT* qrows[kGroupRows];
@@ -259,7 +280,8 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
     };
     if (by_group) {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t j = 0; j < num_groups; ++j) {
+      for (int64_t jj = 0; jj < num_groups; ++jj) {
+        const int64_t j = num_groups - 1 - jj;  // a prefill chunk's later rows have more keys
         auto parts = [&](int64_t b) { return own_parts.data() + (b - gfirst[j]) * max_ranges * part_size; };
         pack(j);
         for (int64_t r = 0; r < gitem[j + 1] - gitem[j]; ++r) attend(j, r, parts);
