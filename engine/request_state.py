@@ -69,7 +69,9 @@ class RequestState:
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}
         # Position p -> logprob of prompt token p given tokens < p (p >= 1).
         self._prompt_logprobs: dict[int, TokenLogprob] = {}
-        self._prompt_logprobs_sent = False
+        # Sent, or never asked for: nothing more to send.
+        self._prompt_logprobs_done = request.params.prompt_logprobs is None
+        self._input_token_ids = request.input_token_ids  # (a tuple, never replaced)
         self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, chars) reported
         self._plain_sent = (0, 0)  # the same of a plain request's one sequence
         self._wants_logprobs = request.params.logprobs is not None
@@ -186,39 +188,40 @@ class RequestState:
                 request.params,
                 request.is_finished,
             )
+        metrics = self._metrics  # (the scheduler sets the cached prompt tokens at admission)
+        if metrics is None or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens:
+            metrics = self._current_metrics()
         return RequestOutput(  # positional: once per request per step, keywords cost more
             request.request_id,
-            request.input_token_ids,
+            self._input_token_ids,
             completions,
             request.is_finished,
-            None if request.params.prompt_logprobs is None else self._take_prompt_logprobs(),
-            self._current_metrics(),
+            None if self._prompt_logprobs_done else self._take_prompt_logprobs(),
+            metrics,
             self.error,
         )
 
     def _current_metrics(self) -> RequestMetrics:
-        """The request's timings (frozen, so an unchanged one is sent again, not rebuilt)."""
-        request, metrics = self.request, self._metrics
-        # (The scheduler sets the cached prompt tokens, when it admits the request.)
-        if metrics is None or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens:
-            metrics = self._metrics = RequestMetrics(
-                arrival_time=request.arrival_time,
-                first_scheduled_time=self.first_scheduled_time,
-                first_token_time=self.first_token_time,
-                finished_time=self.finished_time,
-                num_cached_prompt_tokens=request.num_cached_prompt_tokens,
-                events=tuple(self.events),
-            )
+        """The request's timings now (`output` sends the last one again while it holds)."""
+        request = self.request
+        metrics = self._metrics = RequestMetrics(
+            arrival_time=request.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            first_token_time=self.first_token_time,
+            finished_time=self.finished_time,
+            num_cached_prompt_tokens=request.num_cached_prompt_tokens,
+            events=tuple(self.events),
+        )
         return metrics
 
     def _take_prompt_logprobs(self) -> tuple[TokenLogprob | None, ...] | None:
         """All prompt logprobs, once: in the first output after the prompt was computed."""
-        if self.request.params.prompt_logprobs is None or self._prompt_logprobs_sent:
+        if self._prompt_logprobs_done:
             return None
         prompt = self.request.prompt_token_ids
         if len(self._prompt_logprobs) < len(prompt) - 1 and not self.request.is_finished:
             return None
-        self._prompt_logprobs_sent = True
+        self._prompt_logprobs_done = True
         return (None,) + tuple(self._prompt_logprobs.get(p) for p in range(1, len(prompt)))
 
     def _detok_done(self, seq: TokenSequence) -> IncrementalDetokenizer | None:

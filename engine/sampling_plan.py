@@ -48,6 +48,7 @@ def plan_sampling(
     carried: Sequence[tuple[int, int]] = (),
 ) -> tuple[StepSampling, StepPlan]:
     plan = StepPlan()
+    ordinary = plan.ordinary
     draws: list[Draw] = []
     speculated: list[Speculated] = []
     beams = []
@@ -64,9 +65,16 @@ def plan_sampling(
         if not chunk.sample:
             continue
         if state.plain and not chunk.proposal:  # the common row: one draw, its own
-            plan.ordinary.append((chunk, row, [len(draws)]))
-            draws.append(_own_draw(state, chunk.seq, row))
-        elif request.params.use_beam_search:
+            # The last step's draw again when its row is the same (a Draw names its row and
+            # holds a live view of the sequence's ids, nothing else moves).
+            draw = state.last_draw
+            if draw is None or draw.row != row:
+                draw = state.last_draw = _draw(state, chunk.seq.seq_id, chunk.seq, row)
+            ordinary.append((chunk, row, [len(draws)]))
+            draws.append(draw)
+            row += 1
+            continue
+        if request.params.use_beam_search:
             groups.setdefault(request.request_id, []).append((chunk.seq, row))
         elif chunk.proposal:
             first = _draw(state, chunk.seq.seq_id, chunk.seq, row)
@@ -99,14 +107,6 @@ def plan_sampling(
         carried=tuple(carried),
     )
     return sampling, plan
-
-
-def _own_draw(state: RequestState, seq: TokenSequence, row: int) -> Draw:
-    """A one-sequence request's draw: the last step's again when its row is the same (a
-    Draw names its row and holds a live view of the sequence's ids, nothing else moves)."""
-    if state.last_draw is None or state.last_draw.row != row:
-        state.last_draw = _draw(state, seq.seq_id, seq, row)
-    return state.last_draw
 
 
 def _draw(state: RequestState, seq_id: int, seq: TokenSequence, row: int) -> Draw:

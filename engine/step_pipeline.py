@@ -35,24 +35,11 @@ from engine.faults import apply_faults
 from engine.request_state import RequestState
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import PLACEHOLDER, TokenSequence
-from engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
+from engine.scheduling.scheduler import SchedulerOutput
 from engine.step_launch import Launched, launch
 from engine.tier_hooks import schedule_step
 
 log = logging.getLogger("tgserve.engine")
-
-
-def deferrable(state: RequestState | None, chunk: ScheduledChunk) -> bool:
-    """Whether this sampled row's step may run on before its token is on the host: nothing
-    between its sampling and the next step reads the token's value (the sampler reads a
-    sequence's ids for penalties and its length for min_tokens bans)."""
-    return (
-        state is not None
-        and state.may_defer  # no grammar, beams, forks, prompt logprobs or penalties
-        and state.error is None
-        and not chunk.proposal
-        and chunk.seq.num_output_tokens >= chunk.request.params.min_tokens
-    )
 
 
 @dataclass(frozen=True)
@@ -68,9 +55,10 @@ class _Held:
     def carried(self, sched: SchedulerOutput) -> tuple[tuple[int, int], ...]:
         """(chunk index, draw index) of the chunks of `sched` whose last input is one of
         this step's tokens."""
-        out = []
+        out, draws = [], self.draws
         for i, chunk in enumerate(sched.chunks):
-            if (found := self.draws.get(chunk.seq)) and chunk.start <= found[0] < chunk.seq_len:
+            found = draws.get(chunk.seq)
+            if found is not None and chunk.start <= found[0] < chunk.start + chunk.num_new_tokens:
                 out.append((i, found[1]))
         return tuple(out)
 
@@ -147,13 +135,25 @@ class StepPipeline:
         if not self.overlapped or e.speculator is not None or sched.preempted:
             return False
         goes_on = False  # not when every row's token is its last (max_tokens): waste
+        states = e._states
         for c in sched.chunks:
-            if not c.sample or c.request.is_finished:
+            request = c.request
+            if not c.sample or request.is_finished:
                 continue
-            state = e._states.get(c.request.request_id)
-            if not deferrable(state, c):
+            # May this row's step run on before its token is on the host? Only if nothing
+            # between its sampling and the next step reads the token's value (the sampler
+            # reads a sequence's ids for penalties and its length for min_tokens bans).
+            state, seq = states.get(request.request_id), c.seq
+            generated = len(seq.token_ids) - seq.num_prompt_tokens
+            if (
+                state is None
+                or not state.may_defer  # no grammar, beams, forks, prompt logprobs or penalties
+                or state.error is not None
+                or c.proposal
+                or generated < request.params.min_tokens
+            ):
                 return False
-            goes_on = goes_on or c.seq.num_output_tokens + 1 < state.criteria.max_tokens
+            goes_on = goes_on or generated + 1 < state.criteria.max_tokens
         return goes_on
 
     def _hold(self, sched: SchedulerOutput, step: Launched, scheduled_at: float) -> None:
@@ -162,10 +162,10 @@ class StepPipeline:
         self.engine.scheduler.on_step_done(sched)
         draws = {}
         for chunk, _, indices in step.plan.ordinary:
-            seq = chunk.seq
             if not chunk.request.is_finished:
-                draws[seq] = (len(seq.token_ids), indices[0])
-                seq.token_ids.append(PLACEHOLDER)
+                ids = chunk.seq.token_ids
+                draws[chunk.seq] = (len(ids), indices[0])
+                ids.append(PLACEHOLDER)
         self._held = _Held(sched, step, scheduled_at, time.perf_counter(), draws)
 
     def _apply_held(self, held: _Held | None) -> list[RequestOutput]:

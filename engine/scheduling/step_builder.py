@@ -10,7 +10,6 @@ a request that needs blocks none can give preempts the lowest-priority running r
 recompute, repeatedly, until it fits or is itself the victim, and no waiting request is
 admitted in a step that preempted. It returns a `StepResult`: the `SchedulerOutput` (with the
 ids the scheduler `aborted` before) and the prefill chunk a prompt could get now (a gauge).
-A builder serves one step.
 """
 
 from __future__ import annotations
@@ -124,22 +123,23 @@ class StepBuilder:
                         self.decode_tokens += plan.num_tokens
 
     def _decode_in_place(self, request: Request) -> bool:
-        """Places the common decode (its plan: its chunk, no `_Plan` per row), if it is one:
-        one live sequence, one token, no proposal, written into the last block of its table,
-        which it alone holds (no block to take or copy, no preemption): the general path's
-        lists and block counts cost most of a decode step's host time (issue 38)."""
-        seqs = request.seqs
+        """Places the common decode (its plan: its chunk, no `_Plan`), if it is one: one live
+        sequence, one token, no proposal, into the last block of its table, which it alone
+        holds, or into a fresh block while one is free (no copy, no preemption): the general
+        path's lists and block counts cost most of a decode step's host time (issue 38)."""
+        seqs, bm = request.seqs, self.block_manager
         if len(seqs) != 1 or self.budget < 1:
             return False
         seq = seqs[0]
         start, table = seq.num_computed_tokens, seq.block_table
-        index = start // self.block_manager.block_size
-        if (
-            len(seq.token_ids) != start + 1
-            or index >= len(table)
-            or self.block_manager.ref_count(table[index]) != 1
-            or (self.proposals.tokens and self.proposals.get(seq))
-        ):
+        index = start // bm.block_size
+        if len(seq.token_ids) != start + 1 or (self.proposals.tokens and self.proposals.get(seq)):
+            return False
+        if index == len(table):  # the token opens a block: as the general path takes it
+            if bm.num_free_blocks < 1:
+                return False
+            bm.append(seq, 1)
+        elif index > len(table) or bm.ref_count(table[index]) != 1:
             return False
         self.budget -= 1
         self.decode_tokens += 1
