@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 from dataclasses import dataclass
 
 HashFn = Callable[[int | None, tuple[int, ...]], int]
@@ -69,6 +69,10 @@ class PrefixCache:
 
     def parked_blocks(self) -> list[int]:
         return list(self._parked)
+
+    def registered_blocks(self) -> KeysView[int]:
+        """The blocks holding an entry: a live view (block_invariants.py's set operations)."""
+        return self._by_block.keys()
 
     def lookup(
         self, parent: CacheEntry | None, tokens: tuple[int, ...], root: str | None = None
