@@ -10,10 +10,12 @@
 // queries) attend to a chunk together while its K/V rows sit in L1, each in its own order.
 // Work is split over the cores by (group of rows, key range): one long sequence's ranges
 // spread over every core, and the ranges merge in range order, whatever the split.
-// The cache holds rows of the model's dtype, or int8 rows with a scale each (kv_int8.h): the
-// same loops widen them in place (no dequantised copy), a K row's scale joins the score's
-// multiplier and a V row's the key's softmax weight in the V sum (the softmax's running sums
-// keep the unscaled weights), each once per key and head, in the order of the float caches.
+// The cache holds rows of the model's dtype, or int8 rows with a scale each (kv_int8.h), never
+// dequantised as a whole: a row alone reads them in place (the SIMD loops widen them), a
+// group of rows widens each chunk's rows once per KV head into an L1 buffer (exact: the same
+// bits) and runs the float loops on it. A K row's scale joins the score's multiplier and a V
+// row's the key's softmax weight in the V sum (the softmax's running sums keep the unscaled
+// weights), each once per key and head, in the order of the float caches.
 // int8 rows hold Walsh-Hadamard-rotated values: each query head is rotated once when packed
 // (kv_rotate_query) and each output row once before it is stored (merge_ranges).
 #include "kernels.h"
@@ -29,6 +31,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -59,7 +62,8 @@ struct RangeOut {
 // Attention of the R rows of a group (queries of one sequence, same block table and key start
 // k0) over keys [k0, k1[i]) of this range, row i into out[i]. q[i] [H, qstride] is packed by
 // pack_query. scratch holds p [R, G, kChunk], V weights [G, kChunk] (int8 rows: p times each
-// V row's scale) and per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
+// V row's scale), a chunk's K and V rows widened [2, kChunk, DA] (int8 rows, R > 1) and
+// per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
 // elements (D values, then an int8 row's scale).
 // A chunk's K/V rows are located and prefetched once and stay in L1 while every row of the
 // group attends to them: rows share the memory traffic, never the arithmetic. For each KV
@@ -80,7 +84,9 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
   const int64_t DA = simd::acc_stride<T>(D);
   float* p = scratch;                         // [R, G, kChunk] scores, then weights
   float* pv = scratch + R * G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
-  float* lsum = scratch + (R + 1) * G * kChunk;  // [R, H, kChunk]
+  float* kwide = scratch + (R + 1) * G * kChunk;  // [kChunk, DA] a chunk's int8 K rows, widened
+  float* vwide = kwide + kChunk * DA;             // [kChunk, DA] and its V rows
+  float* lsum = vwide + kChunk * DA;              // [R, H, kChunk]
   float kmul[kChunk], vmul[kChunk];  // each key's score multiplier and V scale
   std::fill(kmul, kmul + kChunk, scale);
   const int64_t kmax = *std::max_element(k1, k1 + R);
@@ -102,6 +108,33 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
     prefetch_rows(kc, vc, off[j % (kAhead + 1)], 0, locate(j), W);
   const T* krows[kChunk];
   const T* vrows[kChunk];
+  const float* kwrows[kChunk];
+  const float* vwrows[kChunk];
+  // The group's rows over the chunk's rows of KV head g (krow, vrow: T rows in the cache, or
+  // float32 rows widened from int8 ones): scores, softmax steps, V sums.
+  auto passes = [&](auto krow, auto vrow, const int* n, int64_t g) {
+    using U = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(krow)>>>;
+    for (int i = 0; i < R; ++i)
+      if (n[i] > 0)
+        simd::score_chunk<U, DC>(q[i] + g * G * qstride, qstride, krow, n[i], G, D, kmul,
+                                 p + i * G * kChunk);
+    for (int i = 0; i < R; ++i)
+      if (n[i] > 0)
+        simd::softmax_chunk(p + i * G * kChunk, n[i], G, out[i].m + g * G,
+                            lsum + (i * H + g * G) * kChunk, out[i].acc + g * G * DA, DA);
+    for (int i = 0; i < R; ++i) {
+      if (n[i] == 0) continue;
+      const float* pi = p + i * G * kChunk;
+      float* acc = out[i].acc + g * G * DA;
+      if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
+        for (int64_t h = 0; h < G; ++h)
+          for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = pi[h * kChunk + j] * vmul[j];
+        simd::accumulate_chunk<U, DC>(pv, vrow, G, D, acc, DA, n[i]);
+      } else {
+        simd::accumulate_chunk<U, DC>(pi, vrow, G, D, acc, DA, n[i]);
+      }
+    }
+  };
   for (int64_t c0 = k0, j = 0; c0 < kmax; c0 += kChunk, ++j) {
     const int64_t* cur = off[j % (kAhead + 1)];
     const int64_t* ahead = off[(j + kAhead) % (kAhead + 1)];
@@ -121,26 +154,20 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       int n[kGroupRows];  // row i's keys in this chunk (0: its range ended)
       for (int i = 0; i < R; ++i)
         n[i] = static_cast<int>(std::clamp<int64_t>(k1[i] - c0, 0, kChunk));
-      for (int i = 0; i < R; ++i)
-        if (n[i] > 0)
-          simd::score_chunk<T, DC>(q[i] + g * G * qstride, qstride, krows, n[i], G, D, kmul,
-                                   p + i * G * kChunk);
-      for (int i = 0; i < R; ++i)
-        if (n[i] > 0)
-          simd::softmax_chunk(p + i * G * kChunk, n[i], G, out[i].m + g * G,
-                              lsum + (i * H + g * G) * kChunk, out[i].acc + g * G * DA, DA);
-      for (int i = 0; i < R; ++i) {
-        if (n[i] == 0) continue;
-        const float* pi = p + i * G * kChunk;
-        float* acc = out[i].acc + g * G * DA;
-        if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
-          for (int64_t h = 0; h < G; ++h)
-            for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = pi[h * kChunk + j] * vmul[j];
-          simd::accumulate_chunk<T, DC>(pv, vrows, G, D, acc, DA, n[i]);
-        } else {
-          simd::accumulate_chunk<T, DC>(pi, vrows, G, D, acc, DA, n[i]);
+      if constexpr (kInt8) {
+        if (R > 1) {  // each row widened once here, not once per row of the group
+          const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
+          tgserve::widen_kv_rows(krows, nk, D, DA, kwide);
+          tgserve::widen_kv_rows(vrows, nk, D, DA, vwide);
+          for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
+            kwrows[i] = kwide + std::min(i, nk - 1) * DA;
+            vwrows[i] = vwide + std::min(i, nk - 1) * DA;
+          }
+          passes(kwrows, vwrows, n, g);
+          continue;
         }
       }
+      passes(krows, vrows, n, g);
     }
   }
   for (int i = 0; i < R; ++i)
@@ -238,8 +265,10 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
   {
     std::vector<QT> qp(kGroupRows * H * Dp);  // a group's query heads, packed
     std::vector<float> own_parts(by_group ? group_rows * max_ranges * part_size : 0);
-    // merge sum [DA], then attend_range's scratch [(kGroupRows + 1) G + kGroupRows H, kChunk]
-    std::vector<float> scratch(DA + ((kGroupRows + 1) * (H / KVH) + kGroupRows * H) * kChunk);
+    // merge sum [DA], then attend_range's scratch [(kGroupRows + 1) G + 2 DA + kGroupRows H,
+    // kChunk]
+    std::vector<float> scratch(
+        DA + ((kGroupRows + 1) * (H / KVH) + 2 * DA + kGroupRows * H) * kChunk);
     float* sum = scratch.data();
     float* p = sum + DA;
     const QT* qrows[kGroupRows];

@@ -10,7 +10,9 @@
 // - the V sum: for each output column, one FMA per key, keys in order (0 .. n-1 of a chunk,
 //   chunks in order); keys past n carry weight 0 and are skipped, which changes no bit.
 // Math is float32 throughout; bf16 / half / int8 rows are widened exactly (int8 rows' scales
-// are applied by the caller, once per key: kv_int8.h).
+// are applied by the caller, once per key: kv_int8.h). int8 rows run the same chains with the
+// query heads innermost, each 8 values widened once for up to 4 heads (int8_dot_chains,
+// int8_weighted_sum): the bits of the float loops over the widened rows.
 #pragma once
 
 #include <immintrin.h>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "attention_layout.h"
 #include "vec_math.h"
@@ -85,6 +88,72 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(bias, 23)));
 }
 
+// int8 rows (kv_int8.h) with the query heads innermost: each 8 values of a K or V row are
+// widened once for the NH (<= 4) heads sharing it instead of once per head, and the FMA chains
+// are those of score_chunk / accumulate_chunk below, in the same order (the same bits).
+//
+// acc[h][i] (h < NH, i < 8): the 8 lane sums of q[h] . rows[i] over d in order (one chain per
+// head and key); two keys at a time, so 2 NH chains are in flight.
+template <int NH, int DC>
+void int8_dot_chains(const float* q, int64_t qstride, const int8_t* const* rows, int64_t Drt,
+                     __m256 (*acc)[8]) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  for (int i = 0; i < 8; i += 2) {
+    __m256 a[NH], b[NH];
+    for (int h = 0; h < NH; ++h) a[h] = b[h] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 k0 = load8(rows[i] + d, D - d), k1 = load8(rows[i + 1] + d, D - d);
+      for (int h = 0; h < NH; ++h) {
+        const __m256 qv = _mm256_loadu_ps(q + h * qstride + d);
+        a[h] = _mm256_fmadd_ps(qv, k0, a[h]);
+        b[h] = _mm256_fmadd_ps(qv, k1, b[h]);
+      }
+    }
+    for (int h = 0; h < NH; ++h) acc[h][i] = a[h], acc[h][i + 1] = b[h];
+  }
+}
+
+// acc [NH, astride] += p [NH, 16] @ rows [n, D]: per column one FMA chain through the keys in
+// order (accumulate_chunk's), 16 columns at a time (2 NH chains in flight). Columns up to
+// round_up(D, 16) are written (astride covers them; past D the rows read as 0).
+template <int NH, int DC>
+void int8_weighted_sum(const float* p, const int8_t* const* rows, int64_t Drt, float* acc,
+                       int64_t astride, int n) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  for (int64_t d = 0; d < D; d += 16) {
+    __m256 a[NH], b[NH];
+    for (int h = 0; h < NH; ++h) {
+      a[h] = _mm256_loadu_ps(acc + h * astride + d);
+      b[h] = _mm256_loadu_ps(acc + h * astride + d + 8);
+    }
+    for (int i = 0; i < n; ++i) {
+      const __m256 v0 = load8(rows[i] + d, D - d), v1 = load8(rows[i] + d + 8, D - d - 8);
+      for (int h = 0; h < NH; ++h) {
+        const __m256 w = _mm256_set1_ps(p[h * kChunk + i]);
+        a[h] = _mm256_fmadd_ps(w, v0, a[h]);
+        b[h] = _mm256_fmadd_ps(w, v1, b[h]);
+      }
+    }
+    for (int h = 0; h < NH; ++h) {
+      _mm256_storeu_ps(acc + h * astride + d, a[h]);
+      _mm256_storeu_ps(acc + h * astride + d + 8, b[h]);
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, NH>, h0) for the heads h0 .. h0 + NH - 1 of G, 4 at a time.
+template <typename F>
+void by_four_heads(int64_t G, F&& f) {
+  for (int64_t h0 = 0; h0 < G; h0 += 4) {
+    switch (std::min<int64_t>(4, G - h0)) {
+      case 1: f(std::integral_constant<int, 1>{}, h0); break;
+      case 2: f(std::integral_constant<int, 2>{}, h0); break;
+      case 3: f(std::integral_constant<int, 3>{}, h0); break;
+      default: f(std::integral_constant<int, 4>{}, h0); break;
+    }
+  }
+}
+
 // s [G, 16]: s[h, i] = scale[i] * q[h] . rows[i] (q rows `qstride` apart, zero-padded to 16;
 // scale [16] each key's multiplier); lanes i >= n get -inf. Keys go 8 at a time: 8 FMA chains,
 // one per key, over d.
@@ -93,6 +162,20 @@ void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, i
                  int64_t Drt, const float* scale, float* s) {
   const int64_t D = DC > 0 ? DC : Drt;
   const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  if constexpr (std::is_same_v<T, int8_t>) {  // heads innermost, the same chains
+    for (int half = 0; half < kChunk / 8; ++half) {
+      const __m256 sc = _mm256_loadu_ps(scale + half * 8), keep = first_lanes(n - half * 8);
+      by_four_heads(G, [&](auto nh, int64_t h0) {
+        __m256 acc[4][8];
+        if (half * 8 < n) int8_dot_chains<decltype(nh)::value, DC>(q + h0 * qstride, qstride, rows + half * 8, D, acc);
+        for (int h = 0; h < nh; ++h)
+          _mm256_storeu_ps(s + (h0 + h) * kChunk + half * 8,
+                           half * 8 < n ? _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8(acc[h]), sc), keep)
+                                        : neg_inf);
+      });
+    }
+    return;
+  }
   for (int64_t h = 0; h < G; ++h) {
     const float* qh = q + h * qstride;
     for (int half = 0; half < kChunk / 8; ++half) {
@@ -155,6 +238,12 @@ template <typename T, int DC>
 void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t Drt, float* acc,
                       int64_t astride, int n) {
   const int64_t D = DC > 0 ? DC : Drt;
+  if constexpr (std::is_same_v<T, int8_t>) {  // heads innermost, the same chains
+    by_four_heads(G, [&](auto nh, int64_t h0) {
+      int8_weighted_sum<decltype(nh)::value, DC>(p + h0 * kChunk, rows, D, acc + h0 * astride, astride, n);
+    });
+    return;
+  }
   for (int64_t h = 0; h < G; ++h) {
     const float* ph = p + h * kChunk;
     float* ah = acc + h * astride;

@@ -5,8 +5,9 @@
 // (attention_avx2.h) and portable scalar fallbacks share the same contracts; all math is
 // float32 except that bf16 q and K are multiplied as bf16 pairs on AVX512-BF16 (exact
 // products, float32 sums). Cache rows are float32 / bf16 / half, or int8 (kv_int8.h): int8
-// values are widened exactly to float32 in the same loops, and each row's scale is applied
-// once per key by the caller (folded into the score's multiplier, and into the V weight).
+// values are widened exactly to float32 in the same loops (or, for a group of rows, by the
+// caller into float32 rows first: the same bits), and each row's scale is applied once per
+// key by the caller (folded into the score's multiplier, and into the V weight).
 // Reduction order of the AVX-512 build: a score is 16 lane sums over d (lane, lane + 16, ...)
 // added by reduce16's fixed tree; the V sum is two FMA chains per column (even and odd keys
 // of a chunk) added at the chunk's end. The portable build: whatever order the compiler's

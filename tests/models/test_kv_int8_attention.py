@@ -10,7 +10,8 @@
   exact in float32, so only the kernel's float32 arithmetic separates them);
 - against the float K/V it was quantised from, the output moves by no more than the bound
   derived from the rows' scales (below);
-- a row's output has the same bits alone or in batches of 2..41 (both work splits).
+- a row's output has the same bits alone or in batches of 2..41 (both work splits), and alone
+  or among the rows of its prefill chunk (which read the chunk's int8 rows widened).
 The oracle is the float64 reference attention (models/attention.reference_attention)."""
 
 from __future__ import annotations
@@ -165,6 +166,30 @@ def test_an_int8_row_does_not_depend_on_the_batch() -> None:
         )  # fmt: skip
         solo = out[0] if solo is None else solo
         assert torch.equal(out[0], solo), f"batch of {batch}"
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (5, 1), (4, 4)])
+def test_a_prefill_chunks_int8_rows_equal_each_row_alone(heads, kv_heads) -> None:
+    """Consecutive rows of one sequence (a prefill chunk: groups of up to 8 rows read each K/V
+    chunk together, its int8 rows widened once into L1) give each row the bits it gets alone
+    (its rows read in place); heads per KV head 3, 5 (4 + 1) and 1."""
+    gen = torch.Generator().manual_seed(7)
+    length, chunk, block_size, head_dim = 300, 11, 16, 64
+    blocks = -(-length // block_size)
+    shape = (blocks + 2, block_size, kv_heads, head_dim)
+    k_cache = quantize_rows(torch.randn(shape, generator=gen) * 3)
+    v_cache = quantize_rows(torch.randn(shape, generator=gen))
+    table = torch.randperm(blocks + 2, generator=gen)[:blocks].view(1, blocks)
+    q = torch.randn(chunk, heads, head_dim, generator=gen)
+    lens = torch.arange(length - chunk + 1, length + 1)
+    together = paged_decode_attention(
+        q, k_cache, v_cache, table.expand(chunk, blocks).contiguous(), lens, head_dim**-0.5
+    )
+    for row in range(chunk):
+        alone = paged_decode_attention(
+            q[row : row + 1], k_cache, v_cache, table, lens[row : row + 1], head_dim**-0.5
+        )
+        assert torch.equal(together[row], alone[0]), f"row {row}"
 
 
 def test_int8_caches_refuse_what_the_kernel_cannot_read() -> None:
