@@ -4,8 +4,9 @@ Against a live server on the fake engine, each operation gets generated requests
 from the declared request schemas and invalid ones: wrong types, missing fields) and every
 answer must: never be a 5xx, have a content type the document declares, and match the declared
 response schema (the 200 body, or the route family's error body). Bounded: a fixed number of
-derandomized examples per operation; for a longer local run, TGSERVE_FUZZ_EXAMPLES=500 raises
-the count and TGSERVE_FUZZ_RANDOM=1 draws fresh examples each run.
+derandomized examples per operation (25; 10 under the CI profile, tests/property_budget.py: the
+same strategies and checks, fewer draws); for a longer local run, TGSERVE_FUZZ_EXAMPLES=500
+raises the count and TGSERVE_FUZZ_RANDOM=1 draws fresh examples each run.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
+from tests.property_budget import examples
 from tests.server.fake_engine import FakeEngine
 from tests.server.live import LiveServer
 
-EXAMPLES = int(os.environ.get("TGSERVE_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("TGSERVE_FUZZ_EXAMPLES", str(examples(25, 10))))
 RANDOM = os.environ.get("TGSERVE_FUZZ_RANDOM") == "1"
 CHECKS = [
     schemathesis.checks.not_a_server_error,
