@@ -37,19 +37,26 @@ void route_row(const T* logits, int64_t E, int64_t k, bool renormalize, int64_t*
 
 // Two roundings per rank (a product, then a sum), as torch's mul and add: no contraction.
 template <typename T>
-__attribute__((optimize("fp-contract=off"))) void weighted_sum_rows(
-    const T* slots, const float* weights, int64_t B, int64_t k, int64_t C, T* out) {
-  std::vector<float> acc(C);
+__attribute__((optimize("fp-contract=off"))) void weighted_sum_cols(const T* const* y,
+                                                                    const float* w, int64_t k,
+                                                                    int64_t n, T* out) {
+  for (int64_t c = 0; c < n; ++c) {
+    float acc = static_cast<float>(y[0][c]) * w[0];
+    for (int64_t r = 1; r < k; ++r) {
+      const float product = static_cast<float>(y[r][c]) * w[r];
+      acc = acc + product;
+    }
+    out[c] = static_cast<T>(acc);
+  }
+}
+
+template <typename T>
+void weighted_sum_rows(const T* slots, const float* weights, int64_t B, int64_t k, int64_t C,
+                       T* out) {
+  std::vector<const T*> ranks(k);
   for (int64_t b = 0; b < B; ++b) {
-    const T* y = slots + b * k * C;
-    const float* w = weights + b * k;
-    for (int64_t c = 0; c < C; ++c) acc[c] = static_cast<float>(y[c]) * w[0];
-    for (int64_t r = 1; r < k; ++r)
-      for (int64_t c = 0; c < C; ++c) {
-        const float product = static_cast<float>(y[r * C + c]) * w[r];
-        acc[c] = acc[c] + product;
-      }
-    for (int64_t c = 0; c < C; ++c) out[b * C + c] = static_cast<T>(acc[c]);
+    for (int64_t r = 0; r < k; ++r) ranks[r] = slots + (b * k + r) * C;
+    weighted_sum_cols<T>(ranks.data(), weights + b * k, k, C, out + b * C);
   }
 }
 
@@ -68,6 +75,7 @@ void add_gated_rows(T* x, const T* gate, const T* shared, int64_t B, int64_t C) 
 #define TGSERVE_INSTANTIATE(T)                                                                \
   template void route_row<T>(const T*, int64_t, int64_t, bool, int64_t*, float*);            \
   template void weighted_sum_rows<T>(const T*, const float*, int64_t, int64_t, int64_t, T*); \
+  template void weighted_sum_cols<T>(const T* const*, const float*, int64_t, int64_t, T*);   \
   template void add_gated_rows<T>(T*, const T*, const T*, int64_t, int64_t);
 TGSERVE_INSTANTIATE(float)
 TGSERVE_INSTANTIATE(c10::BFloat16)

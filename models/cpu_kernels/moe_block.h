@@ -12,9 +12,10 @@
 // kernels whose per-row order is fixed by K alone (linear.cpp, block_linear.cpp), and each
 // kernel splits its output columns over the threads by a fixed static schedule; the weighted
 // sum runs over the row's own slots. A row's bits never depend on which other rows share its
-// experts or on how many rows the step has. Steps whose busiest expert has at most 8 rows (a
-// decode step's) run the experts through the same panel kernels in one OpenMP region
-// (moe_experts.h) instead of two regions per expert: the same bits.
+// experts or on how many rows the step has. Steps of at most 64 rows whose busiest expert has
+// at most 8 (a decode step's) run the whole block -- router, top-k, the experts through the
+// same panel kernels and the weighted sum -- in one OpenMP team (moe_experts.h) instead of a
+// region for the router and two per expert: the same bits.
 #pragma once
 
 #include <torch/extension.h>
@@ -37,10 +38,11 @@ struct MoeWeights {
   bool renormalize = false;
   // Qwen2-MoE: a dense SwiGLU expert every row runs, scaled by sigmoid(shared_gate(x)) [1].
   std::optional<LinearWeights> shared_gate_up, shared_down, shared_gate;
-  // The experts run through the panel kernels (moe_experts.h: one region for a decode step).
+  // The experts run through the panel kernels (moe_experts.h: one team for a decode step).
   bool panel_experts = false;
-  // Whether such experts take the one region (Python: `one_region`, True; False runs each
-  // expert's products in turn, as the steps with more rows do: a bench's and a test's peer).
+  // Whether such blocks take the one team (Python: `one_region`, True; False runs the router
+  // and each expert's products in turn, as the steps with more rows do: a bench's and a test's
+  // peer).
   bool one_region = true;
 };
 
@@ -69,23 +71,46 @@ torch::Tensor moe_forward(const torch::Tensor& h, const MoeWeights& w, const Lin
                           const Reduce& reduce) {
   const int64_t B = h.size(0), C = h.size(1), E = static_cast<int64_t>(w.gate_up.size());
   const int64_t k = w.top_k, I = w.gate_up.front().out_features / 2;
-  const torch::Tensor logits = linear(h, w.router);  // [B, E] in T
-  std::vector<int64_t> chosen(B * k);
-  std::vector<float> weights(B * k);
-  const T* lp = static_cast<const T*>(logits.data_ptr());
-  for (int64_t b = 0; b < B; ++b)
-    route_row<T>(lp + b * E, E, k, w.renormalize, chosen.data() + b * k, weights.data() + b * k);
-  // Slots (row b, rank r) = b * k + r, grouped by expert in slot order.
-  std::vector<std::vector<int64_t>> by_expert(E);
-  for (int64_t s = 0; s < B * k; ++s) by_expert[chosen[s]].push_back(s);
-  auto slots = torch::empty({B * k, C}, h.options());  // [B * k, C]: each slot's expert output
-  T* sp = static_cast<T*>(slots.data_ptr());
   const T* hp = static_cast<const T*>(h.data_ptr());
-  size_t most = 0;  // rows of the busiest expert
-  for (const std::vector<int64_t>& mine : by_expert) most = std::max(most, mine.size());
-  const bool one_region = w.one_region && w.panel_experts && most <= moe_experts::kMostRows;
-  if (one_region) experts_region<T>(hp, C, w.gate_up, w.down, by_expert, k, sp);
-  for (int64_t e = 0; e < E && !one_region; ++e) {  // else each expert's products in turn
+  auto out = torch::empty({B, C}, h.options());
+  T* op = static_cast<T*>(out.data_ptr());
+  const auto route = [&](const T* logits, int64_t* experts, float* weights) {
+    route_row<T>(logits, E, k, w.renormalize, experts, weights);
+  };
+  std::vector<int64_t> chosen;
+  std::vector<float> weights;
+  bool done = false;
+  if (w.one_region && w.panel_experts && B <= moe_experts::kTeamRows) {
+    // A decode step's block in one team (moe_experts.h); more rows: the router's product
+    // shares its rows between the threads first (the team runs it on one).
+    torch::Tensor logits = B > moe_experts::kMostRows ? linear(h, w.router) : torch::Tensor();
+    const auto router_logits = [&]() {
+      if (!logits.defined()) logits = linear(h, w.router);
+      return static_cast<const T*>(logits.data_ptr());
+    };
+    // The calling thread's plan; the team reaches it through this pointer (inside the region
+    // the thread_local's name would mean each thread's own).
+    thread_local moe_experts::Plan<T> own;
+    moe_experts::Plan<T>* const plan = &own;
+#pragma omp parallel
+    experts_team<T>(hp, B, C, w.gate_up, w.down, k, router_logits, route, *plan, op);
+    done = plan->team;
+    chosen = plan->chosen;
+    weights = plan->weights;
+  }
+  if (!done && chosen.empty()) {
+    const torch::Tensor logits = linear(h, w.router);  // [B, E] in T
+    const T* lp = static_cast<const T*>(logits.data_ptr());
+    chosen.resize(B * k);
+    weights.resize(B * k);
+    for (int64_t b = 0; b < B; ++b) route(lp + b * E, chosen.data() + b * k, weights.data() + b * k);
+  }
+  // Else each expert's products in turn. Slots (row b, rank r) = b * k + r, grouped by expert.
+  std::vector<std::vector<int64_t>> by_expert(done ? 0 : E);
+  for (int64_t s = 0; s < B * k && !done; ++s) by_expert[chosen[s]].push_back(s);
+  auto slots = torch::empty({done ? 0 : B * k, C}, h.options());  // each slot's expert output
+  T* sp = static_cast<T*>(slots.data_ptr());
+  for (int64_t e = 0; e < E && !done; ++e) {
     const std::vector<int64_t>& mine = by_expert[e];
     const int64_t m = static_cast<int64_t>(mine.size());
     if (m == 0) continue;
@@ -107,9 +132,7 @@ torch::Tensor moe_forward(const torch::Tensor& h, const MoeWeights& w, const Lin
     const T* yp = static_cast<const T*>(y.data_ptr());
     for (int64_t i = 0; i < m; ++i) std::copy(yp + i * C, yp + (i + 1) * C, sp + mine[i] * C);
   }
-  auto out = torch::empty({B, C}, h.options());
-  T* op = static_cast<T*>(out.data_ptr());
-  weighted_sum_rows<T>(sp, weights.data(), B, k, C, op);
+  if (!done) weighted_sum_rows<T>(sp, weights.data(), B, k, C, op);
   reduce(out);
   if (w.shared_gate_up && w.shared_down && w.shared_gate) {
     const int64_t SI = w.shared_gate_up->out_features / 2;

@@ -99,10 +99,11 @@ def test_a_row_alone_equals_it_among_rows_sharing_its_experts(tmp_path) -> None:
 
 
 def test_a_decode_row_equals_the_same_token_at_the_end_of_a_long_prefill(tmp_path) -> None:
-    """A decode step's experts run in one region (moe_experts.h: at most 8 rows per expert),
-    a 24-token prefill's through each expert's own products (12 rows per expert on average):
-    the last token's logits, bit for bit, Q8_0 experts as stored and with int8 activations."""
-    hf = make_hf_model("qwen3_moe", mlp_only_layers=[])
+    """A decode step's block runs in one team (moe_experts.h: at most 8 rows per expert; the
+    intermediate 160 cut into slices of 64, 64 and 32 columns for SiLU x up), a 24-token
+    prefill's experts through each expert's own products (12 rows per expert on average): the
+    last token's logits, bit for bit, Q8_0 experts as stored and with int8 activations."""
+    hf = make_hf_model("qwen3_moe", mlp_only_layers=[], moe_intermediate_size=160)
     path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0)
     tokens = prompts((24,), seed=5)[0]
     for int8 in (False, True):
@@ -122,13 +123,14 @@ def test_a_decode_row_equals_the_same_token_at_the_end_of_a_long_prefill(tmp_pat
 
 
 def test_the_one_region_equals_each_experts_products_in_turn(tmp_path) -> None:
-    """Three rows' decode steps with the experts in one region (moe_experts.h) and with its
-    switch off (each expert's products in turn, as a long prefill runs them): the same logits
-    bit for bit, Q8_0 experts as stored and with int8 activations (8 experts, top-4: experts
-    with 1-3 rows)."""
-    hf = make_hf_model("qwen3_moe", mlp_only_layers=[])
+    """A 9-row prefill (the router's product before the team) and three rows' decode steps
+    with the block in one team (moe_experts.h) and with its switch off (the router, then each
+    expert's products in turn, as a long prefill runs them): the same logits bit for bit,
+    Q8_0 experts as stored and with int8 activations (8 experts, top-4: experts with 1-3 rows
+    at decode; the intermediate 160 in SiLU slices of 64, 64 and 32)."""
+    hf = make_hf_model("qwen3_moe", mlp_only_layers=[], moe_intermediate_size=160)
     path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0)
-    tokens = prompts((6, 9, 13), seed=8)
+    tokens = prompts((2, 3, 4), seed=8)
     for int8 in (False, True):
         model, _ = load_model(path, "float32", "cpu", use_cache=False)
         if int8:
@@ -138,7 +140,11 @@ def test_the_one_region_equals_each_experts_products_in_turn(tmp_path) -> None:
         assert fused.moe_blocks and all(moe.panel_experts for moe in fused.moe_blocks)
         for _ in tokens:
             driver.add_sequence()
-        logits = driver.step(dict(enumerate(tokens)), fused=fused)
+        batch = dict(enumerate(tokens))
+        want = _step_with(fused, driver, batch, one_region=False)
+        logits = _step_with(fused, driver, batch, one_region=True, append=True)
+        for s in batch:
+            assert torch.equal(logits[s], want[s]), f"prefill, int8 activations: {int8}"
         for _ in range(3):
             nxt = {s: [int(logits[s][-1].argmax())] for s in logits}
             want = _step_with(fused, driver, nxt, one_region=False)
