@@ -243,8 +243,8 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
     first[b + 1] = first[b] + std::max<int64_t>(1, (len[b] - start[b] + kRangeKeys - 1) / kRangeKeys);
   }
   const int64_t max_ranges = (nb * bs + kRangeKeys - 1) / kRangeKeys + 1;
-  const int64_t group_rows =
-      std::clamp<int64_t>(kPartsBudget / (max_ranges * part_size), 8, kGroupRows);
+  const int64_t row_parts = std::max<int64_t>(1, max_ranges * part_size);  // 0 when H = 0
+  const int64_t group_rows = std::clamp<int64_t>(kPartsBudget / row_parts, 8, kGroupRows);
   // Groups: runs of up to group_rows consecutive rows over the same keys; group j is rows
   // gfirst[j] .. gfirst[j + 1] - 1, its ranges gitem[j] .. gitem[j + 1] - 1 (its longest row's).
   std::vector<int64_t> gfirst{0}, gitem{0};

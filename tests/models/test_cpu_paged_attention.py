@@ -133,5 +133,14 @@ def test_bad_inputs_raise_actionable_errors() -> None:
         paged_decode_attention(torch.zeros(1, 4, 8), k, k, tables + 7, lens, 1.0)
 
 
+def test_queries_without_heads_give_an_empty_output() -> None:
+    # Degenerate, but a call must not bring the process down (9ad8eb0 divided by the heads'
+    # partial size when sizing its row groups: SIGFPE).
+    k = torch.zeros(4, 16, 1, 64)
+    tables = torch.zeros(3, 4, dtype=torch.int64)
+    out = paged_decode_attention(torch.zeros(3, 0, 64), k, k, tables, torch.tensor([5, 6, 7]), 1.0)
+    assert out.shape == (3, 0, 64)
+
+
 def test_not_available_off_cpu() -> None:
     assert not is_available("meta")
