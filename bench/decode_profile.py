@@ -11,7 +11,9 @@ int8`; the default model when no --model) and times, at batch 1:
 - attention: the C++ paged decode kernel of one query row over `context` keys of shuffled
   16-token blocks, once per layer;
 - the C++ step: FusedDecoder.hidden for one row at that context (the embedding row, the rotary
-  tables, the C++ call running every layer), and FusedDecoder.logits;
+  tables, the C++ call running every layer), and FusedDecoder.logits; where its layers run in
+  one OpenMP region per layer (models/cpu_kernels/step_region.h), also the op-by-op step (its
+  `one_region` off), the two alternating call by call;
 - the engine's greedy decode of `tokens` tokens after a prompt of `context - tokens / 2`
   tokens (so the mean context is `context`): ms per token from the difference of two generates.
 Then: `elementwise` = the C++ step - its matrices - attention (RMS norms, rotary, residual adds,
@@ -66,8 +68,12 @@ def time_attention(ext, config, context: int, rounds: int, clock) -> tuple[float
     return ms * config.num_layers, 2 * kvh * d * 4 * context * config.num_layers
 
 
-def time_fused_step(model, config, context: int, rounds: int, clock) -> tuple[float, float]:
-    """ms of FusedDecoder.hidden for one decode row at `context`, and of its logits."""
+def time_fused_step(
+    model, config, context: int, rounds: int, clock
+) -> tuple[float, float, float | None]:
+    """ms of FusedDecoder.hidden for one decode row at `context`, of its logits, and of hidden
+    with its one-region step off (op by op; None where the layers never run in one region),
+    the two settings alternating call by call so that both see the same load."""
     from models import allocate_kv_cache
     from models.attention import AttentionMetadata
     from models.cpu_kernels.fused_decoder import FusedDecoder
@@ -80,9 +86,17 @@ def time_fused_step(model, config, context: int, rounds: int, clock) -> tuple[fl
         raise SystemExit("the fused C++ step does not run this model")
     meta = AttentionMetadata.build([list(range(blocks))], [context], [1], block_size=block)
     ids, positions = torch.tensor([1]), torch.tensor([context - 1])
-    hidden_ms = _median_ms(lambda: fused.hidden(ids, positions, meta), rounds, clock)
     h = fused.hidden(ids, positions, meta)
-    return hidden_ms, _median_ms(lambda: fused.logits(h), rounds, clock)
+    logits_ms = _median_ms(lambda: fused.logits(h), rounds, clock)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for one_region in (False, True) * rounds if fused.runs_one_region else (True,) * rounds:
+        fused.one_region = one_region
+        start = clock()
+        fused.hidden(ids, positions, meta)
+        times[one_region].append(clock() - start)
+    fused.one_region = True
+    by_op = statistics.median(times[False]) * 1e3 if times[False] else None
+    return statistics.median(times[True]) * 1e3, logits_ms, by_op
 
 
 def engine_decode_ms(
@@ -160,7 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         nbytes = sum(weight_bytes(layer) for key, layer in layers if key in keys)
         rows[role] = (ms, nbytes)
     rows["attention"] = time_attention(ext, config, args.context, args.passes * 5, clock)
-    hidden_ms, logits_ms = time_fused_step(model, config, args.context, args.passes * 5, clock)
+    hidden_ms, logits_ms, by_op_ms = time_fused_step(
+        model, config, args.context, args.passes * 5, clock
+    )
     del model, layers
     gc.collect()
     step_ms = engine_decode_ms(
@@ -179,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
         f"read probe {bound:.1f} GB/s; decode step {step_ms:.2f} ms ({1e3 / step_ms:.1f} tok/s), "
         f"C++ step {hidden_ms:.2f} ms + logits {logits_ms:.2f} ms"
     )
+    if by_op_ms is not None:  # step_region.h against the op-by-op step, alternating
+        print(
+            f"C++ step op by op {by_op_ms:.2f} ms: one region / op by op {hidden_ms / by_op_ms:.3f}"
+        )
     print(f"{'op':<13}{'ms/token':>9}{'share':>7}{'MB':>7}{'GB/s':>7}{'% bound':>8}")
     for name, (ms, nbytes) in rows.items():
         gb_s = nbytes / ms / 1e6 if nbytes and ms > 0 else float("nan")

@@ -57,6 +57,7 @@ _SOURCES = (
     "mixed_blocks.cpp",
     "q8_linear.cpp",
     "decoder.cpp",
+    "step_region.cpp",
     "moe_block.cpp",
     "lora.cpp",
     "read_probe.cpp",
@@ -65,6 +66,7 @@ _SOURCES = (
 _HEADERS = (
     "kernels.h",
     "decoder.h",
+    "step_region.h",
     "moe_block.h",
     "moe_experts.h",
     "lora.h",

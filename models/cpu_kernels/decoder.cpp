@@ -3,9 +3,11 @@
 // Llama-family model: RMSNorm, fused qkv (+ bias), rotary, K/V written to the paged cache,
 // paged attention, out projection, residual, RMSNorm, SwiGLU MLP, residual; then the final
 // norm. Under tensor parallel a rank runs its shard (its heads, KV heads and MLP columns) and
-// the o / down projections' partial sums go through an all-reduce callback. Eager PyTorch spends most of a small model's step dispatching ~15 ops per layer; here
-// a layer is 5 parallel loops. Numerics mirror models/llama.py (same rounding points to the
-// model dtype).
+// the o / down projections' partial sums go through an all-reduce callback. Eager PyTorch
+// spends most of a small model's step dispatching ~15 ops per layer; here a layer is 5 parallel
+// loops, and a decode step of up to 8 rows over panel-kernel linears runs each layer in one
+// OpenMP region (step_region.h: the same bits). Numerics mirror models/llama.py (same rounding
+// points to the model dtype).
 #include "decoder.h"
 
 #include <ATen/ATen.h>
@@ -16,6 +18,7 @@
 #include "kv_int8.h"
 #include "moe_block.h"
 #include "q8_linear.h"
+#include "step_region.h"
 #include "vec_math.h"
 
 namespace tgserve {
@@ -40,7 +43,13 @@ class LlamaDecoder {
     for (const LayerWeights& w : layers_)  // the widest MLP row, to size element-wise threading
       intermediate_ = std::max(intermediate_, w.moe ? w.moe->top_k * w.moe->gate_up[0].out_features / 2
                                                     : w.gate_up->out_features / 2);
+    region_layers_ = all_reduce_.is_none() && runs_in_one_region(layers_);
   }
+
+  // Decode steps of up to kRegionRows rows in one OpenMP region per layer (step_region.h) where
+  // the layers allow it; off: op by op, as larger steps run (the same bits either way).
+  bool one_region = true;
+  bool region_layers() const { return region_layers_; }
 
   // x [B, hidden] embeddings; rope_cos/sin [B, D] in x's dtype; slots [B]; tables [B, nb];
   // seq_lens [B] (context incl. this token). Returns the final-normed hidden [B, hidden].
@@ -137,14 +146,23 @@ class LlamaDecoder {
     const int64_t B = x.size(0), C = hidden_, I = intermediate_;  // I: the widest MLP row
     const int64_t q_size = H_ * D_, kv_size = KVH_ * D_, qkv_size = q_size + 2 * kv_size;
     const auto opts = x.options();
-    auto h = torch::empty({B, C}, opts), q = torch::empty({B, H_, D_}, opts);
-    auto attn = torch::empty({B, q_size}, opts);
+    auto h = torch::empty({B, C}, opts);
     T* xp = static_cast<T*>(x.data_ptr());
     T* hp = static_cast<T*>(h.data_ptr());
-    T* qp = static_cast<T*>(q.data_ptr());
     const T* cosp = static_cast<const T*>(rope_cos.data_ptr());
     const T* sinp = static_cast<const T*>(rope_sin.data_ptr());
     const int64_t* slot = slots.data_ptr<int64_t>();
+    const StepModel model{layers_, final_norm_, k_caches_, v_caches_, H_,
+                          KVH_,    D_,          C,         eps_,      window_, kv_int8_};
+    if (one_region && region_layers_ && B <= kRegionRows) {
+      const int code =
+          one_region_step<T>(model, xp, hp, cosp, sinp, slot, tables.data_ptr<int64_t>(),
+                             tables.size(1), seq_lens.data_ptr<int64_t>(), B);
+      TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
+      return h;
+    }
+    auto q = torch::empty({B, H_, D_}, opts), attn = torch::empty({B, q_size}, opts);
+    T* qp = static_cast<T*>(q.data_ptr());
     const bool wide = B * I >= 16384;  // enough element-wise work to share between threads
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LayerWeights& w = layers_[l];
@@ -155,34 +173,13 @@ class LlamaDecoder {
       T* qkvp = static_cast<T*>(qkv.data_ptr());
       void* kc = k_caches_[l].data_ptr();
       void* vc = v_caches_[l].data_ptr();
-      const T* q_norm = w.q_norm ? static_cast<const T*>(w.q_norm->data_ptr()) : nullptr;
-      const T* k_norm = w.k_norm ? static_cast<const T*>(w.k_norm->data_ptr()) : nullptr;
 #pragma omp parallel for if (wide)
-      for (int64_t b = 0; b < B; ++b) {  // (q/k norms,) rotary on q and k, then k, v to the cache
-        T* row = qkvp + b * qkv_size;
-        if (q_norm && k_norm) {  // in place, per head: as models/layers.py's RMSNorm over D
-          for (int64_t h = 0; h < H_; ++h) rms_norm_row(row + h * D_, q_norm, row + h * D_, D_, eps_);
-          for (int64_t g = 0; g < KVH_; ++g)
-            rms_norm_row(row + q_size + g * D_, k_norm, row + q_size + g * D_, D_, eps_);
-        }
-        rope_heads(row, cosp + b * D_, sinp + b * D_, H_ + KVH_, D_);
-        std::copy(row, row + q_size, qp + b * q_size);
-        if (kv_int8_)
-          append_kv(row + q_size, row + q_size + kv_size, slot[b], KVH_, D_,
-                    static_cast<int8_t*>(kc), static_cast<int8_t*>(vc));
-        else
-          append_kv(row + q_size, row + q_size + kv_size, slot[b], KVH_, D_, static_cast<T*>(kc),
-                    static_cast<T*>(vc));
-      }
-      auto attend = [&](auto* k, auto* v) {
-        return paged_decode_attention(
-            static_cast<const T*>(qp), k, v, tables.data_ptr<int64_t>(), tables.size(1),
-            seq_lens.data_ptr<int64_t>(), static_cast<T*>(attn.data_ptr()), B, H_, KVH_, D_,
-            k_caches_[l].size(1), k_caches_[l].size(0), 1.0f / std::sqrt(static_cast<float>(D_)),
-            window_);
-      };
-      const int code = kv_int8_ ? attend(static_cast<const int8_t*>(kc), static_cast<const int8_t*>(vc))
-                                : attend(static_cast<const T*>(kc), static_cast<const T*>(vc));
+      for (int64_t b = 0; b < B; ++b)  // (q/k norms,) rotary on q and k, then k, v to the cache
+        rope_and_append(model, w, qkvp + b * qkv_size, cosp + b * D_, sinp + b * D_, slot[b], kc,
+                        vc, qp + b * q_size);
+      const int code = decode_attention<T>(model, l, qp, static_cast<T*>(attn.data_ptr()),
+                                           tables.data_ptr<int64_t>(), tables.size(1),
+                                           seq_lens.data_ptr<int64_t>(), B);
       TORCH_CHECK(code == kOk, "LlamaDecoder: bad block table or seq_len (code ", code, ")");
       torch::Tensor o = linear<T>(attn, w.o_proj);
       reduce(o);
@@ -218,7 +215,7 @@ class LlamaDecoder {
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
   int64_t window_;
-  bool kv_int8_ = false;
+  bool kv_int8_ = false, region_layers_ = false;
   pybind11::object all_reduce_;
   const int64_t* lora_rows_ = nullptr;  // the running step's, or none
 };
@@ -280,6 +277,8 @@ void bind_decoder(pybind11::module& m) {
            py::arg("v_caches"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("window"),
            py::arg("all_reduce") = py::none())
+      .def_readwrite("one_region", &LlamaDecoder::one_region)
+      .def_property_readonly("region_layers", &LlamaDecoder::region_layers)
       .def("forward", &LlamaDecoder::forward, py::kw_only(), py::arg("x"), py::arg("rope_cos"),
            py::arg("rope_sin"), py::arg("slots"), py::arg("tables"), py::arg("seq_lens"),
            py::arg("lora_rows") = py::none(), py::call_guard<py::gil_scoped_release>());

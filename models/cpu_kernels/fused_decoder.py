@@ -158,6 +158,23 @@ class FusedDecoder:
             return None
         return cls(model, ext, kv_caches)
 
+    @property
+    def one_region(self) -> bool:
+        """Whether decode steps of up to 8 rows run in one OpenMP region per layer (step_region.h)
+        where `runs_one_region`; off: op by op. The same bits either way (a bench or a test
+        switches it)."""
+        return self._decoder.one_region
+
+    @one_region.setter
+    def one_region(self, on: bool) -> None:
+        self._decoder.one_region = on
+
+    @property
+    def runs_one_region(self) -> bool:
+        """The layers allow the one-region step: every linear Q8 panels or Q4_0 / Q4_1 / Q8_0
+        blocks, dense SwiGLU MLPs, no LoRA bank, no tensor parallel."""
+        return self._decoder.region_layers
+
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:

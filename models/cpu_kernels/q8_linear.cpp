@@ -223,8 +223,7 @@ int64_t q8_block_bytes(int kind) { return layout_of(kind).bytes; }
 template <typename T>
 void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, int32_t* sx) {
   const int64_t nb = K / kBlock;
-#pragma omp parallel for schedule(static) if (M * K >= 65536)
-  for (int64_t i = 0; i < M * nb; ++i) {
+  const auto block = [&](int64_t i) {
     const T* src = x + i * kBlock;  // row i / nb, block i % nb: rows are K = nb * 32 apart
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     // The loop below, 16 lanes at a time, one IEEE operation per step as there: max_ps(|v|,
@@ -272,7 +271,15 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
     dx[i] = d;
     sx[i] = sum;
 #endif
+  };
+  // Few rows (a decode's, or a thread's own in step_region.h): no team at all (an `if (false)`
+  // region still starts one of one thread).
+  if (M * K < 65536) {
+    for (int64_t i = 0; i < M * nb; ++i) block(i);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M * nb; ++i) block(i);
 }
 
 namespace {

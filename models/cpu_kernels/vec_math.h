@@ -82,28 +82,35 @@ inline void add_row(T* x, const T* y, int64_t n) {
     x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
 }
 
-// out = T(silu(gate)) * up, gate and up being the two halves of one fused row [2n].
+// out [n] = T(silu(gate)) * up, element by element (a span of a row: each element's bits are
+// its own, whatever the span).
 template <typename T>
-inline void silu_mul_row(const T* gate_up, T* out, int64_t n) {
+inline void silu_mul(const T* gate, const T* up, T* out, int64_t n) {
 #ifdef TGSERVE_VEC_SIMD
   if constexpr (simd::kVectorized<T>) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 m = simd::tail_mask(n - i);
-      const __m512 g = simd::load(gate_up + i, m);
+      const __m512 g = simd::load(gate + i, m);
       const __m512 e = simd::exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
       const __m512 act = simd::round_to<T>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-      simd::store(out + i, _mm512_mul_ps(act, simd::load(gate_up + n + i, m)), m);
+      simd::store(out + i, _mm512_mul_ps(act, simd::load(up + i, m)), m);
     }
     return;
   }
 #endif
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float g = static_cast<float>(gate_up[i]);
+    const float g = static_cast<float>(gate[i]);
     const T act = static_cast<T>(g / (1.0f + fast_exp(-g)));
-    out[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(gate_up[n + i]));
+    out[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
   }
+}
+
+// out = T(silu(gate)) * up, gate and up being the two halves of one fused row [2n].
+template <typename T>
+inline void silu_mul_row(const T* gate_up, T* out, int64_t n) {
+  silu_mul(gate_up, gate_up + n, out, n);
 }
 
 // Rotate-half RoPE in place on `heads` vectors of size d: x*cos + rotate_half(x)*sin, with

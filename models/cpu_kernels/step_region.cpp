@@ -1,0 +1,165 @@
+// The one-region decode step (the contract and why: step_region.h).
+#include "step_region.h"
+
+#include <cmath>
+
+namespace tgserve {
+
+template <typename T>
+int decode_attention(const StepModel& m, size_t l, const T* q, T* out, const int64_t* tables,
+                     int64_t width, const int64_t* lens, int64_t B) {
+  const torch::Tensor &kc = m.k_caches[l], &vc = m.v_caches[l];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.D));
+  const auto attend = [&](auto* k, auto* v) {
+    return paged_decode_attention(q, k, v, tables, width, lens, out, B, m.H, m.KVH, m.D,
+                                  kc.size(1), kc.size(0), scale, m.window);
+  };
+  if (m.kv_int8)
+    return attend(static_cast<const int8_t*>(kc.data_ptr()), static_cast<const int8_t*>(vc.data_ptr()));
+  return attend(static_cast<const T*>(kc.data_ptr()), static_cast<const T*>(vc.data_ptr()));
+}
+
+namespace {
+
+bool q8(const LinearWeights& w) { return is_q8_kind(static_cast<int>(w.block_type)); }
+int64_t panels(int64_t n) { return (n + 15) / 16; }
+
+// The step's shared rows (each written by the threads' slices, read after a barrier).
+template <typename T>
+struct Shared {
+  std::vector<T> qkv, q, attn, o, gate_up, act, down;
+  std::vector<int8_t> act_q;  // act quantised by gate_up's units (Q8 down projections)
+  std::vector<float> act_d;
+  std::vector<int32_t> act_s;
+  Shared(int64_t B, int64_t C, int64_t q_size, int64_t qkv_size, int64_t I)
+      : qkv(B * qkv_size), q(B * q_size), attn(B * q_size), o(B * C), gate_up(B * 2 * I),
+        act(B * I), down(B * C), act_q(B * I), act_d(B * I / 32), act_s(B * I / 32) {}
+};
+
+template <typename T>
+class RegionStep {
+ public:
+  RegionStep(const StepModel& m, T* x, T* h, const T* cos, const T* sin, const int64_t* slots,
+             int64_t B, int64_t I)
+      : m_(m), x_(x), h_(h), cos_(cos), sin_(sin), slots_(slots), B_(B), C_(m.C),
+        q_size_(m.H * m.D), qkv_size_(q_size_ + 2 * m.KVH * m.D),
+        s_(B, m.C, q_size_, qkv_size_, I) {}
+
+  T* q() { return s_.q.data(); }
+  T* attn() { return s_.attn.data(); }
+
+  // Inside a region: each thread's copy of the residual rows, from x.
+  void enter(region::Own<T>& own) const {
+    own.x.assign(x_, x_ + B_ * C_);
+    own.h.resize(B_ * C_);
+  }
+
+  // Layer l's input norm and qkv, then (one thread) rotary and the K/V writes, and x = the
+  // residual rows for the next region.
+  void qkv(size_t l, region::Own<T>& own) {
+    const LayerWeights& w = m_.layers[l];
+    const region::Rows<T> in =
+        own.normed(static_cast<const T*>(w.input_norm.data_ptr()), B_, C_, m_.eps, q8(w.qkv));
+    const auto [p0, p1] = region::slice(panels(qkv_size_));
+    region::product(w.qkv, in, B_, C_, s_.qkv.data(), p0, p1);
+#pragma omp barrier
+#pragma omp single nowait
+    {
+      void* kc = m_.k_caches[l].data_ptr();
+      void* vc = m_.v_caches[l].data_ptr();
+      for (int64_t b = 0; b < B_; ++b)
+        rope_and_append(m_, w, s_.qkv.data() + b * qkv_size_, cos_ + b * m_.D, sin_ + b * m_.D,
+                        slots_[b], kc, vc, s_.q.data() + b * q_size_);
+      std::copy(own.x.begin(), own.x.end(), x_);
+    }
+  }
+
+  // Layer l from its out projection (the attention's output in attn) to its MLP's residual;
+  // then layer l + 1's qkv, or the final norm into h.
+  void rest(size_t l, region::Own<T>& own) {
+    const LayerWeights& w = m_.layers[l];
+    const int64_t I = w.gate_up->out_features / 2, G = panels(I);
+    auto [p0, p1] = region::slice(panels(C_));
+    region::product(w.o_proj, own.quantized(s_.attn.data(), B_, q_size_, q8(w.o_proj)), B_,
+                    q_size_, s_.o.data(), p0, p1);
+#pragma omp barrier
+    for (int64_t b = 0; b < B_; ++b) add_row(own.x.data() + b * C_, s_.o.data() + b * C_, C_);
+    const region::Rows<T> in = own.normed(static_cast<const T*>(w.post_norm.data_ptr()), B_, C_,
+                                          m_.eps, q8(*w.gate_up));
+    // Unit u: gate panels 2u, 2u + 1 and the same up panels -> 32 activations (one int8 block).
+    const auto [g0, g1] = region::slice(G);
+    region::product(*w.gate_up, in, B_, C_, s_.gate_up.data(), g0, g1);
+    region::product(*w.gate_up, in, B_, C_, s_.gate_up.data(), G + g0, G + g1);
+    const int64_t e0 = 16 * g0, e1 = std::min(I, 16 * g1), nb = I / 32;
+    for (int64_t b = 0; b < B_ && e1 > e0; ++b) {
+      const T* row = s_.gate_up.data() + b * 2 * I;
+      silu_mul(row + e0, row + I + e0, s_.act.data() + b * I + e0, e1 - e0);
+      if (q8(*w.down))
+        q8_quantize_rows(s_.act.data() + b * I + e0, 1, e1 - e0, s_.act_q.data() + b * I + e0,
+                         s_.act_d.data() + b * nb + e0 / 32, s_.act_s.data() + b * nb + e0 / 32);
+    }
+#pragma omp barrier
+    const region::Rows<T> act{s_.act.data(), s_.act_q.data(), s_.act_d.data(), s_.act_s.data()};
+    region::product(*w.down, act, B_, I, s_.down.data(), p0, p1);
+#pragma omp barrier
+    for (int64_t b = 0; b < B_; ++b) add_row(own.x.data() + b * C_, s_.down.data() + b * C_, C_);
+    if (l + 1 < m_.layers.size()) return qkv(l + 1, own);
+#pragma omp single nowait
+    {
+      const T* norm = static_cast<const T*>(m_.final_norm.data_ptr());
+      for (int64_t b = 0; b < B_; ++b)
+        rms_norm_row(own.x.data() + b * C_, norm, h_ + b * C_, C_, m_.eps);
+    }
+  }
+
+ private:
+  const StepModel& m_;
+  T *x_, *h_;
+  const T *cos_, *sin_;
+  const int64_t* slots_;
+  int64_t B_, C_, q_size_, qkv_size_;
+  Shared<T> s_;
+};
+
+}  // namespace
+
+template <typename T>
+int one_region_step(const StepModel& m, T* x, T* h, const T* cos, const T* sin,
+                    const int64_t* slots, const int64_t* tables, int64_t width,
+                    const int64_t* lens, int64_t B) {
+  int64_t I = 0;  // the widest MLP row
+  for (const LayerWeights& w : m.layers) I = std::max(I, w.gate_up->out_features / 2);
+  RegionStep<T> step(m, x, h, cos, sin, slots, B, I);
+#pragma omp parallel
+  {
+    thread_local region::Own<T> own;
+    step.enter(own);
+    step.qkv(0, own);
+  }
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const int code = decode_attention<T>(m, l, step.q(), step.attn(), tables, width, lens, B);
+    if (code != kOk) return code;
+#pragma omp parallel
+    {
+      thread_local region::Own<T> own;
+      step.enter(own);
+      step.rest(l, own);
+    }
+  }
+  return kOk;
+}
+
+template int decode_attention<float>(const StepModel&, size_t, const float*, float*,
+                                     const int64_t*, int64_t, const int64_t*, int64_t);
+template int decode_attention<c10::BFloat16>(const StepModel&, size_t, const c10::BFloat16*,
+                                             c10::BFloat16*, const int64_t*, int64_t,
+                                             const int64_t*, int64_t);
+template int one_region_step<float>(const StepModel&, float*, float*, const float*, const float*,
+                                    const int64_t*, const int64_t*, int64_t, const int64_t*,
+                                    int64_t);
+template int one_region_step<c10::BFloat16>(const StepModel&, c10::BFloat16*, c10::BFloat16*,
+                                            const c10::BFloat16*, const c10::BFloat16*,
+                                            const int64_t*, const int64_t*, int64_t,
+                                            const int64_t*, int64_t);
+
+}  // namespace tgserve

@@ -1,0 +1,152 @@
+// A decode step's layers in one OpenMP region per layer (decoder.cpp's LlamaDecoder runs it for
+// up to kRegionRows rows when every linear is a panels kind: Q8 panels or Q4_0 / Q4_1 / Q8_0
+// blocks, no LoRA slot in use, no mixture of experts, no tensor parallel).
+//
+// Why: the op-by-op step opens a parallel region per linear, the attention and (batched) each
+// element-wise loop, ~150 a step of the default model at batch 1, and allocates each output. A
+// region's fork and join cost ~1.7 us on two Zen 3 threads against ~0.55 us for a barrier
+// inside one (PERFORMANCE.md). Here a layer is one region from its out projection to the next
+// layer's rotary (then the attention's own region): threads split each product's output panels
+// statically (units of 2 panels: 32 outputs, one int8 quantisation block), and sync only where
+// data flows (after o, gate_up, down and qkv). Each thread keeps its own copy of the residual
+// rows and of the normed (and quantised) input, computed by the same code from the same values,
+// so no barrier waits on a norm. gate_up's unit u is gate panels 2u, 2u + 1 and the same up
+// panels: its thread applies SiLU x up (and quantises those 32 activations) at once.
+//
+// Bits: every output element is computed by the same function on the same inputs in the same
+// order as in the op-by-op step (q8_linear_panels / block_linear_panels are q8_linear's /
+// block_linear's per-group bodies; the element-wise functions are vec_math.h's): the same
+// logits either way (tests/models/test_cpp_step_region.py).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "decoder.h"
+#include "kernels.h"
+#include "kv_int8.h"
+#include "q8_linear.h"
+#include "vec_math.h"
+
+namespace tgserve {
+
+constexpr int64_t kRegionRows = 8;  // the few-rows passes of the panels kernels
+
+// What a step reads of the model (LlamaDecoder's members).
+struct StepModel {
+  const std::vector<LayerWeights>& layers;
+  const torch::Tensor& final_norm;
+  const std::vector<torch::Tensor>& k_caches;
+  const std::vector<torch::Tensor>& v_caches;
+  int64_t H, KVH, D, C;
+  float eps;
+  int64_t window;
+  bool kv_int8;
+};
+
+// Row `row` [q + 2 kv] of layer w's qkv: (q / k norms per head, Qwen3,) rotary on q and k in
+// place, q to q_out [H * D], k and v to the cache at `slot` (int8 rows or the model's dtype).
+template <typename T>
+void rope_and_append(const StepModel& m, const LayerWeights& w, T* row, const T* cos,
+                     const T* sin, int64_t slot, void* kc, void* vc, T* q_out) {
+  const int64_t q_size = m.H * m.D, kv_size = m.KVH * m.D;
+  if (w.q_norm && w.k_norm) {  // in place, per head: as models/layers.py's RMSNorm over D
+    const T* qn = static_cast<const T*>(w.q_norm->data_ptr());
+    const T* kn = static_cast<const T*>(w.k_norm->data_ptr());
+    for (int64_t h = 0; h < m.H; ++h) rms_norm_row(row + h * m.D, qn, row + h * m.D, m.D, m.eps);
+    for (int64_t g = 0; g < m.KVH; ++g)
+      rms_norm_row(row + q_size + g * m.D, kn, row + q_size + g * m.D, m.D, m.eps);
+  }
+  rope_heads(row, cos, sin, m.H + m.KVH, m.D);
+  std::copy(row, row + q_size, q_out);
+  if (m.kv_int8)
+    append_kv(row + q_size, row + q_size + kv_size, slot, m.KVH, m.D, static_cast<int8_t*>(kc),
+              static_cast<int8_t*>(vc));
+  else
+    append_kv(row + q_size, row + q_size + kv_size, slot, m.KVH, m.D, static_cast<T*>(kc),
+              static_cast<T*>(vc));
+}
+
+// Whether the one-region step runs these layers (the linears' kinds and shapes, no experts).
+inline bool region_linear(const LinearWeights& w) {
+  const int kind = static_cast<int>(w.block_type);
+  return (is_q8_kind(kind) || (kind && block_panels_type(kind))) && !w.lora;
+}
+inline bool runs_in_one_region(const std::vector<LayerWeights>& layers) {
+  return std::all_of(layers.begin(), layers.end(), [](const LayerWeights& w) {
+    return !w.moe && w.gate_up && region_linear(w.qkv) && region_linear(w.o_proj) &&
+           region_linear(*w.gate_up) && region_linear(*w.down) && w.gate_up->out_features % 64 == 0;
+  });
+}
+
+namespace region {
+
+// A product's input rows [M, K]: as T (block kernels) and, for Q8 panels, int8-quantised.
+template <typename T>
+struct Rows {
+  const T* x = nullptr;
+  const int8_t* xq = nullptr;
+  const float* dx = nullptr;
+  const int32_t* sx = nullptr;
+};
+
+// This thread's slice of `panels` output panels, in units of two (q8_linear's panel pairs).
+inline std::pair<int64_t, int64_t> slice(int64_t panels) {
+  const int64_t units = (panels + 1) / 2, t = omp_get_thread_num(), n = omp_get_num_threads();
+  return {std::min(panels, 2 * (units * t / n)), std::min(panels, 2 * (units * (t + 1) / n))};
+}
+
+// y's output panels [p0, p1) of w for the rows `in` (M rows of K).
+template <typename T>
+void product(const LinearWeights& w, const Rows<T>& in, int64_t M, int64_t K, T* y, int64_t p0,
+             int64_t p1) {
+  const int kind = static_cast<int>(w.block_type);
+  const T* bias = w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr;
+  const uint8_t* wp = w.packed.data_ptr<uint8_t>();
+  if (is_q8_kind(kind))
+    q8_linear_panels<T, T>(in.xq, in.dx, in.sx, M, K, wp, kind, bias, y, w.out_features, p0, p1);
+  else
+    block_linear_panels<T, T>(in.x, M, K, wp, kind, bias, y, w.out_features, p0, p1);
+}
+
+// A thread's own rows: the residual x [M, C], the normed h [M, C] and h quantised (q8 layers).
+template <typename T>
+struct Own {
+  std::vector<T> x, h;
+  std::vector<int8_t> xq;
+  std::vector<float> dx;
+  std::vector<int32_t> sx;
+  // h = norm(x) (and its int8 rows when `q8`), returned as a product's input.
+  Rows<T> normed(const T* weight, int64_t M, int64_t C, float eps, bool q8) {
+    for (int64_t b = 0; b < M; ++b) rms_norm_row(x.data() + b * C, weight, h.data() + b * C, C, eps);
+    return quantized(h.data(), M, C, q8);
+  }
+  Rows<T> quantized(const T* rows, int64_t M, int64_t K, bool q8) {
+    if (!q8) return {rows};
+    xq.resize(M * K), dx.resize(M * K / 32), sx.resize(M * K / 32);
+    q8_quantize_rows(rows, M, K, xq.data(), dx.data(), sx.data());
+    return {rows, xq.data(), dx.data(), sx.data()};
+  }
+};
+
+}  // namespace region
+
+// The paged decode attention of layer l (attention.cpp, its own region) for the queries q
+// [B, H, D] into out [B, H, D]; kOk or the kernel's error code.
+template <typename T>
+int decode_attention(const StepModel& m, size_t l, const T* q, T* out, const int64_t* tables,
+                     int64_t width, const int64_t* lens, int64_t B);
+
+// The layers of a decode step of B <= kRegionRows rows (decoder.cpp's `run` for these layers):
+// x [B, C] the embeddings (the residual stream, overwritten), h [B, C] the final-normed output;
+// cos / sin [B, D]; slots [B]; tables [B, width]; lens [B]. Returns the attention's code.
+template <typename T>
+int one_region_step(const StepModel& m, T* x, T* h, const T* cos, const T* sin,
+                    const int64_t* slots, const int64_t* tables, int64_t width,
+                    const int64_t* lens, int64_t B);
+
+}  // namespace tgserve
