@@ -75,4 +75,5 @@ def test_int8_kv_rows_equal_their_reference_and_keep_a_row_off_the_batch(avx2_bu
     int8_attention.test_int8_rows_equal_the_reference_over_their_dequantised_values(9, 3, 16, 5)
     int8_attention.test_int8_rows_with_bf16_queries_and_other_head_dims(40)
     int8_attention.test_an_int8_row_does_not_depend_on_the_batch()
+    int8_attention.test_a_prefill_chunks_int8_rows_equal_each_row_alone(9, 3)
     int8_model.test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(torch.float32)
