@@ -60,6 +60,7 @@ _FUSED = {
 _FAMILIES = ("llama", "moe")
 
 Part = tuple[int, GGUFTensorInfo, str, Fixup | None]  # (part index, info, hf name, fixup)
+_TRIM_EVERY = 16 << 20  # bytes packed between trims of freed heap memory
 
 
 def load_stored_gguf(
@@ -80,12 +81,20 @@ def load_stored_gguf(
     # dense matrix is ever made for a layer the file stores as blocks.
     model = build_meta_model(config, dtype)
     kept: set[str] = set()
+    packed_since_trim = 0
     for module_name, (parts, count) in groups.items():
         types = {_qtype(info) for _, info, _, _ in parts}
         if len(parts) == count and (len(types) == 1 or types <= MIXABLE_TYPES):
             weight = _pack(gguf, sorted(parts, key=lambda p: p[0]))
             _replace(model, module_name, weight, dtype, path)
             kept.update(hf_name for _, _, hf_name, _ in parts)
+            # Each pack frees its raw reads; glibc keeps freed heap blocks resident until a
+            # trim, so the load's peak would grow with the file (host_memory.py). Trimming every
+            # _TRIM_EVERY bytes bounds the peak's excess over the packed bytes by about that.
+            packed_since_trim += weight.nbytes
+            if packed_since_trim >= _TRIM_EVERY:
+                release_freed_memory()
+                packed_since_trim = 0
     kept |= keep_experts_as_stored(model, gguf, plan)  # mixture-of-experts: models/moe
     if config.tie_word_embeddings and isinstance(model.model.embed_tokens, BlockEmbedding):
         model.lm_head = BlockLinear(model.model.embed_tokens.block_weight)
@@ -140,6 +149,8 @@ def _pack(gguf: GGUFFile, parts: list[Part]) -> BlockWeight:
         (fixup(gguf.blocks(info)) if fixup else gguf.blocks(info), _qtype(info))
         for _, info, _, fixup in parts
     ]
+    if len(rows) == 1:  # no concatenated copy of a lone part
+        return BlockWeight.pack(rows[0][0], rows[0][1], parts[0][1].shape[-1])
     return BlockWeight.pack_parts(rows, parts[0][1].shape[-1])
 
 

@@ -27,6 +27,7 @@ from models import pointwise
 from models.block_linear import MIXABLE_TYPES, STORED_TYPES, BlockLinear, BlockWeight
 from models.gguf.file import GGUFFile
 from models.gguf.header import GGUFTensorInfo
+from models.host_memory import release_freed_memory
 from models.moe.experts import GroupedExperts
 
 _EXPERT = re.compile(
@@ -98,4 +99,6 @@ def keep_experts_as_stored(model: nn.Module, gguf: GGUFFile, plan) -> set[str]:
         ]
         down = [BlockWeight.pack(blocks["down"][n], qt["down"], i) for n in range(e)]
         model.model.layers[layer].mlp.experts = BlockExperts(gate_up, down)
+        del blocks, gate_up, down
+        release_freed_memory()  # a layer's raw reads, kept resident by glibc until trimmed
     return {hf_name for info, hf_name, _ in plan if id(info) in infos}
