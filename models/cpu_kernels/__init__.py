@@ -72,6 +72,7 @@ _HEADERS = (
     "lora.h",
     "vec_math.h",
     "vec_simd.h",
+    "attention_range.h",
     "attention_simd.h",
     "attention_avx2.h",
     "attention_layout.h",

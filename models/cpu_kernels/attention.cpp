@@ -1,181 +1,38 @@
 // Paged attention for CPU, one query per row: see kernels.h and paged_attention.py for the
-// contract.
-//
-// A sequence's keys are cut into ranges of a fixed length (kRangeKeys), attended one by one and
-// merged in order (see decode). A range walks its keys in chunks of 16: the chunk's cache rows
-// are located once, the next chunk's rows are prefetched, and for each KV head its G query
-// heads are scored, softmaxed (online) and V-summed together by the SIMD loops of
-// attention_simd.h (AVX-512), attention_avx2.h (AVX2 + FMA) or the portable ones, each naming
-// the reduction order it fixes. Up to 32 consecutive rows of one sequence (a prefill chunk's
-// queries) attend to a chunk together while its K/V rows sit in L1, each in its own order.
+// contract. This file is the driver: it cuts each sequence's keys into ranges of a fixed length
+// (kRangeKeys), groups consecutive rows of one sequence over the same keys (a prefill chunk's
+// queries), hands (group, range) work to attend_range (attention_range.h: the chunk loops and
+// the reduction order per ISA) and merges each row's ranges in range order (merge_ranges).
 // Work is split over the cores by (group of rows, key range): one long sequence's ranges
 // spread over every core, and the ranges merge in range order, whatever the split.
-// The cache holds rows of the model's dtype, or int8 rows with a scale each (kv_int8.h), never
-// dequantised as a whole: a row alone reads them in place (the SIMD loops widen them), a
-// group of rows widens each chunk's rows once per KV head into an L1 buffer (exact: the same
-// bits) and runs the float loops on it. A K row's scale joins the score's multiplier and a V
-// row's the key's softmax weight in the V sum (the softmax's running sums keep the unscaled
-// weights), each once per key and head, in the order of the float caches.
+// The cache holds rows of the model's dtype, or int8 rows with a scale each (kv_int8.h).
 // int8 rows hold Walsh-Hadamard-rotated values: each query head is rotated once when packed
 // (kv_rotate_query) and each output row once before it is stored (merge_ranges).
 #include "kernels.h"
 
+#include "attention_range.h"
 #include "attention_simd.h"
 #include "kv_int8.h"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
 namespace {
 
-using tgserve::attn::chunk_offsets;
-using tgserve::attn::kAhead;
+using tgserve::attn::attend_range;
 using tgserve::attn::kChunk;
-using tgserve::attn::prefetch_rows;
+using tgserve::attn::kGroupRows;
+using tgserve::attn::RangeOut;
 using tgserve::attn::round_up;
 
-// Rows per group: consecutive rows of one sequence (a prefill chunk's queries) read each K/V
-// chunk once for up to this many queries. A long prefill streams its whole context (12.6 MB a
-// layer at 8k keys for the default model) from L3 or memory once per group: 32 rows read it a
-// quarter as often as 8 did (PERFORMANCE.md, AVX2 long prompts). Fewer when a group's partials
-// (rows x ranges x heads) would pass kPartsBudget floats a thread (large models, long
-// contexts), never fewer than 8; a row's bits do not depend on its group.
-constexpr int kGroupRows = 32;
+// Fewer rows than kGroupRows a group when its partials (rows x ranges x heads) would pass this
+// many floats a thread (large models, long contexts), never fewer than 8.
 constexpr int64_t kPartsBudget = int64_t{4} << 20;  // 16 MB of float32 partials a thread
-
-// Per-row state of attend_range: acc [H, DA] (DA = acc_stride(D), the attention_simd.h
-// layout) the unnormalised V sums, m [H] the online softmax's reference max, l [H] its sum.
-struct RangeOut {
-  float* acc;
-  float* m;
-  float* l;
-};
-
-// Attention of the R rows of a group (queries of one sequence, same block table and key start
-// k0) over keys [k0, k1[i]) of this range, row i into out[i]. q[i] [H, qstride] is packed by
-// pack_query. scratch holds p [R, G, kChunk], V weights [G, kChunk] (int8 rows: p times each
-// V row's scale), a chunk's K and V rows widened [2, kChunk, DA] (int8 rows, R > 1) and
-// per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
-// elements (D values, then an int8 row's scale).
-// A chunk's K/V rows are located and prefetched once and stay in L1 while every row of the
-// group attends to them: rows share the memory traffic, never the arithmetic. For each KV
-// head the rows' scores come first, then their softmax steps, then their V sums: each row's
-// three steps depend on one another, different rows' do not, so the core overlaps one row's
-// chain with the next row's instead of waiting at every step. Each row walks
-// the chunks k0, k0 + 16, ... < k1[i] with n = min(16, k1[i] - c0) keys, exactly as it does
-// alone (R = 1), so its bits do not depend on its group.
-// DC > 0 fixes head_dim at compile time (64, 128) so the D loops unroll.
-template <typename T, int DC>
-void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_t qstride,
-                  const T* kc, const T* vc, const int64_t* table, int64_t k0, const int64_t* k1,
-                  int R, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t num_blocks,
-                  float scale, const RangeOut* out, float* scratch, int* bad) {
-  namespace simd = tgserve::attn;
-  constexpr bool kInt8 = std::is_same_v<T, int8_t>;
-  const int64_t G = H / KVH, DS = D + tgserve::KVRowExtra<T>::value, W = KVH * DS;
-  const int64_t DA = simd::acc_stride<T>(D);
-  float* p = scratch;                         // [R, G, kChunk] scores, then weights
-  float* pv = scratch + R * G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
-  float* kwide = scratch + (R + 1) * G * kChunk;  // [kChunk, DA] a chunk's int8 K rows, widened
-  float* vwide = kwide + kChunk * DA;             // [kChunk, DA] and its V rows
-  float* lsum = vwide + kChunk * DA;              // [R, H, kChunk]
-  float kmul[kChunk], vmul[kChunk];  // each key's score multiplier and V scale
-  std::fill(kmul, kmul + kChunk, scale);
-  const int64_t kmax = *std::max_element(k1, k1 + R);
-  for (int i = 0; i < R; ++i) {
-    std::fill(out[i].m, out[i].m + H, -std::numeric_limits<float>::infinity());
-    std::fill(out[i].acc, out[i].acc + H * DA, 0.0f);
-  }
-  std::fill(lsum, lsum + R * H * kChunk, 0.0f);
-  // Row offsets of chunk j (keys k0 + 16 j ...) live in ring slot j % (kAhead + 1).
-  int64_t off[kAhead + 1][kChunk];
-  auto locate = [&](int64_t j) -> int64_t {  // fills chunk j's slot; returns its key count
-    const int64_t c = k0 + j * kChunk;
-    if (c >= kmax) return 0;
-    if (!chunk_offsets(table, c, kmax, bs, W, num_blocks, off[j % (kAhead + 1)]))
-      *bad = tgserve::kBadBlock;
-    return std::min<int64_t>(kChunk, kmax - c);
-  };
-  for (int64_t j = 0; j < kAhead; ++j)
-    prefetch_rows(kc, vc, off[j % (kAhead + 1)], 0, locate(j), W);
-  const T* krows[kChunk];
-  const T* vrows[kChunk];
-  const float* kwrows[kChunk];
-  const float* vwrows[kChunk];
-  // The group's rows over the chunk's rows of KV head g (krow, vrow: T rows in the cache, or
-  // float32 rows widened from int8 ones): scores, softmax steps, V sums.
-  auto passes = [&](auto krow, auto vrow, const int* n, int64_t g) {
-    using U = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(krow)>>>;
-    for (int i = 0; i < R; ++i)
-      if (n[i] > 0)
-        simd::score_chunk<U, DC>(q[i] + g * G * qstride, qstride, krow, n[i], G, D, kmul,
-                                 p + i * G * kChunk);
-    for (int i = 0; i < R; ++i)
-      if (n[i] > 0)
-        simd::softmax_chunk(p + i * G * kChunk, n[i], G, out[i].m + g * G,
-                            lsum + (i * H + g * G) * kChunk, out[i].acc + g * G * DA, DA);
-    for (int i = 0; i < R; ++i) {
-      if (n[i] == 0) continue;
-      const float* pi = p + i * G * kChunk;
-      float* acc = out[i].acc + g * G * DA;
-      if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
-        for (int64_t h = 0; h < G; ++h)
-          for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = pi[h * kChunk + j] * vmul[j];
-        simd::accumulate_chunk<U, DC>(pv, vrow, G, D, acc, DA, n[i]);
-      } else {
-        simd::accumulate_chunk<U, DC>(pi, vrow, G, D, acc, DA, n[i]);
-      }
-    }
-  };
-  for (int64_t c0 = k0, j = 0; c0 < kmax; c0 += kChunk, ++j) {
-    const int64_t* cur = off[j % (kAhead + 1)];
-    const int64_t* ahead = off[(j + kAhead) % (kAhead + 1)];
-    const int64_t n_ahead = locate(j + kAhead);
-    for (int64_t g = 0; g < KVH; ++g) {  // KV head g serves query heads g*G .. g*G + G-1
-      // Spread the prefetches over the heads so they do not queue up all at once.
-      prefetch_rows(kc, vc, ahead, std::min(n_ahead, g * kChunk / KVH),
-                    std::min(n_ahead, (g + 1) * kChunk / KVH), W);
-      for (int i = 0; i < kChunk; ++i) {
-        krows[i] = kc + cur[i] + g * DS;
-        vrows[i] = vc + cur[i] + g * DS;
-        if constexpr (kInt8) {  // rows past the range repeat a valid one: finite scales
-          kmul[i] = scale * tgserve::kv_row_scale(krows[i], D);
-          vmul[i] = tgserve::kv_row_scale(vrows[i], D);
-        }
-      }
-      int n[kGroupRows];  // row i's keys in this chunk (0: its range ended)
-      for (int i = 0; i < R; ++i)
-        n[i] = static_cast<int>(std::clamp<int64_t>(k1[i] - c0, 0, kChunk));
-      if constexpr (kInt8) {
-        if (R > 1) {  // each row widened once here, not once per row of the group
-          const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
-          tgserve::widen_kv_rows(krows, nk, D, DA, kwide);
-          tgserve::widen_kv_rows(vrows, nk, D, DA, vwide);
-          for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
-            kwrows[i] = kwide + std::min(i, nk - 1) * DA;
-            vwrows[i] = vwide + std::min(i, nk - 1) * DA;
-          }
-          passes(kwrows, vwrows, n, g);
-          continue;
-        }
-      }
-      passes(krows, vrows, n, g);
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* lh = lsum + (i * H + h) * kChunk;
-      out[i].l[h] = std::accumulate(lh, lh + kChunk, 0.0f);
-    }
-}
 
 // Keys per range: a sequence's keys [start, len) are cut into ranges of kRangeKeys keys from
 // `start` (the last one shorter), each attended on its own into (acc, m, l), then merged in
