@@ -5,8 +5,8 @@
 // norm. Under tensor parallel a rank runs its shard (its heads, KV heads and MLP columns) and
 // the o / down projections' partial sums go through an all-reduce callback. Eager PyTorch
 // spends most of a small model's step dispatching ~15 ops per layer; here a layer is 5 parallel
-// loops, and a decode step of up to 8 rows over panel-kernel linears runs each layer in one
-// OpenMP region (step_region.h: the same bits). Numerics mirror models/llama.py (same rounding
+// loops, and a decode step of up to 8 rows over panel-kernel linears (and panel-kernel experts)
+// runs each layer in one OpenMP region (step_region.h: the same bits). Numerics mirror models/llama.py (same rounding
 // points to the model dtype).
 #include "decoder.h"
 
@@ -154,7 +154,7 @@ class LlamaDecoder {
     const int64_t* slot = slots.data_ptr<int64_t>();
     const StepModel model{layers_, final_norm_, k_caches_, v_caches_, H_,
                           KVH_,    D_,          C,         eps_,      window_, kv_int8_};
-    if (one_region && region_layers_ && B <= kRegionRows) {
+    if (one_region && region_layers_ && B <= kRegionRows && sparse_teams_on(layers_)) {
       const int code =
           one_region_step<T>(model, xp, hp, cosp, sinp, slot, tables.data_ptr<int64_t>(),
                              tables.size(1), seq_lens.data_ptr<int64_t>(), B);

@@ -172,7 +172,8 @@ class FusedDecoder:
     @property
     def runs_one_region(self) -> bool:
         """The layers allow the one-region step: every linear Q8 panels or Q4_0 / Q4_1 / Q8_0
-        blocks, dense SwiGLU MLPs, no LoRA bank, no tensor parallel."""
+        blocks, dense SwiGLU MLPs or sparse blocks whose experts are such panels (no shared
+        expert), no LoRA bank, no tensor parallel."""
         return self._decoder.region_layers
 
     def hidden(

@@ -252,6 +252,46 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
     }
     dx[i] = d;
     sx[i] = _mm512_reduce_add_epi32(total);
+#elif defined(__AVX2__)
+    // The same steps 8 lanes at a time (before: the loop below, whose std::nearbyint is a libm
+    // call saving the FP environment per value: 4% of an AVX2 int8 decode step at one thread).
+    // max_ps(|v|, amax) keeps amax where v is NaN; the lanes' maxima and the integer sum are
+    // exact in any order; vcvtps2dq rounds to nearest even, NaN -> INT_MIN (clamped to -127).
+    __m256 v[4];
+    __m256 top = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int h = 0; h < 4; ++h) {
+      if constexpr (std::is_same_v<T, float>) {
+        v[h] = _mm256_loadu_ps(src + 8 * h);
+      } else {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * h));
+        v[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+      }
+      top = _mm256_max_ps(_mm256_andnot_ps(sign, v[h]), top);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    __m256i q[4];
+    __m256i total = _mm256_setzero_si256();
+    for (int h = 0; h < 4; ++h) {
+      q[h] = _mm256_cvtps_epi32(_mm256_mul_ps(v[h], _mm256_set1_ps(inv)));
+      q[h] = _mm256_min_epi32(_mm256_max_epi32(q[h], _mm256_set1_epi32(-127)),
+                              _mm256_set1_epi32(127));
+      total = _mm256_add_epi32(total, q[h]);
+    }
+    // packs work per 128-bit lane: [q0 lo, q1 lo, q2 lo, q3 lo | q0 hi, ...] in 4-byte groups
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + i * kBlock),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    dx[i] = d;
+    sx[i] = _mm_cvtsi128_si32(s4);
 #else
     float v[kBlock], amax = 0.0f;
     for (int e = 0; e < kBlock; ++e) {

@@ -1,6 +1,7 @@
 // A decode step's layers in one OpenMP region per layer (decoder.cpp's LlamaDecoder runs it for
 // up to kRegionRows rows when every linear is a panels kind: Q8 panels or Q4_0 / Q4_1 / Q8_0
-// blocks, no LoRA slot in use, no mixture of experts, no tensor parallel).
+// blocks, no LoRA slot in use, no tensor parallel; a sparse MLP when its experts run through the
+// panel kernels and it has no shared expert).
 //
 // Why: the op-by-op step opens a parallel region per linear, the attention and (batched) each
 // element-wise loop, ~150 a step of the default model at batch 1, and allocates each output. A
@@ -11,12 +12,17 @@
 // data flows (after o, gate_up, down and qkv). Each thread keeps its own copy of the residual
 // rows and of the normed (and quantised) input, computed by the same code from the same values,
 // so no barrier waits on a norm. gate_up's unit u is gate panels 2u, 2u + 1 and the same up
-// panels: its thread applies SiLU x up (and quantises those 32 activations) at once.
+// panels: its thread applies SiLU x up (and quantises those 32 activations) at once. A sparse
+// MLP: the router's output panels split over the threads (one panel a unit), then
+// moe_experts.h's experts_team on the same team (routing, the chosen experts' gate-up and down,
+// the weighted sum: three more barriers), where the op-by-op step opened a region for it.
 //
 // Bits: every output element is computed by the same function on the same inputs in the same
 // order as in the op-by-op step (q8_linear_panels / block_linear_panels are q8_linear's /
-// block_linear's per-group bodies; the element-wise functions are vec_math.h's): the same
-// logits either way (tests/models/test_cpp_step_region.py).
+// block_linear's per-group bodies; the router's panels are packed_linear's, whose lanes' order
+// depends on K alone; the element-wise functions are vec_math.h's; experts_team is what
+// moe_forward runs): the same logits either way (tests/models/test_cpp_step_region.py,
+// tests/models/moe/test_moe_cpp_step.py).
 #pragma once
 
 #include <torch/extension.h>
@@ -29,12 +35,15 @@
 #include "decoder.h"
 #include "kernels.h"
 #include "kv_int8.h"
+#include "moe_block.h"
 #include "q8_linear.h"
 #include "vec_math.h"
 
 namespace tgserve {
 
 constexpr int64_t kRegionRows = 8;  // the few-rows passes of the panels kernels
+// A sparse MLP's experts then have at most kRegionRows rows each: experts_team runs them all.
+static_assert(kRegionRows <= moe_experts::kMostRows);
 
 // What a step reads of the model (LlamaDecoder's members).
 struct StepModel {
@@ -71,16 +80,34 @@ void rope_and_append(const StepModel& m, const LayerWeights& w, T* row, const T*
               static_cast<T*>(vc));
 }
 
-// Whether the one-region step runs these layers (the linears' kinds and shapes, no experts).
+// Whether the one-region step runs these layers (the linears' kinds and shapes; a sparse
+// MLP's router dense (float / bf16 packed, not int8) or a block panels kind, its experts the
+// panel kernels', no shared expert).
 inline bool region_linear(const LinearWeights& w) {
   const int kind = static_cast<int>(w.block_type);
   return (is_q8_kind(kind) || (kind && block_panels_type(kind))) && !w.lora;
 }
+inline bool region_router(const LinearWeights& w) {
+  const int kind = static_cast<int>(w.block_type);
+  const bool dense = !kind && w.packed.scalar_type() != at::kChar;
+  return (dense || (kind && block_panels_type(kind))) && !w.lora;
+}
+inline bool region_mlp(const LayerWeights& w) {
+  if (w.moe)
+    return w.moe->panel_experts && region_router(w.moe->router) && !w.moe->shared_gate_up;
+  return w.gate_up && region_linear(*w.gate_up) && region_linear(*w.down) &&
+         w.gate_up->out_features % 64 == 0;
+}
 inline bool runs_in_one_region(const std::vector<LayerWeights>& layers) {
   return std::all_of(layers.begin(), layers.end(), [](const LayerWeights& w) {
-    return !w.moe && w.gate_up && region_linear(w.qkv) && region_linear(w.o_proj) &&
-           region_linear(*w.gate_up) && region_linear(*w.down) && w.gate_up->out_features % 64 == 0;
+    return region_linear(w.qkv) && region_linear(w.o_proj) && region_mlp(w);
   });
+}
+// Whether every sparse block takes its one team (MoeWeights.one_region: off, a bench's or a
+// test's peer runs the op-by-op step with each expert's products in turn).
+inline bool sparse_teams_on(const std::vector<LayerWeights>& layers) {
+  return std::all_of(layers.begin(), layers.end(),
+                     [](const LayerWeights& w) { return !w.moe || w.moe->one_region; });
 }
 
 namespace region {

@@ -124,33 +124,36 @@ def test_a_decode_row_equals_the_same_token_at_the_end_of_a_long_prefill(tmp_pat
 
 def test_the_one_region_equals_each_experts_products_in_turn(tmp_path) -> None:
     """A 9-row prefill (the router's product before the team) and three rows' decode steps
-    with the block in one team (moe_experts.h) and with its switch off (the router, then each
-    expert's products in turn, as a long prefill runs them): the same logits bit for bit,
-    Q8_0 experts as stored and with int8 activations (8 experts, top-4: experts with 1-3 rows
-    at decode; the intermediate 160 in SiLU slices of 64, 64 and 32)."""
-    hf = make_hf_model("qwen3_moe", mlp_only_layers=[], moe_intermediate_size=160)
+    with the block in one team (moe_experts.h; at decode inside the layers' one region,
+    step_region.h, the router's panels split over the threads) and with its switch off (the
+    router, then each expert's products in turn, as a long prefill runs them): the same logits
+    bit for bit, Q8_0 experts as stored (float32, bfloat16) and with int8 activations (24
+    experts: router panels of 16 and 8, one a thread at two threads; top-4: experts with 1-3
+    rows at decode; the intermediate 160 in SiLU slices of 64, 64 and 32)."""
+    hf = make_hf_model("qwen3_moe", mlp_only_layers=[], moe_intermediate_size=160, num_experts=24)
     path = write_moe_gguf(hf, tmp_path / "tiny.gguf", "qwen3moe", QT.Q8_0)
     tokens = prompts((2, 3, 4), seed=8)
-    for int8 in (False, True):
-        model, _ = load_model(path, "float32", "cpu", use_cache=False)
+    for dtype, int8 in (("float32", False), ("float32", True), ("bfloat16", False)):
+        model, _ = load_model(path, dtype, "cpu", use_cache=False)
         if int8:
             quantize_activations_int8(model)
         driver = PagedDriver(model, block_size=4)
         fused = FusedDecoder.build(model, driver.kv)
         assert fused.moe_blocks and all(moe.panel_experts for moe in fused.moe_blocks)
+        assert fused.runs_one_region
         for _ in tokens:
             driver.add_sequence()
         batch = dict(enumerate(tokens))
         want = _step_with(fused, driver, batch, one_region=False)
         logits = _step_with(fused, driver, batch, one_region=True, append=True)
         for s in batch:
-            assert torch.equal(logits[s], want[s]), f"prefill, int8 activations: {int8}"
+            assert torch.equal(logits[s], want[s]), f"prefill, {dtype}, int8 activations: {int8}"
         for _ in range(3):
             nxt = {s: [int(logits[s][-1].argmax())] for s in logits}
             want = _step_with(fused, driver, nxt, one_region=False)
             logits = _step_with(fused, driver, nxt, one_region=True, append=True)
             for s in nxt:
-                assert torch.equal(logits[s], want[s]), f"int8 activations: {int8}"
+                assert torch.equal(logits[s], want[s]), f"{dtype}, int8 activations: {int8}"
 
 
 def _step_with(fused, driver, nxt: dict, one_region: bool, append: bool = False) -> dict:
