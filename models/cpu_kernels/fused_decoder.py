@@ -16,7 +16,9 @@ the same C++ call, moe_block.h), a partial rotary, a dtype other than float32 / 
 with float32 activations, not on a CPU, or the extension cannot be built). Otherwise
 `hidden(input_ids [T], positions [T], meta)` returns the final-normed hidden states
 [T, hidden] that `LlamaForCausalLM.forward` would, writing the same K/V into the same cache slots; `logits(hidden [R, hidden])` returns
-`compute_logits`'s [R, vocab] float32; `packed_bytes` is what its packed weight copies hold. A model with a LoRA bank
+`compute_logits`'s [R, vocab] float32; `packed_bytes` is what its packed weight copies hold;
+`huge_page_bytes` what was advised into 2 MiB pages (huge_pages.py: the linears' and the LM
+head's packed weights, which a decode step streams). A model with a LoRA bank
 (models/lora/bank.py) adds each row's adapter (`meta.lora_rows`) in every linear layer, reading
 the bank's slots in place (models/cpu_kernels/lora.cpp). Rounding follows the eager path (tested in
 tests/models/test_fused_decoder.py against it and against transformers). A row's values do not
@@ -40,6 +42,7 @@ from models import cpu_kernels
 from models.activation_quant import Q8Linear
 from models.attention import AttentionMetadata, KVCache
 from models.block_linear import BlockLinear
+from models.cpu_kernels import huge_pages
 from models.cpu_kernels.moe_layer import moe_weights, runs_sparse_block
 from models.quantization import Int8Linear
 
@@ -58,14 +61,17 @@ class FusedDecoder:
         # LoRA adapters (models/lora): the bank's slots, shared in place with the C++ layers.
         bank = getattr(model, "lora_bank", None)
 
+        streamed: list[torch.Tensor] = []  # the packed weights a decode step reads
+
         def linear(layer: nn.Module, index: int, proj: str):
             bias = None if layer.bias is None else layer.bias.detach()
             lora = None if bank is None or proj is None else bank.layers[index][proj]
             if lora is not None:
                 lora = ext.LoraWeights(a=lora.a, b=lora.b, scales=lora.scales, offsets=lora.offsets)
             if isinstance(layer, BlockLinear | Q8Linear):  # already packed, the only copy
-                w = layer.block_weight if isinstance(layer, BlockLinear) else layer.q8_weight
+                w = _panels(layer)
                 kind = w.type_id if isinstance(layer, BlockLinear) else w.kind
+                streamed.append(w.packed)
                 return ext.LinearWeights(
                     weight=w.packed, packed=w.packed, bias=bias, block_type=kind,
                     out_features=w.out_features, lora=lora,
@@ -73,6 +79,7 @@ class FusedDecoder:
             weight, scales = _weight_and_scales(layer)
             packed = ext.pack_linear(weight)
             self.packed_bytes += packed.nbytes
+            streamed.append(packed)
             return ext.LinearWeights(
                 weight=weight, packed=packed, bias=bias, scales=scales, lora=lora
             )
@@ -113,6 +120,11 @@ class FusedDecoder:
             self._vocab_size = lm_head.shape[0]
             self._lm_head_packed = ext.pack_linear(lm_head)
             self.packed_bytes += self._lm_head_packed.nbytes
+            streamed.append(self._lm_head_packed)
+        else:
+            streamed.append(_panels(model.lm_head).packed)
+        # 2 MiB pages under the streamed weights: no TLB miss every 4 KiB (huge_pages.py)
+        self.huge_page_bytes = huge_pages.advise(streamed)
         self._decoder = ext.LlamaDecoder(
             layers=layers,
             final_norm=inner.norm.weight.detach(),
@@ -212,6 +224,11 @@ class FusedDecoder:
             self._lm_head_scales,
         )
         return logits if self._gather is None else self._gather(logits)
+
+
+def _panels(layer: BlockLinear | Q8Linear):
+    """A packed layer's weight: GGUF blocks as stored, or int8-activation Q8 panels."""
+    return layer.block_weight if isinstance(layer, BlockLinear) else layer.q8_weight
 
 
 def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
