@@ -1,6 +1,7 @@
 """Fixtures shared by the test packages: the tiny model folder (server, deploy), the device
 the model / attention / engine / fidelity tests run on (`TGSERVE_TEST_DEVICE`, tests/devices.py),
-Triton's interpreter for CPU runs, and the hypothesis profile (`TGSERVE_HYPOTHESIS_PROFILE`).
+Triton's interpreter for CPU runs, the hypothesis profile (`TGSERVE_HYPOTHESIS_PROFILE`), and
+the C++ kernel builds a broad run starts ahead of need (tests/kernel_prebuild.py).
 
 Triton decides when a module is imported whether its kernels (and triton.language's own
 helpers) are interpreted, so TRITON_INTERPRET=1 is set here, before anything imports triton,
@@ -39,6 +40,21 @@ def device():
     from tests.devices import selected_device  # torch only for the tests that ask
 
     return selected_device()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests import kernel_prebuild
+
+    kernel_prebuild.start_native_if_whole_suite(session.config)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A broad run starts the C++ kernel builds its tests need in the background now, so they
+    overlap the tests before them (tests/kernel_prebuild.py)."""
+    from tests import kernel_prebuild
+
+    modules = (getattr(item, "module", None) for item in session.items)
+    kernel_prebuild.start(modules, len(session.items))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

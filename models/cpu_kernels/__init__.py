@@ -44,6 +44,7 @@ from types import ModuleType
 import torch
 
 from models.cpu_features import ISA_ENV, cpu_flags, kernel_march
+from models.cpu_kernels.background_build import raise_priority
 from models.cpu_kernels.builder import BuildSpec, compile_in_child, load_or_compile
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,24 @@ _SOURCES = (
     "read_probe.cpp",
     "bindings.cpp",
 )
+# What a build compiles: "all" serves (`extension()`); "linear" is the linear layers' kernels
+# alone (dense, GGUF blocks, int8 activations), for the tests that hold other instruction sets'
+# builds of them to the native bits (tests/models/test_kernel_isa_builds.py): their translation
+# units compile with the same flags, and bindings.cpp binds only them
+# (TGSERVE_LINEAR_KERNELS_ONLY, a macro no other source reads), skipping the ~2/3 of the cold
+# build that the attention, decoder-step, MoE and LoRA units take.
+KERNEL_SETS = {
+    "all": _SOURCES,
+    "linear": (
+        "linear.cpp",
+        "block_linear.cpp",
+        "kquant_linear.cpp",
+        "mixed_blocks.cpp",
+        "q8_linear.cpp",
+        "bindings.cpp",
+    ),
+}
+_SET_MACROS = {"all": (), "linear": ("-DTGSERVE_LINEAR_KERNELS_ONLY",)}
 _HEADERS = (
     "kernels.h",
     "decoder.h",
@@ -105,23 +124,26 @@ def _build_tag() -> str:
     return digest.hexdigest()[:10]
 
 
-def build_spec(march: str = "native") -> BuildSpec:
-    """The build for `-march=<march>`. Its name hashes everything the library depends on, so
+def build_spec(march: str = "native", kernels: str = "all") -> BuildSpec:
+    """The build of the `kernels` set (KERNEL_SETS) for `-march=<march>`. Its name names the
+    set and hashes everything the library depends on, so
     once built any checkout or venv imports it as it is (builder.load_or_compile); it compiles
     copies of the sources staged in its own directory (`stage_sources`), so the directory
     holds what its library was built from, and a build cut short in one checkout resumes
     from its objects in another."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    prefix = "tgserve_cpu_kernels" if march == "native" else f"tgserve_cpu_kernels_{march}"
+    prefix = "tgserve_cpu_kernels" if kernels == "all" else f"tgserve_cpu_kernels_{kernels}"
+    if march != "native":
+        prefix = f"{prefix}_{march}"
     name = f"{prefix.replace('-', '_')}_{_build_tag()}"
     build_dir = Path(_get_build_directory(name, verbose=False))
     return BuildSpec(
         name=name,
         build_dir=build_dir,
-        sources=tuple(str(build_dir / "src" / source) for source in _SOURCES),
+        sources=tuple(str(build_dir / "src" / source) for source in KERNEL_SETS[kernels]),
         include_dirs=(str(build_dir / "src"),),
-        cflags=("-O3", f"-march={march}", "-fopenmp"),
+        cflags=("-O3", f"-march={march}", "-fopenmp", *_SET_MACROS[kernels]),
         ldflags=("-fopenmp",),
     )
 
@@ -129,13 +151,13 @@ def build_spec(march: str = "native") -> BuildSpec:
 def stage_sources(spec: BuildSpec) -> None:
     """Copies the sources and headers into `<build dir>/src` where missing. The build's name
     hashes their content, so a staged file never needs rewriting (its mtime stays older than
-    the objects); each copy lands whole (write, then rename)."""
+    the objects); each copy lands whole (write to a name of this thread's, then rename)."""
     staged = spec.build_dir / "src"
     staged.mkdir(parents=True, exist_ok=True)
     for name in _SOURCES + _HEADERS:
         target = staged / name
         if not target.exists():
-            partial = staged / f".{name}.{os.getpid()}"
+            partial = staged / f".{name}.{os.getpid()}.{threading.get_ident()}"
             partial.write_bytes((_DIR / name).read_bytes())
             partial.replace(target)
 
@@ -151,14 +173,15 @@ def is_built(march: str | None = None) -> bool:
     return build_spec(march).library.exists()
 
 
-def build(march: str = "native", niceness: int = 0) -> ModuleType:
+def build(march: str = "native", niceness: int = 0, kernels: str = "all") -> ModuleType:
     """Compiles (in a child process at `niceness`, see builder.py) or loads the cached kernels
-    for `-march=<march>`. Serving uses "native"; the tests also build older instruction sets
-    ("haswell": AVX2, "x86-64-v2": no AVX) to hold the SIMD passes to the portable loops' bits
-    on a single host."""
-    spec = build_spec(march)
+    of the `kernels` set for `-march=<march>`. Serving uses "native"; the tests also build
+    older instruction sets ("haswell": AVX2, "x86-64-v2": no AVX) to hold the SIMD passes to
+    the portable loops' bits on a single host."""
+    spec = build_spec(march, kernels)
     stage_sources(spec)
     if not spec.library.exists():
+        raise_priority(spec, niceness)  # a build started ahead of need is needed now
         compile_in_child(spec, niceness)
     return load_or_compile(spec)
 

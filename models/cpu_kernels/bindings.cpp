@@ -21,6 +21,7 @@ void dispatch(at::ScalarType dtype, const char* what, F&& f) {
   }
 }
 
+#ifndef TGSERVE_LINEAR_KERNELS_ONLY  // the linear kernels' test builds (cpu_kernels.KERNEL_SETS)
 void check_error(int code, const char* what) {
   TORCH_CHECK(code != tgserve::kBadSeqLen, what, ": a seq_len is negative or exceeds its block table");
   TORCH_CHECK(code != tgserve::kBadBlock, what, ": a block table entry is outside the cache");
@@ -77,6 +78,8 @@ void write_kv_int8(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k
       tgserve::append_kv(kp + i * KVH * D, vp + i * KVH * D, slot[i], KVH, D, kc, vc);
   });
 }
+
+#endif  // TGSERVE_LINEAR_KERNELS_ONLY
 
 // w [N, K] -> its packed copy (see kernels.h), a [panels, elements per panel] tensor. int8
 // weights are packed for bfloat16 activations (pairs of k).
@@ -214,6 +217,7 @@ torch::Tensor block_linear(torch::Tensor x, torch::Tensor packed, int64_t type, 
   return y;
 }
 
+#ifndef TGSERVE_LINEAR_KERNELS_ONLY
 // Seconds of one pass of the read probe over a contiguous uint8 buffer, and the xor it read.
 std::tuple<double, int64_t> read_probe(torch::Tensor buffer, int64_t streams, bool prefetch) {
   TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.is_contiguous(),
@@ -226,11 +230,11 @@ std::tuple<double, int64_t> read_probe(torch::Tensor buffer, int64_t streams, bo
   return {s, static_cast<int64_t>(sink)};
 }
 
+#endif  // TGSERVE_LINEAR_KERNELS_ONLY
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (see kernels.h)");
-  m.def("write_kv_int8", &write_kv_int8, "K/V rows into an int8 cache (see kv_int8.h)");
   m.def("pack_linear", &pack_linear, "a linear weight packed for linear (see kernels.h)");
   m.def("linear", &linear, "linear layer over a packed weight (see kernels.h)", py::arg("x"),
         py::arg("packed"), py::arg("bias"), py::arg("n"), py::arg("float_out"),
@@ -242,10 +246,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_linear", &block_linear, "linear layer over packed GGUF blocks (see kernels.h)",
         py::arg("x"), py::arg("packed"), py::arg("type"), py::arg("n"), py::arg("bias"),
         py::arg("float_out"));
+  tgserve::bind_q8_linear(m);
+#ifndef TGSERVE_LINEAR_KERNELS_ONLY
+  m.def("paged_decode", &paged_decode, "paged decode attention (see kernels.h)");
+  m.def("write_kv_int8", &write_kv_int8, "K/V rows into an int8 cache (see kv_int8.h)");
   m.def("read_probe", &read_probe, "one pass of the bench's memory read probe (see kernels.h)",
         py::arg("buffer"), py::arg("streams"), py::arg("prefetch"));
   tgserve::bind_moe(m);
   tgserve::bind_decoder(m);
-  tgserve::bind_q8_linear(m);
   tgserve::bind_lora(m);
+#endif
 }

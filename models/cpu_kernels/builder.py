@@ -16,8 +16,15 @@ Contract:
   RuntimeError (with the child's last output lines) when the build failed or was stopped. It
   logs a line per compiled source with the elapsed time, the child's lock waits, and every
   `report_every` seconds how long the build has run.
+- `start_child(spec, niceness, output)`: that child, started and not waited for (builds ahead
+  of need: models/cpu_kernels/background_build.py).
 - `stop_builds()`: kills every live child build (its whole session); registered with atexit, so
   a process that exits during start-up takes its build with it.
+
+A child's niceness applies to its whole session: the kernel groups the processes of a session
+(an autogroup, where enabled) and shares the CPU between groups before it looks at a process's
+own niceness, so the child lowers its group's weight too, else its compilers would take half of
+the CPU from the parent whatever their niceness.
 """
 
 from __future__ import annotations
@@ -129,6 +136,12 @@ def _kill_session(session: int) -> None:
         os.kill(me, signal.SIGKILL)
 
 
+def forget(child: subprocess.Popen) -> None:
+    """A child of `start_child` that has ended leaves the live builds."""
+    with _live_guard:
+        _live.discard(child)
+
+
 def stop_builds() -> None:
     with _live_guard:
         children = list(_live)
@@ -172,19 +185,17 @@ def _what_finished(command: str) -> str:
     return "linked" if " -shared " in f" {command} " or ".so" in command else command[:60]
 
 
-def compile_in_child(spec: BuildSpec, niceness: int = 0, report_every: float = 15.0) -> None:
-    env = dict(os.environ)
+def start_child(spec: BuildSpec, niceness: int, output: int, **env: str) -> subprocess.Popen:
+    """The build child of `compile_in_child`, not waited for: its output to `output` (a
+    subprocess target), `env` added to this process's environment."""
+    env = {**os.environ, **env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-u", "-c", _CHILD_MAIN, "--spec", spec.to_json()]
     command += ["--parent", str(os.getpid()), "--nice", str(niceness)]
-    started = time.monotonic()
-    log.info(
-        "building C++ kernels %s in a child process (cold: 1-2 minutes; cached after)", spec.name
-    )
     with _live_guard:  # no stop_builds() between the start and the registration
         child = subprocess.Popen(
             command,
-            stdout=subprocess.PIPE,
+            stdout=output,
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
@@ -192,6 +203,15 @@ def compile_in_child(spec: BuildSpec, niceness: int = 0, report_every: float = 1
             env=env,
         )
         _live.add(child)
+    return child
+
+
+def compile_in_child(spec: BuildSpec, niceness: int = 0, report_every: float = 15.0) -> None:
+    started = time.monotonic()
+    log.info(
+        "building C++ kernels %s in a child process (cold: 1-2 minutes; cached after)", spec.name
+    )
+    child = start_child(spec, niceness, subprocess.PIPE)
     progress = _Progress(started)
     reader = threading.Thread(target=progress.read, args=(child.stdout,), daemon=True)
     reader.start()
@@ -230,6 +250,13 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _lower_priority(niceness: int) -> None:
+    """This process's niceness, and its session's group's (the module docstring says why)."""
+    os.nice(niceness)
+    with contextlib.suppress(OSError):  # no autogroups here (kernel option, read-only /proc)
+        Path("/proc/self/autogroup").write_text(str(min(niceness, 19)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The child (`_CHILD_MAIN`): `--spec JSON --parent PID [--nice N]`."""
     parser = argparse.ArgumentParser(prog="tgserve-kernel-build")
@@ -239,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     if args.nice:
-        os.nice(args.nice)  # serving on the PyTorch path meanwhile comes first
+        _lower_priority(args.nice)  # serving on the PyTorch path meanwhile comes first
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(_CHILD_PREFIX + "%(message)s"))
     log.addHandler(handler)

@@ -28,6 +28,10 @@ pytestmark = [
     pytest.mark.skipif(not set(cpu_flags()) >= AVX2_FLAGS, reason="the CPU cannot run AVX2 code"),
 ]
 
+KERNEL_BUILDS = [
+    ("haswell", "all")
+]  # started ahead of need in a broad run (tests/kernel_prebuild.py)
+
 
 @pytest.fixture
 def avx2_build(monkeypatch):

@@ -39,9 +39,19 @@ ROWS = [1, 3, 9, 40, 130]
 BLOCK_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]
 
 
+def kernel_set(march: str) -> str:
+    """The whole library for haswell (the build TGSERVE_CPU_ISA=avx2 serves, which
+    tests/models/test_forced_avx2_build.py builds anyway), else the "linear" set alone (a cold
+    build in a third of the time): the linear kernels compile with the same flags in both."""
+    return "all" if march == "haswell" else "linear"
+
+
+KERNEL_BUILDS = [(march, kernel_set(march)) for march in ISAS]  # tests/kernel_prebuild.py
+
+
 @functools.cache
 def isa_build(march: str):
-    return cpu_kernels.build(march)
+    return cpu_kernels.build(march, kernels=kernel_set(march))
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -23,7 +23,7 @@ from gguf.quants import dequantize
 from models import cpu_kernels
 from models.block_linear import BlockLinear, BlockWeight, q4_1_constants_exact
 from models.cpu_features import cpu_flags
-from tests.models.test_kernel_isa_builds import isa_build
+from tests.models.test_kernel_isa_builds import isa_build, kernel_set
 
 pytestmark = [
     pytest.mark.cpu_kernels,  # skipped off the CPU (tests/conftest.py)
@@ -164,6 +164,8 @@ def test_infinite_scales_with_one_signed_quants_give_infinite_outputs(qtype: QT,
 
 
 SKYLAKE_FLAGS = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma", "f16c"}
+SKYLAKE_BUILD = ("skylake-avx512", kernel_set("skylake-avx512"))
+KERNEL_BUILDS = [SKYLAKE_BUILD] if set(cpu_flags()) >= SKYLAKE_FLAGS else []  # kernel_prebuild.py
 
 
 @pytest.mark.skipif(
@@ -179,7 +181,7 @@ def test_avx512_without_vbmi_gives_the_native_bits(qtype: QT) -> None:
     n, k = 2048, 128
     raw = raw[rng.integers(0, len(raw), 4 * n)].reshape(n, -1)
     w = BlockWeight.pack(torch.from_numpy(raw), qtype, k)
-    native, skylake = cpu_kernels.extension(), isa_build("skylake-avx512")
+    native, skylake = cpu_kernels.extension(), isa_build(SKYLAKE_BUILD[0])
     gen = torch.Generator().manual_seed(int(qtype))
     for m in (1, 2, 3, 8, 9, 40):
         x = torch.randn(m, k, generator=gen) * torch.exp2(

@@ -18,7 +18,7 @@ from gguf.quants import quantize
 from models import cpu_kernels
 from models.activation_quant import Q8Weight
 from models.block_linear import BlockWeight
-from tests.models.test_kernel_isa_builds import ISAS, isa_build
+from tests.models.test_kernel_isa_builds import ISAS, KERNEL_BUILDS, isa_build  # noqa: F401
 
 pytestmark = [
     pytest.mark.cpu_kernels,  # skipped off the CPU (tests/conftest.py)
