@@ -107,6 +107,7 @@ _HEADERS = (
     "q8_linear.h",
     "q8_dot.h",
     "q8_avx2.h",
+    "q8_rows_avx2.h",
     "aligned_scratch.h",
 )
 

@@ -4,7 +4,8 @@
 // against kPanels panels block by block: the integer sums of the block (q8_dot.h), then the
 // float32 epilogue, lane-wise and IEEE (simd16.h: one zmm, two ymm, or the scalar loop: the
 // same bits); AVX512-VNNI builds keep the sums in zmm registers (pass_vnni), AVX2 builds do so
-// for one or two rows (q8_avx2.h). Threads split the panel pairs (each row's order is the same
+// for one or two rows (q8_avx2.h) and in tiles of up to kRows rows x one panel
+// (q8_rows_avx2.h). Threads split the panel pairs (each row's order is the same
 // whoever runs it).
 #include "q8_linear.h"
 
@@ -20,6 +21,7 @@
 #include "kernels.h"
 #include "q8_avx2.h"
 #include "q8_dot.h"
+#include "q8_rows_avx2.h"
 #include "simd16.h"
 
 namespace tgserve {
@@ -192,25 +194,36 @@ void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const
   };
   return dispatch_layout(f, rows);
 #else
-#if defined(TGSERVE_Q8_AVX2)
-  // One or two rows: the sums stay in registers (q8_avx2.h); more: the generic pass's tile.
+#if defined(TGSERVE_Q8_AVX2) && defined(TGSERVE_Q8_ROWS_AVX2)
+  // One or two rows: both panels' sums in registers, at the read bound (q8_avx2.h); three or
+  // four: tiles of the rows x one panel (q8_rows_avx2.h).
   const auto rows = [&](auto kind) {
     constexpr int v = decltype(kind)::value;  // as in the VNNI build's dispatch above
     constexpr bool kMin = v == 1, kOffset8 = v == 2, kHalf = v != 3;
-    if (mr == 1)
-      return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 1, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
-                                                             f.quants, acc);
-    return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 2, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
-                                                           f.quants, acc);
+    switch (mr) {
+      case 1:
+        return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 1, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
+                                                               f.quants, acc);
+      case 2:
+        return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 2, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
+                                                               f.quants, acc);
+      case 3:
+        return q8_rows_avx2::pass<Q4, kMin, kOffset8, kHalf, 3, 2>(xq, dx, sx, K, Wp, pb,
+                                                                   f.bytes, f.quants, NR, acc);
+      default:
+        return q8_rows_avx2::pass<Q4, kMin, kOffset8, kHalf, kRows, 2>(
+            xq, dx, sx, K, Wp, pb, f.bytes, f.quants, NR, acc);
+    }
   };
-  if (mr <= 2) return dispatch_layout(f, rows);
-#endif
+  return dispatch_layout(f, rows);
+#else
   switch (mr) {
     case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
     default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
   }
+#endif
 #endif
 }
 
