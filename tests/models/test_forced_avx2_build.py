@@ -80,4 +80,5 @@ def test_int8_kv_rows_equal_their_reference_and_keep_a_row_off_the_batch(avx2_bu
     int8_attention.test_int8_rows_with_bf16_queries_and_other_head_dims(40)
     int8_attention.test_an_int8_row_does_not_depend_on_the_batch()
     int8_attention.test_a_prefill_chunks_int8_rows_equal_each_row_alone(9, 3)
+    int8_attention.test_the_cpp_append_writes_the_documented_rows_within_half_a_step(64)
     int8_model.test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(torch.float32)

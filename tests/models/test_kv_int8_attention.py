@@ -35,9 +35,11 @@ def ext():
     return built
 
 
-def test_the_cpp_append_writes_the_documented_rows_within_half_a_step() -> None:
+# rotation blocks of 8 and 64 values (AVX2: one register, eight)
+@pytest.mark.parametrize("head_dim", [40, 64])
+def test_the_cpp_append_writes_the_documented_rows_within_half_a_step(head_dim) -> None:
     gen = torch.Generator().manual_seed(1)
-    kv_heads, head_dim, slots = 3, 40, 12
+    kv_heads, slots = 3, 12
     k = torch.randn(slots, kv_heads, head_dim, generator=gen) * 7
     v = torch.randn(slots, kv_heads, head_dim, generator=gen)
     k[4, 1] = 0.0  # an all-zero row: q = 0, s = 0
