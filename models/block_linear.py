@@ -85,8 +85,9 @@ class BlockWeight:
         cls, parts: list[tuple[torch.Tensor, GGMLQuantizationType]], in_features: int
     ) -> BlockWeight:
         types = [qtype for _, qtype in parts]
-        if len(set(types)) == 1:
-            return cls.pack(torch.cat([raw for raw, _ in parts]), types[0], in_features)
+        if len(set(types)) == 1:  # one part: packed as it is, no concatenated copy
+            raw = parts[0][0] if len(parts) == 1 else torch.cat([part for part, _ in parts])
+            return cls.pack(raw, types[0], in_features)
         if not set(types) <= MIXABLE_TYPES or len(parts) > _MAX_PARTS:
             names = ", ".join(t.name for t in types)
             raise ValueError(f"parts of types {names} cannot share one layer as stored")

@@ -6,8 +6,8 @@
 // the o / down projections' partial sums go through an all-reduce callback. Eager PyTorch
 // spends most of a small model's step dispatching ~15 ops per layer; here a layer is 5 parallel
 // loops, and a decode step of up to 8 rows over panel-kernel linears (and panel-kernel experts)
-// runs each layer in one OpenMP region (step_region.h: the same bits). Numerics mirror models/llama.py (same rounding
-// points to the model dtype).
+// runs each layer in one OpenMP region (step_region.h: the same bits). Numerics mirror
+// models/llama.py (same rounding points to the model dtype).
 #include "decoder.h"
 
 #include <ATen/ATen.h>

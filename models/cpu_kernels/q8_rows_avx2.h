@@ -42,15 +42,6 @@
 
 namespace tgserve::q8_rows_avx2 {
 
-// The 8 lanes of ymm half h (lanes 8 * (h % 2) .. of panel h / 2) of a panel block's 16 scales
-// at p: fp16 (a file's) or float32.
-template <bool kHalf>
-[[gnu::always_inline]] inline __m256 lanes8(const uint8_t* p, int h) {
-  if constexpr (kHalf)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * (h % 2))));
-  return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * (h % 2));
-}
-
 // acc + one block's terms for 8 lanes, q8_linear.h's order: fma(d * dx, float(isum - offset),
 // acc) (Q4_0: offset 8 * sx), then Q4_1: fma(m * dx, float(sx), .); d * dx, m * dx rounded.
 template <bool kMin, bool kOffset8>
@@ -136,8 +127,8 @@ void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const
     }
     for (int m = 0; m < MR; ++m)
       for (int h = 0; h < H; ++h) {
-        const __m256 d_w = lanes8<kHalf>(blk[h], h0 + h);
-        const __m256 m_w = kMin ? lanes8<true>(blk[h] + 32, h0 + h) : d_w;  // Q4_1's mins
+        const __m256 d_w = q8_avx2::scales<kHalf>(blk[h], (h0 + h) % 2);
+        const __m256 m_w = kMin ? q8_avx2::scales<true>(blk[h] + 32, (h0 + h) % 2) : d_w;  // mins
         const __m256 v = block_terms<kMin, kOffset8>(isum[m][h], d_w, m_w, dx[m * nb + b],
                                                      sx[m * nb + b], _mm256_load_ps(acc[m][h]));
         _mm256_store_ps(acc[m][h], v);

@@ -149,8 +149,6 @@ def _pack(gguf: GGUFFile, parts: list[Part]) -> BlockWeight:
         (fixup(gguf.blocks(info)) if fixup else gguf.blocks(info), _qtype(info))
         for _, info, _, fixup in parts
     ]
-    if len(rows) == 1:  # no concatenated copy of a lone part
-        return BlockWeight.pack(rows[0][0], rows[0][1], parts[0][1].shape[-1])
     return BlockWeight.pack_parts(rows, parts[0][1].shape[-1])
 
 
