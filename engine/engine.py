@@ -192,10 +192,12 @@ class Engine:
             self.scheduler.take_proposals(Proposals.of(self.speculator.propose_all(wanted)))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
+        outputs = []
         for state in moved:  # a finished request's state leaves; its output is its own
             if state.request.is_finished:
                 self._pop(state.request.request_id)
-        return [state.output() for state in moved]
+            outputs.append(state.output())
+        return outputs
 
     def _pop(self, request_id: str) -> RequestState:
         """A request leaves: its generators go with the next step's inputs."""

@@ -10,7 +10,8 @@ so outputs are deterministic and never stop on their own; the step's sampling (t
 floor's `StepSampler`, as a real runner's) runs there too, inside the device time, as it would
 on a GPU's stream. `waited_s` adds up how long the host waited for results (a step's host time
 is its wall time less that wait); `device_cpu_s` adds up the device thread's CPU time (what a
-real device would spend: the engine's host time is the process's CPU time less it). The thread
+real device would spend, all of it, its wake-ups and hand-backs included: the engine's host
+time is the process's CPU time less it). The thread
 is a daemon and `close()` stops it and joins it. `num_steps` counts the steps run, `submitted_in_flight`
 those submitted while the step before was still on the device (the overlapped loop's second
 part: step k+1 scheduled before step k's tokens reached the host); carried inputs are resolved
@@ -125,9 +126,9 @@ class FakeDeviceRunner:
         # One intra-op thread (a per-thread setting): a second OpenMP team spinning beside the
         # engine's would bill the host for CPU a real device does not take from it.
         torch.set_num_threads(1)
+        cpu = time.thread_time()  # all of this thread's CPU is the device's: its waits too
         while (job := self._jobs.get()) is not None:
             step, chunks, sampling, done = job
-            cpu = time.thread_time()
             try:
                 until = time.perf_counter() + self.device_s
                 chunks = self.carried_tokens.resolve(chunks, sampling.carried)
@@ -142,8 +143,9 @@ class FakeDeviceRunner:
                 }
                 out = self.step_sampler.sample_step(logits, full, sampling)
                 self.carried_tokens.keep(out)
-                self.device_cpu_s += time.thread_time() - cpu
                 time.sleep(max(until - time.perf_counter(), 0.0))
+                self.device_cpu_s += time.thread_time() - cpu
+                cpu = time.thread_time()
                 done.set_result(out)
             except Exception as exc:  # the step fails, the device thread goes on
                 done.set_exception(exc)

@@ -73,7 +73,8 @@ class RequestState:
         self._prompt_logprobs_done = request.params.prompt_logprobs is None
         self._input_token_ids = request.input_token_ids  # (a tuple, never replaced)
         self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, chars) reported
-        self._plain_sent = (0, 0)  # the same of a plain request's one sequence
+        self._plain_tokens_sent = 0  # the same of a plain request's one sequence
+        self._plain_chars_sent = 0
         self._wants_logprobs = request.params.logprobs is not None
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -83,7 +84,7 @@ class RequestState:
         # each setter drops it (no per-step comparison of every field).
         self._metrics: RequestMetrics | None = None
         self.events: list[StepEvent] = []  # prefill chunks and preemptions, for traces
-        self._preemptions_seen = 0
+        self.preemptions_seen = 0  # the request's preemptions `note_chunk` has recorded
 
     def detokenizer(self, seq_id: int) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
@@ -136,17 +137,10 @@ class RequestState:
             return True
         return False
 
-    def notes(self, chunk: ScheduledChunk) -> bool:
-        """Whether `note_chunk` would record anything for this chunk."""
-        return (
-            self.request.num_preemptions > self._preemptions_seen
-            or chunk.start < chunk.seq.num_prompt_tokens
-        )
-
     def note_chunk(self, chunk: ScheduledChunk, now: float) -> None:
         """Records a chunk that computes prompt tokens (and a preemption that led to it)."""
-        if self.request.num_preemptions > self._preemptions_seen:
-            self._preemptions_seen = self.request.num_preemptions
+        if self.request.num_preemptions > self.preemptions_seen:
+            self.preemptions_seen = self.request.num_preemptions
             self.events.append(StepEvent("recompute_after_preemption", now, chunk.start))
             self._metrics = None
         prompt = chunk.seq.num_prompt_tokens
@@ -255,11 +249,13 @@ class RequestState:
         """`_delta(0, seq)` of a one-sequence request, built once per row per step: its sent
         counts in two fields, not the per-sequence dict, and no detokenizer looked up when
         the request has none."""
-        detok = self._detok_done(seq) if self._detokenizers else None
-        sent_tokens, sent_chars = self._plain_sent
-        text = detok.take_new_text() if detok is not None else ""
+        sent_tokens, sent_chars = self._plain_tokens_sent, self._plain_chars_sent
         new_ids = tuple(seq.token_ids[seq.num_prompt_tokens + sent_tokens :])
-        self._plain_sent = (sent_tokens + len(new_ids), sent_chars + len(text))
+        self._plain_tokens_sent = sent_tokens + len(new_ids)
+        text = ""
+        if self._detokenizers and (detok := self._detok_done(seq)) is not None:
+            text = detok.take_new_text()
+            self._plain_chars_sent = sent_chars + len(text)
         return CompletionOutput(
             0,
             text,

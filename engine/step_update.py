@@ -36,7 +36,7 @@ from engine.decoding.parallel_sampling import sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.grammar.host_mask import PendingHostMask
 from engine.request_state import RequestState
-from engine.requests.request import TokenSequence
+from engine.requests.request import RequestStatus, TokenSequence
 from engine.sampling.step_io import BeamCandidate, StepOutput, StepSampling
 from engine.sampling_plan import StepPlan, plan_sampling
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -86,7 +86,8 @@ class StepUpdate:
         # Requests that ended before this update (the overlapped loop scheduled this step
         # before it learned that the previous step's token ended them): their rows are
         # discarded, never emitted. `held`: this step's tokens replace placeholders.
-        ended = {c.request.request_id for c in sched.chunks if c.request.is_finished}
+        finished = RequestStatus.FINISHED  # (`is_finished`, without a call per row)
+        ended = {c.request.request_id for c in sched.chunks if c.request.status is finished}
         for chunk, index in plan.prompt:
             state = self.states[chunk.request.request_id]
             entries = out.prompt_logprobs.get(index)
@@ -140,8 +141,13 @@ class StepUpdate:
             if rid in ended:
                 continue
             state = states[rid]
-            # A decode of a request that has run before (most rows) notes nothing.
-            if state.first_scheduled_time is None or state.notes(chunk):
+            # A decode of a request that has run before (most rows) notes nothing: only a
+            # preemption or a prompt chunk is news to `note_chunk` (checked inline, per row).
+            if (
+                state.first_scheduled_time is None
+                or request.num_preemptions > state.preemptions_seen
+                or chunk.start < chunk.seq.num_prompt_tokens
+            ):
                 state.note_chunk(chunk, scheduled_at)
                 if state.mark_scheduled(scheduled_at):  # counted once, when first scheduled
                     self.prompt_tokens_total += len(request.input_token_ids)

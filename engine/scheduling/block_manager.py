@@ -80,7 +80,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._ref = [0] * num_blocks
+        self.ref_counts = self._ref = [0] * num_blocks  # read-only outside: step_builder.py
         self._free: deque[int] = deque(range(num_blocks))
         self._cache = PrefixCache(hash_fn)
         on = tiers is not None and enable_prefix_caching

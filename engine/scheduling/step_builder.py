@@ -2,10 +2,10 @@
 (pure Python; the policy is the scheduler's docstring, items 2 to 4).
 
 Contract: `StepBuilder(queues, block_manager, config, cost_model, target_s).build(aborted)`
-places running decodes first (higher priority first), then the prefill chunks the allotment
-(prefill_allotment.py, sized by prefill_budget.py) gives running partial prefills and waiting
-requests, admitting waiting requests in that order, the anchor first, until one finds no
-blocks. Blocks are appended or admitted as chunks are placed (copy-on-write pairs collected);
+places running decodes first (higher priority first: decode_pass.py), then the prefill
+chunks the allotment (prefill_allotment.py, sized by prefill_budget.py) gives running partial
+prefills and waiting requests, admitting waiting requests in that order, the anchor first,
+until one finds no blocks. Blocks are appended or admitted as chunks are placed (copy-on-write pairs collected);
 a request that needs blocks none can give preempts the lowest-priority running request by
 recompute, repeatedly, until it fits or is itself the victim, and no waiting request is
 admitted in a step that preempted. It returns a `StepResult`: the `SchedulerOutput` (with the
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
+from engine.scheduling.decode_pass import place_decodes
 from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_prefill
 from engine.scheduling.prefill_budget import PrefillBudget
 from engine.scheduling.request_queues import RequestQueues
@@ -70,7 +71,7 @@ class StepBuilder:
         self.budget = self.config.max_num_batched_tokens
 
     def build(self, aborted: tuple[str, ...]) -> StepResult:
-        self._schedule_decodes()
+        place_decodes(self)  # decode_pass.py
         budget = self._prefill_budget()
         left = budget.tokens_left
         capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
@@ -103,51 +104,23 @@ class StepBuilder:
             if c.sample and c.request.params.streamed:
                 self.delivering += sign
 
-    def _schedule_decodes(self) -> None:
-        for request in self.queues.by_priority():
-            if request.status is not RequestStatus.RUNNING or self._decode_in_place(request):
-                continue
-            remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
-            if min(remaining) < 1:
-                raise RuntimeError(
-                    f"request {request.request_id!r} has a sequence with nothing to compute: "
-                    "append the sampled token or finish the sequence before schedule()"
-                )
-            if max(remaining) == 1:
-                sizes = chunk_sizes(remaining, self.budget)
-                if sizes is not None:
-                    proposals = self._proposals(request, self.budget - sum(sizes))
-                    self._schedule_running(request, sizes, proposals)
-                    if (plan := self.plans.get(request.request_id)) is not None:
-                        plan.decode = True
-                        self.decode_tokens += plan.num_tokens
-
-    def _decode_in_place(self, request: Request) -> bool:
-        """Places the common decode (its plan: its chunk, no `_Plan`), if it is one: one live
-        sequence, one token, no proposal, into the last block of its table, which it alone
-        holds, or into a fresh block while one is free (no copy, no preemption): the general
-        path's lists and block counts cost most of a decode step's host time (issue 38)."""
-        seqs, bm = request.seqs, self.block_manager
-        if len(seqs) != 1 or self.budget < 1:
-            return False
-        seq = seqs[0]
-        start, table = seq.num_computed_tokens, seq.block_table
-        index = start // bm.block_size
-        if len(seq.token_ids) != start + 1 or (self.proposals.tokens and self.proposals.get(seq)):
-            return False
-        if index == len(table):  # the token opens a block: as the general path takes it
-            if bm.num_free_blocks < 1:
-                return False
-            bm.append(seq, 1)
-        elif index > len(table) or bm.ref_count(table[index]) != 1:
-            return False
-        self.budget -= 1
-        self.decode_tokens += 1
-        self.pairs += start + 1  # chunk_pairs(start, 1)
-        if request.params.streamed:
-            self.delivering += 1
-        self.plans[request.request_id] = ScheduledChunk(request, seq, start, 1, True)
-        return True
+    def schedule_decode(self, request: Request) -> None:
+        """A running request's decode that decode_pass.py does not place inline (several
+        sequences, a proposal, a shared last block, no free block; it may preempt)."""
+        remaining = [s.num_uncomputed_tokens for s in request.live_seqs]
+        if min(remaining) < 1:
+            raise RuntimeError(
+                f"request {request.request_id!r} has a sequence with nothing to compute: "
+                "append the sampled token or finish the sequence before schedule()"
+            )
+        if max(remaining) == 1:
+            sizes = chunk_sizes(remaining, self.budget)
+            if sizes is not None:
+                proposals = self._proposals(request, self.budget - sum(sizes))
+                self._schedule_running(request, sizes, proposals)
+                if (plan := self.plans.get(request.request_id)) is not None:
+                    plan.decode = True
+                    self.decode_tokens += plan.num_tokens
 
     def _proposals(self, request: Request, spare: int) -> list[tuple[int, ...]] | None:
         """Each live sequence's proposal, cut to the `spare` budget in order; None: none."""

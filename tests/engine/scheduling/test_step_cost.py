@@ -1,15 +1,17 @@
 """StepCostModel: the online fit recovers the coefficients of synthetic step timings, never
 goes negative, sizes chunks to the largest that fits (checked against a brute-force search),
-stays inside its trust region and is not thrown off by one stalled step.
+stays inside its trust region and is not thrown off by one stalled step; its unrolled solver
+agrees with numpy's on the 1x1-3x3 systems the fit solves.
 """
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from engine.scheduling.step_cost import StepCostModel, chunk_pairs
+from engine.scheduling.step_cost import StepCostModel, _solve, chunk_pairs
 
 TRUE = (0.012, 0.0004, 0.0000015)  # fixed s, s per row, s per query x key pair
 
@@ -128,3 +130,16 @@ def test_the_prior_before_the_fit_is_the_largest_steps_seconds_per_row():
     model.observe(256, 16_000, 0.400)  # larger: replaces it
     model.observe(10, 100, 0.050)  # smaller: does not
     assert model.rough_per_row == pytest.approx(0.400 / 256)
+
+
+def test_the_unrolled_solver_agrees_with_numpy_and_refuses_singular_systems():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3):
+        for _ in range(200):
+            m = rng.normal(size=(n, n)) * 10.0 ** rng.integers(-4, 5, size=(n, 1))
+            b = rng.normal(size=n)
+            got = _solve(m.tolist(), b.tolist())
+            assert got == pytest.approx(np.linalg.solve(m, b), rel=1e-6, abs=1e-9)
+    assert _solve([[0.0]], [1.0]) is None
+    assert _solve([[1.0, 2.0], [2.0, 4.0]], [1.0, 1.0]) is None
+    assert _solve([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 0.0, 1.0]], [1.0, 2.0, 3.0]) is None
