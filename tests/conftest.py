@@ -1,7 +1,8 @@
 """Fixtures shared by the test packages: the tiny model folder (server, deploy), the device
 the model / attention / engine / fidelity tests run on (`TGSERVE_TEST_DEVICE`, tests/devices.py),
 Triton's interpreter for CPU runs, the hypothesis profile (`TGSERVE_HYPOTHESIS_PROFILE`), and
-the C++ kernel builds a broad run starts ahead of need (tests/kernel_prebuild.py).
+the C++ kernel builds a broad run starts ahead of need (tests/kernel_prebuild.py), and
+transformers' load of the default model's GGUF, made once for the modules that compare with it.
 
 Triton decides when a module is imported whether its kernels (and triton.language's own
 helpers) are interpreted, so TRITON_INTERPRET=1 is set here, before anything imports triton,
@@ -12,6 +13,9 @@ tests (tests/models/triton_attention) then run on CPU tensors in the interpreter
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 
 if os.environ.get("TGSERVE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -32,6 +36,39 @@ settings.load_profile(PROFILE)
 def tiny_model_folder(tmp_path_factory):
     """A tiny random Llama + trained BPE tokenizer folder, made once per session."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers_saved(tmp_path_factory) -> Iterator[Path]:
+    """transformers' own load of the default model's GGUF (its dequantisation to float32, the
+    oracle of tests/models/gguf/test_smollm2*.py and the end-to-end test), done once per session
+    and saved whole with torch.save (the same module, tensors bit for bit, tied weights tied;
+    transformers refuses save_pretrained for a GGUF load): the `smollm2_transformers` fixture
+    reloads it in a second, where each module redid the GGUF load (~15 s). The 538 MB file is
+    removed at the session's end."""
+    import torch
+    import transformers
+
+    from tests.devices import default_model_here
+
+    path = default_model_here()
+    saved = tmp_path_factory.mktemp("smollm2-transformers") / "model.pt"
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    torch.save(model.eval(), saved)
+    del model
+    yield saved
+    shutil.rmtree(saved.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def smollm2_transformers(smollm2_transformers_saved: Path):
+    """transformers' float32 load of the default model's GGUF (see the saved file's fixture), in
+    eval mode; one per module, freed after it."""
+    import torch
+
+    return torch.load(smollm2_transformers_saved, weights_only=False)
 
 
 @pytest.fixture(scope="session")

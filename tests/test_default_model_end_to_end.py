@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.sampling_params import SamplingParams
-from models.default_model import default_model_path
 from server.cli import main
 
 QUESTION = "What is the capital of France?"
@@ -26,17 +24,16 @@ def test_cli_generate_chat_answers_paris(capsys) -> None:
     assert "Paris" in capsys.readouterr().out
 
 
-def test_greedy_tokens_equal_transformers_for_32_steps(engine: Engine) -> None:
+def test_greedy_tokens_equal_transformers_for_32_steps(
+    engine: Engine, smollm2_transformers
+) -> None:
     prompt = engine.tokenizer.encode(
         engine.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}])
     )
     ours = engine.generate(
         [prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     )[0]
-    path = default_model_path()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    hf = smollm2_transformers  # tests/conftest.py: transformers' load of the same GGUF
     tokens = list(prompt)
     with torch.no_grad():
         for _ in range(32):  # plain greedy over the full sequence: no cache, no stopping rules

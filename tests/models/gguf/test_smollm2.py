@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-import transformers
 
 from models.attention import AttentionMetadata
 from models.loader import load_checkpoint, load_model
@@ -15,13 +14,11 @@ from tests.devices import default_model_here
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(tmp_path_factory, smollm2_transformers):
     """(path, cache dir, transformers' own GGUF load of it, our converted tensors)."""
     path = default_model_here()
     cache = tmp_path_factory.mktemp("cache")
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    theirs = smollm2_transformers  # tests/conftest.py: transformers' GGUF load, saved once
     config, tensors = load_checkpoint(path, cache_dir=cache)  # converts and fills the cache
     yield path, cache, theirs, config, tensors
     shutil.rmtree(cache, ignore_errors=True)  # 538 MB of float32

@@ -9,9 +9,7 @@ float32 additions differs. Through 30 layers that leaves the logits within 2e-3 
 
 from __future__ import annotations
 
-import pytest
 import torch
-import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
 from models.block_linear import BlockEmbedding, BlockLinear
@@ -21,15 +19,8 @@ from tests.devices import default_model_here
 from tests.models.paged_driver import PagedDriver
 
 
-@pytest.fixture(scope="module")
-def theirs():
-    path = default_model_here()
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
-
-
-def test_default_model_as_stored_logits_match_transformers_gguf_loading(theirs):
+def test_default_model_as_stored_logits_match_transformers_gguf_loading(smollm2_transformers):
+    theirs = smollm2_transformers  # tests/conftest.py: transformers' GGUF load, saved once
     model, _ = load_model(default_model_here(), "float32", "cpu")
     assert isinstance(model.model.embed_tokens, BlockEmbedding)
     assert isinstance(model.model.layers[0].mlp.down_proj, BlockLinear)
