@@ -1,7 +1,8 @@
 """Fixtures shared by the test packages: the tiny model folder (server, deploy), the device
 the model / attention / engine / fidelity tests run on (`TGSERVE_TEST_DEVICE`, tests/devices.py),
 Triton's interpreter for CPU runs, the hypothesis profile (`TGSERVE_HYPOTHESIS_PROFILE`), and
-the C++ kernel builds a broad run starts ahead of need (tests/kernel_prebuild.py), and
+the C++ kernel builds a broad run starts ahead of need (tests/kernel_prebuild.py), the container
+test's image, built in the background while the rest runs (tests/deploy/image_prebuild.py), and
 transformers' load of the default model's GGUF, made once for the modules that compare with it.
 
 Triton decides when a module is imported whether its kernels (and triton.language's own
@@ -85,13 +86,31 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     kernel_prebuild.start_native_if_whole_suite(session.config)
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that need the container image run last: its build overlaps everything else."""
+    from tests.deploy import image_prebuild
+
+    image_prebuild.order_last(items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A broad run starts the C++ kernel builds its tests need in the background now, so they
-    overlap the tests before them (tests/kernel_prebuild.py)."""
+    overlap the tests before them (tests/kernel_prebuild.py); a run with the container test
+    starts its image build, on idle CPU (tests/deploy/image_prebuild.py)."""
     from tests import kernel_prebuild
+    from tests.deploy import image_prebuild
 
     modules = (getattr(item, "module", None) for item in session.items)
     kernel_prebuild.start(modules, len(session.items))
+    image_prebuild.start(session.items, session.config)
+
+
+def pytest_sessionfinish() -> None:
+    """An image build still under way (the run stopped early) is cancelled."""
+    from tests.deploy import image_prebuild
+
+    image_prebuild.stop()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

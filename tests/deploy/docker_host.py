@@ -8,7 +8,9 @@ its recipe and that bundle, so later runs on the same machine reuse it (~1-3 min
 `wheel_index()` serves pip's configured find-links folder (the local CPU torch wheel) over HTTP
 on loopback as a simple package index (one page per project), for a build run with
 `--network host`: the Dockerfile's TORCH_INDEX_URL in place of PyTorch's CPU index.
-`build_image()` builds the repository's Dockerfile on that base, as the tests build it.
+`build_image()` builds the repository's Dockerfile on that base, as the tests build it
+(tests/deploy/image_prebuild.py starts the container test's build in the background, on idle CPU;
+`stop_builds()` cancels the builds under way).
 
 `ensure_tools()` installs Debian's docker.io, mmdebstrap and docker-compose with apt-get (as root)
 where they are missing; `ensure_docker()` then starts dockerd when `docker info` fails.
@@ -85,17 +87,21 @@ def ensure_docker() -> None:
         time.sleep(1)
 
 
-def base_image() -> str:
-    """The tag of the imported Debian base, built the first time on this machine."""
+def base_image(cgroup: Path | None = None) -> str:
+    """The tag of the imported Debian base, built the first time on this machine (with `cgroup`,
+    mmdebstrap runs inside that cpu cgroup)."""
     recipe = f"bookworm {BASE_PACKAGES}".encode() + HOST_CA_BUNDLE.read_bytes()
     tag = f"tgserve-test-base:bookworm-{hashlib.sha1(recipe).hexdigest()[:12]}"
     if run("docker", "image", "inspect", tag, check=False).returncode == 0:
         return tag
     sources = [str(p) for p in APT_SOURCES if p.exists()][:1]  # the host's Debian mirror
+    # The shell joins the cgroup, then becomes mmdebstrap (same PID); its children follow.
+    inside = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', f"{cgroup}/cgroup.procs"] if cgroup else []
     with tempfile.TemporaryDirectory() as tmp:
         tar = str(Path(tmp) / "base.tar")
         run(
-            "mmdebstrap", "--variant=apt", f"--include={BASE_PACKAGES}",
+            *inside, "mmdebstrap", "--variant=apt",
+            f"--include={BASE_PACKAGES}",
             f"--customize-hook=upload {HOST_CA_BUNDLE} /etc/ssl/certs/ca-certificates.crt",
             "bookworm", tar, *sources, timeout=900,
         )  # fmt: skip
@@ -103,15 +109,38 @@ def base_image() -> str:
     return tag
 
 
-def build_image(tag: str, *build_args: str) -> float:
+_building: set[subprocess.Popen] = set()  # the docker clients of the builds under way
+
+
+def build_image(tag: str, *build_args: str, cgroup: Path | None = None) -> float:
     """`docker build` of the repository's Dockerfile on the offline base, with `build_args`
-    (`--build-arg NAME=VALUE` pairs); returns the seconds it took."""
+    (`--build-arg NAME=VALUE` pairs, or other `docker build` flags); returns the seconds it took.
+    `cgroup`: the cpu cgroup the base's mmdebstrap runs in (the build's steps: --cgroup-parent)."""
     started = time.monotonic()
-    run(
-        "docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base_image()}",
-        *build_args, "-t", tag, str(ROOT), timeout=3600,
-    )  # fmt: skip
+    command = [
+        "docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base_image(cgroup)}",
+        *build_args, "-t", tag, str(ROOT),
+    ]  # fmt: skip
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _building.add(child)
+    try:
+        _, stderr = child.communicate(timeout=3600)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, stderr = child.communicate()
+        stderr += "\n(killed: the build took over an hour)"
+    finally:
+        _building.discard(child)
+    if child.returncode != 0:
+        pytest.fail(f"{' '.join(command)} exited {child.returncode}:\n{stderr[-3000:]}")
     return time.monotonic() - started
+
+
+def stop_builds() -> None:
+    """Kills the docker clients of the builds under way: Docker cancels a build whose client
+    went away (its step's container is removed)."""
+    for child in list(_building):
+        child.kill()
 
 
 def find_links() -> Path | None:
