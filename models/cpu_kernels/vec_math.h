@@ -7,8 +7,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "vec_simd.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace tgserve {
 
@@ -82,6 +87,29 @@ inline void add_row(T* x, const T* y, int64_t n) {
     x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(TGSERVE_VEC_SIMD)
+// silu(g) = g / (1 + fast_exp(-g)) for 8 float lanes, the operations GCC compiles the scalar
+// loop of silu_mul into on AVX2 + FMA targets (-O3, its default -ffp-contract=fast), so the
+// same bits as that loop: x = -g clamped to [-87, 88], n = floor(fma(x, log2e, 0.5)), r =
+// fma(-n, ln2_lo, fma(-n, ln2_hi, x)), Horner's rule in FMAs, then 1 + p * 2^n as one FMA
+// (exact 2^n: the exponent bits). Before, that loop stayed scalar (vroundss, vdivss per
+// element: 5.5% of an int8 offline 64 x 128/128 run's CPU time on AVX2 Zen 3).
+inline __m256 silu8(__m256 g) {
+  const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), g),
+                                               _mm256_set1_ps(-87.0f)),
+                                 _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_div_ps(g, _mm256_fmadd_ps(p, _mm256_castsi256_ps(bits), _mm256_set1_ps(1.0f)));
+}
+#endif
+
 // out [n] = T(silu(gate)) * up, element by element (a span of a row: each element's bits are
 // its own, whatever the span).
 template <typename T>
@@ -97,6 +125,14 @@ inline void silu_mul(const T* gate, const T* up, T* out, int64_t n) {
       simd::store(out + i, _mm512_mul_ps(act, simd::load(up + i, m)), m);
     }
     return;
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<T, float>) {  // 8 lanes, then the loop below for the tail
+    const int64_t whole = n - n % 8;
+    for (int64_t i = 0; i < whole; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)),
+                                              _mm256_loadu_ps(up + i)));
+    gate += whole, up += whole, out += whole, n -= whole;
   }
 #endif
 #pragma omp simd
