@@ -42,6 +42,14 @@ class RequestState:
         self.tokenizer = tokenizer
         self.criteria = StopCriteria.from_params(request.params, eos_token_ids)
         self.row_params = row_params(request.params)  # what the sampler sees for its rows
+        # No text, no grammar: the ids and the length alone end a sequence (checked inline per
+        # row, step_update.py): (every id that stops it, min_tokens, max_tokens); else None.
+        c = self.criteria
+        self.token_stops = (
+            (c.stop_token_ids | c.eos_token_ids, c.min_tokens, c.max_tokens)
+            if tokenizer is None and grammar is None
+            else None
+        )
         self.parallel = is_parallel(request.params)  # n > 1 / best_of: several sequences
         # One sequence, sampled (no beams): its rows take the common paths of a step.
         self.plain = not self.parallel and not request.params.use_beam_search

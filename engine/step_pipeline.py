@@ -34,7 +34,8 @@ from engine.errors import FatalEngineError
 from engine.faults import apply_faults
 from engine.request_state import RequestState
 from engine.requests.outputs import RequestOutput
-from engine.requests.request import PLACEHOLDER, TokenSequence
+from engine.requests.request import PLACEHOLDER, RequestStatus, TokenSequence
+from engine.sampling_plan import StepPlan
 from engine.scheduling.scheduler import SchedulerOutput
 from engine.step_launch import Launched, launch
 from engine.tier_hooks import schedule_step
@@ -108,8 +109,8 @@ class StepPipeline:
             return outputs + e._emit(earlier) + self._apply_held(held) + e._fail(sched, exc)
         outputs += e._emit(earlier) + self._apply_held(held)  # while the step runs
         try:
-            if self._may_hold(sched):
-                self._hold(sched, step, scheduled_at)
+            if (draws := self._holdable(sched, step.plan)) is not None:
+                self._hold(sched, step, scheduled_at, draws)
                 return outputs
             out = step.wait(e.scheduler, sched)
             moved = e.updater.apply(sched, step.plan, out, scheduled_at)
@@ -130,42 +131,45 @@ class StepPipeline:
         held, self._held = self._held, None
         return held
 
-    def _may_hold(self, sched: SchedulerOutput) -> bool:
+    def _holdable(self, sched: SchedulerOutput, plan: StepPlan) -> dict | None:
+        """The draws of a step that may be held, each sampled sequence's (placeholder index,
+        draw index); None when it may not. One pass over the step's ordinary rows: every
+        sampled row is one unless the step speculates or has beams, which are never held."""
         e = self.engine
         if not self.overlapped or e.speculator is not None or sched.preempted:
-            return False
+            return None
+        if plan.scored or plan.beams:
+            return None
         goes_on = False  # not when every row's token is its last (max_tokens): waste
-        states = e._states
-        for c in sched.chunks:
+        states, finished, draws = e._states, RequestStatus.FINISHED, {}
+        for c, _, indices in plan.ordinary:
             request = c.request
-            if not c.sample or request.is_finished:
+            if request.status is finished:
                 continue
             # May this row's step run on before its token is on the host? Only if nothing
             # between its sampling and the next step reads the token's value (the sampler
             # reads a sequence's ids for penalties and its length for min_tokens bans).
-            state, seq = states.get(request.request_id), c.seq
-            generated = len(seq.token_ids) - seq.num_prompt_tokens
+            state, ids = states.get(request.request_id), c.seq.token_ids
+            generated = len(ids) - c.seq.num_prompt_tokens
             if (
                 state is None
                 or not state.may_defer  # no grammar, beams, forks, prompt logprobs or penalties
                 or state.error is not None
-                or c.proposal
                 or generated < request.params.min_tokens
             ):
-                return False
+                return None
             goes_on = goes_on or generated + 1 < state.criteria.max_tokens
-        return goes_on
+            draws[c.seq] = (len(ids), indices[0])
+        return draws if goes_on else None
 
-    def _hold(self, sched: SchedulerOutput, step: Launched, scheduled_at: float) -> None:
+    def _hold(
+        self, sched: SchedulerOutput, step: Launched, scheduled_at: float, draws: dict
+    ) -> None:
         """The step stays in flight: its K/V counts as computed (the device computes it before
         any later step reads it) and each sampled sequence gets a placeholder."""
         self.engine.scheduler.on_step_done(sched)
-        draws = {}
-        for chunk, _, indices in step.plan.ordinary:
-            if not chunk.request.is_finished:
-                ids = chunk.seq.token_ids
-                draws[chunk.seq] = (len(ids), indices[0])
-                ids.append(PLACEHOLDER)
+        for seq in draws:
+            seq.token_ids.append(PLACEHOLDER)
         self._held = _Held(sched, step, scheduled_at, time.perf_counter(), draws)
 
     def _apply_held(self, held: _Held | None) -> list[RequestOutput]:

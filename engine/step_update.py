@@ -197,24 +197,23 @@ class StepUpdate:
         """`_put` (held) or `_append` of a one-sequence row, its stop checks inline: per row per
         step, so the calls and the lookups the general path makes are what it costs."""
         seq = chunk.seq
-        if held:
-            seq.put_token(chunk.seq_len, token, entry.logprob if entry is not None else 0.0, entry)
+        logprob = entry.logprob if entry is not None else 0.0
+        if held:  # (at chunk.seq_len)
+            seq.put_token(chunk.start + chunk.num_new_tokens, token, logprob, entry)
         else:
-            seq.append_token(token, entry.logprob if entry is not None else 0.0, entry)
+            seq.append_token(token, logprob, entry)
         self.generation_tokens_total += 1
         if state.first_token_time is None:
             state.mark_token(time.time())
-        if state.tokenizer is not None or state.grammar is not None:
+        if (stops := state.token_stops) is None:  # text or a grammar may end it too
             self._check_stops(state, seq, token)
             return
-        criteria = state.criteria  # no text, no grammar: the stop ids and the length decide
+        ending, min_tokens, max_tokens = stops
         generated = len(seq.token_ids) - seq.num_prompt_tokens
-        if generated > criteria.min_tokens and (
-            token in criteria.stop_token_ids or token in criteria.eos_token_ids
-        ):
-            stop_reason = token if token in criteria.stop_token_ids else None
+        if token in ending and generated > min_tokens:
+            stop_reason = token if token in state.criteria.stop_token_ids else None
             self._finish(state, seq, "stop", stop_reason)
-        elif generated >= criteria.max_tokens:
+        elif generated >= max_tokens:
             self._finish(state, seq, "length", None)
 
     def _put(self, state: RequestState, seq: TokenSequence, token: int, entry, at: int) -> None:
