@@ -40,7 +40,7 @@ from engine.intake import RequestIntake
 from engine.request_state import RequestState
 from engine.requests.generation_defaults import GenerationDefaults
 from engine.requests.outputs import RequestOutput
-from engine.requests.request import Request
+from engine.requests.request import Request, RequestStatus
 from engine.requests.sampling_params import SamplingParams
 from engine.runner import Runner
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput
@@ -192,9 +192,9 @@ class Engine:
             self.scheduler.take_proposals(Proposals.of(self.speculator.propose_all(wanted)))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
-        outputs = []
+        outputs, finished = [], RequestStatus.FINISHED
         for state in moved:  # a finished request's state leaves; its output is its own
-            if state.request.is_finished:
+            if state.request.status is finished:
                 self._pop(state.request.request_id)
             outputs.append(state.output())
         return outputs

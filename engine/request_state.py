@@ -24,7 +24,7 @@ from engine.decoding.parallel_sampling import (
 from engine.decoding.stop_checker import StopCriteria
 from engine.grammar.grammar_compiler import CompiledGrammar
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepEvent
-from engine.requests.request import Request, TokenSequence
+from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.sampling.step_io import Draw, PromptAsk, SeedKey
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
 from engine.types import TokenLogprob
@@ -176,11 +176,12 @@ class RequestState:
     def output(self) -> RequestOutput:
         """What moved since the previous call (see outputs.py): deltas per index."""
         request = self.request
+        finished = request.status is RequestStatus.FINISHED  # (`is_finished`, once)
         if self.plain:  # one sequence, index 0: select_outputs would keep it as is
             completions = (self._plain_delta(request.seqs[0]),)
         elif self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
-        elif request.is_finished and keeps_best(request.params) and len(request.seqs) > 1:
+        elif finished and keeps_best(request.params) and len(request.seqs) > 1:
             completions = select_outputs(
                 [self._whole(i, s) for i, s in enumerate(request.seqs)], request.params, True
             )
@@ -188,7 +189,7 @@ class RequestState:
             completions = select_outputs(
                 [self._delta(i, seq) for i, seq in enumerate(request.seqs)],
                 request.params,
-                request.is_finished,
+                finished,
             )
         metrics = self._metrics  # (the scheduler sets the cached prompt tokens at admission)
         if metrics is None or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens:
@@ -197,7 +198,7 @@ class RequestState:
             request.request_id,
             self._input_token_ids,
             completions,
-            request.is_finished,
+            finished,
             None if self._prompt_logprobs_done else self._take_prompt_logprobs(),
             metrics,
             self.error,
