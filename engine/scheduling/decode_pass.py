@@ -5,7 +5,7 @@ Contract: `place_decodes(builder)` visits `builder.queues.by_priority()` once. T
 (one live sequence, one token, no proposal, going into the last block of its table, which it
 alone holds, or into a fresh block while one is free: no copy, no preemption) is placed here,
 inline, its plan its own `ScheduledChunk`, the builder's running totals (`budget`,
-`decode_tokens`, `pairs`, `delivering`) kept in locals and written back before any other
+`decode_tokens`, `inline_plans`, `pairs`, `delivering`) kept in locals and written back before any other
 request's decode goes through `builder.schedule_decode` (the general path, which may preempt
 and reads the totals) and at the end. Why inline: the pass runs per row per step, and the
 calls and attribute writes of the general path cost most of a decode step's host time
@@ -31,6 +31,7 @@ class StepBuilder(Protocol):
     plans: dict[str, object]  # request id -> its plan (a decode placed here: its chunk)
     budget: int
     decode_tokens: int
+    inline_plans: int  # plans that are their own chunk
     pairs: int
     delivering: int
 
@@ -71,6 +72,7 @@ def place_decodes(builder: StepBuilder) -> None:
 def _write_back(builder: StepBuilder, budget: int, pairs: int, delivering: int) -> None:
     """The totals of the decodes placed inline since the last write-back (one row each)."""
     builder.decode_tokens += builder.budget - budget
+    builder.inline_plans += builder.budget - budget
     builder.budget = budget
     builder.pairs += pairs
     builder.delivering += delivering

@@ -66,6 +66,7 @@ class StepBuilder:
     pairs: int = field(default=0, init=False)  # query x key pairs (step_cost.chunk_pairs)
     delivering: int = field(default=0, init=False)  # sampled chunks of streamed requests
     decode_tokens: int = field(default=0, init=False)  # rows of the decode pass's plans
+    inline_plans: int = field(default=0, init=False)  # plans that are their chunk (decode_pass)
 
     def __post_init__(self) -> None:
         self.budget = self.config.max_num_batched_tokens
@@ -76,6 +77,24 @@ class StepBuilder:
         left = budget.tokens_left
         capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
         self._schedule_prefills(budget)
+        if self.inline_plans == len(self.plans):  # the steady state: every plan is its chunk
+            chunks, copies = tuple(self.plans.values()), ()
+        else:
+            chunks, copies = self._chunks_and_copies()
+        rows = self.config.max_num_batched_tokens - self.budget
+        output = SchedulerOutput(
+            chunks=chunks,
+            block_copies=copies,
+            preempted=tuple(self.preempted),
+            aborted=aborted,
+            num_batched_tokens=rows,
+            num_pairs=self.pairs,
+            num_prefill_tokens=rows - self.decode_tokens,
+        )
+        return StepResult(output, capacity)
+
+    def _chunks_and_copies(self) -> tuple[tuple[ScheduledChunk, ...], tuple[tuple[int, int], ...]]:
+        """The placed chunks in plan order, and their plans' block copies."""
         chunks: list[ScheduledChunk] = []
         copies: list[tuple[int, int]] = []
         for plan in self.plans.values():
@@ -85,17 +104,7 @@ class StepBuilder:
             chunks += plan.chunks
             if plan.copies:
                 copies += plan.copies
-        rows = self.config.max_num_batched_tokens - self.budget
-        output = SchedulerOutput(
-            chunks=tuple(chunks),
-            block_copies=tuple(copies),
-            preempted=tuple(self.preempted),
-            aborted=aborted,
-            num_batched_tokens=rows,
-            num_pairs=self.pairs,
-            num_prefill_tokens=rows - self.decode_tokens,
-        )
-        return StepResult(output, capacity)
+        return tuple(chunks), tuple(copies)
 
     def _count(self, chunks: Iterable[ScheduledChunk], sign: int) -> None:
         """Adds placed chunks to the running totals (`sign` 1), or takes them back (-1)."""
@@ -261,6 +270,7 @@ class StepBuilder:
         plan = self.plans.pop(victim.request_id, None)
         if type(plan) is ScheduledChunk:  # a decode in place
             plan = _Plan([plan], [], 1, True)
+            self.inline_plans -= 1
         if plan is not None:  # scheduled earlier in this step: its tokens go back to the budget
             self.budget += plan.num_tokens
             self._count(plan.chunks, -1)
