@@ -208,10 +208,10 @@ void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const
         return q8_avx2::pass<Q4, kMin, kOffset8, kHalf, 2, NR>(xq, dx, sx, K, Wp, pb, f.bytes,
                                                                f.quants, acc);
       case 3:
-        return q8_rows_avx2::pass<Q4, kMin, kOffset8, kHalf, 3, 2>(xq, dx, sx, K, Wp, pb,
-                                                                   f.bytes, f.quants, NR, acc);
+        return q8_rows_avx2::pass<Q4, kMin, kOffset8, kHalf, 3>(xq, dx, sx, K, Wp, pb, f.bytes,
+                                                                f.quants, NR, acc);
       default:
-        return q8_rows_avx2::pass<Q4, kMin, kOffset8, kHalf, kRows, 2>(
+        return q8_rows_avx2::pass<Q4, kMin, kOffset8, kHalf, kRows>(
             xq, dx, sx, K, Wp, pb, f.bytes, f.quants, NR, acc);
     }
   };

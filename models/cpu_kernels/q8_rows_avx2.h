@@ -55,6 +55,14 @@ template <bool kMin, bool kOffset8>
   return acc;
 }
 
+// An empty asm that takes and gives v in a ymm register: after each group's add it keeps the
+// block's sums in registers, added group by group. Without it GCC (12, -O3) reassociated the
+// unrolled integer sums, computing every group's products first and spilling them to the stack.
+// With the one-panel tile below: one thread, 64 rows, out of line as q8_linear.cpp calls it, on
+// the shared AVX2 Zen 3 host, Q4_1 3072 x 576 ~80 -> ~115 GFLOP/s, 576 x 1536 ~88 -> ~125, Q8_0
+// 3072 x 576 ~66 -> ~84 (the same bits).
+[[gnu::always_inline]] inline void pin(__m256i& v) { asm("" : "+x"(v)); }
+
 // A group's 32 bytes of nibbles -> the low and the high nibbles as bytes 0..15.
 [[gnu::always_inline]] inline void split_nibbles(__m256i raw, __m256i low, __m256i& lo,
                                                  __m256i& hi) {
@@ -62,14 +70,15 @@ template <bool kMin, bool kOffset8>
   hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
 }
 
-// Rows xq[0 .. MR) (K apart; dx, sx K / 32 apart) against ymm halves [h0, h0 + H) of the panels
-// at Wp (panel_bytes apart; half h: panel h / 2, lanes 8 * (h % 2) ..), blocks of block_bytes
-// with the quants at byte `quants` (Q4_1's fp16 mins at byte 32) -> out [MR][NR][16] (the
-// float32 sums before the bias; NR: the panels out holds). kMin: Q4_1; kOffset8: Q4_0's
-// nibble - 8; kHalf: fp16 scales.
-template <bool Q4, bool kMin, bool kOffset8, bool kHalf, int MR, int H>
-void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const uint8_t* Wp,
-          int64_t panel_bytes, int64_t block_bytes, int64_t quants, int h0, int NR, float* out) {
+// Rows xq[0 .. MR) (K apart; dx, sx K / 32 apart) against the panel at `panel` (its two ymm
+// halves of 8 lanes), blocks of block_bytes with the quants at byte `quants` (Q4_1's fp16 mins
+// at byte 32) -> out [MR] rows of 16 lanes `stride` floats apart (the float32 sums before the
+// bias). kMin: Q4_1; kOffset8: Q4_0's nibble - 8; kHalf: fp16 scales. One panel a call, so
+// every offset inside a block is a constant (before: a runtime range of halves, h0 .. h0 + H).
+template <bool Q4, bool kMin, bool kOffset8, bool kHalf, int MR>
+void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const uint8_t* panel,
+          int64_t block_bytes, int64_t quants, float* out, int64_t stride) {
+  constexpr int H = 2;
   const int64_t nb = K / 32;
   const __m256i ones16 = _mm256_set1_epi16(1);
   alignas(32) float acc[MR][H][8];  // the float32 sums, in L1 (see the file's comment)
@@ -77,19 +86,15 @@ void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const
     for (int h = 0; h < H; ++h) _mm256_store_ps(acc[m][h], _mm256_setzero_ps());
   const int64_t ahead = q8_avx2::prefetch_ahead();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk[H];  // each half's panel block
-    for (int h = 0; h < H; ++h) blk[h] = Wp + (h0 + h) / 2 * panel_bytes + b * block_bytes;
+    const uint8_t* blk = panel + b * block_bytes;
     // the panel's bytes `ahead` of this block (past its end: the next panel's) into L1, as
     // q8_avx2.h does (its distance, TGSERVE_Q8_PREFETCH): the first pass over a panel reads
     // it from memory; a few rows are near the read bound (one thread, 4 rows x 49152 x 1536
     // Q4_1 weights on the shared AVX2 Zen 3 host: 123-125 -> 124-133 GFLOP/s)
     for (int64_t at = ahead; ahead > 0 && at < ahead + block_bytes; at += 64)
-      for (int p = h0 / 2; p <= (h0 + H - 1) / 2; ++p)
-        _mm_prefetch(reinterpret_cast<const char*>(Wp + p * panel_bytes + b * block_bytes + at),
-                     _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blk + at), _MM_HINT_T0);
     const auto load = [&](int h, int g) {  // half h's 32 bytes of group g (64 bytes a group)
-      return _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(blk[h] + quants + 64 * g + 32 * ((h0 + h) % 2)));
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + quants + 64 * g + 32 * h));
     };
     const auto word = [&](int m, int at) {  // row m's 4 activations at k = 32 b + at
       return _mm256_set1_epi32(q8_dot::word(xq + m * K + 32 * b + at));
@@ -97,6 +102,7 @@ void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const
     __m256i isum[MR][H];
     if constexpr (Q4) {
       const __m256i low = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         __m256i lo[H], hi[H];  // k = 4 g + j and 16 + 4 g + j of each lane
         for (int h = 0; h < H; ++h) split_nibbles(load(h, g), low, lo[h], hi[h]);
@@ -106,12 +112,14 @@ void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const
             const __m256i p =
                 _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xl), _mm256_maddubs_epi16(hi[h], xh));
             isum[m][h] = g == 0 ? p : _mm256_add_epi16(isum[m][h], p);  // exact: see above
+            pin(isum[m][h]);
           }
         }
       }
       for (int m = 0; m < MR; ++m)
         for (int h = 0; h < H; ++h) isum[m][h] = _mm256_madd_epi16(isum[m][h], ones16);
     } else {
+#pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
         __m256i wv[H], wabs[H];  // the weights, and |wq| (-128 -> 128 as unsigned)
         for (int h = 0; h < H; ++h) wabs[h] = _mm256_abs_epi8(wv[h] = load(h, g));
@@ -121,33 +129,32 @@ void tile(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const
             const __m256i p = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(wabs[h], _mm256_sign_epi8(xb, wv[h])), ones16);
             isum[m][h] = g == 0 ? p : _mm256_add_epi32(isum[m][h], p);
+            pin(isum[m][h]);
           }
         }
       }
     }
     for (int m = 0; m < MR; ++m)
       for (int h = 0; h < H; ++h) {
-        const __m256 d_w = q8_avx2::scales<kHalf>(blk[h], (h0 + h) % 2);
-        const __m256 m_w = kMin ? q8_avx2::scales<true>(blk[h] + 32, (h0 + h) % 2) : d_w;  // mins
+        const __m256 d_w = q8_avx2::scales<kHalf>(blk, h);
+        const __m256 m_w = kMin ? q8_avx2::scales<true>(blk + 32, h) : d_w;  // mins
         const __m256 v = block_terms<kMin, kOffset8>(isum[m][h], d_w, m_w, dx[m * nb + b],
                                                      sx[m * nb + b], _mm256_load_ps(acc[m][h]));
         _mm256_store_ps(acc[m][h], v);
       }
   }
   for (int m = 0; m < MR; ++m)
-    for (int h = 0; h < H; ++h) {
-      const int half = h0 + h;
-      _mm256_storeu_ps(out + (m * NR + half / 2) * 16 + 8 * (half % 2), _mm256_load_ps(acc[m][h]));
-    }
+    for (int h = 0; h < H; ++h)
+      _mm256_storeu_ps(out + m * stride + 8 * h, _mm256_load_ps(acc[m][h]));
 }
 
-// The pass for MR rows against NR panels: the panels' 2 NR halves in tiles of H.
-template <bool Q4, bool kMin, bool kOffset8, bool kHalf, int MR, int H>
+// The pass for MR rows against NR panels (panel_bytes apart) -> out [MR][NR][16]: a tile a panel.
+template <bool Q4, bool kMin, bool kOffset8, bool kHalf, int MR>
 void pass(const int8_t* xq, const float* dx, const int32_t* sx, int64_t K, const uint8_t* Wp,
           int64_t panel_bytes, int64_t block_bytes, int64_t quants, int NR, float* out) {
-  for (int h0 = 0; h0 < 2 * NR; h0 += H)
-    tile<Q4, kMin, kOffset8, kHalf, MR, H>(xq, dx, sx, K, Wp, panel_bytes, block_bytes, quants,
-                                           h0, NR, out);
+  for (int p = 0; p < NR; ++p)
+    tile<Q4, kMin, kOffset8, kHalf, MR>(xq, dx, sx, K, Wp + p * panel_bytes, block_bytes, quants,
+                                        out + 16 * p, 16 * NR);
 }
 
 }  // namespace tgserve::q8_rows_avx2
