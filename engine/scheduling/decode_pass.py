@@ -22,8 +22,9 @@ from engine.scheduling.request_queues import RequestQueues
 from engine.scheduling.step_plan import Proposals, ScheduledChunk
 
 
-class StepBuilder(Protocol):
-    """What the pass reads and moves of the step being built (step_builder.py)."""
+class BuilderTotals(Protocol):
+    """What the pass reads and moves of the step being built (step_builder.py's StepBuilder:
+    a Protocol here, so this module does not import the class that calls it)."""
 
     queues: RequestQueues
     block_manager: BlockManager
@@ -38,7 +39,7 @@ class StepBuilder(Protocol):
     def schedule_decode(self, request: Request) -> None: ...
 
 
-def place_decodes(builder: StepBuilder) -> None:
+def place_decodes(builder: BuilderTotals) -> None:
     bm, plans, running = builder.block_manager, builder.plans, RequestStatus.RUNNING
     block_size, refs = bm.block_size, bm.ref_counts
     proposals = builder.proposals if builder.proposals.tokens else None
@@ -69,7 +70,7 @@ def place_decodes(builder: StepBuilder) -> None:
     _write_back(builder, budget, pairs, delivering)
 
 
-def _write_back(builder: StepBuilder, budget: int, pairs: int, delivering: int) -> None:
+def _write_back(builder: BuilderTotals, budget: int, pairs: int, delivering: int) -> None:
     """The totals of the decodes placed inline since the last write-back (one row each)."""
     builder.decode_tokens += builder.budget - budget
     builder.inline_plans += builder.budget - budget
