@@ -94,6 +94,7 @@ _HEADERS = (
     "attention_range.h",
     "attention_simd.h",
     "attention_avx2.h",
+    "attention_avx2_scores.h",
     "attention_layout.h",
     "kv_int8.h",
     "simd16.h",

@@ -123,9 +123,9 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
     std::vector<QT> qp(kGroupRows * H * Dp);  // a group's query heads, packed
     std::vector<float> own_parts(by_group ? group_rows * max_ranges * part_size : 0);
     // merge sum [DA], then attend_range's scratch [(kGroupRows + 1) G + 2 DA + kGroupRows H,
-    // kChunk]
+    // kChunk] and 16 floats to align its K rows
     std::vector<float> scratch(
-        DA + ((kGroupRows + 1) * (H / KVH) + 2 * DA + kGroupRows * H) * kChunk);
+        DA + ((kGroupRows + 1) * (H / KVH) + 2 * DA + kGroupRows * H) * kChunk + 16);
     float* sum = scratch.data();
     float* p = sum + DA;
     const QT* qrows[kGroupRows];

@@ -1,8 +1,9 @@
 // Row layouts shared by the paged attention kernel (attention.cpp) and its inner loops
 // (attention_simd.h): chunk size, how query rows are packed, how float32 accumulator rows are
-// padded, the lazy-softmax slack, and where a chunk's cache rows are (chunk_offsets, with
-// prefetch_rows ahead of use). AVX-512 builds pad bf16 rows to 32 for pair loads;
-// AVX2 builds use the portable layouts (float32 query rows padded to 16, no deinterleave).
+// padded, the lazy-softmax slack, where a chunk's cache rows are (chunk_offsets, with
+// prefetch_rows ahead of use), and their float32 copies in L1 (widen_rows, align64).
+// AVX-512 builds pad bf16 rows to 32 for pair loads; AVX2 builds use the portable layouts
+// (float32 query rows padded to 16, no deinterleave).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -70,6 +71,25 @@ void pack_query(const T* src, int64_t D, typename QPack<KV>::type* dst) {
   const int64_t Dp = round_up(D, QPack<KV>::pad);
   for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<QT>(static_cast<float>(src[d]));
   for (int64_t d = D; d < Dp; ++d) dst[d] = QT(0.0f);
+}
+
+// dst [n, stride] (float32) <- rows src[0 .. n-1] (their first D values; int8 rows' scales
+// not applied), widened exactly: the SIMD loops then read each row from L1 for every query
+// head and row of a group, instead of widening it once per head and row.
+template <typename T>
+void widen_rows(const T* const* src, int n, int64_t D, int64_t stride, float* dst) {
+  for (int i = 0; i < n; ++i) {
+    const T* r = src[i];
+    float* o = dst + i * stride;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<float>(r[d]);
+  }
+}
+
+// p rounded up to a 64-byte boundary (scratch carries 16 floats of slack for it): rows of
+// 16 floats then never straddle two cache lines.
+inline float* align64(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
 }
 
 // Cache offsets (in elements) of the rows of tokens c0 .. c0 + 15 (the cache is

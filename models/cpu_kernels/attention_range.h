@@ -6,9 +6,13 @@
 // attention_avx2.h (AVX2 + FMA) or the portable ones, each naming the reduction order it
 // fixes. The group's rows attend to a chunk together while its K/V rows sit in L1, each in its
 // own order, so a row's bits do not depend on its group.
+// The AVX2 build scores all of a group's rows against a chunk at once with the keys in lanes
+// (attention_avx2_scores.h: the chunk's K rows transposed once per KV head); the other builds
+// score row by row (score_rows).
 // int8 cache rows (kv_int8.h) are never dequantised as a whole: a row alone reads them in
 // place (the SIMD loops widen them), a group of rows widens each chunk's rows once per KV head
-// into an L1 buffer (exact: the same bits) and runs the float loops on it. A K row's scale
+// into an L1 buffer (exact: the same bits) and runs the float loops on it (AVX2: the V rows,
+// bf16 / half ones too; its K rows are widened by their transpose). A K row's scale
 // joins the score's multiplier and a V row's the key's softmax weight in the V sum (the
 // softmax's running sums keep the unscaled weights), each once per key and head, in the order
 // of the float caches.
@@ -45,8 +49,9 @@ struct RangeOut {
 // Attention of the R rows of a group (queries of one sequence, same block table and key start
 // k0) over keys [k0, k1[i]) of this range, row i into out[i]. q[i] [H, qstride] is packed by
 // pack_query. scratch holds p [R, G, kChunk], V weights [G, kChunk] (int8 rows: p times each
-// V row's scale), a chunk's K and V rows widened [2, kChunk, DA] (int8 rows, R > 1) and
-// per-lane sums [R, H, kChunk]. A head's cache row is DS = D + KVRowExtra
+// V row's scale), per-lane sums [R, H, kChunk], then 16 floats of slack to align a chunk's K
+// and V rows widened [2, kChunk, DA] (R > 1 and rows not float32; AVX2: K^T [D, kChunk] in
+// the first half). A head's cache row is DS = D + KVRowExtra
 // elements (D values, then an int8 row's scale).
 // A chunk's K/V rows are located and prefetched once and stay in L1 while every row of the
 // group attends to them: rows share the memory traffic, never the arithmetic. For each KV
@@ -63,13 +68,24 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
                   float scale, const RangeOut* out, float* scratch, int* bad) {
   namespace simd = tgserve::attn;
   constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  // The AVX2 build transposes each chunk's K rows (widening them) for all the group's rows,
+  // so only its V rows want a float32 copy, and then for bf16 / half rows too.
+#if defined(TGSERVE_ATTN_AVX2)
+  constexpr bool kKeysInLanes = true;
+  constexpr bool kWiden = !std::is_same_v<T, float>;
+#else
+  constexpr bool kKeysInLanes = false;
+  constexpr bool kWiden = kInt8;
+#endif
   const int64_t G = H / KVH, DS = D + tgserve::KVRowExtra<T>::value, W = KVH * DS;
   const int64_t DA = simd::acc_stride<T>(D);
   float* p = scratch;                         // [R, G, kChunk] scores, then weights
   float* pv = scratch + R * G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
-  float* kwide = scratch + (R + 1) * G * kChunk;  // [kChunk, DA] a chunk's int8 K rows, widened
-  float* vwide = kwide + kChunk * DA;             // [kChunk, DA] and its V rows
-  float* lsum = vwide + kChunk * DA;              // [R, H, kChunk]
+  float* lsum = scratch + (R + 1) * G * kChunk;  // [R, H, kChunk]
+  // [kChunk, DA] a chunk's K rows widened, or (AVX2) K^T [D, kChunk] 64-byte aligned
+  float* kwide = tgserve::attn::align64(lsum + R * H * kChunk);
+  float* kt = kwide;
+  float* vwide = kwide + kChunk * DA;  // [kChunk, DA] its V rows widened
   float kmul[kChunk], vmul[kChunk];  // each key's score multiplier and V scale
   std::fill(kmul, kmul + kChunk, scale);
   const int64_t kmax = *std::max_element(k1, k1 + R);
@@ -93,14 +109,14 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
   const T* vrows[kChunk];
   const float* kwrows[kChunk];
   const float* vwrows[kChunk];
+  const typename QPack<T>::type* qg[kGroupRows];  // row i's query heads of KV head g
   // The group's rows over the chunk's rows of KV head g (krow, vrow: T rows in the cache, or
-  // float32 rows widened from int8 ones): scores, softmax steps, V sums.
+  // float32 rows widened from them): scores, softmax steps, V sums.
   auto passes = [&](auto krow, auto vrow, const int* n, int64_t g) {
-    using U = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(krow)>>>;
-    for (int i = 0; i < R; ++i)
-      if (n[i] > 0)
-        simd::score_chunk<U, DC>(q[i] + g * G * qstride, qstride, krow, n[i], G, D, kmul,
-                                 p + i * G * kChunk);
+    using UK = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(krow)>>>;
+    using UV = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(vrow)>>>;
+    for (int i = 0; i < R; ++i) qg[i] = q[i] + g * G * qstride;
+    simd::score_rows<UK, DC>(qg, qstride, krow, n, R, G, D, kmul, p, kt);
     for (int i = 0; i < R; ++i)
       if (n[i] > 0)
         simd::softmax_chunk(p + i * G * kChunk, n[i], G, out[i].m + g * G,
@@ -112,9 +128,9 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
         for (int64_t h = 0; h < G; ++h)
           for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = pi[h * kChunk + j] * vmul[j];
-        simd::accumulate_chunk<U, DC>(pv, vrow, G, D, acc, DA, n[i]);
+        simd::accumulate_chunk<UV, DC>(pv, vrow, G, D, acc, DA, n[i]);
       } else {
-        simd::accumulate_chunk<U, DC>(pi, vrow, G, D, acc, DA, n[i]);
+        simd::accumulate_chunk<UV, DC>(pi, vrow, G, D, acc, DA, n[i]);
       }
     }
   };
@@ -137,18 +153,17 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       int n[kGroupRows];  // row i's keys in this chunk (0: its range ended)
       for (int i = 0; i < R; ++i)
         n[i] = static_cast<int>(std::clamp<int64_t>(k1[i] - c0, 0, kChunk));
-      if constexpr (kInt8) {
-        if (R > 1) {  // each row widened once here, not once per row of the group
-          const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
-          tgserve::widen_kv_rows(krows, nk, D, DA, kwide);
-          tgserve::widen_kv_rows(vrows, nk, D, DA, vwide);
-          for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
-            kwrows[i] = kwide + std::min(i, nk - 1) * DA;
-            vwrows[i] = vwide + std::min(i, nk - 1) * DA;
-          }
-          passes(kwrows, vwrows, n, g);
-          continue;
+      if (kWiden && R > 1) {  // each row widened once here, not once per row of the group
+        const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
+        if (!kKeysInLanes) tgserve::attn::widen_rows(krows, nk, D, DA, kwide);
+        tgserve::attn::widen_rows(vrows, nk, D, DA, vwide);
+        for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
+          kwrows[i] = kwide + std::min(i, nk - 1) * DA;
+          vwrows[i] = vwide + std::min(i, nk - 1) * DA;
         }
+        if constexpr (kKeysInLanes) passes(krows, vwrows, n, g);  // K widened in its transpose
+        else passes(kwrows, vwrows, n, g);
+        continue;
       }
       passes(krows, vrows, n, g);
     }

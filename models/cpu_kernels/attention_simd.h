@@ -2,7 +2,8 @@
 // kChunk = 16 keys of one KV head against the G query heads sharing it, so a K/V row is
 // loaded once for all G heads and the 16 scores of a head fill exactly one AVX-512 vector.
 // AVX-512 versions (bf16 dot products on _mm512_dpbf16_ps where the CPU has it), AVX2 versions
-// (attention_avx2.h) and portable scalar fallbacks share the same contracts; all math is
+// (attention_avx2.h; its scores take a whole group's rows at once, keys in lanes:
+// attention_avx2_scores.h) and portable scalar fallbacks share the same contracts; all math is
 // float32 except that bf16 q and K are multiplied as bf16 pairs on AVX512-BF16 (exact
 // products, float32 sums). Cache rows are float32 / bf16 / half, or int8 (kv_int8.h): int8
 // values are widened exactly to float32 in the same loops (or, for a group of rows, by the
@@ -265,8 +266,21 @@ void store_row(const float* acc, float inv, int64_t D, T* out) {
 
 #endif
 
+#if !defined(TGSERVE_ATTN_AVX2)
+// The scores of a group's R rows for one chunk and KV head, row by row: p [R, G, 16], row i's
+// G query heads at q[i] (qstride apart), its keys in this chunk n[i] (0: skipped). (The AVX2
+// build scores all the rows' heads at once with the keys in lanes: attention_avx2_scores.h.)
+template <typename T, int DC, typename Q>
+void score_rows(const Q* const* q, int64_t qstride, const T* const* rows, const int* n, int R,
+                int64_t G, int64_t D, const float* kmul, float* p, float* /*kt*/) {
+  for (int i = 0; i < R; ++i)
+    if (n[i] > 0) score_chunk<T, DC>(q[i], qstride, rows, n[i], G, D, kmul, p + i * G * kChunk);
+}
+#endif
+
 }  // namespace tgserve::attn
 
 #if defined(TGSERVE_ATTN_AVX2)
-#include "attention_avx2.h"  // the same contracts in 8-lane AVX2 vectors
+#include "attention_avx2.h"         // the same contracts in 8-lane AVX2 vectors
+#include "attention_avx2_scores.h"  // its scores, keys in lanes
 #endif

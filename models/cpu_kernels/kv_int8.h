@@ -46,18 +46,6 @@ inline float kv_row_scale(const int8_t* row, int64_t D) {
   return s;
 }
 
-// dst [n, stride] (float32) <- the values of int8 rows src[0 .. n-1] (their first D), widened
-// exactly (scales not applied): the float loops then read each row from L1 for every query
-// head and row of a group that scores it, instead of widening it once per head and row.
-inline void widen_kv_rows(const int8_t* const* src, int n, int64_t D, int64_t stride, float* dst) {
-  for (int i = 0; i < n; ++i) {
-    const int8_t* r = src[i];
-    float* o = dst + i * stride;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<float>(r[d]);
-  }
-}
-
 // The rotation's block: the largest power of two dividing D (D itself for 64 and 128).
 inline int64_t kv_rotation_block(int64_t D) { return D & -D; }
 
