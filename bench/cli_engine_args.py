@@ -64,9 +64,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["int8"], default=None, help="tgserve: int8 weights")
     p.add_argument(
         "--activation-quantization",
-        choices=["int8"],
-        default=None,
-        help="tgserve: int8 activations, integer dot products (CPU)",
+        choices=["auto", "none", "int8", "int16"],
+        default="auto",
+        help="tgserve: auto (int16 against a GGUF's Q4_0/Q4_1/Q8_0 blocks on an AVX2 CPU without "
+        "AVX-512, else float) | none | int8 | int16",
     )
     p.add_argument(
         "--kv-cache-dtype",

@@ -104,7 +104,7 @@ def engine_decode_ms(
 ) -> float:
     from engine import Engine, EngineConfig, SamplingParams
 
-    config = EngineConfig(dtype=dtype, activation_quantization=activations)
+    config = EngineConfig(dtype=dtype, activation_quantization=activations or "none")
     engine = Engine.from_model(model_path, config)
     prompt = [[1 + i % 1000 for i in range(max(1, context - tokens // 2))]]
 
@@ -135,9 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--activation-quantization",
-        choices=("int8",),
+        choices=("int8", "int16"),
         default=None,
-        help="int8: the linears as `--activation-quantization int8` serves them (Q8 panels)",
+        help="int8 / int16: the linears as `--activation-quantization int8 / int16` serves them "
+        "(Q8 panels); unset: float activations",
     )
     args = parser.parse_args(argv)
     from bench.host_label import host_label
@@ -154,10 +155,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("tgserve's C++ CPU kernels are unavailable here")
     path = str(args.model or default_model_path())
     model, _ = load_model(path, args.dtype, "cpu")
-    if args.activation_quantization == "int8":
-        from models.activation_quant import quantize_activations_int8
+    if args.activation_quantization is not None:
+        from models.activation_quant import quantize_activations
 
-        quantize_activations_int8(model)
+        quantize_activations(model, 16 if args.activation_quantization == "int16" else 8)
     config = model.config
     layers = linear_groups(model)
     gen = torch.Generator().manual_seed(0)

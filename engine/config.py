@@ -59,9 +59,11 @@ class EngineConfig:
     grammar_cache_bytes: int = 512 * 1024 * 1024
     seed: int = 0
     quantization: str | None = None  # None, or "int8": weight-only int8 linears (opt-in)
-    # None, or "int8": activations quantised per row and block of 32 for integer dot products
-    # against GGUF Q4_0 / Q4_1 / Q8_0 blocks and int8 weights (models/activation_quant.py; CPU).
-    activation_quantization: str | None = None
+    # "auto": int16 where a GGUF's Q4_0 / Q4_1 / Q8_0 blocks are served as stored by an AVX2
+    # build of the CPU kernels, float elsewhere (engine/activation_choice.py); "int8" / "int16":
+    # activations quantised per row and block of 32 for integer dot products against those
+    # blocks and int8 weights (models/activation_quant.py; CPU); None (or "none"): float.
+    activation_quantization: str | None = "auto"
     # "auto": the KV cache holds the model's dtype; "int8": int8 rows with a float32 scale per
     # token and KV head (models/kv_quant.py; CPU, read by the C++ paged attention); "fp8" (alias
     # "fp8_e4m3", stored as "fp8"): e4m3 rows with a float32 scale per token and KV head
@@ -170,11 +172,13 @@ class EngineConfig:
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
-        if self.activation_quantization not in (None, "int8"):
+        if self.activation_quantization not in (None, "none", "int8", "int16", "auto"):
             raise ValueError(
-                "activation_quantization must be None or 'int8', got "
+                "activation_quantization must be 'auto', 'int8', 'int16' or None ('none'), got "
                 f"{self.activation_quantization!r}"
             )
+        if self.activation_quantization == "none":  # one spelling inside
+            object.__setattr__(self, "activation_quantization", None)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "

@@ -13,6 +13,7 @@ the number of blocks is the smallest any rank can hold). Only rank 0 has a sched
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,9 @@ def build_engine(
             workers.stop(timeout=5.0)
         raise
     runner, model_config = built.runner, built.model_config
+    # "auto" settled by the runner's build: the engine, its tiers' keys and its description
+    # name what runs (engine/activation_choice.py)
+    asked, config = config, replace(config, activation_quantization=built.activation_quantization)
     tiers = {}  # K/V tiers behind the pool (engine/kv_tiers): strong chained keys
     if config.kv_tiers is not None and config.enable_prefix_caching:
         from engine.kv_tiers.keys import chained_block_hash
@@ -108,7 +112,7 @@ def build_engine(
     if config.speculative is not None and config.speculative.method == "draft":
         from engine.speculative.draft import build_draft
 
-        draft = build_draft(config, runner.vocab_size)
+        draft = build_draft(asked, runner.vocab_size)  # its own file: its own "auto"
     engine = cls(runner, scheduler, tokenizer, config, name, eos, draft=draft)
     for adapter, adapter_path in config.lora.adapters if config.lora else ():
         engine.intake.adapters.register(

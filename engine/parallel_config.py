@@ -29,7 +29,8 @@ def check_parallel_sizes(config: Any) -> None:
         raise ValueError("kv_offload_* tiers need tensor_parallel_size 1 (whole KV blocks)")
     if config.kv_tiers is not None and pp > 1:
         raise ValueError("kv_offload_* tiers need pipeline_parallel_size 1 (whole KV blocks)")
-    quantized = config.quantization or config.activation_quantization
+    # "auto" activations stay float under tensor / pipeline parallel (engine/activation_choice)
+    quantized = config.quantization or config.activation_quantization in ("int8", "int16")
     if tp > 1 and (quantized or config.compile):
         raise ValueError(
             "tensor_parallel_size > 1 runs unquantized, uncompiled layers; drop "

@@ -5,7 +5,8 @@ compile them when asked, size the KV cache from the memory budget, and pick deco
 
 Contract: `build_runner(path, config, progress, group, sampleable_vocab, workers,
 random_weights)` returns a `BuiltRunner` (the runner, the model's config, the dtype name, the
-context length and the number of KV blocks). Under tensor parallel (`group`), every rank calls
+context length, the number of KV blocks and the activation quantization it runs: "auto" resolved
+by engine/activation_choice.py). Under tensor parallel (`group`), every rank calls
 it the same way and the number of blocks is the smallest any rank can hold; rank 0 passes the
 other ranks' processes (`workers`), which `ParallelRank.close` stops; under pipeline parallel
 a rank's pool holds its stage's layers and it runs a `PipelineRunner`. `random_weights` (a
@@ -21,6 +22,8 @@ from typing import Any
 
 import torch
 
+from engine.activation_choice import apply as apply_auto
+from engine.activation_choice import explicit, wants_int16, with_auto
 from engine.config import EngineConfig, resolve_device, resolve_dtype_name, resolve_max_model_len
 from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.kv_sizing import (
@@ -42,6 +45,8 @@ class BuiltRunner:
     dtype_name: str
     max_model_len: int
     num_blocks: int
+    # "int8", "int16" or None: what the model runs (once the kernels are in, if built meanwhile)
+    activation_quantization: str | None = None
 
 
 def build_runner(
@@ -68,15 +73,17 @@ def build_runner(
     dtype_name = resolve_dtype_name(
         config.dtype, device.type, native_bf16(device), blocks_as_stored
     )
-    if config.activation_quantization == "int8":
+    if (forced := explicit(config)) is not None:
         from models.activation_quant import int8_dot_product_refusal
 
-        if refusal := int8_dot_product_refusal(device):
+        if refusal := int8_dot_product_refusal(device, mode=forced):
             raise ValueError(refusal)
+    auto_int16 = wants_int16(path, config, device, group is not None, random_weights, dtype_name)
     if refusal := kv_cache_dtype_refusal(config, device.type):
         raise ValueError(refusal)
     # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
-    # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch).
+    # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch);
+    # "auto" int16 activations come with those blocks.
     kernels_later = _build_kernels_later(config, device, group)
     blocks_later = kernels_later and random_weights is None and not dequantize and path.is_file()
     if random_weights is not None:
@@ -106,13 +113,15 @@ def build_runner(
 
         quantize_int8_weight_only(model)
         release_freed_memory()  # the bf16 matrices the int8 ones replaced
-    if config.activation_quantization == "int8":
-        from models.activation_quant import quantize_activations_int8
+    activations = None if kernels_later else apply_auto(model, auto_int16)
+    if (mode := explicit(config)) is not None:
+        from models.activation_quant import quantize_activations
 
-        if quantize_activations_int8(model) == 0:
+        activations = mode
+        if quantize_activations(model, 16 if mode == "int16" else 8) == 0:
             raise ValueError(
-                "activation_quantization 'int8' found no layer to run: it needs GGUF Q4_0 / Q4_1 "
-                "/ Q8_0 matrices kept as stored (no --dequantize) or quantization 'int8'"
+                f"activation_quantization {mode!r} found no layer to run: it needs GGUF Q4_0 / "
+                "Q4_1 / Q8_0 matrices kept as stored (no --dequantize) or quantization 'int8'"
             )
     if config.compile:
         from models.compiled_layers import compile_dense_halves
@@ -149,6 +158,8 @@ def build_runner(
         )
         runner.sampling_seed = config.seed  # the step sampler's shared generators
         return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+    if kernels_later and blocks_later and auto_int16:
+        activations = "int16"  # applied to the blocks loaded once the kernels are in
     if group is not None:
         from engine.parallel.rank import ParallelRank
         from engine.parallel.step_channel import StepChannel, step_capacity
@@ -180,7 +191,11 @@ def build_runner(
         kernel_model=(
             (
                 lambda: _same_bank(
-                    load_model(path, dtype_name, device, False, dequantize=False)[0], model
+                    with_auto(
+                        load_model(path, dtype_name, device, False, dequantize=False)[0],
+                        auto_int16,
+                    ),
+                    model,
                 )
             )
             if blocks_later
@@ -188,7 +203,7 @@ def build_runner(
         ),
     )
     runner.sampling_seed = config.seed  # the step sampler's shared generators
-    return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks)
+    return BuiltRunner(runner, model_config, dtype_name, max_model_len, num_blocks, activations)
 
 
 def attach_lora_bank(model, model_config, config: EngineConfig, dtype, device, layout=None) -> None:
@@ -232,11 +247,11 @@ def serves_blocks_as_stored(
     """Whether this engine runs GGUF blocks as stored through the float block kernels (what
     `--dtype auto` picks float32 for on a CPU; the bench asks the same): a Llama-family GGUF
     with block matrices, on a CPU with the C++ kernels asked for, not dequantised (`dequantizes`)
-    and without int8 activations (their kernels quantise the activations whatever the dtype, so
-    bfloat16 there only halves the KV cache's bytes: 1.14x offline, measured)."""
+    and without forced int8 / int16 activations (their kernels quantise the activations whatever
+    the dtype, so bfloat16 there only halves the KV cache's bytes: 1.14x offline, measured)."""
     if device_type != "cpu" or random_weights is not None or not config.cpu_kernels:
         return False
-    if dequantizes(config, tensor_parallel) or config.activation_quantization is not None:
+    if dequantizes(config, tensor_parallel) or explicit(config) is not None:
         return False
     from models.gguf.stored import stores_blocks
 
@@ -248,7 +263,7 @@ def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> b
     parallel (every rank must run the same path from the same step), and not built yet."""
     if not (config.cpu_kernels and config.cpu_kernels_background) or device.type != "cpu":
         return False
-    if config.activation_quantization:  # its layers exist only in the kernels' layout
+    if explicit(config) is not None:  # its layers exist only in the kernels' layout
         return False
     if config.kv_cache_dtype == "int8":  # only the C++ attention reads the int8 cache
         return False

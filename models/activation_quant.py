@@ -1,9 +1,12 @@
-"""Opt-in int8 activations (`--activation-quantization int8`): linears whose weights are GGUF
+"""Integer activations (`--activation-quantization int8 | int16`): linears whose weights are GGUF
 Q4_0 / Q4_1 / Q8_0 blocks or `--quantization int8` rows compute integer dot products.
 
 Why: with 4- or 8-bit weights, a batched step is bound by arithmetic, not by bytes; quantising
 each activation row to int8 turns 32 multiply-adds per block into one AVX512-VNNI vpdpbusd lane
-(AVX2: vpmaddubsw), as llama.cpp computes. The cost is accuracy: activations carry 8 bits.
+(AVX2: vpmaddubsw), as llama.cpp computes. The cost is accuracy: activations carry 8 bits, which
+changes the default model's greedy answers. int16 (d = amax / 32767 per block: 1.5e-5 of the
+block's largest, float-like) keeps them and still multiplies integers (AVX2 vpmaddwd on the
+weights widened to int16: models/cpu_kernels/q16_dot.h, q16_avx2.h); the same panels serve both.
 
 Scales: one per row and block of 32 k (llama.cpp's Q8_0 activations), not one per row. GGUF
 weights carry a scale per block of 32 anyway, so the float epilogue runs per block whatever the
@@ -15,18 +18,21 @@ Contract:
   fp16 scales) into the kernels' Q8 panels (models/cpu_kernels/q8_linear.h);
   `Q8Weight.from_int8(weight_int8 [N, K], scale [N])` packs weight-only int8 rows (K a multiple
   of 32; float32 scales). `dequantized()` -> float32 [N, K], d * q (+ m) as the file's dequantisation rounds.
+  `with_bits(16)`: the same panels under the int16 activations' kind (`act_bits`).
 - `Q8Linear(weight, bias)`: `forward(x [..., K]) -> [..., N]` in x's dtype (`apply(x,
   float_out=True)`: float32, the LM head). Each row of x is quantised on its own and the sums
   run in an order fixed by K (q8_linear.h): a row's bits do not depend on the other rows, the
   thread count or the ISA the kernels were built for.
-- `int8_dot_product_refusal(device)`: why the option cannot run there (None: it can).
-- `quantize_activations_int8(model)`: replaces every `BlockLinear` of `Q8_KINDS` and every
-  `Int8Linear` (K a multiple of 32) in place; returns how many. Other layers keep their path.
+- `int8_dot_product_refusal(device, mode=...)`: why the option (`int8` / `int16`) cannot run
+  there (None: it can).
+- `quantize_activations(model, bits)` (`quantize_activations_int8(model)`: bits 8): replaces
+  every `BlockLinear` of `Q8_KINDS` and every `Int8Linear` (K a multiple of 32) in place;
+  returns how many. Other layers keep their path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -40,9 +46,12 @@ from models.quantization import Int8Linear
 Q8_KINDS: frozenset[QT] = frozenset((QT.Q4_0, QT.Q4_1, QT.Q8_0))
 KIND_BASE = 2000  # q8_linear.h's kQ8Activations: a kind is KIND_BASE + the GGML type,
 INT8_ROWS = 1008  # or + kInt8Rows: Q8 quants with float32 scales (`--quantization int8` rows)
+KIND_BASE_INT16 = 4000  # kQ16Activations: the same panels, int16 activations (> 3008)
 _PANEL, _BLOCK = 16, 32
-# CPU flags under which the integer path beats float: VNNI, or AVX2's vpmaddubsw.
-INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "avx2")
+# CPU flags under which the integer path beats float: VNNI, or AVX2's vpmaddubsw (int8);
+# AVX2's vpmaddwd (int16: AVX-512 CPUs have AVX2 too).
+DOT_FLAGS = {"int8": ("avx512_vnni", "avx_vnni", "avx2"), "int16": ("avx2",)}
+INT8_DOT_FLAGS = DOT_FLAGS["int8"]
 
 
 def _ext():
@@ -71,10 +80,18 @@ class Q8Weight:
     # float32 scales: `--quantization int8` rows (any float32 row scale); a file's blocks keep
     # their fp16 ones (fewer bytes to stream)
     row_scales: bool = False
+    act_bits: int = 8  # the activations' integers: 8 or 16 (the same panels)
 
     @property
     def kind(self) -> int:
-        return KIND_BASE + (INT8_ROWS if self.row_scales else int(self.qtype))
+        base = KIND_BASE_INT16 if self.act_bits == 16 else KIND_BASE
+        return base + (INT8_ROWS if self.row_scales else int(self.qtype))
+
+    def with_bits(self, bits: int) -> Q8Weight:
+        """The same panels (shared, not copied) run with `bits`-bit activations (8 or 16)."""
+        if bits not in (8, 16):
+            raise ValueError(f"activations are 8 or 16 bits, not {bits}")
+        return replace(self, act_bits=bits)
 
     @property
     def _scale_dtype(self) -> torch.dtype:
@@ -212,32 +229,41 @@ class Q8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         w = self.q8_weight
-        return f"in_features={w.in_features}, out_features={w.out_features}, q8 x {w.qtype.name}"
+        act = f"q{w.act_bits}"
+        return f"in_features={w.in_features}, out_features={w.out_features}, {act} x {w.qtype.name}"
 
 
 def int8_dot_product_refusal(
-    device: torch.device | str, flags: tuple[str, ...] | None = None
+    device: torch.device | str, flags: tuple[str, ...] | None = None, mode: str = "int8"
 ) -> str | None:
-    """Why `--activation-quantization int8` cannot run on `device` (None: it can). `flags`: the
-    CPU's (read from /proc/cpuinfo when None)."""
+    """Why `--activation-quantization <mode>` (int8 / int16) cannot run on `device` (None: it
+    can). `flags`: the CPU's (read from /proc/cpuinfo when None)."""
     device = torch.device(device)
     if device.type != "cpu":
-        return f"activation_quantization 'int8' runs on a CPU only, not on {device.type}"
+        return f"activation_quantization {mode!r} runs on a CPU only, not on {device.type}"
     flags = cpu_flags() if flags is None else flags
-    if not any(flag in flags for flag in INT8_DOT_FLAGS):
+    if not any(flag in flags for flag in DOT_FLAGS[mode]):
+        wanted = "AVX512-VNNI, AVX-VNNI or AVX2" if mode == "int8" else "AVX2"
         return (
-            "activation_quantization 'int8' needs a CPU with AVX512-VNNI, AVX-VNNI or AVX2 "
-            "(integer dot products); this one has none of them"
+            f"activation_quantization {mode!r} needs a CPU with {wanted} (integer dot products); "
+            "this one has none of them"
         )
     if cpu_kernels.extension() is None:
-        return "activation_quantization 'int8' needs tgserve's C++ CPU kernels, which did not build"
+        return (
+            f"activation_quantization {mode!r} needs tgserve's C++ CPU kernels, which did not build"
+        )
     return None
 
 
 def quantize_activations_int8(model: nn.Module) -> int:
-    """Puts a Q8Linear in place of every BlockLinear of Q8_KINDS and every Int8Linear whose K is
-    a multiple of 32; returns how many. A tied LM head gets its own copy of the embedding's
-    integers (the embedding keeps its blocks)."""
+    """quantize_activations(model, 8)."""
+    return quantize_activations(model, 8)
+
+
+def quantize_activations(model: nn.Module, bits: int) -> int:
+    """Puts a Q8Linear of `bits`-bit activations (8 or 16) in place of every BlockLinear of
+    Q8_KINDS and every Int8Linear whose K is a multiple of 32; returns how many. A tied LM head
+    gets its own copy of the embedding's integers (the embedding keeps its blocks)."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -247,6 +273,6 @@ def quantize_activations_int8(model: nn.Module) -> int:
                 weight = Q8Weight.from_int8(child.weight_int8, child.scale)
             else:
                 continue
-            setattr(module, name, Q8Linear(weight, child.bias))
+            setattr(module, name, Q8Linear(weight.with_bits(bits), child.bias))
             count += 1
     return count

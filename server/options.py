@@ -56,9 +56,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "activation_quantization",
         str,
-        "int8: int8 activations before quantised linears (CPU, opt-in)",
-        choices=("none", "int8"),
-        default="none",
+        "auto: int16 against a GGUF's Q4_0/Q4_1/Q8_0 blocks on an AVX2 (not AVX-512) CPU, else "
+        "float | int8 | int16: wherever they can run | none: float activations",
+        choices=("auto", "none", "int8", "int16"),
+        default="auto",
     ),
     Option(
         "kv_cache_dtype",

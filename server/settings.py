@@ -36,7 +36,7 @@ class Settings:
     dtype: str = "auto"
     device: str = "auto"
     quantization: str | None = None
-    activation_quantization: str | None = None
+    activation_quantization: str | None = "auto"  # engine/activation_choice.py
     kv_cache_dtype: str = "auto"  # models/kv_quant.py
     max_model_len: int | None = None
     block_size: int | None = None

@@ -53,7 +53,8 @@ class BackendOptions:
     max_model_len: int  # the longest request (prompt + output) this run holds
     num_requests: int  # so queues are sized for the whole run
     quantization: str | None = None  # tgserve: None | "int8"
-    activation_quantization: str | None = None  # tgserve: None | "int8"
+    # tgserve: "auto" | None ("none") | "int8" | "int16" (engine/activation_choice.py)
+    activation_quantization: str | None = "auto"
     kv_cache_dtype: str = "auto"  # tgserve: "auto" | "int8" (models/kv_quant.py)
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU

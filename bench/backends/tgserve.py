@@ -36,7 +36,11 @@ class TgserveBackend:
         self.note = (
             f"paged KV, block {engine.config.block_size}, max_num_seqs {engine.config.max_num_seqs}"
             + (f", {engine.config.quantization}" if engine.config.quantization else "")
-            + (", int8 activations" if engine.config.activation_quantization else "")
+            + (
+                f", {engine.config.activation_quantization} activations"
+                if engine.config.activation_quantization
+                else ""
+            )
             + (", int8 K/V" if engine.config.kv_cache_dtype == "int8" else "")
             + (", compiled" if engine.config.compile else "")
             + (", batch-invariant" if engine.config.batch_invariant else "")

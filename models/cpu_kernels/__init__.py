@@ -109,6 +109,8 @@ _HEADERS = (
     "q8_dot.h",
     "q8_avx2.h",
     "q8_rows_avx2.h",
+    "q16_dot.h",
+    "q16_avx2.h",
     "aligned_scratch.h",
 )
 

@@ -57,6 +57,9 @@ inline bool panel_weights(const std::vector<LinearWeights>& gate_up,
                           const std::vector<LinearWeights>& down) {
   const int type = static_cast<int>(gate_up.front().block_type);
   if (!is_q8_kind(type) && !block_panels_type(type)) return false;
+  // int16 activations (kQ16Activations): the team's buffers hold int8 rows; such experts run
+  // each expert's products in turn (q8_linear, the same bits a row gets alone)
+  if (activation_bits(type) == 16) return false;
   // I % 32: a gate panel holds no up rows, a slice of SiLU x up whole blocks of 32
   if (gate_up.front().out_features % 64 != 0) return false;
   for (const auto* ws : {&gate_up, &down})

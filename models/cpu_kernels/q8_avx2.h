@@ -21,10 +21,9 @@
 
 #include "q8_dot.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
-    !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
-#define TGSERVE_Q8_AVX2 1
-
+// prefetch_ahead and scales compile in every AVX2 build (AVX-512 ones too: q16_avx2.h's int16
+// pass runs there); the int8 pass only where AVX512-VNNI's pass_vnni does not take over.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 namespace tgserve::q8_avx2 {
 
 // Each panel stream prefetches (into L1) the bytes this far ahead of the block it reads,
@@ -48,6 +47,15 @@ inline __m256 scales(const uint8_t* p, int half) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * half)));
   return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * half);
 }
+
+}  // namespace tgserve::q8_avx2
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
+    !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+#define TGSERVE_Q8_AVX2 1
+
+namespace tgserve::q8_avx2 {
 
 // Rows xq[0 .. MR) (K apart) against panels Wp[0 .. NR) (panel_bytes apart), `nb` blocks of
 // `block_bytes` (the quants at `quants`; Q4_1's fp16 mins at byte 32) -> out [MR][NR][16].

@@ -74,6 +74,27 @@ template <bool Q4, int MR, int NR>
 }
 #endif
 
+// isum [MR][NR][16] by scalar loops: x[m] the block's 32 activations of row m (int8, or int16:
+// q16_dot.h), w[j] panel j's quants. Q4 kinds: sum(x * nibble).
+template <bool Q4, int MR, int NR, typename A>
+inline void scalar_sums(const A* const* x, const uint8_t* const* w, int32_t* isum) {
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j)
+      for (int l = 0; l < kLanes; ++l) {
+        int32_t s = 0;
+        for (int g = 0; g < (Q4 ? 4 : 8); ++g)
+          for (int e = 0; e < 4; ++e) {
+            const uint8_t byte = w[j][64 * g + 4 * l + e];
+            if constexpr (Q4) {
+              s += x[m][4 * g + e] * (byte & 0xF) + x[m][16 + 4 * g + e] * (byte >> 4);
+            } else {
+              s += x[m][4 * g + e] * static_cast<int8_t>(byte);
+            }
+          }
+        isum[(m * NR + j) * kLanes + l] = s;
+      }
+}
+
 // isum [MR][NR][16]: x[m] the block's 32 int8 activations of row m, w[j] panel j's quants.
 // Builds without AVX512-VNNI (those with it run vnni_sums inside q8_linear.cpp's pass_vnni).
 template <bool Q4, int MR, int NR>
@@ -128,21 +149,7 @@ inline void block_sums(const int8_t* const* x, const uint8_t* const* w, int32_t*
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(isum + (m * NR + h / 2) * kLanes + 8 * (h % 2)),
                           acc[m][h]);
 #else
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NR; ++j)
-      for (int l = 0; l < kLanes; ++l) {
-        int32_t s = 0;
-        for (int g = 0; g < (Q4 ? 4 : 8); ++g)
-          for (int e = 0; e < 4; ++e) {
-            const uint8_t byte = w[j][64 * g + 4 * l + e];
-            if constexpr (Q4) {
-              s += x[m][4 * g + e] * (byte & 0xF) + x[m][16 + 4 * g + e] * (byte >> 4);
-            } else {
-              s += x[m][4 * g + e] * static_cast<int8_t>(byte);
-            }
-          }
-        isum[(m * NR + j) * kLanes + l] = s;
-      }
+  scalar_sums<Q4, MR, NR>(x, w, isum);
 #endif
 }
 

@@ -21,6 +21,8 @@
 #include "kernels.h"
 #include "q8_avx2.h"
 #include "q8_dot.h"
+#include "q16_avx2.h"
+#include "q16_dot.h"
 #include "q8_rows_avx2.h"
 #include "simd16.h"
 
@@ -38,9 +40,15 @@ struct Layout {
   int64_t bytes;  // one panel's block
   int64_t quants;  // offset of the quants
   bool q4, has_min, offset8, half;  // nibbles; Q4_1's min; Q4_0's nibble - 8; fp16 scales
+  bool act16 = false;  // int16 activations (kQ16Activations kinds: q16_dot.h)
 };
 
 Layout layout_of(int kind) {
+  if (kind >= kQ16Activations) {  // the same panels, int16 activations
+    Layout f = layout_of(kind - kQ16Activations + kQ8Activations);
+    f.act16 = f.bytes > 0;
+    return f;
+  }
   switch (kind - kQ8Activations) {
     case kQ4_0: return {32 + 256, 32, true, false, true, true};
     case kQ4_1: return {32 + 32 + 256, 64, true, true, false, true};
@@ -94,12 +102,12 @@ inline void epilogue(const Layout& f, const uint8_t* const* blk, const float* dx
 
 // Block b's operands: each row's 32 int8 activations (rows K apart), each panel's block (panels
 // panel_bytes apart: its scales) and that block's quants.
-template <int MR, int NR>
+template <int MR, int NR, typename A = int8_t>
 struct BlockOperands {
-  const int8_t* x[MR];
+  const A* x[MR];
   const uint8_t* blk[NR];
   const uint8_t* w[NR];
-  BlockOperands(const Layout& f, const int8_t* xq, int64_t K, const uint8_t* Wp,
+  BlockOperands(const Layout& f, const A* xq, int64_t K, const uint8_t* Wp,
                 int64_t panel_bytes, int64_t b) {
     for (int m = 0; m < MR; ++m) x[m] = xq + m * K + b * kBlock;
     for (int j = 0; j < NR; ++j) {
@@ -109,17 +117,20 @@ struct BlockOperands {
   }
 };
 
-// Rows xq[0 .. MR) (K apart) against panels Wp[0 .. NR) (panel_bytes apart) -> acc
-// [MR][NR][16], the float32 sums before the bias.
-template <bool Q4, int MR, int NR>
-void pass(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t K,
+// Rows xq[0 .. MR) (K apart; int8, or int16: q16_dot.h) against panels Wp[0 .. NR)
+// (panel_bytes apart) -> acc [MR][NR][16], the float32 sums before the bias.
+template <bool Q4, int MR, int NR, typename A>
+void pass(const Layout& f, const A* xq, const float* dx, const int32_t* sx, int64_t K,
           const uint8_t* Wp, int64_t panel_bytes, float* acc) {
   const int64_t nb = K / kBlock;
   std::fill(acc, acc + MR * NR * kPanel, 0.0f);
   alignas(64) int32_t isum[MR * NR * kPanel];
   for (int64_t b = 0; b < nb; ++b) {
-    const BlockOperands<MR, NR> at(f, xq, K, Wp, panel_bytes, b);
-    q8_dot::block_sums<Q4, MR, NR>(at.x, at.w, isum);
+    const BlockOperands<MR, NR, A> at(f, xq, K, Wp, panel_bytes, b);
+    if constexpr (std::is_same_v<A, int16_t>)
+      q8_dot::scalar_sums<Q4, MR, NR>(at.x, at.w, isum);
+    else
+      q8_dot::block_sums<Q4, MR, NR>(at.x, at.w, isum);
     epilogue<MR, NR>(f, at.blk, dx + b, sx + b, nb, isum, acc);
   }
 }
@@ -177,6 +188,37 @@ template <typename Rows>
   return rows(std::integral_constant<int, 0>{});
 }
 
+// The int16 rows' pass: q16_avx2.h's (every AVX2 build), else the portable one.
+template <bool Q4, int NR>
+void pass_rows(int mr, const Layout& f, const int16_t* xq, const float* dx, const int32_t* sx,
+               int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
+#if defined(TGSERVE_Q16_AVX2)
+  const auto rows = [&](auto kind) {
+    constexpr int v = decltype(kind)::value;  // the layout: 1 Q4_1, 2 Q4_0, 0 Q8_0, 3 int8 rows
+    constexpr bool kMin = v == 1, kOffset8 = v == 2, kHalf = v != 3;
+    const auto run = [&](auto rows_c) {
+      constexpr int MR = decltype(rows_c)::value;
+      q16_avx2::pass<Q4, kMin, kOffset8, kHalf, MR, NR>(xq, dx, sx, K, Wp, pb, f.bytes, f.quants,
+                                                        acc);
+    };
+    switch (mr) {
+      case 1: return run(std::integral_constant<int, 1>{});
+      case 2: return run(std::integral_constant<int, 2>{});
+      case 3: return run(std::integral_constant<int, 3>{});
+      default: return run(std::integral_constant<int, kRows>{});
+    }
+  };
+  return dispatch_layout(f, rows);
+#else
+  switch (mr) {
+    case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+  }
+#endif
+}
+
 template <bool Q4, int NR>
 void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx,
                int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
@@ -230,6 +272,29 @@ void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const
 }  // namespace
 
 bool is_q8_kind(int kind) { return layout_of(kind).bytes > 0; }
+
+int activation_bits(int kind) {
+  const Layout f = layout_of(kind);
+  return f.bytes == 0 ? 0 : f.act16 ? 16 : 8;
+}
+
+namespace {
+
+// block(i) for the M * K / 32 blocks of rows [M, K]: few rows (a decode's, or a thread's own in
+// step_region.h) on the calling thread, with no team at all (an `if (false)` region still starts
+// one of one thread); more over the threads.
+template <typename Block>
+void each_block(int64_t M, int64_t K, const Block& block) {
+  const int64_t count = M * (K / kBlock);
+  if (M * K < 65536) {
+    for (int64_t i = 0; i < count; ++i) block(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) block(i);
+}
+
+}  // namespace
 
 int64_t q8_block_bytes(int kind) { return layout_of(kind).bytes; }
 
@@ -325,22 +390,23 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
     sx[i] = sum;
 #endif
   };
-  // Few rows (a decode's, or a thread's own in step_region.h): no team at all (an `if (false)`
-  // region still starts one of one thread).
-  if (M * K < 65536) {
-    for (int64_t i = 0; i < M * nb; ++i) block(i);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < M * nb; ++i) block(i);
+  (void)nb;
+  each_block(M, K, block);
+}
+
+template <typename T>
+void q8_quantize_rows(const T* x, int64_t M, int64_t K, int16_t* xq, float* dx, int32_t* sx) {
+  each_block(M, K, [&](int64_t i) {  // row i / nb, block i % nb: rows are K apart
+    q16_dot::quantize_block(x + i * kBlock, xq + i * kBlock, dx[i], sx[i]);
+  });
 }
 
 namespace {
 
 // Panels [p0, p0 + nr) (nr <= kPanels) for the quantised rows xq [M, K] (dx, sx [M, K / 32]):
 // y = round(acc + bias) in passes of kRows rows.
-template <typename T, typename OutT>
-void q8_group(const Layout& f, const int8_t* xq, const float* dx, const int32_t* sx, int64_t M,
+template <typename T, typename OutT, typename A>
+void q8_group(const Layout& f, const A* xq, const float* dx, const int32_t* sx, int64_t M,
               int64_t K, const uint8_t* Wp, const T* bias, OutT* y, int64_t N, int64_t p0,
               int nr) {
   const int64_t nb = K / kBlock, panel_bytes = nb * f.bytes;
@@ -348,7 +414,7 @@ void q8_group(const Layout& f, const int8_t* xq, const float* dx, const int32_t*
   alignas(64) float acc[kRows * kPanels * kPanel];
   for (int64_t m0 = 0; m0 < M; m0 += kRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m0));
-    const int8_t* xr = xq + m0 * K;
+    const A* xr = xq + m0 * K;
     const float* dr = dx + m0 * nb;
     const int32_t* sr = sx + m0 * nb;
     const uint8_t* wp = Wp + p0 * panel_bytes;
@@ -381,23 +447,30 @@ void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, co
                OutT* y, int64_t N) {
   const Layout f = layout_of(kind);
   const int64_t nb = K / kBlock;
-  AlignedScratch<int8_t> xq_buffer;  // the rows' int8 values, loaded 32 at a time
-  int8_t* xq = xq_buffer.resize(M * K);
   std::vector<float> dx(M * nb);
   std::vector<int32_t> sx(M * nb);
-  q8_quantize_rows(x, M, K, xq, dx.data(), sx.data());
-  const int64_t panels = (N + kPanel - 1) / kPanel;
-  const int64_t groups = (panels + kPanels - 1) / kPanels;
+  const auto run = [&](auto* xq) {  // int8_t* or int16_t*: the rows' values, 32 at a time
+    q8_quantize_rows(x, M, K, xq, dx.data(), sx.data());
+    const int64_t panels = (N + kPanel - 1) / kPanel;
+    const int64_t groups = (panels + kPanels - 1) / kPanels;
 #pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t p0 = g * kPanels;
-    const int nr = static_cast<int>(std::min<int64_t>(kPanels, panels - p0));
-    q8_group<T, OutT>(f, xq, dx.data(), sx.data(), M, K, Wp, bias, y, N, p0, nr);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t p0 = g * kPanels;
+      const int nr = static_cast<int>(std::min<int64_t>(kPanels, panels - p0));
+      q8_group<T, OutT>(f, xq, dx.data(), sx.data(), M, K, Wp, bias, y, N, p0, nr);
+    }
+  };
+  if (f.act16) {
+    AlignedScratch<int16_t> xq;
+    run(xq.resize(M * K));
+  } else {
+    AlignedScratch<int8_t> xq;
+    run(xq.resize(M * K));
   }
 }
 
-template <typename T, typename OutT>
-void q8_linear_panels(const int8_t* xq, const float* dx, const int32_t* sx, int64_t M, int64_t K,
+template <typename T, typename OutT, typename A>
+void q8_linear_panels(const A* xq, const float* dx, const int32_t* sx, int64_t M, int64_t K,
                       const uint8_t* Wp, int kind, const T* bias, OutT* y, int64_t N,
                       int64_t p_begin, int64_t p_end) {
   const Layout f = layout_of(kind);
@@ -407,9 +480,13 @@ void q8_linear_panels(const int8_t* xq, const float* dx, const int32_t* sx, int6
   }
 }
 
-template void q8_quantize_rows<float>(const float*, int64_t, int64_t, int8_t*, float*, int32_t*);
-template void q8_quantize_rows<c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t, int8_t*,
-                                              float*, int32_t*);
+#define TGSERVE_INSTANTIATE(T, A) \
+  template void q8_quantize_rows<T>(const T*, int64_t, int64_t, A*, float*, int32_t*);
+TGSERVE_INSTANTIATE(float, int8_t)
+TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
+TGSERVE_INSTANTIATE(float, int16_t)
+TGSERVE_INSTANTIATE(c10::BFloat16, int16_t)
+#undef TGSERVE_INSTANTIATE
 #define TGSERVE_INSTANTIATE(T, OutT)                                                          \
   template void q8_linear<T, OutT>(const T*, int64_t, int64_t, const uint8_t*, int, const T*, \
                                    OutT*, int64_t);
@@ -417,12 +494,15 @@ TGSERVE_INSTANTIATE(float, float)
 TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
 TGSERVE_INSTANTIATE(c10::BFloat16, float)
 #undef TGSERVE_INSTANTIATE
-template void q8_linear_panels<float, float>(const int8_t*, const float*, const int32_t*,
-                                             int64_t, int64_t, const uint8_t*, int, const float*,
-                                             float*, int64_t, int64_t, int64_t);
-template void q8_linear_panels<c10::BFloat16, c10::BFloat16>(
-    const int8_t*, const float*, const int32_t*, int64_t, int64_t, const uint8_t*, int,
-    const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t, int64_t);
+#define TGSERVE_INSTANTIATE(T, A)                                                         \
+  template void q8_linear_panels<T, T, A>(const A*, const float*, const int32_t*, int64_t, \
+                                          int64_t, const uint8_t*, int, const T*, T*, int64_t, \
+                                          int64_t, int64_t);
+TGSERVE_INSTANTIATE(float, int8_t)
+TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
+TGSERVE_INSTANTIATE(float, int16_t)
+TGSERVE_INSTANTIATE(c10::BFloat16, int16_t)
+#undef TGSERVE_INSTANTIATE
 
 // Python bindings (models/activation_quant.py wraps them with the shape checks).
 namespace {
@@ -435,19 +515,21 @@ torch::Tensor checked_rows(const torch::Tensor& x, const char* what) {
   return x;
 }
 
-// x [M, K] -> (xq [M, K] int8, dx [M, K / 32] float32, sx [M, K / 32] int32).
+// x [M, K] -> (xq [M, K] int8 (A = int8_t) or int16, dx [M, K / 32] float32, sx [M, K / 32]
+// int32).
+template <typename A>
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize(torch::Tensor x) {
   checked_rows(x, "q8_quantize");
   const int64_t M = x.size(0), K = x.size(1);
-  auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));
+  torch::Tensor xq = torch::empty({M, K}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
   auto dx = torch::empty({M, K / kBlock}, x.options().dtype(at::kFloat));
   auto sx = torch::empty({M, K / kBlock}, x.options().dtype(at::kInt));
+  A* q = xq.data_ptr<A>();
   if (x.scalar_type() == at::kFloat)
-    q8_quantize_rows(x.data_ptr<float>(), M, K, xq.data_ptr<int8_t>(), dx.data_ptr<float>(),
-                     sx.data_ptr<int32_t>());
+    q8_quantize_rows(x.data_ptr<float>(), M, K, q, dx.data_ptr<float>(), sx.data_ptr<int32_t>());
   else
-    q8_quantize_rows(static_cast<const c10::BFloat16*>(x.data_ptr()), M, K,
-                     xq.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<int32_t>());
+    q8_quantize_rows(static_cast<const c10::BFloat16*>(x.data_ptr()), M, K, q,
+                     dx.data_ptr<float>(), sx.data_ptr<int32_t>());
   return {xq, dx, sx};
 }
 
@@ -492,17 +574,27 @@ std::string isa() {
   return "scalar";
 #endif
 }
+std::string q16_isa() {
+#if defined(TGSERVE_Q16_AVX2)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
 
 }  // namespace
 
 void bind_q8_linear(pybind11::module& m) {
   namespace py = pybind11;
-  m.def("q8_quantize", &quantize, "int8 activations per block of 32 (see q8_linear.h)",
+  m.def("q8_quantize", &quantize<int8_t>, "int8 activations per block of 32 (see q8_linear.h)",
         py::arg("x"));
+  m.def("q16_quantize", &quantize<int16_t>,
+        "int16 activations per block of 32 (see q16_dot.h)", py::arg("x"));
   m.def("q8_linear", &linear, "linear layer with int8 activations (see q8_linear.h)",
         py::arg("x"), py::arg("packed"), py::arg("kind"), py::arg("n"), py::arg("bias"),
         py::arg("float_out"));
   m.def("q8_isa", &isa, "the integer dot product this build runs: avx512_vnni, avx2, scalar");
+  m.def("q16_isa", &q16_isa, "the int16 activations' integer path of this build: avx2, scalar");
 }
 
 }  // namespace tgserve

@@ -30,7 +30,13 @@ namespace tgserve {
 // decoder's LinearWeights carry them as their block_type.
 constexpr int kQ8Activations = 2000;
 constexpr int kInt8Rows = 1008;
+// kQ16Activations + the same: the same panels with int16 activations (q16_dot.h: d = amax /
+// 32767, the same order and epilogue below with xq int16). is_q8_kind holds for both families.
+// (4000: above every int8 kind, kQ8Activations + kInt8Rows = 3008.)
+constexpr int kQ16Activations = 4000;
 bool is_q8_kind(int kind);
+// 8 (int8 activations), 16 (int16) or 0 (not a kind): which q8_quantize_rows a kind's rows take.
+int activation_bits(int kind);
 // Bytes of one panel's block of 32 k (0: not a kind).
 int64_t q8_block_bytes(int kind);
 
@@ -39,6 +45,9 @@ int64_t q8_block_bytes(int kind);
 // sx = sum of q. Same bits on every ISA (one IEEE operation per step).
 template <typename T>
 void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, int32_t* sx);
+// The same for the int16 kinds: d = amax / 32767, q in [-32767, 32767] (q16_dot.h).
+template <typename T>
+void q8_quantize_rows(const T* x, int64_t M, int64_t K, int16_t* xq, float* dx, int32_t* sx);
 
 // y [M, N] = the quantised x [M, K] @ W^T (+ bias [N]) from Q8 panels Wp of `kind`. Per output
 // y[m, n], in block order b = 0 .. K / 32 - 1 from acc = 0 (float32):
@@ -55,9 +64,9 @@ void q8_linear(const T* x, int64_t M, int64_t K, const uint8_t* Wp, int kind, co
 // [M, K / 32]) over output panels [p_begin, p_end) only (rows 16 p .. min(N, 16 p_end) of W),
 // on the calling thread: for a caller that quantises a row once for several products and
 // splits them over the threads of its own OpenMP region (moe_experts.h). The same bits as
-// q8_linear.
-template <typename T, typename OutT>
-void q8_linear_panels(const int8_t* xq, const float* dx, const int32_t* sx, int64_t M, int64_t K,
+// q8_linear. A: int8_t for the int8 kinds, int16_t for kQ16Activations ones (activation_bits).
+template <typename T, typename OutT, typename A>
+void q8_linear_panels(const A* xq, const float* dx, const int32_t* sx, int64_t M, int64_t K,
                       const uint8_t* Wp, int kind, const T* bias, OutT* y, int64_t N,
                       int64_t p_begin, int64_t p_end);
 

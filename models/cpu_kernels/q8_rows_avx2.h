@@ -36,10 +36,9 @@
 #include "q8_avx2.h"
 #include "q8_dot.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
-    !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
-#define TGSERVE_Q8_ROWS_AVX2 1
-
+// block_terms compiles in every AVX2 build (q16_avx2.h's int16 pass shares it, AVX-512 builds
+// included); the int8 tile only where AVX512-VNNI's pass_vnni does not take over.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 namespace tgserve::q8_rows_avx2 {
 
 // acc + one block's terms for 8 lanes, q8_linear.h's order: fma(d * dx, float(isum - offset),
@@ -62,6 +61,15 @@ template <bool kMin, bool kOffset8>
 // the shared AVX2 Zen 3 host, Q4_1 3072 x 576 ~80 -> ~115 GFLOP/s, 576 x 1536 ~88 -> ~125, Q8_0
 // 3072 x 576 ~66 -> ~84 (the same bits).
 [[gnu::always_inline]] inline void pin(__m256i& v) { asm("" : "+x"(v)); }
+
+}  // namespace tgserve::q8_rows_avx2
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
+    !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+#define TGSERVE_Q8_ROWS_AVX2 1
+
+namespace tgserve::q8_rows_avx2 {
 
 // A group's 32 bytes of nibbles -> the low and the high nibbles as bytes 0..15.
 [[gnu::always_inline]] inline void split_nibbles(__m256i raw, __m256i low, __m256i& lo,

@@ -21,7 +21,8 @@ int decode_attention(const StepModel& m, size_t l, const T* q, T* out, const int
 
 namespace {
 
-bool q8(const LinearWeights& w) { return is_q8_kind(static_cast<int>(w.block_type)); }
+// The bits w's input rows are quantised to: 8, 16 (Q8 panels' kinds) or 0 (block kernels).
+int q8(const LinearWeights& w) { return activation_bits(static_cast<int>(w.block_type)); }
 int64_t panels(int64_t n) { return (n + 15) / 16; }
 
 // The step's shared rows (each written by the threads' slices, read after a barrier).
@@ -29,13 +30,14 @@ template <typename T>
 struct Shared {
   std::vector<T> qkv, q, attn, o, gate_up, act, down;
   std::vector<int8_t> act_q;  // act quantised by gate_up's units (Q8 down projections)
+  std::vector<int16_t> act_q16;  // the same for int16 activations
   std::vector<float> act_d;
   std::vector<int32_t> act_s;
   std::vector<T> logits;           // [B, E] a sparse MLP's router logits
   moe_experts::Plan<T> plan;       // its routing and expert buffers (experts_team's)
   Shared(int64_t B, int64_t C, int64_t q_size, int64_t qkv_size, int64_t I, int64_t E)
       : qkv(B * qkv_size), q(B * q_size), attn(B * q_size), o(B * C), gate_up(B * 2 * I),
-        act(B * I), down(B * C), act_q(B * I), act_d(B * I / 32), act_s(B * I / 32),
+        act(B * I), down(B * C), act_q(B * I), act_q16(B * I), act_d(B * I / 32), act_s(B * I / 32),
         logits(B * E) {}
 };
 
@@ -136,12 +138,17 @@ class RegionStep {
     for (int64_t b = 0; b < B_ && e1 > e0; ++b) {
       const T* row = s_.gate_up.data() + b * 2 * I;
       silu_mul(row + e0, row + I + e0, s_.act.data() + b * I + e0, e1 - e0);
-      if (q8(*w.down))
-        q8_quantize_rows(s_.act.data() + b * I + e0, 1, e1 - e0, s_.act_q.data() + b * I + e0,
-                         s_.act_d.data() + b * nb + e0 / 32, s_.act_s.data() + b * nb + e0 / 32);
+      const T* a = s_.act.data() + b * I + e0;
+      float* d = s_.act_d.data() + b * nb + e0 / 32;
+      int32_t* s = s_.act_s.data() + b * nb + e0 / 32;
+      if (q8(*w.down) == 16)
+        q8_quantize_rows(a, 1, e1 - e0, s_.act_q16.data() + b * I + e0, d, s);
+      else if (q8(*w.down))
+        q8_quantize_rows(a, 1, e1 - e0, s_.act_q.data() + b * I + e0, d, s);
     }
 #pragma omp barrier
-    const region::Rows<T> act{s_.act.data(), s_.act_q.data(), s_.act_d.data(), s_.act_s.data()};
+    const region::Rows<T> act{s_.act.data(), s_.act_q.data(), s_.act_d.data(), s_.act_s.data(),
+                              s_.act_q16.data()};
     region::product(*w.down, act, B_, I, s_.down.data(), p0, p1);
 #pragma omp barrier
   }

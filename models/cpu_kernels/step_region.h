@@ -112,13 +112,15 @@ inline bool sparse_teams_on(const std::vector<LayerWeights>& layers) {
 
 namespace region {
 
-// A product's input rows [M, K]: as T (block kernels) and, for Q8 panels, int8-quantised.
+// A product's input rows [M, K]: as T (block kernels) and, for Q8 panels, quantised: int8 in
+// xq, or int16 in xq16 (kQ16Activations kinds: q8_linear.h's activation_bits).
 template <typename T>
 struct Rows {
   const T* x = nullptr;
   const int8_t* xq = nullptr;
   const float* dx = nullptr;
   const int32_t* sx = nullptr;
+  const int16_t* xq16 = nullptr;
 };
 
 // This thread's slice of `panels` output panels, in units of two (q8_linear's panel pairs).
@@ -134,7 +136,10 @@ void product(const LinearWeights& w, const Rows<T>& in, int64_t M, int64_t K, T*
   const int kind = static_cast<int>(w.block_type);
   const T* bias = w.bias ? static_cast<const T*>(w.bias->data_ptr()) : nullptr;
   const uint8_t* wp = w.packed.data_ptr<uint8_t>();
-  if (is_q8_kind(kind))
+  if (activation_bits(kind) == 16)
+    q8_linear_panels<T, T>(in.xq16, in.dx, in.sx, M, K, wp, kind, bias, y, w.out_features, p0,
+                           p1);
+  else if (is_q8_kind(kind))
     q8_linear_panels<T, T>(in.xq, in.dx, in.sx, M, K, wp, kind, bias, y, w.out_features, p0, p1);
   else
     block_linear_panels<T, T>(in.x, M, K, wp, kind, bias, y, w.out_features, p0, p1);
@@ -145,16 +150,23 @@ template <typename T>
 struct Own {
   std::vector<T> x, h;
   std::vector<int8_t> xq;
+  std::vector<int16_t> xq16;
   std::vector<float> dx;
   std::vector<int32_t> sx;
-  // h = norm(x) (and its int8 rows when `q8`), returned as a product's input.
-  Rows<T> normed(const T* weight, int64_t M, int64_t C, float eps, bool q8) {
+  // h = norm(x) (and its rows quantised to `bits`: 8, 16, or 0 for none), as a product's input.
+  Rows<T> normed(const T* weight, int64_t M, int64_t C, float eps, int bits) {
     for (int64_t b = 0; b < M; ++b) rms_norm_row(x.data() + b * C, weight, h.data() + b * C, C, eps);
-    return quantized(h.data(), M, C, q8);
+    return quantized(h.data(), M, C, bits);
   }
-  Rows<T> quantized(const T* rows, int64_t M, int64_t K, bool q8) {
-    if (!q8) return {rows};
-    xq.resize(M * K), dx.resize(M * K / 32), sx.resize(M * K / 32);
+  Rows<T> quantized(const T* rows, int64_t M, int64_t K, int bits) {
+    if (!bits) return {rows};
+    dx.resize(M * K / 32), sx.resize(M * K / 32);
+    if (bits == 16) {
+      xq16.resize(M * K);
+      q8_quantize_rows(rows, M, K, xq16.data(), dx.data(), sx.data());
+      return {rows, nullptr, dx.data(), sx.data(), xq16.data()};
+    }
+    xq.resize(M * K);
     q8_quantize_rows(rows, M, K, xq.data(), dx.data(), sx.data());
     return {rows, xq.data(), dx.data(), sx.data()};
   }

@@ -1,7 +1,8 @@
-"""The engine with `activation_quantization="int8"` on the default model (Q4_1 layers, a Q8_0
-tied LM head): every linear runs int8 activations inside the C++ step, a greedy request returns
-the tokens and logprobs of its solo run while other requests come and go, and the option is
-refused, naming itself, where it has nothing to run."""
+"""The engine with `activation_quantization="int8"` (and "int16") on the default model (Q4_1
+layers, a Q8_0 tied LM head): every linear runs integer activations inside the C++ step, a greedy
+request returns the tokens and logprobs of its solo run while other requests come and go, int16
+answers the float engine's greedy tokens, and the option is refused, naming itself, where it
+has nothing to run."""
 
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+@pytest.fixture(
+    scope="module", params=[("float32", "int8"), ("bfloat16", "int8"), ("float32", "int16")]
+)
 def engine(request) -> Engine:
+    dtype, activations = request.param
     config = EngineConfig(
         max_model_len=256,
-        dtype=request.param,
-        activation_quantization="int8",
+        dtype=dtype,
+        activation_quantization=activations,
         max_num_seqs=8,
         device="cpu",  # int8 activations are a CPU path (VNNI), whatever device the tests use
     )
@@ -41,6 +45,8 @@ def test_every_linear_runs_int8_activations_in_the_cpp_step(engine: Engine) -> N
     model = engine.runner.model
     linears = [m for m in model.modules() if hasattr(m, "in_features")]
     assert linears and all(isinstance(m, Q8Linear) for m in linears)
+    bits = 16 if engine.config.activation_quantization == "int16" else 8
+    assert all(m.q8_weight.act_bits == bits for m in linears)
     described = engine.describe()
     assert described.cpu_kernels
     q8_bytes = sum(m.q8_weight.nbytes for m in linears)  # counted as weights held
@@ -63,8 +69,32 @@ def test_greedy_requests_equal_their_solo_runs_beside_traffic(engine: Engine) ->
     assert "Paris" in solo[0].text  # the quantised model still knows
 
 
+def test_int16_answers_the_float_engines_greedy_tokens(engine: Engine) -> None:
+    """int16's promise (models/activation_quant.py): float-like products, so the float engine's
+    greedy tokens on the default model, the chat question's answer among them."""
+    if engine.config.activation_quantization != "int16":
+        pytest.skip("int8 activations change greedy tokens: its promise is the solo run's")
+    config = EngineConfig(
+        max_model_len=256,
+        dtype="float32",
+        activation_quantization="none",
+        max_num_seqs=8,
+        device="cpu",
+    )
+    float_engine = Engine.from_model(str(default_model_here()), config)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    assert not any(isinstance(m, Q8Linear) for m in float_engine.runner.model.modules())
+    want = [o.outputs[0].token_ids for o in float_engine.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert got == want
+    assert "Paris" in engine.tokenizer.decode(got[0])
+
+
 def test_config_refuses_an_unknown_activation_quantization() -> None:
-    with pytest.raises(ValueError, match="activation_quantization must be None or 'int8'"):
+    with pytest.raises(
+        ValueError, match="activation_quantization must be 'auto', 'int8', 'int16' or None"
+    ):
         EngineConfig(activation_quantization="int4")
     with pytest.raises(ValueError, match="activation_quantization"):
         EngineConfig(activation_quantization="int8", tensor_parallel_size=2)

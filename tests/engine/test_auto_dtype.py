@@ -1,6 +1,7 @@
 """`--dtype auto` (engine/config.py `resolve_dtype_name`, engine/runner_factory.py): on a CPU,
-float32 when the engine runs GGUF blocks as stored through the float block kernels (the weight
-bytes are the file's either way and those kernels sum in float32; not with int8 activations),
+float32 when the engine runs GGUF blocks as stored (the weight bytes are the file's either way
+and the block kernels sum in float32; also under "auto" activations, which read those blocks
+with int16 activations on an AVX2 build, but not with an explicit `activation_quantization`),
 else bfloat16 where the CPU computes it natively, else float32; CUDA keeps bfloat16 / float16.
 The predicate `stores_blocks` must say exactly what the loader then keeps (checked against
 `load_model`'s layers), and the engine must load in the dtype the rule names (checked on its KV
@@ -13,6 +14,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from engine import Engine, EngineConfig, SamplingParams, resolve_dtype_name
+from engine.activation_choice import avx2_build
+from models.activation_quant import Q8Linear
 from models.block_linear import BlockLinear
 from models.cpu_features import native_bf16
 from models.gguf.stored import stores_blocks
@@ -68,7 +71,15 @@ def test_engine_loads_a_gguf_as_stored_in_float32_and_its_dequantised_copy_as_be
     path = tiny_quantised_gguf(tmp_path, QT.Q4_1, tied=True)
     as_stored = Engine.from_model(str(path), EngineConfig(device="cpu"))
     assert _kv_dtype(as_stored) == torch.float32
-    assert isinstance(as_stored.runner.model.lm_head, BlockLinear)
+    # activation_quantization "auto" reads the Q4_1 blocks with int16 activations on an AVX2
+    # build (engine/activation_choice.py), "none" through the float block kernels: float32
+    # either way
+    assert isinstance(as_stored.runner.model.lm_head, Q8Linear if avx2_build() else BlockLinear)
+    float_blocks = Engine.from_model(
+        str(path), EngineConfig(activation_quantization=None, device="cpu")
+    )
+    assert _kv_dtype(float_blocks) == torch.float32
+    assert isinstance(float_blocks.runner.model.lm_head, BlockLinear)
     dequantised = Engine.from_model(str(path), EngineConfig(dequantize=True, device="cpu"))
     want = torch.bfloat16 if native_bf16(torch.device("cpu")) else torch.float32
     assert _kv_dtype(dequantised) == want

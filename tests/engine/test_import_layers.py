@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.runner",
             "engine.model_runner",
             "engine.runner_factory",
+            "engine.activation_choice",  # what runner_factory loads "auto" activations as
             "engine.description",
             "engine.encoder_layout",
             "engine.encdec_runner",

@@ -16,8 +16,10 @@ import time
 from gguf import GGMLQuantizationType as QT
 
 from engine import Engine, EngineConfig, kernel_switch
+from engine.activation_choice import avx2_build
 from engine.requests.sampling_params import SamplingParams
 from models import cpu_kernels
+from models.activation_quant import Q8Linear
 from models.block_linear import BlockLinear
 from tests.engine.engine_fixtures import tiny_engine
 from tests.models.gguf.test_stored import tiny_quantised_gguf
@@ -117,16 +119,26 @@ def test_a_gguf_served_dequantised_meanwhile_switches_to_its_blocks_as_stored(
     config = dict(dtype="float32", kv_cache_memory_bytes=4_000_000, block_size=4, device="cpu")
     monkeypatch.setenv("TGSERVE_CACHE_DIR", str(tmp_path / "cache"))
     warm = Engine.from_model(str(path), EngineConfig(**config))
-    assert any(isinstance(m, BlockLinear) for m in warm.runner.model.modules())
+    # as stored: Q4_1 blocks, read with int16 activations by default on an AVX2 build
+    # (engine/activation_choice), else by the float block kernels
+    assert _stored_kinds(warm) == {Q8Linear if avx2_build() else BlockLinear}
     on_kernels = solo(warm, PROMPT)
 
     monkeypatch.setattr(cpu_kernels, "is_built", lambda march="native": False)
     engine = Engine.from_model(str(path), EngineConfig(**config, cpu_kernels_background=True))
-    assert not any(isinstance(m, BlockLinear) for m in engine.runner.model.modules())
+    assert not _stored_kinds(engine)
     deadline = time.monotonic() + 60
     while not engine.runner.pending_path.ready:
         assert time.monotonic() < deadline, "the kernel path was not built"
         time.sleep(0.05)
     assert run(engine, "a", PROMPT) == on_kernels
-    assert any(isinstance(m, BlockLinear) for m in engine.runner.model.modules())
+    assert _stored_kinds(engine) == _stored_kinds(warm)
+    auto = "int16" if avx2_build() else None
+    assert engine.config.activation_quantization == warm.config.activation_quantization == auto
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def _stored_kinds(engine: Engine) -> set[type]:
+    """The kinds of the engine's layers that read a GGUF's blocks as stored."""
+    kinds = (BlockLinear, Q8Linear)
+    return {type(m) for m in engine.runner.model.modules() if isinstance(m, kinds)}

@@ -43,18 +43,23 @@ def block_weight(qtype: QT, n: int, k: int, seed: int) -> BlockWeight:
     return BlockWeight.pack(torch.from_numpy(quantize(values, qtype)), qtype, k)
 
 
-def reference_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (xq int8, d float32 [M, K / 32], sum of q int32), in torch's float32 ops."""
+def reference_quantize(
+    x: torch.Tensor, qmax: int = 127
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (xq int8 (qmax 127) or int16 (32767), d float32 [M, K / 32], sum of q
+    int32), in torch's float32 ops."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
-    d = blocks.abs().amax(-1) / 127.0
+    d = blocks.abs().amax(-1) / float(qmax)
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    q = torch.round(blocks * inv[..., None]).clamp(-127, 127)  # torch.round: half to even
-    return q.to(torch.int8).reshape(x.shape), d, q.sum(-1).int()
+    q = torch.round(blocks * inv[..., None]).clamp(-qmax, qmax)  # torch.round: half to even
+    dtype = torch.int8 if qmax == 127 else torch.int16
+    return q.to(dtype).reshape(x.shape), d, q.sum(-1).int()
 
 
 def reference_linear(x: torch.Tensor, w: Q8Weight) -> torch.Tensor:
-    """float64 [M, N] of the quantised product: exact integer sums per block, then the scales."""
-    xq, dx, sx = reference_quantize(x)
+    """float64 [M, N] of the quantised product (w's act_bits): exact integer sums per block,
+    then the scales."""
+    xq, dx, sx = reference_quantize(x, 32767 if w.act_bits == 16 else 127)
     q, d, m = w.parts()
     m_rows, n = x.shape[0], w.out_features
     isum = torch.einsum(
