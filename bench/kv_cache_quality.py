@@ -1,12 +1,15 @@
 """What `--kv-cache-dtype int8` costs in answers, on the default model (or `--model`).
 
-`python -m bench.kv_cache_quality [--model PATH] [--dtype auto] [--max-tokens 48]` builds two
-engines in one process, the K/V cache in the model's dtype and in int8 (models/kv_quant.py),
-and prints one JSON line:
-- greedy: the 8 prompts of bench/activation_quant_quality, `--max-tokens` greedy tokens each:
-  how many continuations are unchanged, and for the others the first position that differs
-  and the float cache's margin there (its top-1 minus top-2 log-probability: a near-tie that
-  any small change of the K/V may flip);
+`python -m bench.kv_cache_quality [--model PATH] [--dtype auto] [--max-tokens 48]
+[--more-prompts 16]` builds two engines in one process, the K/V cache in the model's dtype and
+in int8 (models/kv_quant.py), and prints one JSON line:
+- greedy: the 8 prompts of bench/activation_quant_quality (issue 43's count), `--max-tokens`
+  greedy tokens each: how many continuations are unchanged, and for the others the first
+  position that differs and the float cache's margin there (its top-1 minus top-2
+  log-probability: a near-tie that any small change of the K/V may flip); then the same count
+  over `--more-prompts` more (`more_prompts`: the first 300 characters of every 4th pydoc topic
+  of >= 600 characters): the 8 prompts' count moves by which near-ties a K/V error happens to
+  flip (PERFORMANCE.md), so a change is judged on both counts and the mean log-prob change;
 - perplexity: each of 10 passages of the Python documentation CPython ships
   (`pydoc_data.topics`: every 4th of the first 40 topics of >= 1500 characters, cut at a
   paragraph break before 1200 characters, as PERFORMANCE.md's lm-eval task) scored with
@@ -37,6 +40,13 @@ def passages(count: int = 10) -> list[str]:
     return out
 
 
+def more_prompts(count: int = 16) -> list[str]:
+    """The wider greedy set: the first 300 characters of every 4th pydoc topic of >= 600."""
+    from pydoc_data.topics import topics
+
+    return [t[:300] for _, t in sorted(topics.items()) if len(t) >= 600][::4][:count]
+
+
 def scored(engine: Engine, texts: list[str]) -> list[list]:
     """Per passage, each token's TokenLogprob (with the top-1) after the first."""
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
@@ -48,17 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model path (default: the default model)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--more-prompts", type=int, default=16, help="0: the 8 prompts only")
     args = parser.parse_args(argv)
     greedy = SamplingParams(
         max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=2
     )
     texts = passages()
+    prompts = list(PROMPTS) + more_prompts(args.more_prompts)
     nbytes = sum(len(t.encode()) for t in texts)
     runs = {}
     for kind in ("auto", "int8"):
         config = EngineConfig(dtype=args.dtype, kv_cache_dtype=kind)
         engine = Engine.from_model(args.model, config)
-        outs = [out.outputs[0] for out in engine.generate(list(PROMPTS), greedy)]
+        outs = [out.outputs[0] for out in engine.generate(prompts, greedy)]
         runs[kind] = ([o.token_ids for o in outs], scored(engine, texts), outs)
         del engine
     (want, ref, float_outs), (got, test, _) = runs["auto"], runs["int8"]
@@ -70,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         None if i is None else round(o.logprobs[i].top[0][1] - o.logprobs[i].top[1][1], 4)
         for i, o in zip(first_diff, float_outs, strict=True)
     ]
+    n, more = len(PROMPTS), first_diff[len(PROMPTS) :]
     bpb = {
         kind: -sum(t.logprob for p in runs[kind][1] for t in p) / math.log(2) / nbytes
         for kind in runs
@@ -81,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "model": args.model or "default",
                 "dtype": args.dtype,
-                "greedy_unchanged": f"{first_diff.count(None)} / {len(PROMPTS)}",
-                "first_differing_token": first_diff,
-                "float_margin_there": margins,
+                "greedy_unchanged": f"{first_diff[:n].count(None)} / {n}",
+                "first_differing_token": first_diff[:n],
+                "float_margin_there": margins[:n],
+                "more_prompts_unchanged": f"{more.count(None)} / {len(more)}",
                 "passages": len(texts),
                 "bytes": nbytes,
                 "bits_per_byte": {k: round(v, 5) for k, v in bpb.items()},
