@@ -13,8 +13,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from engine import Engine, EngineConfig, SamplingParams
-from engine.activation_choice import avx2_build, wants_int16
+from engine import Engine, EngineConfig, SamplingParams, activation_choice
+from engine.activation_choice import auto_mode, avx2_build, wants_int16
 from models import cpu_kernels
 from models.cpu_features import ISA_ENV, cpu_flags
 from tests.models.gguf.test_stored import tiny_quantised_gguf
@@ -40,7 +40,7 @@ def _greedy(engine: Engine) -> tuple[list[int], list[float]]:
 def test_auto_is_int16_on_an_avx2_build_and_none_elsewhere(tmp_path) -> None:
     path = tiny_quantised_gguf(tmp_path, QT.Q4_1, tied=True)
     auto = Engine.from_model(str(path), EngineConfig(**BASE))
-    mode = "int16" if avx2_build() else None
+    mode = auto_mode()
     same = Engine.from_model(str(path), EngineConfig(**BASE, activation_quantization=mode))
     off = Engine.from_model(str(path), EngineConfig(**BASE, activation_quantization="none"))
     assert auto.config.activation_quantization == mode  # the engine names what runs
@@ -60,6 +60,7 @@ def test_the_build_decides(monkeypatch) -> None:
 
 def test_auto_keeps_float_activations_where_no_block_converts(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(ISA_ENV, "avx2")
+    monkeypatch.setattr(activation_choice, "INT16_BY_DEFAULT", True)
     # a K-quant file's matrices stay blocks the integer kernels do not read
     kquant = tiny_quantised_gguf(tmp_path, QT.Q4_K, tied=True)
     assert not wants_int16(kquant, EngineConfig(**BASE), CPU, False, None)
@@ -69,6 +70,7 @@ def test_auto_asks_for_int16_only_where_the_blocks_are_served_as_stored(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv(ISA_ENV, "avx2")
+    monkeypatch.setattr(activation_choice, "INT16_BY_DEFAULT", True)
     path = tiny_quantised_gguf(tmp_path, QT.Q8_0, tied=False)
     config = EngineConfig(**BASE)
     assert wants_int16(path, config, CPU, False, None)
@@ -84,3 +86,6 @@ def test_auto_asks_for_int16_only_where_the_blocks_are_served_as_stored(
     assert not wants_int16(path, config, CPU, False, None, "bfloat16")  # bf16 block kernels
     monkeypatch.setenv(ISA_ENV, "portable")
     assert not wants_int16(path, config, CPU, False, None)
+    monkeypatch.setenv(ISA_ENV, "avx2")
+    monkeypatch.setattr(activation_choice, "INT16_BY_DEFAULT", False)  # the rule switched off
+    assert not wants_int16(path, config, CPU, False, None) and auto_mode() is None

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from engine import Engine, EngineConfig, SamplingParams, resolve_dtype_name
-from engine.activation_choice import avx2_build
+from engine.activation_choice import auto_mode
 from models.activation_quant import Q8Linear
 from models.block_linear import BlockLinear
 from models.cpu_features import native_bf16
@@ -74,7 +74,7 @@ def test_engine_loads_a_gguf_as_stored_in_float32_and_its_dequantised_copy_as_be
     # activation_quantization "auto" reads the Q4_1 blocks with int16 activations on an AVX2
     # build (engine/activation_choice.py), "none" through the float block kernels: float32
     # either way
-    assert isinstance(as_stored.runner.model.lm_head, Q8Linear if avx2_build() else BlockLinear)
+    assert isinstance(as_stored.runner.model.lm_head, Q8Linear if auto_mode() else BlockLinear)
     float_blocks = Engine.from_model(
         str(path), EngineConfig(activation_quantization=None, device="cpu")
     )

@@ -16,7 +16,7 @@ import time
 from gguf import GGMLQuantizationType as QT
 
 from engine import Engine, EngineConfig, kernel_switch
-from engine.activation_choice import avx2_build
+from engine.activation_choice import auto_mode
 from engine.requests.sampling_params import SamplingParams
 from models import cpu_kernels
 from models.activation_quant import Q8Linear
@@ -121,7 +121,7 @@ def test_a_gguf_served_dequantised_meanwhile_switches_to_its_blocks_as_stored(
     warm = Engine.from_model(str(path), EngineConfig(**config))
     # as stored: Q4_1 blocks, read with int16 activations by default on an AVX2 build
     # (engine/activation_choice), else by the float block kernels
-    assert _stored_kinds(warm) == {Q8Linear if avx2_build() else BlockLinear}
+    assert _stored_kinds(warm) == {Q8Linear if auto_mode() else BlockLinear}
     on_kernels = solo(warm, PROMPT)
 
     monkeypatch.setattr(cpu_kernels, "is_built", lambda march="native": False)
@@ -133,7 +133,7 @@ def test_a_gguf_served_dequantised_meanwhile_switches_to_its_blocks_as_stored(
         time.sleep(0.05)
     assert run(engine, "a", PROMPT) == on_kernels
     assert _stored_kinds(engine) == _stored_kinds(warm)
-    auto = "int16" if avx2_build() else None
+    auto = auto_mode()
     assert engine.config.activation_quantization == warm.config.activation_quantization == auto
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 

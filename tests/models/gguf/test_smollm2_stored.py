@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.activation_choice import avx2_build
+from engine.activation_choice import auto_mode
 from models.activation_quant import Q8Linear
 from models.block_linear import BlockEmbedding, BlockLinear
 from models.cpu_kernels.fused_decoder import FusedDecoder
@@ -44,7 +44,7 @@ def test_default_model_as_stored_logits_match_transformers_gguf_loading(smollm2_
 
 def test_default_model_as_stored_answers_the_capital_question() -> None:
     engine = Engine.from_model(str(default_model_here()), EngineConfig(max_model_len=512))
-    stored = Q8Linear if avx2_build() else BlockLinear  # int16 activations, or float ones
+    stored = Q8Linear if auto_mode() else BlockLinear  # int16 activations, or float ones
     assert isinstance(engine.runner.model.model.layers[0].self_attn.qkv_proj, stored)
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     out = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0))[0]
