@@ -188,6 +188,19 @@ template <typename Rows>
   return rows(std::integral_constant<int, 0>{});
 }
 
+// mr rows (1 .. kRows) through the generic pass (q8_dot.h's sums, then the simd16 epilogue):
+// where no ISA-specific pass exists for the activations' width.
+template <bool Q4, int NR, typename A>
+void generic_rows(int mr, const Layout& f, const A* xq, const float* dx, const int32_t* sx,
+                  int64_t K, const uint8_t* Wp, int64_t pb, float* acc) {
+  switch (mr) {
+    case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+    default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
+  }
+}
+
 // The int16 rows' pass: q16_avx2.h's (every AVX2 build), else the portable one.
 template <bool Q4, int NR>
 void pass_rows(int mr, const Layout& f, const int16_t* xq, const float* dx, const int32_t* sx,
@@ -210,12 +223,7 @@ void pass_rows(int mr, const Layout& f, const int16_t* xq, const float* dx, cons
   };
   return dispatch_layout(f, rows);
 #else
-  switch (mr) {
-    case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-  }
+  return generic_rows<Q4, NR>(mr, f, xq, dx, sx, K, Wp, pb, acc);
 #endif
 }
 
@@ -259,12 +267,7 @@ void pass_rows(int mr, const Layout& f, const int8_t* xq, const float* dx, const
   };
   return dispatch_layout(f, rows);
 #else
-  switch (mr) {
-    case 1: return pass<Q4, 1, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    case 2: return pass<Q4, 2, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    case 3: return pass<Q4, 3, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-    default: return pass<Q4, kRows, NR>(f, xq, dx, sx, K, Wp, pb, acc);
-  }
+  return generic_rows<Q4, NR>(mr, f, xq, dx, sx, K, Wp, pb, acc);
 #endif
 #endif
 }
@@ -336,20 +339,7 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
     // max_ps(|v|, amax) keeps amax where v is NaN; the lanes' maxima and the integer sum are
     // exact in any order; vcvtps2dq rounds to nearest even, NaN -> INT_MIN (clamped to -127).
     __m256 v[4];
-    __m256 top = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int h = 0; h < 4; ++h) {
-      if constexpr (std::is_same_v<T, float>) {
-        v[h] = _mm256_loadu_ps(src + 8 * h);
-      } else {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * h));
-        v[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-      }
-      top = _mm256_max_ps(_mm256_andnot_ps(sign, v[h]), top);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float amax = q16_dot::load_block_avx2(src, v);
     const float d = amax / 127.0f;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
     __m256i q[4];
@@ -365,11 +355,8 @@ void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, i
                                              _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + i * kBlock),
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
     dx[i] = d;
-    sx[i] = _mm_cvtsi128_si32(s4);
+    sx[i] = q16_dot::sum_epi32_avx2(total);
 #else
     float v[kBlock], amax = 0.0f;
     for (int e = 0; e < kBlock; ++e) {
