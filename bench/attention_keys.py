@@ -1,6 +1,6 @@
 """The C++ paged attention's cost per key at every context length, against the read bound:
 `python -m bench.attention_keys [--model M] [--lens 128,1024,4096,8192] [--dtype float32]
-[--kv-cache-dtype int8]`.
+[--kv-cache-dtype int8|float16]`.
 
 Contract: prints the kernel build that ran (models/cpu_kernels.selected_build, e.g. an AVX2
 build forced by TGSERVE_CPU_ISA on an AVX-512 host) and the host's ISA, then for each context
@@ -8,8 +8,8 @@ length L, with the model's attention shape (query heads, KV heads, head dim) ove
 cache of 16-token blocks in shuffled order:
 - decode: one query row over L keys (one layer's call), as ns per key and as the fraction of
   the read bound (the K and V bytes of a key, 2 x KV heads x head dim x dtype size, or
-  2 x KV heads x (head dim + 4) for int8 rows (models/kv_quant.py) read by float32 q, at the
-  best read GB/s of bench/machine_limits.py's probe);
+  2 x KV heads x (head dim + 4) for int8 rows (models/kv_quant.py), 2 x KV heads x head dim x 2
+  for float16 rows (models/kv_half.py), each read by float32 q, at the best read GB/s of bench/machine_limits.py's probe);
 - prefill: a chunk of `--chunk` rows, the last ones of an L-token prompt, each over its own
   causal context (how the engine runs a chunk: one query per row), as ns per (row, key) pair.
 Timings are the median of `--rounds` calls after one warm-up. A development aid for the
@@ -34,12 +34,17 @@ def _median_seconds(fn, args: tuple, rounds: int) -> float:
     return statistics.median(times)
 
 
+def _kinds(args) -> str:
+    """The element types timed: the model's dtype, or K/V rows beside float32 queries."""
+    return args.dtype if args.kv_cache_dtype == "auto" else f"{args.kv_cache_dtype} K/V, float32 q"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default model)")
     parser.add_argument("--lens", default="128,1024,4096,8192", help="context lengths")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "float16"])
     parser.add_argument("--chunk", type=int, default=256, help="prefill rows per call")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
@@ -59,22 +64,23 @@ def main(argv: list[str] | None = None) -> None:
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     dtype = getattr(torch, args.dtype)
     int8 = args.kv_cache_dtype == "int8"
-    if int8:
-        dtype = torch.float32  # the queries; the cache holds int8 rows
+    if args.kv_cache_dtype != "auto":
+        dtype = torch.float32  # the queries; the cache holds int8 / float16 rows
+    cache_dtype = torch.float16 if args.kv_cache_dtype == "float16" else dtype
     key_bytes = 2 * kv_heads * row_bytes(head_dim, dtype.itemsize, args.kv_cache_dtype)
     read_gb_s = max(probe_read_gb_s(), default=float("nan"))
     bound_ns = key_bytes / read_gb_s  # ns per key at the read bound (bytes / (GB/s) = ns)
     print(
         f"build {cpu_kernels.selected_build()} ({ext.__name__}) on {host_label('cpu')}, "
         f"{torch.get_num_threads()} threads; {heads} heads / {kv_heads} KV heads x {head_dim}, "
-        f"{'int8 K/V, float32 q' if int8 else args.dtype}; read bound {read_gb_s:.1f} GB/s = {bound_ns:.2f} ns/key"
+        f"{_kinds(args)}; read bound {read_gb_s:.1f} GB/s = {bound_ns:.2f} ns/key"
     )
     gen = torch.Generator().manual_seed(0)
     block = 16
     for length in (int(v) for v in args.lens.split(",")):
         blocks = -(-length // block)
-        k_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(dtype)
-        v_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(dtype)
+        k_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(cache_dtype)
+        v_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(cache_dtype)
         if int8:
             k_cache, v_cache = quantize_rows(k_cache), quantize_rows(v_cache)
         table = torch.randperm(blocks, generator=gen).view(1, blocks)

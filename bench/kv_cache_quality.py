@@ -1,8 +1,10 @@
-"""What `--kv-cache-dtype int8` costs in answers, on the default model (or `--model`).
+"""What `--kv-cache-dtype int8` (or `float16`) costs in answers, on the default model (or
+`--model`).
 
 `python -m bench.kv_cache_quality [--model PATH] [--dtype auto] [--max-tokens 48]
-[--more-prompts 16]` builds two engines in one process, the K/V cache in the model's dtype and
-in int8 (models/kv_quant.py), and prints one JSON line:
+[--more-prompts 16] [--kv-cache-dtype int8|float16]` builds two engines in one process, the K/V
+cache in the model's dtype and in `--kv-cache-dtype` (int8: models/kv_quant.py; float16 rows of
+a float32 model: models/kv_half.py), and prints one JSON line:
 - greedy: the 8 prompts of bench/activation_quant_quality (issue 43's count), `--max-tokens`
   greedy tokens each: how many continuations are unchanged, and for the others the first
   position that differs and the float cache's margin there (its top-1 minus top-2
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--more-prompts", type=int, default=16, help="0: the 8 prompts only")
+    parser.add_argument("--kv-cache-dtype", default="int8", choices=["int8", "float16"])
     args = parser.parse_args(argv)
     greedy = SamplingParams(
         max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=2
@@ -67,13 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = list(PROMPTS) + more_prompts(args.more_prompts)
     nbytes = sum(len(t.encode()) for t in texts)
     runs = {}
-    for kind in ("auto", "int8"):
+    tested = args.kv_cache_dtype
+    for kind in ("auto", tested):
         config = EngineConfig(dtype=args.dtype, kv_cache_dtype=kind)
         engine = Engine.from_model(args.model, config)
         outs = [out.outputs[0] for out in engine.generate(prompts, greedy)]
         runs[kind] = ([o.token_ids for o in outs], scored(engine, texts), outs)
         del engine
-    (want, ref, float_outs), (got, test, _) = runs["auto"], runs["int8"]
+    (want, ref, float_outs), (got, test, _) = runs["auto"], runs[tested]
     first_diff = [
         next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), None)
         for w, g in zip(want, got, strict=True)
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "model": args.model or "default",
                 "dtype": args.dtype,
+                "kv_cache_dtype": tested,
                 "greedy_unchanged": f"{first_diff[:n].count(None)} / {n}",
                 "first_differing_token": first_diff[:n],
                 "float_margin_there": margins[:n],
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 "passages": len(texts),
                 "bytes": nbytes,
                 "bits_per_byte": {k: round(v, 5) for k, v in bpb.items()},
-                "bits_per_byte_change": f"{100 * (bpb['int8'] / bpb['auto'] - 1):+.3f}%",
+                "bits_per_byte_change": f"{100 * (bpb[tested] / bpb['auto'] - 1):+.3f}%",
                 "max_abs_logprob_change": round(
                     max(abs(a.logprob - b.logprob) for a, b in pairs), 4
                 ),

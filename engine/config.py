@@ -23,8 +23,9 @@ from engine.parallel_config import check_parallel_sizes
 from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-# models/kv_quant.py, models/kv_fp8.py (kept torch-free here); "fp8_e4m3" is "fp8" (vLLM's name)
-KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3")
+# models/kv_quant.py, models/kv_fp8.py, models/kv_half.py (kept torch-free here); "fp8_e4m3" is
+# "fp8" (vLLM's name); "float16": a float32 model's K/V rounded to float16 (half the bytes)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "float16")
 # The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
 DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
 

@@ -2,7 +2,7 @@
 what one block of K and V costs (`kv_bytes_per_block`:
 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes; a pool row is the model's dtype, or with
 `--kv-cache-dtype int8` head_dim int8 values and a 4-byte float32 scale, with fp8 head_dim e4m3
-values and the same scale: `kv_row_layout`), how
+values and the same scale, with float16 a float32 model's values in 2 bytes: `kv_row_layout`), how
 many whole blocks fit (`num_kv_blocks`, a ValueError naming the settings when none does), and
 whether the K/V dtype asked for can be served on a device (`kv_cache_dtype_refusal`: a reason, or
 None).
@@ -47,6 +47,8 @@ def kv_row_layout(kv_cache_dtype: str, head_dim: int, dtype: str) -> tuple[int, 
     models/kv_fp8.py)."""
     if kv_cache_dtype in ("int8", "fp8"):
         return head_dim + 4, 1
+    if kv_cache_dtype == "float16":  # a float32 model's rows rounded (models/kv_half.py)
+        return head_dim, dtype_bytes("float16")
     return head_dim, dtype_bytes(dtype)
 
 
@@ -69,11 +71,16 @@ def num_kv_blocks(
     return blocks
 
 
-def kv_cache_dtype_refusal(config: EngineConfig, device_type: str) -> str | None:
+def kv_cache_dtype_refusal(
+    config: EngineConfig, device_type: str, model_dtype: str | None = None
+) -> str | None:
     """Why `config.kv_cache_dtype` cannot be served on `device` (None: it can). int8 rows are
     read by the C++ paged attention on a CPU; fp8 rows by the Triton paged kernels on CUDA
-    (models/forward_path.py refuses a path that cannot read the cache it is given)."""
+    (models/forward_path.py refuses a path that cannot read the cache it is given); float16
+    rows are a float32 model's (`model_dtype`, resolved) on a CPU, or a float16 model's own."""
     kind = config.kv_cache_dtype
+    if kind == "float16" and model_dtype is not None:
+        return _float16_refusal(device_type, model_dtype)
     if kind == "int8" and device_type != "cpu":
         return (
             f"--kv-cache-dtype int8 is read by tgserve's C++ CPU attention; on {device_type} "
@@ -89,5 +96,21 @@ def kv_cache_dtype_refusal(config: EngineConfig, device_type: str) -> str | None
     if kind == "fp8" and device_type != "cuda":
         return (
             f"--kv-cache-dtype fp8 is for CUDA devices; on {device_type} use --kv-cache-dtype auto"
+        )
+    return None
+
+
+def _float16_refusal(device_type: str, model_dtype: str) -> str | None:
+    if model_dtype == "float16":  # its cache is float16 already: the same as auto
+        return None
+    if model_dtype != "float32":
+        return (
+            f"--kv-cache-dtype float16 rounds a float32 model's K/V; this model runs in "
+            f"{model_dtype}: use --kv-cache-dtype auto (or --dtype float32)"
+        )
+    if device_type != "cpu":  # the Triton kernels read a cache of q's dtype (or fp8 rows)
+        return (
+            f"--kv-cache-dtype float16 with a float32 model is read by tgserve's CPU attention; "
+            f"on {device_type} use --dtype float16 (its cache is float16) or --kv-cache-dtype auto"
         )
     return None

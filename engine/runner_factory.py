@@ -79,7 +79,7 @@ def build_runner(
         if refusal := int8_dot_product_refusal(device, mode=forced):
             raise ValueError(refusal)
     auto_int16 = wants_int16(path, config, device, group is not None, random_weights, dtype_name)
-    if refusal := kv_cache_dtype_refusal(config, device.type):
+    if refusal := kv_cache_dtype_refusal(config, device.type, dtype_name):
         raise ValueError(refusal)
     # Kernels built in the background: the blocks as stored need them, so the PyTorch path runs
     # a dequantised copy until they load, and the blocks are loaded then (engine/kernel_switch);

@@ -20,7 +20,8 @@ rows after it. `LAYOUT` names this layout for the K/V tiers' keys (a changed lay
 read an older one's files).
 - `cache_row_shape(head_dim, kv_cache_dtype)` / `cache_torch_dtype(model_dtype, kv_cache_dtype)`:
   the last dimension and element type of an allocated cache; `row_bytes` the bytes of one row
-  (and of "fp8" rows, models/kv_fp8.py: e4m3 values and a float32 scale, for CUDA).
+  (and of "fp8" rows, models/kv_fp8.py: e4m3 values and a float32 scale, for CUDA; of
+  "float16" rows, models/kv_half.py: a float32 model's K/V rounded to float16).
 - `quantize_rows(x [..., D]) -> int8 [..., D + 4]`, `dequantize_rows(c [..., D + 4]) -> float32
   [..., D]`: the reference write and read (W (q * s) / P in float64, rounded once to float32;
   the kernel computes with q and s directly, rotating the query and the output instead).
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from models import kv_fp8
+from models import kv_fp8, kv_half
 
 SCALE_BYTES = 4  # the float32 scale at the end of each int8 row
 QMAX = 127.0
@@ -49,6 +50,8 @@ def cache_row_shape(head_dim: int, kv_cache_dtype: str) -> int:
 def cache_torch_dtype(model_dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
     if kv_cache_dtype == "fp8":
         return kv_fp8.CACHE_DTYPE
+    if kv_cache_dtype == kv_half.KV_CACHE_DTYPE:  # a float32 model's float16 rows
+        return kv_half.CACHE_DTYPE
     return torch.int8 if kv_cache_dtype == "int8" else model_dtype
 
 
@@ -56,6 +59,8 @@ def row_bytes(head_dim: int, model_dtype_bytes: int, kv_cache_dtype: str) -> int
     """Bytes of one (token, KV head) row of K (or of V) in the pool."""
     if kv_cache_dtype in ("int8", "fp8"):
         return head_dim + SCALE_BYTES
+    if kv_cache_dtype == kv_half.KV_CACHE_DTYPE:
+        return head_dim * kv_half.CACHE_DTYPE.itemsize
     return head_dim * model_dtype_bytes
 
 

@@ -41,7 +41,11 @@ class TgserveBackend:
                 if engine.config.activation_quantization
                 else ""
             )
-            + (", int8 K/V" if engine.config.kv_cache_dtype == "int8" else "")
+            + (
+                f", {engine.config.kv_cache_dtype} K/V"
+                if engine.config.kv_cache_dtype in ("int8", "float16")
+                else ""
+            )
             + (", compiled" if engine.config.compile else "")
             + (", batch-invariant" if engine.config.batch_invariant else "")
             + (", C++ CPU kernels" if described.cpu_kernels else "")

@@ -97,6 +97,7 @@ _HEADERS = (
     "attention_avx2_scores.h",
     "attention_layout.h",
     "kv_int8.h",
+    "kv_half.h",
     "simd16.h",
     "block_fma.h",
     "dense_tile.h",

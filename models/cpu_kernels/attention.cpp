@@ -5,7 +5,9 @@
 // the reduction order per ISA) and merges each row's ranges in range order (merge_ranges).
 // Work is split over the cores by (group of rows, key range): one long sequence's ranges
 // spread over every core, and the ranges merge in range order, whatever the split.
-// The cache holds rows of the model's dtype, or int8 rows with a scale each (kv_int8.h).
+// The cache holds rows of the model's dtype, int8 rows with a scale each (kv_int8.h), or a
+// float32 model's float16 rows (kv_half.h: float32 queries and outputs; each value widened
+// exactly, so the float32 order over the rounded rows, bit for bit).
 // int8 rows hold Walsh-Hadamard-rotated values: each query head is rotated once when packed
 // (kv_rotate_query) and each output row once before it is stored (merge_ranges).
 #include "kernels.h"
@@ -79,7 +81,8 @@ bool same_keys(const int64_t* tables, int64_t nb, const std::vector<int64_t>& st
 // Work items are (group, range) pairs when there are too few groups to keep each thread
 // busy, else whole groups (each walking its ranges in order). Either way each row's range is
 // computed by the same code into its own partials and merged by merge_ranges.
-// q and out rows are T (float32 / bf16 / half), cache rows KV (T, or int8: kv_int8.h).
+// q and out rows are T (float32 / bf16 / half), cache rows KV (T, int8: kv_int8.h, or half for
+// T = float32: kv_half.h).
 template <typename T, typename KV, int DC>
 void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const int64_t* lens,
             T* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t nb,
@@ -213,6 +216,7 @@ int paged_decode_attention(const T* q, const KV* k_cache, const KV* v_cache, con
 TGSERVE_INSTANTIATE(float, float)
 TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
 TGSERVE_INSTANTIATE(c10::Half, c10::Half)
+TGSERVE_INSTANTIATE(float, c10::Half)  // a float32 model's float16 K/V rows (kv_half.h)
 TGSERVE_INSTANTIATE(float, int8_t)  // int8 K/V rows (kv_int8.h)
 TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
 #undef TGSERVE_INSTANTIATE

@@ -27,8 +27,9 @@ void check_error(int code, const char* what) {
   TORCH_CHECK(code != tgserve::kBadBlock, what, ": a block table entry is outside the cache");
 }
 
-// q [B, H, D]; caches [num_blocks, bs, KVH, D] of q's dtype, or int8 [num_blocks, bs, KVH,
-// D + 4] (kv_int8.h; q float32 or bf16); tables [B, nb] int64; lens [B] int64.
+// q [B, H, D]; caches [num_blocks, bs, KVH, D] of q's dtype (or float16 for a float32 q:
+// kv_half.h), or int8 [num_blocks, bs, KVH, D + 4] (kv_int8.h; q float32 or bf16); tables
+// [B, nb] int64; lens [B] int64.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor tables, torch::Tensor lens, double scale, int64_t window) {
   auto out = torch::empty_like(q);
@@ -50,6 +51,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       run(T{});
     } else if (int8) {
       run(int8_t{});
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (k_cache.scalar_type() == at::kHalf) {
+        run(c10::Half{});  // a float32 model's float16 rows (kv_half.h)
+      } else {
+        run(T{});
+      }
     } else {
       run(T{});
     }

@@ -158,12 +158,10 @@ class FusedDecoder:
         dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None
-        # The model's dtype, or int8 rows with their scales (models/kv_quant.py)
-        if any(
-            k.dtype not in (dtype, torch.int8) or not k.is_contiguous()
-            for cache in kv_caches
-            for k in cache
-        ):
+        # The model's dtype, int8 rows with their scales (models/kv_quant.py), or a float32
+        # model's float16 rows (models/kv_half.py)
+        rows = (dtype, torch.int8) + ((torch.float16,) if dtype == torch.float32 else ())
+        if any(k.dtype not in rows or not k.is_contiguous() for cache in kv_caches for k in cache):
             return None
         ext = cpu_kernels.extension()
         if ext is None:

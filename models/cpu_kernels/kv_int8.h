@@ -22,6 +22,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kv_half.h"
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -130,7 +132,7 @@ void quantize_kv_row(const T* x, int64_t D, int8_t* dst) {
 
 // One token's K and V heads (k, v [KVH, D] of T) into cache slot `slot` (caches of KV rows
 // [slots, KVH, D + KVRowExtra<KV>]): copied as they are into a cache of T, quantised row by
-// row into an int8 one.
+// row into an int8 one, rounded to float16 (saturated) into a float16 one (kv_half.h).
 template <typename T, typename KV>
 void append_kv(const T* k, const T* v, int64_t slot, int64_t KVH, int64_t D, KV* kc, KV* vc) {
   const int64_t DS = D + KVRowExtra<KV>::value;
@@ -139,6 +141,9 @@ void append_kv(const T* k, const T* v, int64_t slot, int64_t KVH, int64_t D, KV*
       quantize_kv_row(k + g * D, D, kc + (slot * KVH + g) * DS);
       quantize_kv_row(v + g * D, D, vc + (slot * KVH + g) * DS);
     }
+  } else if constexpr (std::is_same_v<KV, c10::Half> && !std::is_same_v<T, c10::Half>) {
+    narrow_kv_row(k, KVH * D, kc + slot * KVH * D);  // a float32 model's float16 rows: kv_half.h
+    narrow_kv_row(v, KVH * D, vc + slot * KVH * D);
   } else {
     static_assert(std::is_same_v<KV, T>, "a float cache holds the model's dtype");
     std::copy(k, k + KVH * D, kc + slot * KVH * D);

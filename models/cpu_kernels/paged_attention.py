@@ -8,7 +8,8 @@ seq_lens [B] int64, scale, sliding_window) -> [B, H, D]` in q's dtype equals SDP
 query against keys `max(0, seq_len - window) .. seq_len - 1` of its sequence, where token t
 sits in block `block_tables[b, t // block_size]` at offset `t % block_size` of caches shaped
 `[num_blocks, block_size, kv_heads, head_dim]` (contiguous, float32 / bfloat16 / float16,
-same dtype as q), or int8 caches `[num_blocks, block_size, kv_heads, head_dim + 4]` whose rows
+same dtype as q; or float16 caches with a float32 q, models/kv_half.py: each value widened
+exactly, so the float32 kernel's bits over the rounded rows), or int8 caches `[num_blocks, block_size, kv_heads, head_dim + 4]` whose rows
 carry their own scale (models/kv_quant.py; q float32 or bfloat16), read in place. Scores,
 softmax and the V sum run in float32.
 
@@ -26,6 +27,13 @@ from models.kv_quant import SCALE_BYTES
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT8_Q_DTYPES = (torch.float32, torch.bfloat16)  # q dtypes read against int8 caches
+_HALF_ROWS = {torch.float32: (torch.float16,)}  # q dtype -> other cache dtypes it reads
+
+
+def _reads(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel reads caches of k_cache's dtype with queries of q's: the same dtype,
+    or a float32 model's float16 rows (models/kv_half.py)."""
+    return k_cache.dtype in (q.dtype, *_HALF_ROWS.get(q.dtype, ()))
 
 
 def is_available(device: torch.device | str = "cpu") -> bool:
@@ -60,9 +68,10 @@ def paged_decode_attention(
     if int8:
         if q.dtype not in _INT8_Q_DTYPES or v_cache.dtype != torch.int8:
             raise ValueError(f"int8 K/V caches are read with q in {_INT8_Q_DTYPES}, got {q.dtype}")
-    elif q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    elif q.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype or not _reads(q, k_cache):
         raise ValueError(
-            f"q and caches must share a dtype in {_DTYPES}; got {q.dtype}, {k_cache.dtype}"
+            f"q and caches must share a dtype in {_DTYPES} (or float32 q, float16 caches); got "
+            f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous (a copy would defeat the kernel)")

@@ -2,6 +2,7 @@
 #include "step_region.h"
 
 #include <cmath>
+#include <type_traits>
 
 namespace tgserve {
 
@@ -16,6 +17,10 @@ int decode_attention(const StepModel& m, size_t l, const T* q, T* out, const int
   };
   if (m.kv_int8)
     return attend(static_cast<const int8_t*>(kc.data_ptr()), static_cast<const int8_t*>(vc.data_ptr()));
+  if constexpr (std::is_same_v<T, float>)  // float16 rows of a float32 model (kv_half.h)
+    if (m.kv_half)
+      return attend(static_cast<const c10::Half*>(kc.data_ptr()),
+                    static_cast<const c10::Half*>(vc.data_ptr()));
   return attend(static_cast<const T*>(kc.data_ptr()), static_cast<const T*>(vc.data_ptr()));
 }
 

@@ -10,13 +10,15 @@ rounding: one softmax over all of a row's keys instead of online key tiles). Eve
 fixed by the inputs' shapes (each row reads all `max_blocks * block_size` key slots of its
 table, masked), nothing reads a tensor value on the host: the same properties a captured
 decode step needs. An fp8 cache (models/kv_fp8.py) is written as `quantize_fp8_rows` rows
-and read dequantised (q * s in float32: one rounding of the exact product).
+and read dequantised (q * s in float32: one rounding of the exact product); a float16 cache
+of a float32 model as `to_half_rows` rounds (models/kv_half.py: saturated at +-65504).
 """
 
 from __future__ import annotations
 
 import torch
 
+from models import kv_half
 from models.kv_fp8 import is_fp8, quantize_fp8_rows, row_parts
 from models.triton_attention.tile_plan import TilePlan
 
@@ -32,6 +34,8 @@ def reference_write_kv(
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if is_fp8(k_cache):  # the rows' bytes (models/kv_fp8.py)
         k, v = quantize_fp8_rows(k), quantize_fp8_rows(v)
+    elif k_cache.dtype == kv_half.CACHE_DTYPE:  # float16 rows: saturated (models/kv_half.py)
+        k, v = kv_half.to_half_rows(k), kv_half.to_half_rows(v)
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 

@@ -91,14 +91,15 @@ def test_every_row_of_a_prefill_sized_call_equals_its_solo_row(
 MAX_ROWS, MAX_LEN = 41, 900
 
 
-def _attention_call(q_rows, lens, window, dtype, kv_heads=3, block_size=16):
-    """Runs the kernel over the first rows of one fixed random cache: row i always reads the
-    same blocks, whatever the batch."""
+def _attention_call(q_rows, lens, window, dtype, kv_heads=3, block_size=16, cache_dtype=None):
+    """Runs the kernel over the first rows of one fixed random cache (of `dtype`, or
+    `cache_dtype`: a float32 model's float16 rows): row i always reads the same blocks,
+    whatever the batch."""
     gen = torch.Generator().manual_seed(3)
     head_dim, blocks = q_rows.shape[-1], -(-MAX_LEN // block_size)
     cache_shape = (blocks * MAX_ROWS, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(cache_shape, generator=gen).to(dtype)
-    v_cache = torch.randn(cache_shape, generator=gen).to(dtype)
+    k_cache = torch.randn(cache_shape, generator=gen).to(cache_dtype or dtype)
+    v_cache = torch.randn(cache_shape, generator=gen).to(cache_dtype or dtype)
     tables = torch.arange(blocks * MAX_ROWS, dtype=torch.int64).view(MAX_ROWS, blocks)
     tables = tables[: len(lens)].contiguous()
     lens_t = torch.tensor(lens, dtype=torch.int64)
@@ -107,7 +108,9 @@ def _attention_call(q_rows, lens, window, dtype, kv_heads=3, block_size=16):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [None, 300])
-def test_an_attention_row_does_not_depend_on_the_batch(dtype: torch.dtype, window) -> None:
+def test_an_attention_row_does_not_depend_on_the_batch(
+    dtype: torch.dtype, window, cache_dtype: torch.dtype | None = None
+) -> None:
     gen = torch.Generator().manual_seed(5)
     # Row 0's context spans several key ranges; the batch sizes take both work splits.
     lens = [700] + torch.randint(1, MAX_LEN, (MAX_ROWS - 1,), generator=gen).tolist()
@@ -115,7 +118,9 @@ def test_an_attention_row_does_not_depend_on_the_batch(dtype: torch.dtype, windo
     solo = None
     for batch in (1, 2, 3, 8, MAX_ROWS):
         # Row 0 is the same query over the same blocks (block ids are per row index).
-        out = _attention_call(q[:batch].contiguous(), lens[:batch], window, dtype)
+        out = _attention_call(
+            q[:batch].contiguous(), lens[:batch], window, dtype, cache_dtype=cache_dtype
+        )
         if solo is None:
             solo = out[0]
         assert torch.equal(out[0], solo), f"batch of {batch}"

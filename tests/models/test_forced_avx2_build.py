@@ -7,7 +7,8 @@ Each case is a test of the native build's suite run again with the forced build 
 `cpu_kernels.extension()`: the attention row alone vs in batches of 2..64 (both work splits),
 the whole C++ step alone vs chunked beside other sequences (same logits and K/V bits), the
 attention against its float64 reference, and the C++ step against transformers; and the same
-over int8 K/V rows (`--kv-cache-dtype int8`).
+over int8 K/V rows (`--kv-cache-dtype int8`) and a float32 model's float16 rows (`float16`: the
+float32 bits over the rounded rows).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from models.cpu_features import AVX2_FLAGS, cpu_flags
 from tests.models import test_cpu_kernel_invariance as invariance
 from tests.models import test_cpu_paged_attention as attention
 from tests.models import test_fused_decoder as fused
+from tests.models import test_kv_half_attention as half_attention
+from tests.models import test_kv_half_model as half_model
 from tests.models import test_kv_int8_attention as int8_attention
 from tests.models import test_kv_int8_model as int8_model
 
@@ -82,3 +85,10 @@ def test_int8_kv_rows_equal_their_reference_and_keep_a_row_off_the_batch(avx2_bu
     int8_attention.test_a_prefill_chunks_int8_rows_equal_each_row_alone(9, 3)
     int8_attention.test_the_cpp_append_writes_the_documented_rows_within_half_a_step(64)
     int8_model.test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(torch.float32)
+
+
+def test_float16_kv_rows_give_the_float32_bits_and_keep_a_row_off_the_batch(avx2_build) -> None:
+    half_attention.test_float16_rows_give_the_float32_bits_over_the_rounded_rows(9, 3, 16, 5)
+    half_attention.test_a_prefill_chunk_over_float16_rows_gives_the_float32_bits(40)
+    half_attention.test_a_float16_row_does_not_depend_on_the_batch(300)
+    half_model.test_the_float16_step_gives_a_sequence_the_same_bits_alone_or_batched()
