@@ -132,13 +132,16 @@ class Scheduler:
         bm = self.block_manager
         mark_computed, block_size = bm.mark_computed, bm.block_size
         caching, running = bm.enable_prefix_caching, RequestStatus.RUNNING
+        one = output.decodes_only  # every chunk one token, no proposal: its start + 1
         for chunk in output.chunks:
             seq, start = chunk.seq, chunk.start
             if chunk.request.status is not running or seq.finish_reason is not None:
                 continue
             if seq.num_computed_tokens != start:
                 raise RuntimeError(f"seq {seq.seq_id}: on_step_done called twice for one output?")
-            computed = seq.num_computed_tokens = start + chunk.num_new_tokens - len(chunk.proposal)
+            computed = seq.num_computed_tokens = (
+                start + 1 if one else start + chunk.num_new_tokens - len(chunk.proposal)
+            )
             # Only a block that filled up is news to the prefix cache: the blocks before
             # `start` were registered when they filled (a decode fills one in block_size).
             if caching and computed // block_size != start // block_size:

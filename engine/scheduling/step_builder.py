@@ -77,7 +77,9 @@ class StepBuilder:
         left = budget.tokens_left
         capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
         self._schedule_prefills(budget)
-        if self.inline_plans == len(self.plans):  # the steady state: every plan is its chunk
+        # The steady state: every plan a decode placed inline, its own chunk (decode_pass.py).
+        decodes_only = self.inline_plans == len(self.plans)
+        if decodes_only:
             chunks, copies = tuple(self.plans.values()), ()
         else:
             chunks, copies = self._chunks_and_copies()
@@ -90,6 +92,7 @@ class StepBuilder:
             num_batched_tokens=rows,
             num_pairs=self.pairs,
             num_prefill_tokens=rows - self.decode_tokens,
+            decodes_only=decodes_only,
         )
         return StepResult(output, capacity)
 

@@ -97,6 +97,9 @@ class SchedulerOutput:
     num_batched_tokens: int  # rows through the linears
     num_pairs: int = 0  # query x key pairs through attention (step_cost.chunk_pairs summed)
     num_prefill_tokens: int = 0  # rows of prompt (or recompute) chunks, decodes excluded
+    # Every chunk a one-token decode without a proposal, sampled (the steady state: the
+    # passes over the rows skip the checks that cannot hold then).
+    decodes_only: bool = False
 
     @property
     def is_empty(self) -> bool:
