@@ -23,7 +23,7 @@ from engine.decoding.parallel_sampling import children_to_fork
 from engine.grammar.host_mask import PendingHostMask
 from engine.request_state import RequestState
 from engine.requests.request import TokenSequence
-from engine.sampling.step_io import Draw, Speculated, StepSampling
+from engine.sampling.step_io import Draw, PromptAsk, Speculated, StepSampling
 from engine.scheduling.scheduler import ScheduledChunk, SchedulerOutput
 from engine.speculative.verification import ScoredProposal, position_rows
 
@@ -37,6 +37,10 @@ class StepPlan:
     scored: list[tuple[ScoredProposal, int, int]] = field(default_factory=list)  # (, spec, draw)
     beams: list[tuple[str, list[tuple[TokenSequence, int]]]] = field(default_factory=list)
     prompt: list[tuple[ScheduledChunk, int]] = field(default_factory=list)  # (chunk, its index)
+    # Every chunk of the step is a sampled one-sequence row with its own draw (no prompt
+    # logprobs, forks, proposals or beams): the steady state, which step_update.py applies
+    # in one pass over `ordinary` (in chunk order, one draw each).
+    plain: bool = False
 
 
 def plan_sampling(
@@ -55,16 +59,22 @@ def plan_sampling(
     prompt = []
     groups: dict[str, list[tuple[TokenSequence, int]]] = {}
     row = 0  # the first logits row of the chunk (as sched.sampled_rows() counts them)
+    plain = True  # so far, every chunk a plain row (StepPlan.plain)
+    # The steady state: every chunk a sampled one-token decode without a proposal, which asks
+    # no prompt logprobs (a decode's rows are past the prompt), so those checks are skipped.
+    decodes = sched.decodes_only
     for i, chunk in enumerate(sched.chunks):
         request = chunk.request
         state = states[request.request_id]
-        asks = request.params.prompt_logprobs is not None  # most rows: nothing asked
-        if asks and state.wants_prompt_logprobs(chunk) and (ask := state.prompt_ask(chunk, i)):
-            plan.prompt.append((chunk, i))
-            prompt.append(ask)
-        if not chunk.sample:
-            continue
-        if state.plain and not chunk.proposal:  # the common row: one draw, its own
+        if not decodes:
+            if request.params.prompt_logprobs is not None and (ask := _prompt_ask(state, chunk, i)):
+                plan.prompt.append((chunk, i))
+                prompt.append(ask)
+                plain = False
+            if not chunk.sample:
+                plain = False
+                continue
+        if state.plain and (decodes or not chunk.proposal):  # the common row: its own draw
             # The last step's draw again when its row is the same (a Draw names its row and
             # holds a live view of the sequence's ids, nothing else moves).
             draw = state.last_draw
@@ -74,6 +84,7 @@ def plan_sampling(
             draws.append(draw)
             row += 1
             continue
+        plain = False
         if request.params.use_beam_search:
             groups.setdefault(request.request_id, []).append((chunk.seq, row))
         elif chunk.proposal:
@@ -96,6 +107,7 @@ def plan_sampling(
         seqs, rows = [seq for seq, _ in group], [row for _, row in group]
         plan.beams.append((rid, group))
         beams.append(state.beam.ask(rid, seqs, rows, state.request.params, state.seed_key(0)))
+    plan.plain = plain
     sampling = StepSampling(
         draws=tuple(draws),
         speculated=tuple(speculated),
@@ -107,6 +119,10 @@ def plan_sampling(
         carried=tuple(carried),
     )
     return sampling, plan
+
+
+def _prompt_ask(state: RequestState, chunk: ScheduledChunk, index: int) -> PromptAsk | None:
+    return state.prompt_ask(chunk, index) if state.wants_prompt_logprobs(chunk) else None
 
 
 def _draw(state: RequestState, seq_id: int, seq: TokenSequence, row: int) -> Draw:

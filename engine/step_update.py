@@ -35,8 +35,9 @@ from functools import partial
 from engine.decoding.parallel_sampling import sample_targets
 from engine.decoding.stop_checker import finish_after_token
 from engine.grammar.host_mask import PendingHostMask
+from engine.plain_rows import land_plain_rows
 from engine.request_state import RequestState
-from engine.requests.request import RequestStatus, TokenSequence
+from engine.requests.request import PLACEHOLDER, RequestStatus, TokenSequence
 from engine.sampling.step_io import BeamCandidate, StepOutput, StepSampling
 from engine.sampling_plan import StepPlan, plan_sampling
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -82,6 +83,8 @@ class StepUpdate:
         scheduled_at: float,
         held: bool = False,
     ) -> list[RequestState]:
+        if plan.plain and not out.failed:  # the steady state: one pass (plain_rows.py)
+            return land_plain_rows(self, plan, out, scheduled_at, held)
         moved: dict[str, RequestState] = {}
         # Requests that ended before this update (the overlapped loop scheduled this step
         # before it learned that the previous step's token ended them): their rows are
@@ -141,19 +144,23 @@ class StepUpdate:
             if rid in ended:
                 continue
             state = states[rid]
-            # A decode of a request that has run before (most rows) notes nothing: only a
-            # preemption or a prompt chunk is news to `note_chunk` (checked inline, per row).
-            if (
-                state.first_scheduled_time is None
-                or request.num_preemptions > state.preemptions_seen
-                or chunk.start < chunk.seq.num_prompt_tokens
-            ):
-                state.note_chunk(chunk, scheduled_at)
-                if state.mark_scheduled(scheduled_at):  # counted once, when first scheduled
-                    self.prompt_tokens_total += len(request.input_token_ids)
+            self._note(state, chunk, scheduled_at)
             if chunk.sample or state.error is not None:
                 moved[rid] = state
         return list(moved.values())
+
+    def _note(self, state: RequestState, chunk: ScheduledChunk, scheduled_at: float) -> None:
+        """A chunk's news for its request's timings and events: a decode of a request that has
+        run before (most rows) has none; a preemption or a prompt chunk does."""
+        request = chunk.request
+        if (
+            state.first_scheduled_time is None
+            or request.num_preemptions > state.preemptions_seen
+            or chunk.start < chunk.seq.num_prompt_tokens
+        ):
+            state.note_chunk(chunk, scheduled_at)
+            if state.mark_scheduled(scheduled_at):  # counted once, when first scheduled
+                self.prompt_tokens_total += len(request.input_token_ids)
 
     def _isolated(self, state: RequestState, work: Callable[..., None], *args: object) -> None:
         """Runs one request's share of the update, `work(*args)`; if it raises, that request
@@ -198,10 +205,18 @@ class StepUpdate:
         step, so the calls and the lookups the general path makes are what it costs."""
         seq = chunk.seq
         logprob = entry.logprob if entry is not None else 0.0
-        if held:  # (at chunk.seq_len)
-            seq.put_token(chunk.start + chunk.num_new_tokens, token, logprob, entry)
+        ids = seq.token_ids  # `put_token` / `append_token` inline, their checks first
+        if held:  # its placeholder, at chunk.seq_len
+            if ids[at := chunk.start + chunk.num_new_tokens] != PLACEHOLDER:
+                seq.put_token(at, token, logprob, entry)  # raises: no placeholder there
+            ids[at] = token
+        elif seq.num_computed_tokens == len(ids):
+            ids.append(token)
         else:
-            seq.append_token(token, logprob, entry)
+            seq.append_token(token, logprob, entry)  # raises: the step is not done
+        seq.cumulative_logprob += logprob
+        if entry is not None:
+            seq.logprobs.append(entry)
         self.generation_tokens_total += 1
         if state.first_token_time is None:
             state.mark_token(time.time())

@@ -80,6 +80,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.lora_adapters",  # LoRA adapters by name, for intake and the engine
             "engine.intake",
             "engine.sampling_plan",  # what a step asks of the sampling (before the forward)
+            "engine.plain_rows",  # the steady state's update in one pass (issue 38)
             "engine.step_update",
             "engine.step_launch",
             "engine.step_pipeline",

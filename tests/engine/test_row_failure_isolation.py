@@ -132,16 +132,30 @@ def test_a_raising_sampler_row_fails_its_request_alone(folder):
     assert_no_leaks(engine)
 
 
+class _FlakyIds(list):
+    """A sequence's token ids whose append raises once they hold `fail_at` ids."""
+
+    def __init__(self, ids: list[int], fail_at: int) -> None:
+        super().__init__(ids)
+        self.fail_at = fail_at
+
+    def append(self, token: int) -> None:
+        if len(self) == self.fail_at:
+            raise ValueError("the append choked")
+        super().append(token)
+
+
 def test_a_raising_append_fails_its_request_alone_after_its_good_tokens(folder):
     engine = tiny_engine(folder)
-    land = engine.updater._land  # a one-sequence row's append and stop checks
+    add = engine.add
 
-    def flaky(state, chunk, token, entry, held):
-        if state.request.request_id == "0" and chunk.seq.num_output_tokens == 2:
-            raise ValueError("the detokenizer choked")
-        land(state, chunk, token, entry, held)
+    def add_flaky(request):  # request 0's third token does not go in
+        if request.request_id == "0":
+            seq = request.seqs[0]
+            seq.token_ids = _FlakyIds(seq.token_ids, seq.num_prompt_tokens + 2)
+        add(request)
 
-    engine.updater._land = flaky
+    engine.add = add_flaky
     finals = run_staggered(engine, PROMPTS, [GREEDY, SEEDED, GREEDY], arrive_every=0)
     assert finals[0].outputs[0].finish_reason == "error" and "ValueError" in finals[0].error
     assert tokens(finals[0]) == tokens(solo(folder, PROMPTS[0], GREEDY))[:2]

@@ -1,0 +1,57 @@
+"""The steady state's update: a step whose every chunk is a plain row (`StepPlan.plain`: one
+sequence, one draw, no prompt logprobs, forks, proposals or beams) applied in one pass (issue 38).
+
+Contract: `land_plain_rows(update, plan, out, scheduled_at, held)` does for such a step what
+`StepUpdate.apply` does (step_update.py) and returns the same `RequestState`s in the same
+order: per row, in chunk order, a request that ended before the update (the overlapped loop's
+held step) is skipped; else its token lands (`update._land`: appended, or put in its
+placeholder when `held`, counted, the stop criteria checked), its news noted (`update._note`:
+a preemption, a first schedule), and the request moved. A row whose landing raises fails alone. Why a pass of its own:
+the general update visits each row in three loops (the sampled rows, the rows' chunks, and a
+set of the ended requests first); here each row is one iteration. The caller checks
+`out.failed` is empty (a failed row takes the general path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from engine.request_state import RequestState
+from engine.requests.request import RequestStatus
+from engine.sampling.step_io import StepOutput
+from engine.sampling_plan import StepPlan
+from engine.scheduling.step_plan import ScheduledChunk
+from engine.types import TokenLogprob
+
+
+class RowUpdate(Protocol):
+    """What the pass uses of the step update (step_update.py's StepUpdate): its live requests
+    and its per-row steps (`_land`: a token in its sequence, `_note`: a chunk's news for the
+    request's timings, `_failed_row`: the request fails alone)."""
+
+    states: dict[str, RequestState]
+    _land: Callable[[RequestState, ScheduledChunk, int, TokenLogprob | None, bool], None]
+    _note: Callable[[RequestState, ScheduledChunk, float], None]
+    _failed_row: Callable[[RequestState, Exception], None]
+
+
+def land_plain_rows(
+    update: RowUpdate, plan: StepPlan, out: StepOutput, scheduled_at: float, held: bool
+) -> list[RequestState]:
+    moved: list[RequestState] = []
+    states, finished = update.states, RequestStatus.FINISHED
+    tokens, logprobs, land, note = out.tokens, out.logprobs, update._land, update._note
+    for chunk, _, indices in plan.ordinary:
+        request = chunk.request
+        if request.status is finished:  # ended before this update: its row is discarded
+            continue
+        state = states[request.request_id]
+        i = indices[0]
+        try:
+            land(state, chunk, tokens[i], logprobs[i], held)
+        except Exception as exc:
+            update._failed_row(state, exc)
+        note(state, chunk, scheduled_at)
+        moved.append(state)
+    return moved
