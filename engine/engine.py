@@ -8,8 +8,10 @@ Contract:
   params)` is both; `abort_request(id)` takes effect at the next step. `info` holds the facts a
   server reads (`engine.api.EngineInfo`).
 - `step()` returns one `RequestOutput` of deltas (outputs.py) per request that moved (new
-  tokens, finished, aborted, failed). Every admitted request ends with exactly one finished
-  output. A failed forward ends that step's requests with "error", never the engine. With
+  tokens, finished, aborted, failed), but for a request nobody reads as a stream
+  (`SamplingParams.streamed` false) none between the one carrying its first token and its
+  last (which carries all since: issue 38). Every admitted request ends with exactly one
+  finished output. A failed forward ends that step's requests with "error", never the engine. With
   `EngineConfig.async_scheduling` the loop overlaps (step_pipeline.py): the outputs of a
   step come from the next `step()`, and a step may be scheduled before the previous one's
   tokens reach the host; the same outputs (`has_unfinished_requests` stays true until they
@@ -92,6 +94,9 @@ class Engine:
             self.info, self.grammars, config.max_num_seqs, scheduler.block_manager, layout, runner
         )
         self._states: dict[str, RequestState] = {}
+        # Live requests with a `SamplingParams.fault` (faults.py; tests) and with a grammar: a
+        # step's passes for them are skipped when there are none.
+        self.num_faulty = self.num_structured = 0
         # Speculative decoding (engine/speculative; `draft`: the draft model's proposer).
         self.speculator = Speculator(config.speculative, draft) if config.speculative else None
         self.updater = StepUpdate(self._states, scheduler, eos_token_ids, self.speculator)
@@ -142,6 +147,8 @@ class Engine:
         self._states[request.request_id] = RequestState(
             request, self.tokenizer, self.eos_token_ids, request.grammar
         )
+        self.num_faulty += request.params.fault is not None
+        self.num_structured += request.grammar is not None
 
     def add_request(
         self,
@@ -192,17 +199,27 @@ class Engine:
             self.scheduler.take_proposals(Proposals.of(self.speculator.propose_all(wanted)))
 
     def _emit(self, moved: list[RequestState]) -> list[RequestOutput]:
+        """The outputs of the requests that moved. One nobody reads as a stream (`SamplingParams
+        .streamed` false: offline batches, whole-output routes) has outputs until the one that
+        carries its first token, then only its last, whose delta holds everything since."""
         outputs, finished = [], RequestStatus.FINISHED
         for state in moved:  # a finished request's state leaves; its output is its own
             if state.request.status is finished:
                 self._pop(state.request.request_id)
+            elif state.quiet and state.first_token_time is not None:
+                if state.quiet_since_first:
+                    continue
+                state.quiet_since_first = True
             outputs.append(state.output())
         return outputs
 
     def _pop(self, request_id: str) -> RequestState:
         """A request leaves: its generators go with the next step's inputs."""
         self._released.append(request_id)
-        return self._states.pop(request_id)
+        state = self._states.pop(request_id)
+        self.num_faulty -= state.request.params.fault is not None
+        self.num_structured -= state.grammar is not None
+        return state
 
     def _fail(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []

@@ -62,6 +62,9 @@ class RequestState:
             and not p.presence_penalty
             and not p.frequency_penalty
         )
+        # Not read as a stream: no output between its first token's and its last (engine.py).
+        self.quiet = not p.streamed
+        self.quiet_since_first = False  # its first token's output went out
         self.last_draw: Draw | None = None  # a one-sequence request's last (step_update.py)
         self.beam: BeamSearch | None = None
         # An encoder-decoder's answer continues no text: its first space goes as decode drops it.
@@ -178,7 +181,29 @@ class RequestState:
         request = self.request
         finished = request.status is RequestStatus.FINISHED  # (`is_finished`, once)
         if self.plain:  # one sequence, index 0: select_outputs would keep it as is
-            completions = (self._plain_delta(request.seqs[0]),)
+            # `_delta(0, seq)` inline (per row per step): its sent counts in two fields, no
+            # detokenizer looked up when the request has none.
+            seq = request.seqs[0]
+            sent_tokens, sent_chars = self._plain_tokens_sent, self._plain_chars_sent
+            new_ids = tuple(seq.token_ids[seq.num_prompt_tokens + sent_tokens :])
+            self._plain_tokens_sent = sent_tokens + len(new_ids)
+            text = ""
+            if self._detokenizers and (detok := self._detok_done(seq)) is not None:
+                text = detok.take_new_text()
+                self._plain_chars_sent = sent_chars + len(text)
+            completions = (
+                CompletionOutput(
+                    0,
+                    text,
+                    new_ids,
+                    seq.cumulative_logprob,
+                    tuple(seq.logprobs[sent_tokens:]) if self._wants_logprobs else None,
+                    seq.finish_reason,
+                    seq.stop_reason,
+                    sent_chars,
+                    sent_tokens,
+                ),
+            )
         elif self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
         elif finished and keeps_best(request.params) and len(request.seqs) > 1:
@@ -252,29 +277,6 @@ class RequestState:
             seq.stop_reason,
             sent_chars,  # text_offset
             sent_tokens,  # token_offset
-        )
-
-    def _plain_delta(self, seq: TokenSequence) -> CompletionOutput:
-        """`_delta(0, seq)` of a one-sequence request, built once per row per step: its sent
-        counts in two fields, not the per-sequence dict, and no detokenizer looked up when
-        the request has none."""
-        sent_tokens, sent_chars = self._plain_tokens_sent, self._plain_chars_sent
-        new_ids = tuple(seq.token_ids[seq.num_prompt_tokens + sent_tokens :])
-        self._plain_tokens_sent = sent_tokens + len(new_ids)
-        text = ""
-        if self._detokenizers and (detok := self._detok_done(seq)) is not None:
-            text = detok.take_new_text()
-            self._plain_chars_sent = sent_chars + len(text)
-        return CompletionOutput(
-            0,
-            text,
-            new_ids,
-            seq.cumulative_logprob,
-            tuple(seq.logprobs[sent_tokens:]) if self._wants_logprobs else None,
-            seq.finish_reason,
-            seq.stop_reason,
-            sent_chars,
-            sent_tokens,
         )
 
     def _whole(self, index: int, seq: TokenSequence) -> CompletionOutput:

@@ -101,7 +101,8 @@ class StepPipeline:
         try:
             released, e._released = e._released, []
             carried = held.carried(sched) if held is not None else ()
-            step = launch(e.runner, e.updater, e.grammars, e._states, sched, released, carried)
+            grammars = e.grammars if e.num_structured else None  # (no pass over the rows)
+            step = launch(e.runner, e.updater, grammars, e._states, sched, released, carried)
         except FatalEngineError:  # e.g. parallel ranks out of step: no later step can be right
             raise
         except Exception as exc:  # a failed forward ends its requests, never the engine
@@ -121,7 +122,8 @@ class StepPipeline:
             log.exception("engine step failed")
             return outputs + e._fail(sched, exc)
         e._timings.record(sched, time.perf_counter() - start)  # what a stream's ITL sees
-        moved = apply_faults(e.scheduler, moved)  # tests' params.fault
+        if e.num_faulty:  # tests' params.fault
+            moved = apply_faults(e.scheduler, moved)
         if self.overlapped:
             self._lagging = moved
             return outputs
@@ -187,4 +189,4 @@ class StepPipeline:
             held.drop_placeholders()
             return e._fail(held.sched, exc)
         e._timings.record(held.sched, time.perf_counter() - held.launched_at)
-        return e._emit(apply_faults(e.scheduler, moved))
+        return e._emit(apply_faults(e.scheduler, moved) if e.num_faulty else moved)

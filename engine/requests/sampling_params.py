@@ -68,7 +68,8 @@ class SamplingParams:
     # Whether the caller reads the tokens as they come (an SSE stream): only steps that give a
     # streamed request a token are held to the step-time target (scheduler.py). A whole-output
     # request (stream false, an offline batch) has no inter-token latency to protect, so steps
-    # that serve only such requests fill the token budget. Outputs never depend on it.
+    # that serve only such requests fill the token budget, and `Engine.step()` hands out its
+    # first token's output and its last only. Its tokens and text never depend on it.
     streamed: bool = True
     # A grammar the output must follow (JSON schema, regex, choice, Lark); compiled and checked
     # by the engine at request validation (engine/requests/structured_output.py).
