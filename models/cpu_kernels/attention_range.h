@@ -153,17 +153,21 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       int n[kGroupRows];  // row i's keys in this chunk (0: its range ended)
       for (int i = 0; i < R; ++i)
         n[i] = static_cast<int>(std::clamp<int64_t>(k1[i] - c0, 0, kChunk));
-      if (kWiden && R > 1) {  // each row widened once here, not once per row of the group
-        const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
-        if (!kKeysInLanes) tgserve::attn::widen_rows(krows, nk, D, DA, kwide);
-        tgserve::attn::widen_rows(vrows, nk, D, DA, vwide);
-        for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
-          kwrows[i] = kwide + std::min(i, nk - 1) * DA;
-          vwrows[i] = vwide + std::min(i, nk - 1) * DA;
+      // Compiled only where rows are widened: elsewhere the float loops' query packing is not
+      // this cache's (AVX512-BF16 packs bf16 queries for bf16 rows).
+      if constexpr (kWiden) {
+        if (R > 1) {  // each row widened once here, not once per row of the group
+          const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
+          if (!kKeysInLanes) tgserve::attn::widen_rows(krows, nk, D, DA, kwide);
+          tgserve::attn::widen_rows(vrows, nk, D, DA, vwide);
+          for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
+            kwrows[i] = kwide + std::min(i, nk - 1) * DA;
+            vwrows[i] = vwide + std::min(i, nk - 1) * DA;
+          }
+          if constexpr (kKeysInLanes) passes(krows, vwrows, n, g);  // K widened in its transpose
+          else passes(kwrows, vwrows, n, g);
+          continue;
         }
-        if constexpr (kKeysInLanes) passes(krows, vwrows, n, g);  // K widened in its transpose
-        else passes(kwrows, vwrows, n, g);
-        continue;
       }
       passes(krows, vrows, n, g);
     }
