@@ -1,0 +1,166 @@
+"""Where int8 K/V's error comes from: which layers, K or V, which positions (PERFORMANCE.md).
+
+`python -m bench.kv_error_map [--model PATH] [--greedy] NAME=SPEC ...` builds one engine with a
+float32 K/V cache on the PyTorch layers and the C++ attention (the C++ step appends its own K/V,
+so it is set aside), scores the 10 passages of bench/kv_cache_quality once as they are, then
+once per NAME with the K/V rows SPEC picks rounded through int8 rows on their way into the
+cache (models/kv_quant.py's quantize_rows then dequantize_rows: the values the int8 cache's
+attention reads), and prints one JSON line each: the mean and max change of a token's
+log-probability against the float cache, and the bits-per-byte change. `--greedy` adds the 8 +
+16 prompts' greedy counts (48 tokens each, bench/kv_cache_quality's sets). A simulation: the
+figures of record are bench.kv_cache_quality's, on the engine's own int8 cache.
+
+SPEC: comma-separated `k:LAYERS`, `v:LAYERS` (default `all` each), `sink:N` (positions
+0..N-1 of every sequence kept exact), `kbits:B` / `vbits:B` (keys / values rounded as the int8
+rows are but to B-bit integers, [-(2^(B-1) - 1), 2^(B-1) - 1]: what more bits would buy; default
+8 = the int8 rows themselves) and `kfloat:bfloat16` / `vfloat:float16` (rounded to that dtype
+instead, as a cache of it would hold them). LAYERS: `all`, `none`, `3`, `0-4`, `0+29`, or `~` then
+one of those (every layer but those). `k:0-4,v:none` rounds the keys of layers 0-4 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+from bench.activation_quant_quality import PROMPTS
+from bench.kv_cache_quality import more_prompts, passages, scored
+from engine import Engine, EngineConfig, SamplingParams
+from models import attention_backend, forward_path
+from models.kv_quant import dequantize_rows, quantize_rows, rotation_block, walsh_hadamard
+
+Rounding = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple]
+
+
+def layer_set(text: str, num_layers: int) -> set[int]:
+    """`all`, `none`, `3`, `0-4`, `0+29`, or `~` before one of those (its complement)."""
+    if text.startswith("~"):
+        return set(range(num_layers)) - layer_set(text[1:], num_layers)
+    if text in ("all", "none"):
+        return set(range(num_layers)) if text == "all" else set()
+    if "-" in text:
+        lo, hi = (int(x) for x in text.split("-"))
+        return set(range(lo, hi + 1))
+    return {int(x) for x in text.split("+")}
+
+
+def rounded(x: torch.Tensor, bits: int, dtype: str | None) -> torch.Tensor:
+    """x [..., D] as a cache of those rows would give it back (see the module doc)."""
+    if dtype is not None:
+        return x.to(getattr(torch, dtype)).to(x.dtype)
+    if bits == 8:
+        return dequantize_rows(quantize_rows(x)).to(x.dtype)
+    qmax = 2.0 ** (bits - 1) - 1
+    y = walsh_hadamard(x.double())
+    scale = (y.abs().amax(dim=-1, keepdim=True) / qmax).clamp_min(1e-30)
+    return (walsh_hadamard(torch.round(y / scale) * scale) / rotation_block(x.shape[-1])).to(
+        x.dtype
+    )
+
+
+def rounding(spec: str, num_layers: int) -> Rounding:
+    """(k, v [tokens, kv_heads, D], layer, positions [tokens]) -> the (k, v) the cache gets."""
+    parts = dict(p.split(":") for p in spec.split(",") if p)
+    keys = layer_set(parts.get("k", "all"), num_layers)
+    values = layer_set(parts.get("v", "all"), num_layers)
+    sink = int(parts.get("sink", 0))
+    kbits, vbits = int(parts.get("kbits", 8)), int(parts.get("vbits", 8))
+    kfloat, vfloat = parts.get("kfloat"), parts.get("vfloat")
+
+    def apply(k: torch.Tensor, v: torch.Tensor, layer: int, positions: torch.Tensor) -> tuple:
+        exact = (positions < sink)[:, None, None]  # [tokens, 1, 1]
+        if layer in keys:
+            k = torch.where(exact, k, rounded(k, kbits, kfloat))
+        if layer in values:
+            v = torch.where(exact, v, rounded(v, vbits, vfloat))
+        return k, v
+
+    return apply
+
+
+@contextmanager
+def rounded_writes(layer_of: dict[int, int], current: list[Rounding | None]):
+    """The PyTorch layers' K/V appends through `current[0]` (None: as they are); `layer_of`
+    maps a K cache's address to its layer."""
+    backend = attention_backend.CppAttentionBackend
+    original_write, original_paths = backend.write_kv, forward_path.BACKENDS_BY_DEVICE["cpu"]
+
+    def write_kv(self, cache, k, v, meta) -> None:
+        if current[0] is not None:
+            spans = zip(meta.seq_lens_list, meta.query_lens, strict=True)
+            positions = torch.cat([torch.arange(end - n, end) for end, n in spans])
+            k, v = current[0](k, v, layer_of[cache[0].data_ptr()], positions)
+        original_write(self, cache, k, v, meta)
+
+    backend.write_kv = write_kv
+    forward_path.BACKENDS_BY_DEVICE["cpu"] = ("pytorch_cpu",)
+    try:
+        yield
+    finally:
+        backend.write_kv = original_write
+        forward_path.BACKENDS_BY_DEVICE["cpu"] = original_paths
+
+
+def measure(engine: Engine, greedy: bool) -> tuple[list, list]:
+    tokens = []
+    if greedy:
+        params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+        prompts = list(PROMPTS) + more_prompts(16)
+        tokens = [out.outputs[0].token_ids for out in engine.generate(prompts, params)]
+    return tokens, scored(engine, passages())
+
+
+def compare(base: tuple[list, list], test: tuple[list, list]) -> dict:
+    (want, ref), (got, new) = base, test
+    pairs = [(a, b) for pa, pb in zip(ref, new, strict=True) for a, b in zip(pa, pb, strict=True)]
+    nbytes = sum(len(t.encode()) for t in passages())
+
+    def bpb(s: list) -> float:
+        return -sum(t.logprob for p in s for t in p) / math.log(2) / nbytes
+
+    out = {
+        "mean_abs_logprob_change": round(
+            sum(abs(a.logprob - b.logprob) for a, b in pairs) / len(pairs), 5
+        ),
+        "max_abs_logprob_change": round(max(abs(a.logprob - b.logprob) for a, b in pairs), 4),
+        "bits_per_byte_change": f"{100 * (bpb(new) / bpb(ref) - 1):+.3f}%",
+    }
+    if want:
+        same = [w == g for w, g in zip(want, got, strict=True)]
+        n = len(PROMPTS)
+        out["greedy_unchanged"] = f"{sum(same[:n])} / {n}"
+        out["more_prompts_unchanged"] = f"{sum(same[n:])} / {len(same) - n}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kv_error_map")
+    parser.add_argument("--model", default=None, help="model path (default: the default model)")
+    parser.add_argument("--greedy", action="store_true", help="also the 8 + 16 greedy counts")
+    parser.add_argument("variants", nargs="+", metavar="NAME=SPEC")
+    args = parser.parse_args(argv)
+    current: list[Rounding | None] = [None]
+    layer_of: dict[int, int] = {}
+    with rounded_writes(layer_of, current):
+        config = EngineConfig(
+            dtype="float32", enable_prefix_caching=False, activation_quantization=None
+        )
+        engine = Engine.from_model(args.model, config)
+        caches = engine.runner.kv_caches
+        layer_of.update({k.data_ptr(): i for i, (k, _v) in enumerate(caches)})
+        base = measure(engine, args.greedy)
+        for variant in args.variants:
+            name, spec = variant.split("=", 1)
+            current[0] = rounding(spec, len(caches))
+            result = {"variant": name, "spec": spec, **compare(base, measure(engine, args.greedy))}
+            print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
