@@ -6,8 +6,9 @@
 - `pack_blocks`, `block_linear`, `block_rows` (block_linear.cpp: GGUF Q4_0 / Q4_1 / Q8_0;
   kquant_linear.cpp: Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K; mixed_blocks.cpp: layers whose row
   segments mix those): weights kept as stored, unpacked in registers (models/block_linear.py).
-- `q8_quantize`, `q8_linear`, `q8_isa` (q8_linear.cpp): int8 activations against Q8 panels
-  (`--activation-quantization int8`, models/activation_quant.py).
+- `q8_quantize`, `q8_linear`, `q8_isa` (q8_linear.cpp; q8_quantize.cpp, q8_bindings.cpp): int8
+  and int16 activations against Q8 panels (`--activation-quantization int8 | int16`,
+  models/activation_quant.py).
 - `read_probe` (read_probe.cpp): one pass of the bench's memory read probe
   (bench/machine_limits.py); a tool, no kernel uses it.
 - `LlamaDecoder` (decoder.cpp): a whole forward step (decodes and prefill chunks) of a
@@ -57,6 +58,8 @@ _SOURCES = (
     "kquant_linear.cpp",
     "mixed_blocks.cpp",
     "q8_linear.cpp",
+    "q8_quantize.cpp",
+    "q8_bindings.cpp",
     "decoder.cpp",
     "step_region.cpp",
     "moe_block.cpp",
@@ -78,6 +81,8 @@ KERNEL_SETS = {
         "kquant_linear.cpp",
         "mixed_blocks.cpp",
         "q8_linear.cpp",
+        "q8_quantize.cpp",
+        "q8_bindings.cpp",
         "bindings.cpp",
     ),
 }

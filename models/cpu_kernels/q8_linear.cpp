@@ -1,12 +1,13 @@
-// Linear layers with int8 activations over Q8 panels (the contract and the layout: q8_linear.h;
-// the integer sums per ISA: q8_dot.h). The activations are quantised once per call into a
-// scratch ([M, K] int8 + a scale and a sum per block of 32); a pass then runs up to kRows rows
-// against kPanels panels block by block: the integer sums of the block (q8_dot.h), then the
-// float32 epilogue, lane-wise and IEEE (simd16.h: one zmm, two ymm, or the scalar loop: the
-// same bits); AVX512-VNNI builds keep the sums in zmm registers (pass_vnni), AVX2 builds do so
-// for one or two rows (q8_avx2.h) and in tiles of up to kRows rows x one panel
-// (q8_rows_avx2.h). Threads split the panel pairs (each row's order is the same
-// whoever runs it).
+// Linear layers with int8 or int16 activations over Q8 panels (the contract and the layout:
+// q8_linear.h; the integer sums per ISA: q8_dot.h; the activations' quantisers:
+// q8_quantize.cpp; the Python bindings: q8_bindings.cpp). The activations are quantised once
+// per call into a scratch ([M, K] int8 or int16 + a scale and a sum per block of 32); a pass
+// then runs up to kRows rows against kPanels panels block by block: the integer sums of the
+// block (q8_dot.h), then the float32 epilogue, lane-wise and IEEE (simd16.h: one zmm, two ymm,
+// or the scalar loop: the same bits); AVX512-VNNI builds keep the sums in zmm registers
+// (pass_vnni), AVX2 builds do so for one or two rows (q8_avx2.h) and in tiles of up to kRows
+// rows x one panel (q8_rows_avx2.h); int16 rows run q16_avx2.h. Threads split the panel pairs
+// (each row's order is the same whoever runs it).
 #include "q8_linear.h"
 
 #include <torch/extension.h>
@@ -22,7 +23,6 @@
 #include "q8_avx2.h"
 #include "q8_dot.h"
 #include "q16_avx2.h"
-#include "q16_dot.h"
 #include "q8_rows_avx2.h"
 #include "simd16.h"
 
@@ -281,112 +281,7 @@ int activation_bits(int kind) {
   return f.bytes == 0 ? 0 : f.act16 ? 16 : 8;
 }
 
-namespace {
-
-// block(i) for the M * K / 32 blocks of rows [M, K]: few rows (a decode's, or a thread's own in
-// step_region.h) on the calling thread, with no team at all (an `if (false)` region still starts
-// one of one thread); more over the threads.
-template <typename Block>
-void each_block(int64_t M, int64_t K, const Block& block) {
-  const int64_t count = M * (K / kBlock);
-  if (M * K < 65536) {
-    for (int64_t i = 0; i < count; ++i) block(i);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < count; ++i) block(i);
-}
-
-}  // namespace
-
 int64_t q8_block_bytes(int kind) { return layout_of(kind).bytes; }
-
-template <typename T>
-void q8_quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* dx, int32_t* sx) {
-  const int64_t nb = K / kBlock;
-  const auto block = [&](int64_t i) {
-    const T* src = x + i * kBlock;  // row i / nb, block i % nb: rows are K = nb * 32 apart
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    // The loop below, 16 lanes at a time, one IEEE operation per step as there: max_ps(|v|,
-    // amax) keeps amax where v is NaN (as std::max(amax, |v|) does), vcvtps2dq rounds to nearest
-    // even (nearbyint in the default mode; NaN -> INT_MIN, clamped to -127 as the cast's value).
-    __m512 v[2];
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (std::is_same_v<T, float>) {
-        v[h] = _mm512_loadu_ps(src + 16 * h);
-      } else {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * h));
-        v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-      }
-    }
-    const __m512 top = _mm512_max_ps(_mm512_abs_ps(v[1]),
-                                     _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps()));
-    const float amax = _mm512_reduce_max_ps(top);
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    __m512i total = _mm512_setzero_si512();
-    for (int h = 0; h < 2; ++h) {
-      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], _mm512_set1_ps(inv)));
-      q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + i * kBlock + 16 * h), _mm512_cvtepi32_epi8(q));
-      total = _mm512_add_epi32(total, q);
-    }
-    dx[i] = d;
-    sx[i] = _mm512_reduce_add_epi32(total);
-#elif defined(__AVX2__)
-    // The same steps 8 lanes at a time (before: the loop below, whose std::nearbyint is a libm
-    // call saving the FP environment per value: 4% of an AVX2 int8 decode step at one thread).
-    // max_ps(|v|, amax) keeps amax where v is NaN; the lanes' maxima and the integer sum are
-    // exact in any order; vcvtps2dq rounds to nearest even, NaN -> INT_MIN (clamped to -127).
-    __m256 v[4];
-    const float amax = q16_dot::load_block_avx2(src, v);
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    __m256i q[4];
-    __m256i total = _mm256_setzero_si256();
-    for (int h = 0; h < 4; ++h) {
-      q[h] = _mm256_cvtps_epi32(_mm256_mul_ps(v[h], _mm256_set1_ps(inv)));
-      q[h] = _mm256_min_epi32(_mm256_max_epi32(q[h], _mm256_set1_epi32(-127)),
-                              _mm256_set1_epi32(127));
-      total = _mm256_add_epi32(total, q[h]);
-    }
-    // packs work per 128-bit lane: [q0 lo, q1 lo, q2 lo, q3 lo | q0 hi, ...] in 4-byte groups
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + i * kBlock),
-                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    dx[i] = d;
-    sx[i] = q16_dot::sum_epi32_avx2(total);
-#else
-    float v[kBlock], amax = 0.0f;
-    for (int e = 0; e < kBlock; ++e) {
-      v[e] = static_cast<float>(src[e]);
-      amax = std::max(amax, std::fabs(v[e]));
-    }
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    int32_t sum = 0;
-    for (int e = 0; e < kBlock; ++e) {
-      // nearbyint: to nearest even (the default rounding mode), as vcvtps2dq
-      const int q = static_cast<int>(std::nearbyint(v[e] * inv));
-      const int8_t c = static_cast<int8_t>(std::clamp(q, -127, 127));
-      xq[i * kBlock + e] = c;
-      sum += c;
-    }
-    dx[i] = d;
-    sx[i] = sum;
-#endif
-  };
-  (void)nb;
-  each_block(M, K, block);
-}
-
-template <typename T>
-void q8_quantize_rows(const T* x, int64_t M, int64_t K, int16_t* xq, float* dx, int32_t* sx) {
-  each_block(M, K, [&](int64_t i) {  // row i / nb, block i % nb: rows are K apart
-    q16_dot::quantize_block(x + i * kBlock, xq + i * kBlock, dx[i], sx[i]);
-  });
-}
 
 namespace {
 
@@ -467,13 +362,6 @@ void q8_linear_panels(const A* xq, const float* dx, const int32_t* sx, int64_t M
   }
 }
 
-#define TGSERVE_INSTANTIATE(T, A) \
-  template void q8_quantize_rows<T>(const T*, int64_t, int64_t, A*, float*, int32_t*);
-TGSERVE_INSTANTIATE(float, int8_t)
-TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
-TGSERVE_INSTANTIATE(float, int16_t)
-TGSERVE_INSTANTIATE(c10::BFloat16, int16_t)
-#undef TGSERVE_INSTANTIATE
 #define TGSERVE_INSTANTIATE(T, OutT)                                                          \
   template void q8_linear<T, OutT>(const T*, int64_t, int64_t, const uint8_t*, int, const T*, \
                                    OutT*, int64_t);
@@ -490,98 +378,5 @@ TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
 TGSERVE_INSTANTIATE(float, int16_t)
 TGSERVE_INSTANTIATE(c10::BFloat16, int16_t)
 #undef TGSERVE_INSTANTIATE
-
-// Python bindings (models/activation_quant.py wraps them with the shape checks).
-namespace {
-
-torch::Tensor checked_rows(const torch::Tensor& x, const char* what) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), what, ": x must be a contiguous [M, K] tensor");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, what,
-              ": x must be float32 or bfloat16");
-  TORCH_CHECK(x.size(1) % kBlock == 0, what, ": K must be a multiple of 32, got ", x.size(1));
-  return x;
-}
-
-// x [M, K] -> (xq [M, K] int8 (A = int8_t) or int16, dx [M, K / 32] float32, sx [M, K / 32]
-// int32).
-template <typename A>
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize(torch::Tensor x) {
-  checked_rows(x, "q8_quantize");
-  const int64_t M = x.size(0), K = x.size(1);
-  torch::Tensor xq = torch::empty({M, K}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
-  auto dx = torch::empty({M, K / kBlock}, x.options().dtype(at::kFloat));
-  auto sx = torch::empty({M, K / kBlock}, x.options().dtype(at::kInt));
-  A* q = xq.data_ptr<A>();
-  if (x.scalar_type() == at::kFloat)
-    q8_quantize_rows(x.data_ptr<float>(), M, K, q, dx.data_ptr<float>(), sx.data_ptr<int32_t>());
-  else
-    q8_quantize_rows(static_cast<const c10::BFloat16*>(x.data_ptr()), M, K, q,
-                     dx.data_ptr<float>(), sx.data_ptr<int32_t>());
-  return {xq, dx, sx};
-}
-
-// x [M, K] @ W^T (+ bias) from Q8 panels -> [M, N] float32 (float_out) or in x's dtype.
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t kind, int64_t N,
-                     c10::optional<torch::Tensor> bias, bool float_out) {
-  checked_rows(x, "q8_linear");
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(is_q8_kind(static_cast<int>(kind)), "q8_linear: unknown kind ", kind);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
-                  packed.size(0) == (N + kPanel - 1) / kPanel &&
-                  packed.size(1) == K / kBlock * q8_block_bytes(static_cast<int>(kind)),
-              "q8_linear: the packed weight does not match N = ", N, " and K = ", K);
-  TORCH_CHECK(!bias || (bias->scalar_type() == x.scalar_type() && bias->numel() == N &&
-                        bias->is_contiguous()),
-              "q8_linear: bias must be [N] in x's dtype");
-  auto y = torch::empty({M, N}, x.options().dtype(float_out ? at::kFloat : x.scalar_type()));
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const int t = static_cast<int>(kind);
-  if (x.scalar_type() == at::kFloat) {
-    const float* b = bias ? bias->data_ptr<float>() : nullptr;
-    q8_linear<float, float>(x.data_ptr<float>(), M, K, wp, t, b, y.data_ptr<float>(), N);
-    return y;
-  }
-  using BF = c10::BFloat16;
-  const BF* xp = static_cast<const BF*>(x.data_ptr());
-  const BF* b = bias ? static_cast<const BF*>(bias->data_ptr()) : nullptr;
-  if (float_out)
-    q8_linear<BF, float>(xp, M, K, wp, t, b, y.data_ptr<float>(), N);
-  else
-    q8_linear<BF, BF>(xp, M, K, wp, t, b, static_cast<BF*>(y.data_ptr()), N);
-  return y;
-}
-
-// The integer path this build runs (for the tests and the startup log).
-std::string isa() {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  return "avx512_vnni";
-#elif defined(__AVX2__)
-  return "avx2";
-#else
-  return "scalar";
-#endif
-}
-std::string q16_isa() {
-#if defined(TGSERVE_Q16_AVX2)
-  return "avx2";
-#else
-  return "scalar";
-#endif
-}
-
-}  // namespace
-
-void bind_q8_linear(pybind11::module& m) {
-  namespace py = pybind11;
-  m.def("q8_quantize", &quantize<int8_t>, "int8 activations per block of 32 (see q8_linear.h)",
-        py::arg("x"));
-  m.def("q16_quantize", &quantize<int16_t>,
-        "int16 activations per block of 32 (see q16_dot.h)", py::arg("x"));
-  m.def("q8_linear", &linear, "linear layer with int8 activations (see q8_linear.h)",
-        py::arg("x"), py::arg("packed"), py::arg("kind"), py::arg("n"), py::arg("bias"),
-        py::arg("float_out"));
-  m.def("q8_isa", &isa, "the integer dot product this build runs: avx512_vnni, avx2, scalar");
-  m.def("q16_isa", &q16_isa, "the int16 activations' integer path of this build: avx2, scalar");
-}
 
 }  // namespace tgserve
