@@ -118,6 +118,7 @@ _HEADERS = (
     "q8_rows_avx2.h",
     "q16_dot.h",
     "q16_avx2.h",
+    "q16_tile.h",
     "aligned_scratch.h",
 )
 

@@ -6,8 +6,9 @@ and the float epilogue is one lane-wise IEEE sequence, so unlike the bf16 block 
 build must match the native one bit for bit, float32 and bfloat16 activations alike. The builds
 are those of tests/models/test_kernel_isa_builds.py (-march=haswell, icelake-server where the
 CPU runs them, x86-64-v2 everywhere); each reports the integer path it compiled. int16 runs
-q16_avx2.h's vpmaddwd pass in every AVX2 build (AVX-512 ones too) and the scalar loops on
-x86-64-v2: exact int32 sums there too, the same epilogue.
+q16_avx2.h's vpmaddwd pass in every AVX2 build (AVX-512 ones too) for up to 7 rows and
+q16_tile.h's tile over widened panels from 8 rows on (m = 9, 40 below), and the scalar loops on
+x86-64-v2: exact int32 sums everywhere, the same epilogue.
 """
 
 from __future__ import annotations
