@@ -41,8 +41,8 @@ from engine.config import EngineConfig
 
 AUTO = "auto"
 FORCED = ("int8", "int16")
-# Measured (AVX2 Zen 3, one thread, CPU time, default model): batch-1 decode 1.2-1.3x the float
-# block kernels, prefill 0.7x, 32-row batches 0.92x; False keeps float activations by default.
+# Measured (AVX2 Zen 3, default model, PERFORMANCE.md): batch-1 decode 1.3x the float block
+# kernels, prefill even, 8+ row tiles 1.2-1.3x the float tile; False keeps float by default.
 INT16_BY_DEFAULT = True
 
 
