@@ -86,15 +86,17 @@ def rounding(spec: str, num_layers: int) -> Rounding:
 @contextmanager
 def rounded_writes(layer_of: dict[int, int], current: list[Rounding | None]):
     """The PyTorch layers' K/V appends through `current[0]` (None: as they are); `layer_of`
-    maps a K cache's address to its layer."""
+    maps a K cache's address to its layer, numbered in the order a forward first writes them
+    (the layers run in order; the engine's runner stays behind its front door)."""
     backend = attention_backend.CppAttentionBackend
     original_write, original_paths = backend.write_kv, forward_path.BACKENDS_BY_DEVICE["cpu"]
 
     def write_kv(self, cache, k, v, meta) -> None:
+        layer = layer_of.setdefault(cache[0].data_ptr(), len(layer_of))
         if current[0] is not None:
             spans = zip(meta.seq_lens_list, meta.query_lens, strict=True)
             positions = torch.cat([torch.arange(end - n, end) for end, n in spans])
-            k, v = current[0](k, v, layer_of[cache[0].data_ptr()], positions)
+            k, v = current[0](k, v, layer, positions)
         original_write(self, cache, k, v, meta)
 
     backend.write_kv = write_kv
@@ -151,12 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             dtype="float32", enable_prefix_caching=False, activation_quantization=None
         )
         engine = Engine.from_model(args.model, config)
-        caches = engine.runner.kv_caches
-        layer_of.update({k.data_ptr(): i for i, (k, _v) in enumerate(caches)})
-        base = measure(engine, args.greedy)
+        base = measure(engine, args.greedy)  # its first forward numbers the layers' caches
         for variant in args.variants:
             name, spec = variant.split("=", 1)
-            current[0] = rounding(spec, len(caches))
+            current[0] = rounding(spec, len(layer_of))
             result = {"variant": name, "spec": spec, **compare(base, measure(engine, args.greedy))}
             print(json.dumps(result), flush=True)
     return 0
