@@ -12,6 +12,9 @@ timeout. Each connection:
   read before the API key is checked, so this holds for clients without a key too;
 - must send its whole body within `--body-timeout` seconds of its headers, else `408` (or, once
   a response has begun, just closed); the route sees a disconnect (an info line, never a 500);
+  a 408 is followed by a lingering close: FIN after the response, then what the client still
+  sends is read and dropped until it closes or `LINGER_S` pass (closing a socket with unread
+  bytes sends a reset, which can discard the 408 before the client has read it);
 - is closed after `--max-requests-per-connection` responses, and after `--keep-alive-timeout`
   idle seconds between requests (uvicorn's own timer).
 Refusals and timeouts call `on_refusal(reason)` ("connections", "header_timeout",
@@ -34,6 +37,7 @@ from server.settings import Settings
 
 logger = logging.getLogger("tgserve.connections")
 FD_RESERVE = 128  # descriptors kept for the model files, logs, pipes and the engine
+LINGER_S = 2.0  # how long a connection answered 408 is drained before it is closed
 
 
 def connection_cap(requested: int) -> int:
@@ -84,6 +88,7 @@ class _Guarded(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._lingering = False  # answered 408: its bytes are dropped until it closes
         self._served = 0
         self._deadline: asyncio.TimerHandle | None = None
         if len(self.connections) > self.max_connections:
@@ -94,6 +99,11 @@ class _Guarded(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:  # after a 408: read so the close stays a FIN, and dropped
+            return
+        super().data_received(data)
 
     def handle_events(self) -> None:
         before = self.conn.their_state
@@ -147,4 +157,10 @@ class _Guarded(H11Protocol):
             f"content-length: {len(body)}\r\nconnection: close\r\nretry-after: 1\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
+        if status == 408 and self.transport.can_write_eof():  # the lingering close (above)
+            self._lingering = True
+            self.transport.write_eof()
+            self.transport.resume_reading()  # drained even if flow control had paused it
+            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+            return
         self.transport.close()
