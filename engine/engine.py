@@ -144,11 +144,10 @@ class Engine:
         if request.request_id in self._states:
             raise ValueError(f"request id {request.request_id!r} is already in use (unique ids)")
         self.intake.adapters.admit(request, self.scheduler.add_request)  # a LoRA slot, queued
-        self._states[request.request_id] = RequestState(
-            request, self.tokenizer, self.eos_token_ids, request.grammar
-        )
+        state = RequestState(request, self.tokenizer, self.eos_token_ids, request.grammar)
+        self._states[request.request_id] = state
         self.num_faulty += request.params.fault is not None
-        self.num_structured += request.grammar is not None
+        self.num_structured += state.grammar is not None
 
     def add_request(
         self,

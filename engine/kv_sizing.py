@@ -71,15 +71,13 @@ def num_kv_blocks(
     return blocks
 
 
-def kv_cache_dtype_refusal(
-    config: EngineConfig, device_type: str, model_dtype: str | None = None
-) -> str | None:
+def kv_cache_dtype_refusal(config: EngineConfig, device_type: str, model_dtype: str) -> str | None:
     """Why `config.kv_cache_dtype` cannot be served on `device` (None: it can). int8 rows are
     read by the C++ paged attention on a CPU; fp8 rows by the Triton paged kernels on CUDA
     (models/forward_path.py refuses a path that cannot read the cache it is given); float16
     rows are a float32 model's (`model_dtype`, resolved) on a CPU, or a float16 model's own."""
     kind = config.kv_cache_dtype
-    if kind == "float16" and model_dtype is not None:
+    if kind == "float16":
         return _float16_refusal(device_type, model_dtype)
     if kind == "int8" and device_type != "cpu":
         return (

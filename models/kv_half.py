@@ -16,9 +16,8 @@ tiers (whose keys name the cache's dtype) move the rows as bytes.
 Readers widen every value exactly to float32 (the C++ paged attention's (float, half) instance,
 the PyTorch key-block attention's `.float()`), so a float16 cache's attention is the float32
 attention over the rounded rows, bit for bit.
-- `KV_CACHE_DTYPE` ("float16") / `CACHE_DTYPE`: the option's name and the cache's element type;
-  `serves(model_dtype)`: whether a model of that dtype may use it (float32; a float16 model's
-  cache is float16 already).
+- `KV_CACHE_DTYPE` ("float16") / `CACHE_DTYPE`: the option's name and the cache's element type
+  (which models may use it: engine/kv_sizing.py's refusal).
 - `to_half_rows(x [..., D]) -> float16 [..., D]` (any float dtype in).
 """
 
@@ -29,11 +28,6 @@ import torch
 KV_CACHE_DTYPE = "float16"
 CACHE_DTYPE = torch.float16
 HALF_MAX = 65504.0  # torch.finfo(torch.float16).max
-
-
-def serves(model_dtype: torch.dtype) -> bool:
-    """Whether a model computing in `model_dtype` may keep a float16 K/V cache."""
-    return model_dtype in (torch.float32, torch.float16)
 
 
 def to_half_rows(x: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ def test_the_pool_holds_about_twice_the_tokens_of_bf16() -> None:
     ],
 )
 def test_only_cuda_serves_fp8(device, message) -> None:
-    refusal = kv_cache_dtype_refusal(EngineConfig(kv_cache_dtype="fp8"), device)
+    refusal = kv_cache_dtype_refusal(EngineConfig(kv_cache_dtype="fp8"), device, "bfloat16")
     assert refusal == (message and f"--kv-cache-dtype {message}")
 
 
