@@ -51,6 +51,10 @@ LAYOUTS: dict[str, dict[str, str]] = {
 # The sample fields read back (by name: a tree's samples need not be this tree's dataclasses).
 LATENCY_FIELDS = ("prompt_tokens", "output_tokens", "prefill_s", "decode_s")
 THROUGHPUT_FIELDS = ("num_requests", "prompt_tokens", "output_tokens", "elapsed_s")
+# Values later trees added to an option that an earlier tree spells None: its float activations
+# were None ("none" now), and None was its default (what "auto" now names), e.g. cd83ed6 refuses
+# "none" and "auto" for activation_quantization.
+NONE_SPELLINGS: dict[str, tuple[str, ...]] = {"activation_quantization": ("none", "auto")}
 
 
 def _module_file(tree: Path, module: str) -> Path | None:
@@ -76,6 +80,13 @@ def _import_layout(tree: Path) -> tuple[str, dict[str, Any]]:
     raise RuntimeError(f"{tree} holds no tgserve bench backend (looked for {tried})")
 
 
+def _tree_value(field: dataclasses.Field, value: Any) -> Any:
+    """`value` as the tree's option `field` spells it (NONE_SPELLINGS where it defaults to None)."""
+    if field.default is None and value in NONE_SPELLINGS.get(field.name, ()):
+        return None
+    return value
+
+
 class Worker:
     def __init__(self, tree: Path, out: TextIO) -> None:
         self.tree = tree
@@ -92,15 +103,17 @@ class Worker:
         if threads:
             importlib.import_module("torch").set_num_threads(threads)
         options_cls = self.modules["options"].BackendOptions
-        known = {f.name for f in dataclasses.fields(options_cls)}
+        known = {f.name: f for f in dataclasses.fields(options_cls)}
         source = self.modules["model_source"].resolve_model(model)
-        tree_options = options_cls(**{k: v for k, v in options.items() if k in known})
+        tree_options = options_cls(
+            **{k: _tree_value(known[k], v) for k, v in options.items() if k in known}
+        )
         self.backend = self.modules["backend"].load(source, tree_options)
         return {
             "name": self.backend.name,
             "note": getattr(self.backend, "note", ""),
             "layout": layout,
-            "ignored_options": sorted(set(options) - known),
+            "ignored_options": sorted(set(options) - set(known)),
         }
 
     def _request(self, data: dict[str, Any]) -> Any:

@@ -191,3 +191,21 @@ def test_a_tree_in_the_earlier_layout_gets_its_own_options_and_requests(
     err = capfd.readouterr().err
     assert "no option for quantization='int8'" in err and "loading" in err and "closed" in err
     assert sys.modules.get("server.bench") is None  # the old layout never entered this process
+
+
+def test_an_earlier_trees_none_takes_the_spellings_later_trees_gave_it() -> None:
+    from dataclasses import dataclass, fields
+
+    from bench.backends.tree_worker import _tree_value
+
+    @dataclass(frozen=True)
+    class Earlier:  # cd83ed6's field: None (float, its default) or "int8"
+        activation_quantization: str | None = None
+        dtype: str = "auto"
+
+    earlier = {f.name: f for f in fields(Earlier)}
+    later = {f.name: f for f in fields(BackendOptions)}  # this tree's: "auto" by default
+    for value, want in (("auto", None), ("none", None), ("int8", "int8"), ("int16", "int16")):
+        assert _tree_value(earlier["activation_quantization"], value) == want
+    assert _tree_value(later["activation_quantization"], "none") == "none"  # a tree that knows it
+    assert _tree_value(earlier["dtype"], "auto") == "auto"  # only the field that changed
