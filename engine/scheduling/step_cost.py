@@ -7,7 +7,10 @@ Model (three non-negative coefficients):
             attends causally to s+1 .. s+n keys: `chunk_pairs(s, n) = n*s + n*(n+1)/2`
 Fit: least squares weighted by recency (each new step multiplies the old weights by `decay`,
 since the machine's speed drifts), with every coefficient >= 0 (the best of the 7 active sets,
-solved on the 3x3 normal equations), so no fit ever promises a free row or a free pair.
+solved on the 3x3 normal equations), so no fit ever promises a free row or a free pair. The
+last fit's active set is tried first and kept when it is still optimal (the KKT conditions:
+its solution >= 0, no coefficient held at 0 that would lower the loss by growing): in the
+steady state the set stays, and one refit costs two solves instead of seven (issue 38).
 Until `min_samples` steps were observed `ready` is False; meanwhile `rough_per_row` (seconds per
 row of the largest step timed so far: its fixed part spread over its rows) is a prior a caller
 may size steps with, and None before the first step.
@@ -53,6 +56,7 @@ class StepCostModel:
         self.max_rows_seen = 0
         self.rough_per_row: float | None = None
         self.coefficients = (0.0, 0.0, 0.0)  # fixed s, s per row, s per pair (unscaled)
+        self._active: tuple[int, ...] = _SUBSETS[-1]  # the free coefficients of the last fit
 
     @property
     def ready(self) -> bool:
@@ -78,7 +82,7 @@ class StepCostModel:
         if rows >= self.max_rows_seen:
             self.rough_per_row = seconds / rows
         self.max_rows_seen = max(self.max_rows_seen, rows)
-        theta = _non_negative_fit(self._xx, self._xy)
+        theta, self._active = _non_negative_fit(self._xx, self._xy, self._active)
         self.coefficients = (theta[0], theta[1] * _ROW_SCALE, theta[2] * _PAIR_SCALE)
 
     def trusted_rows(self) -> int:
@@ -107,15 +111,21 @@ class StepCostModel:
         return max(0, min(want, int(n)))
 
 
-def _non_negative_fit(xx: list[list[float]], xy: list[float]) -> list[float]:
-    """argmin ||y - X theta||^2 over theta >= 0 from the normal equations: the unconstrained
-    solution when it is >= 0 (then no constrained one does better; one solve instead of seven:
-    a step's `observe` 62 -> 22 us on a mix of decode and prefill steps), else the best of the
-    solutions on each subset of free coefficients whose values are all >= 0."""
+def _non_negative_fit(
+    xx: list[list[float]], xy: list[float], warm: tuple[int, ...] = _SUBSETS[-1]
+) -> tuple[list[float], tuple[int, ...]]:
+    """argmin ||y - X theta||^2 over theta >= 0 from the normal equations, and its free set:
+    the unconstrained solution when it is >= 0 (then no constrained one does better; one solve
+    instead of seven: a step's `observe` 62 -> 22 us on a mix of decode and prefill steps), else
+    the solution on the `warm` set (the last fit's) when the KKT conditions say it is optimal,
+    else the best of the solutions on each subset of free coefficients whose values are >= 0."""
     full = _subset_solution(xx, xy, _SUBSETS[-1])
     if full is not None:
-        return full
-    best, best_loss = [0.0, 0.0, 0.0], 0.0  # theta = 0: loss relative to sum(w y^2) is 0
+        return full, _SUBSETS[-1]
+    theta = _subset_solution(xx, xy, warm) if 0 < len(warm) < 3 else None
+    if theta is not None and _optimal(xx, xy, theta, warm):
+        return theta, warm
+    best, best_loss, best_set = [0.0, 0.0, 0.0], 0.0, ()  # theta = 0: loss - sum(w y^2) is 0
     for subset in _SUBSETS[:-1]:  # (all three free: no solution >= 0, just seen)
         theta = _subset_solution(xx, xy, subset)
         if theta is None:
@@ -129,8 +139,20 @@ def _non_negative_fit(xx: list[list[float]], xy: list[float]) -> list[float]:
             linear += theta[i] * xy[i]
         loss = quad - 2 * linear
         if loss < best_loss:
-            best, best_loss = theta, loss
-    return best
+            best, best_loss, best_set = theta, loss, subset
+    return best, best_set
+
+
+def _optimal(xx: list[list[float]], xy: list[float], theta: list[float], free: tuple) -> bool:
+    """The KKT conditions of the non-negative fit at `theta` (>= 0, solved on `free`): the
+    loss's gradient 2 (XX theta - Xy) is >= 0 for every coefficient held at 0, so none can
+    grow and lower the loss; the loss is convex, so then `theta` is the minimum."""
+    for i in range(3):
+        if i not in free:
+            row = xx[i]
+            if row[0] * theta[0] + row[1] * theta[1] + row[2] * theta[2] < xy[i]:
+                return False
+    return True
 
 
 def _subset_solution(

@@ -6,6 +6,7 @@ agrees with numpy's on the 1x1-3x3 systems the fit solves.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -143,3 +144,41 @@ def test_the_unrolled_solver_agrees_with_numpy_and_refuses_singular_systems():
     assert _solve([[0.0]], [1.0]) is None
     assert _solve([[1.0, 2.0], [2.0, 4.0]], [1.0, 1.0]) is None
     assert _solve([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 0.0, 1.0]], [1.0, 2.0, 3.0]) is None
+
+
+def _least_loss(xx: list[list[float]], xy: list[float]) -> float:
+    """The smallest theta' XX theta - 2 theta' Xy over theta >= 0, by numpy: every subset of
+    free coefficients solved exactly (the fit's tiny ridge left out), the non-negative solutions' losses compared (and 0)."""
+    a, b, best = np.array(xx), np.array(xy), 0.0
+    for k in (1, 2, 3):
+        for free in itertools.combinations(range(3), k):
+            theta = np.zeros(3)
+            try:
+                theta[list(free)] = np.linalg.solve(a[np.ix_(free, free)], b[list(free)])
+            except np.linalg.LinAlgError:  # singular: no solution on this set
+                continue
+            if theta.min() >= 0:
+                best = min(best, float(theta @ a @ theta - 2 * theta @ b))
+    return best
+
+
+def test_the_refit_from_the_last_active_set_reaches_the_least_loss():
+    """The fit tries the last fit's free set first (issue 38's host time): in a steady state of
+    64-row decodes with bursts of prefill, every refit's loss is the least any non-negative
+    theta reaches (numpy's exhaustive search), whether the set was kept or searched again."""
+    rng = random.Random(3)
+    model = StepCostModel(decay=0.97)
+    for k in range(400):
+        if rng.random() < 0.7:  # decodes: rows fixed, pairs growing, timings noisy
+            rows, pairs = 64, 64 * (100 + k)
+        else:
+            rows = rng.randrange(1, 600)
+            pairs = rng.randrange(rows, rows * 900)
+        seconds = 0.005 + rng.uniform(-0.004, 0.004) + rng.choice([0.0, 1e-5]) * rows
+        model.observe(rows, pairs, seconds)
+        fixed, per_row, per_pair = model.coefficients
+        theta = np.array([fixed, per_row / 1e-3, per_pair / 1e-6])  # the fit's scaled features
+        assert theta.min() >= 0
+        a, b = np.array(model._xx), np.array(model._xy)
+        loss = float(theta @ a @ theta - 2 * theta @ b)
+        assert loss == pytest.approx(_least_loss(model._xx, model._xy), rel=1e-9, abs=1e-15)
