@@ -1,5 +1,6 @@
 """The steady state's update: a step whose every chunk is a plain row (`StepPlan.plain`: one
-sequence, one draw, no prompt logprobs, forks, proposals or beams) applied in one pass (issue 38).
+sequence, one draw, no prompt logprobs, forks, proposals or beams) applied in one pass (issue 38):
+chunk i of `plan.chunks` is row i and draw i.
 
 Contract: `land_plain_rows(update, plan, out, scheduled_at, held)` does for such a step what
 `StepUpdate.apply` does (step_update.py) and returns the same `RequestState`s in the same
@@ -42,12 +43,11 @@ def land_plain_rows(
     moved: list[RequestState] = []
     states, finished = update.states, RequestStatus.FINISHED
     tokens, logprobs, land, note = out.tokens, out.logprobs, update._land, update._note
-    for chunk, _, indices in plan.ordinary:
+    for i, chunk in enumerate(plan.chunks):  # chunk i's draw is i (StepPlan.plain)
         request = chunk.request
         if request.status is finished:  # ended before this update: its row is discarded
             continue
         state = states[request.request_id]
-        i = indices[0]
         try:
             land(state, chunk, tokens[i], logprobs[i], held)
         except Exception as exc:

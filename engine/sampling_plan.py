@@ -11,7 +11,10 @@ prompt logprobs a `PromptAsk`; `grammar` the step's pending grammar masks, `rele
 requests that ended since the last step (the runner drops their generators), `carried` the
 inputs the previous step's draws give (`StepSampling.carried`). A one-sequence request's draw
 is reused from step to step while its row stays the same (`RequestState.last_draw`).
-step_update.py applies the answers.
+`plan_steady(sched, draws, released, carried, eos_token_ids, grammar)` is the plan of a
+decode step whose rows are those of a plain step planned before (`SchedulerOutput.
+running_order`, the same object): that step's `draws` again, no pass over the rows (issue 38's
+columnar steady state; step_update.py keeps them). step_update.py applies the answers.
 """
 
 from __future__ import annotations
@@ -39,8 +42,15 @@ class StepPlan:
     prompt: list[tuple[ScheduledChunk, int]] = field(default_factory=list)  # (chunk, its index)
     # Every chunk of the step is a sampled one-sequence row with its own draw (no prompt
     # logprobs, forks, proposals or beams): the steady state, which step_update.py applies
-    # in one pass over `ordinary` (in chunk order, one draw each).
+    # in one pass over `chunks`, chunk i's draw and logits row both i.
     plain: bool = False
+    chunks: tuple[ScheduledChunk, ...] = ()  # the step's (a plain plan's rows)
+
+    def rows(self) -> list[tuple[ScheduledChunk, int, list[int]]]:
+        """`ordinary`, also for a plain plan made by `plan_steady` (which leaves it empty)."""
+        if self.plain and not self.ordinary:
+            self.ordinary = [(chunk, i, [i]) for i, chunk in enumerate(self.chunks)]
+        return self.ordinary
 
 
 def plan_sampling(
@@ -108,6 +118,7 @@ def plan_sampling(
         plan.beams.append((rid, group))
         beams.append(state.beam.ask(rid, seqs, rows, state.request.params, state.seed_key(0)))
     plan.plain = plain
+    plan.chunks = sched.chunks
     sampling = StepSampling(
         draws=tuple(draws),
         speculated=tuple(speculated),
@@ -119,6 +130,27 @@ def plan_sampling(
         carried=tuple(carried),
     )
     return sampling, plan
+
+
+def plan_steady(
+    sched: SchedulerOutput,
+    draws: tuple[Draw, ...],
+    released: Sequence[str],
+    carried: Sequence[tuple[int, int]],
+    eos_token_ids: Sequence[int],
+    grammar: PendingHostMask | None = None,
+) -> tuple[StepSampling, StepPlan]:
+    """The plan of `sched` when its rows are, in order, those of a plain step whose draws were
+    `draws` (a `Draw` names its row and holds a live view of its sequence's ids: nothing in
+    it moves while the row stays)."""
+    sampling = StepSampling(
+        draws=draws,
+        grammar=grammar,
+        eos_token_ids=tuple(eos_token_ids),
+        released=tuple(released),
+        carried=tuple(carried),
+    )
+    return sampling, StepPlan(plain=True, chunks=sched.chunks)
 
 
 def _prompt_ask(state: RequestState, chunk: ScheduledChunk, index: int) -> PromptAsk | None:

@@ -25,6 +25,7 @@ back (the engine still has work).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -55,7 +56,10 @@ class _Held:
 
     def carried(self, sched: SchedulerOutput) -> tuple[tuple[int, int], ...]:
         """(chunk index, draw index) of the chunks of `sched` whose last input is one of
-        this step's tokens."""
+        this step's tokens. When both steps decode the same running order (a plain step:
+        chunk i is draw i), every chunk i carries draw i: no pass over the rows."""
+        if sched.running_order is not None and self.sched.running_order is sched.running_order:
+            return _diagonal(len(sched.chunks))
         out, draws = [], self.draws
         for i, chunk in enumerate(sched.chunks):
             found = draws.get(chunk.seq)
@@ -67,6 +71,11 @@ class _Held:
         for seq, (index, _) in self.draws.items():
             if len(seq.token_ids) == index + 1 and seq.token_ids[index] == PLACEHOLDER:
                 seq.token_ids.pop()
+
+
+@functools.lru_cache(maxsize=8)
+def _diagonal(n: int) -> tuple[tuple[int, int], ...]:
+    return tuple((i, i) for i in range(n))
 
 
 class StepPipeline:
@@ -144,7 +153,9 @@ class StepPipeline:
             return None
         goes_on = False  # not when every row's token is its last (max_tokens): waste
         states, finished, draws = e._states, RequestStatus.FINISHED, {}
-        for c, _, indices in plan.ordinary:
+        # (draw index, chunk): a plain plan's chunk i is draw i; else the first draw of each.
+        rows = enumerate(plan.chunks) if plan.plain else ((d[0], c) for c, _, d in plan.ordinary)
+        for i, c in rows:
             request = c.request
             if request.status is finished:
                 continue
@@ -161,7 +172,7 @@ class StepPipeline:
             ):
                 return None
             goes_on = goes_on or generated + 1 < state.criteria.max_tokens
-            draws[c.seq] = (len(ids), indices[0])
+            draws[c.seq] = (len(ids), i)
         return draws if goes_on else None
 
     def _hold(

@@ -4,7 +4,8 @@ vLLM v1's are). Host data both ways: no tensor reaches this floor (issue 38).
 
 Contract:
 - `plan(sched, grammar, released, carried) -> (StepSampling, StepPlan)` runs before the forward of
-  `sched` (engine/sampling_plan.py says what it asks).
+  `sched` (engine/sampling_plan.py says what it asks). A plain step's draws are kept with its
+  `running_order`: the next step with that same order takes them again (`plan_steady`).
 - `apply(sched, plan, output, scheduled_at, held)` runs after it and returns the
   `RequestState`s that moved, in the order they first moved (`held`: the overlapped loop held
   the step, each sampled token replaces its sequence's placeholder; the rows of requests that
@@ -38,8 +39,8 @@ from engine.grammar.host_mask import PendingHostMask
 from engine.plain_rows import land_plain_rows
 from engine.request_state import RequestState
 from engine.requests.request import PLACEHOLDER, RequestStatus, TokenSequence
-from engine.sampling.step_io import BeamCandidate, StepOutput, StepSampling
-from engine.sampling_plan import StepPlan, plan_sampling
+from engine.sampling.step_io import BeamCandidate, Draw, StepOutput, StepSampling
+from engine.sampling_plan import StepPlan, plan_sampling, plan_steady
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from engine.speculative.speculator import Speculator
 from engine.speculative.verification import ScoredProposal, commit
@@ -62,6 +63,8 @@ class StepUpdate:
         self.speculator = speculator
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # The last plain decode step's running order and draws (sampling_plan.plan_steady).
+        self._steady: tuple[list, tuple[Draw, ...]] | None = None
 
     # ----- before the forward ---------------------------------------------------------------
     def plan(
@@ -72,7 +75,14 @@ class StepUpdate:
         carried: Sequence[tuple[int, int]] = (),
     ) -> tuple[StepSampling, StepPlan]:
         """The step's `StepSampling` and which answers go where (sampling_plan.py)."""
-        return plan_sampling(self.states, self.eos_token_ids, sched, grammar, released, carried)
+        order, steady = sched.running_order, self._steady
+        if order is not None and steady is not None and steady[0] is order:
+            return plan_steady(sched, steady[1], released, carried, self.eos_token_ids, grammar)
+        sampling, plan = plan_sampling(
+            self.states, self.eos_token_ids, sched, grammar, released, carried
+        )
+        self._steady = (order, sampling.draws) if order is not None and plan.plain else None
+        return sampling, plan
 
     # ----- after it -------------------------------------------------------------------------
     def apply(
@@ -101,14 +111,15 @@ class StepUpdate:
             if rid not in ended and (state := self.states[rid]).error is None:
                 self._fail_alone(state, message)
         forks: dict[int, list[TokenSequence]] = {}  # forks first, as before any token lands
+        ordinary = plan.rows()
         for k in plan.forking:
-            chunk, row, _ = plan.ordinary[k]
+            chunk, row, _ = ordinary[k]
             rid = chunk.request.request_id
             if rid not in ended and self.states[rid].error is None:
                 forks[k] = [t.seq for t in sample_targets(self.scheduler, chunk, row)]
         tokens, logprobs = out.tokens, out.logprobs
         states = self.states
-        for k, (chunk, _, indices) in enumerate(plan.ordinary):
+        for k, (chunk, _, indices) in enumerate(ordinary):
             rid = chunk.request.request_id
             if rid in ended:
                 continue

@@ -72,6 +72,7 @@ class StepBuilder:
         self.budget = self.config.max_num_batched_tokens
 
     def build(self, aborted: tuple[str, ...]) -> StepResult:
+        order = self.queues.by_priority()
         place_decodes(self)  # decode_pass.py
         budget = self._prefill_budget()
         left = budget.tokens_left
@@ -81,6 +82,9 @@ class StepBuilder:
         decodes_only = self.inline_plans == len(self.plans)
         if decodes_only:
             chunks, copies = tuple(self.plans.values()), ()
+            # Every running request decoded, in that order (none left the list meanwhile).
+            if len(chunks) != len(order) or self.queues.by_priority() is not order:
+                order = None
         else:
             chunks, copies = self._chunks_and_copies()
         rows = self.config.max_num_batched_tokens - self.budget
@@ -93,6 +97,7 @@ class StepBuilder:
             num_pairs=self.pairs,
             num_prefill_tokens=rows - self.decode_tokens,
             decodes_only=decodes_only,
+            running_order=order if decodes_only else None,
         )
         return StepResult(output, capacity)
 

@@ -100,6 +100,11 @@ class SchedulerOutput:
     # Every chunk a one-token decode without a proposal, sampled (the steady state: the
     # passes over the rows skip the checks that cannot hold then).
     decodes_only: bool = False
+    # When `decodes_only` and the chunks are every running request's decode in the decode
+    # pass's order: that order's list (RequestQueues.by_priority), the same object from step
+    # to step while the running set does not change, so what a step's rows were planned with
+    # holds for the next step's rows while it is the same (engine/sampling_plan.py).
+    running_order: list[Request] | None = None
 
     @property
     def is_empty(self) -> bool:

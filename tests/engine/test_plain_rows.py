@@ -103,3 +103,47 @@ def test_a_mixed_batch_gives_each_request_its_solo_answer(tiny_model_folder, mix
     assert 1 <= len(carrying[1]) <= 2 and carrying[1][-1].finished
     stats = engine.stats()
     assert stats.num_running == stats.num_waiting == stats.kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "overlapped"])
+def test_steps_with_the_same_rows_reuse_their_plan_and_keep_solo_answers(
+    tiny_model_folder, mix, overlapped, monkeypatch
+):
+    """The columnar steady state: while the running set does not change, a decode step takes
+    the last step's draws again (`plan_steady`) and the overlapped loop carries every row's
+    token without a pass over the rows. A request that ends early and one that arrives late
+    change the running set; every request's answer is still its solo run's."""
+    import engine.step_update as step_update
+    from engine.sampling_plan import plan_steady
+
+    _, ids, _ = mix
+    params = [
+        dataclasses.replace(GREEDY, max_tokens=24),
+        SamplingParams(max_tokens=24, temperature=0.9, seed=7, logprobs=2, ignore_eos=True),
+        dataclasses.replace(GREEDY, max_tokens=6),
+        SamplingParams(max_tokens=16, temperature=0.8, seed=3, ignore_eos=True),
+    ]
+    solo_engine = _engine(tiny_model_folder)
+    answers = [_answer(_run(solo_engine, [ids[i]], [p])[0][0]) for i, p in enumerate(params)]
+    reused = []
+
+    def counted(*args):
+        reused.append(1)
+        return plan_steady(*args)
+
+    monkeypatch.setattr(step_update, "plan_steady", counted)
+    engine = _engine(tiny_model_folder, overlapped)
+    for i in range(3):
+        engine.add_request(str(i), ids[i], params[i])
+    finals, partial, steps = {}, {i: OutputAccumulator() for i in range(4)}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            i = int(out.request_id)
+            partial[i].add(out)
+            if out.finished:
+                finals[i] = partial[i].result()
+        steps += 1
+        if steps == 10:  # late: the running set changes in the steady state
+            engine.add_request("3", ids[3], params[3])
+    assert [_answer(finals[i]) for i in range(4)] == answers
+    assert len(reused) >= 10  # most decode steps took the last step's plan
