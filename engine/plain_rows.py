@@ -7,7 +7,7 @@ Contract: `land_plain_rows(update, plan, out, scheduled_at, held)` does for such
 order: per row, in chunk order, a request that ended before the update (the overlapped loop's
 held step) is skipped; else its token lands (`update._land`: appended, or put in its
 placeholder when `held`, counted, the stop criteria checked), its news noted (`update._note`:
-a preemption, a first schedule), and the request moved. A row whose landing raises fails alone. Why a pass of its own:
+a preemption, a first schedule; none in a steady plan's rows, `StepPlan.steady`), and the request moved. A row whose landing raises fails alone. Why a pass of its own:
 the general update visits each row in three loops (the sampled rows, the rows' chunks, and a
 set of the ended requests first); here each row is one iteration. The caller checks
 `out.failed` is empty (a failed row takes the general path).
@@ -43,6 +43,7 @@ def land_plain_rows(
     moved: list[RequestState] = []
     states, finished = update.states, RequestStatus.FINISHED
     tokens, logprobs, land, note = out.tokens, out.logprobs, update._land, update._note
+    steady = plan.steady
     for i, chunk in enumerate(plan.chunks):  # chunk i's draw is i (StepPlan.plain)
         request = chunk.request
         if request.status is finished:  # ended before this update: its row is discarded
@@ -52,6 +53,7 @@ def land_plain_rows(
             land(state, chunk, tokens[i], logprobs[i], held)
         except Exception as exc:
             update._failed_row(state, exc)
-        note(state, chunk, scheduled_at)
+        if not steady:  # a steady plan's rows have no news (StepPlan.steady)
+            note(state, chunk, scheduled_at)
         moved.append(state)
     return moved

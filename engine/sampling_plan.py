@@ -45,6 +45,9 @@ class StepPlan:
     # in one pass over `chunks`, chunk i's draw and logits row both i.
     plain: bool = False
     chunks: tuple[ScheduledChunk, ...] = ()  # the step's (a plain plan's rows)
+    # Made by `plan_steady`: its rows are the step before's, whose update noted each row's
+    # news (a first schedule, a preemption: a request preempted since left the order).
+    steady: bool = False
 
     def rows(self) -> list[tuple[ScheduledChunk, int, list[int]]]:
         """`ordinary`, also for a plain plan made by `plan_steady` (which leaves it empty)."""
@@ -150,7 +153,7 @@ def plan_steady(
         released=tuple(released),
         carried=tuple(carried),
     )
-    return sampling, StepPlan(plain=True, chunks=sched.chunks)
+    return sampling, StepPlan(plain=True, chunks=sched.chunks, steady=True)
 
 
 def _prompt_ask(state: RequestState, chunk: ScheduledChunk, index: int) -> PromptAsk | None:

@@ -78,12 +78,31 @@ def _diagonal(n: int) -> tuple[tuple[int, int], ...]:
     return tuple((i, i) for i in range(n))
 
 
+def _steady_draws(plan: StepPlan) -> dict | None:
+    """`_holdable`'s draws for a steady plan whose rows all passed its checks at the step
+    before (StepPipeline._deferrable): the rows but those ended since; None when every row's
+    token is its last."""
+    finished, draws, goes_on = RequestStatus.FINISHED, {}, False
+    for i, c in enumerate(plan.chunks):
+        request, seq = c.request, c.seq
+        if request.status is finished:
+            continue
+        n = len(seq.token_ids)
+        draws[seq] = (n, i)
+        goes_on = goes_on or n - seq.num_prompt_tokens + 1 < request.params.max_tokens
+    return draws if goes_on else None
+
+
 class StepPipeline:
     def __init__(self, engine: Any, overlapped: bool) -> None:
         self.engine = engine  # the Engine whose step this is (engine.py imports this module)
         self.overlapped = overlapped
         self._lagging: list[RequestState] = []  # moved, outputs not yet built
         self._held: _Held | None = None
+        # The running order (SchedulerOutput.running_order) whose every row last passed the
+        # checks of `_holdable`: they hold while the order does (none is ever undone while
+        # the request runs; a request that fails or is preempted leaves the order).
+        self._deferrable: list | None = None
 
     @property
     def busy(self) -> bool:
@@ -151,6 +170,10 @@ class StepPipeline:
             return None
         if plan.scored or plan.beams:
             return None
+        order = sched.running_order
+        if plan.steady and order is not None and order is self._deferrable:
+            return _steady_draws(plan)
+        self._deferrable = None
         goes_on = False  # not when every row's token is its last (max_tokens): waste
         states, finished, draws = e._states, RequestStatus.FINISHED, {}
         # (draw index, chunk): a plain plan's chunk i is draw i; else the first draw of each.
@@ -173,6 +196,7 @@ class StepPipeline:
                 return None
             goes_on = goes_on or generated + 1 < state.criteria.max_tokens
             draws[c.seq] = (len(ids), i)
+        self._deferrable = order  # every row passed: they pass again while the order holds
         return draws if goes_on else None
 
     def _hold(
