@@ -50,8 +50,9 @@ class Period:
         )
 
 
-def measure(rows: int, device_s: float, steps: int, async_scheduling: bool = False) -> Period:
-    """`steps` decode steps of `rows` requests on a fresh engine."""
+def decoding_engine(rows: int, device_s: float, steps: int, async_scheduling: bool = False):
+    """A fresh fake-device engine whose `rows` greedy requests all decode, with `steps` more
+    steps before any ends (bench/step_opcodes.py counts on it too)."""
     config = EngineConfig(
         block_size=16,
         max_num_seqs=rows,
@@ -69,6 +70,16 @@ def measure(rows: int, device_s: float, steps: int, async_scheduling: bool = Fal
             engine.step()
         for _ in range(3):  # every request past its first token
             engine.step()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def measure(rows: int, device_s: float, steps: int, async_scheduling: bool = False) -> Period:
+    """`steps` decode steps of `rows` requests on a fresh engine."""
+    engine = decoding_engine(rows, device_s, steps, async_scheduling)
+    try:
         start, cpu, device_cpu = (
             time.perf_counter(),
             time.process_time(),
