@@ -21,6 +21,9 @@ back (the engine still has work).
   ends after the tokens it has). A failed held step ends its requests ("error") without
   their placeholders; a FatalEngineError from the runner (parallel ranks out of step) is
   raised, as the synchronous loop raises it.
+- The steady state (issue 38): while the running order stays (`SchedulerOutput.running_order`),
+  a held step's rows are carried chunk i <- draw i without a pass over them, and the hold
+  checks that every row passed at the step before are not made again (`_deferrable`).
 """
 
 from __future__ import annotations
