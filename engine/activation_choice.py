@@ -8,9 +8,13 @@ vpmaddwd multiply the weights as integers instead. The products stay float-like 
 activation moves by at most 1.5e-5 of its block's largest): the default model keeps its greedy
 answers (bench.activation_quant_quality), unlike int8's. Each row is quantised on its own and its
 integer sums are exact, so a row's bits still do not depend on its batch. AVX-512 builds keep
-the float path (nothing measured there). `--activation-quantization none` keeps float
-activations everywhere (equal to a dequantised copy's arithmetic to float rounding); `int8` /
-`int16` ask for those wherever they can run and fail where not.
+the float path, measured (PERFORMANCE.md, "AVX-512 host ... tenth session": one thread, the
+default model): there the float block kernels fold Q4's shift and tile 4 panels at 512 bits,
+and int16 through q16_avx2.h / q16_tile.h decodes at ~0.9x and prefills at ~0.5x them; int8's
+VNNI pass is faster but changes the greedy answers (3 of 8 continuations kept).
+`--activation-quantization none` keeps float activations everywhere (equal to a dequantised
+copy's arithmetic to float rounding); `int8` / `int16` ask for those wherever they can run and
+fail where not.
 
 Contract:
 - `wants_int16(path, config, device, parallel, random_weights, dtype_name="float32")`: whether
@@ -43,6 +47,7 @@ AUTO = "auto"
 FORCED = ("int8", "int16")
 # Measured (AVX2 Zen 3, default model, PERFORMANCE.md): batch-1 decode 1.3x the float block
 # kernels, prefill even, 8+ row tiles 1.2-1.3x the float tile; False keeps float by default.
+# Not on AVX-512 builds (avx2_build): there int16 is the slower one (see the module's why).
 INT16_BY_DEFAULT = True
 
 

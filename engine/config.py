@@ -238,7 +238,8 @@ def resolve_dtype_name(
       sums as float32 fmas either way, so bfloat16 saves no weight bytes and costs its
       conversions (and, at one row, `vdpbf16ps`, which issues at half the fma rate on Intel
       CPUs without AMX). Measured on an AVX512-BF16 host: float32 1.26x the bf16 decode, 1.33x
-      offline (PERFORMANCE.md, #31). The KV cache is float32 too (twice bf16's bytes);
+      offline (PERFORMANCE.md, #31); again on an AVX-512 + BF16 + AMX Xeon (tenth session: 1.26x
+      decode, 1.6x prefill, one thread). The KV cache is float32 too (twice bf16's bytes);
       `--dtype bfloat16` keeps the bf16 cache;
     - else bfloat16 where the hardware computes it natively (CUDA with bf16; a CPU with
       AVX512-BF16 or AMX: half the bytes to stream per token, as vLLM's CPU default);
