@@ -1,7 +1,8 @@
 """bench.kv_error_map's pieces against independent statements: the layer grammar against
 hand-written sets, its generic B-bit rounding at B = 8 against models/kv_quant's int8 rows (a
-float32 writer and a float64 one must agree to within one step of a row), and more bits or
-kept positions leaving less error."""
+float32 writer and a float64 one must agree to within one step of a row), more bits or
+kept positions leaving less error, and a key offset (`kmu`) rounding k - mu as the int8 rows
+do, with less error than plain rows where the keys share a large component."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def test_a_spec_rounds_only_its_layers_and_positions():
     k1, v1 = apply(k, v, 1, positions)
     assert torch.equal(k1[:2], k[:2]) and torch.equal(v1, v)
     assert torch.equal(k1[2:], dequantize_rows(quantize_rows(k[2:])))
+
+
+def test_an_offset_rounds_the_keys_about_it():
+    gen = torch.Generator().manual_seed(2)
+    shared = torch.randn(2, 64, generator=gen) * 6  # [kv_heads, D]: what every key holds
+    k = shared + torch.randn(50, 2, 64, generator=gen)
+    v = torch.randn(50, 2, 64, generator=gen)
+    mu, dev = k.mean(dim=0), k.std(dim=0)
+    apply = rounding("kmu:calibration", 1, {"calibration": [(mu, dev)]})
+    k1, v1 = apply(k, v, 0, torch.arange(50))
+    assert torch.equal(k1, dequantize_rows(quantize_rows(k - mu)) + mu)
+    assert torch.equal(v1, dequantize_rows(quantize_rows(v)))
+    plain = dequantize_rows(quantize_rows(k))
+    assert (k1 - k).pow(2).mean() < (plain - k).pow(2).mean() / 4
