@@ -34,6 +34,7 @@ from bench.sweep import parse_sweep, run_sweep
 from bench.throughput import ThroughputResult, decode_batch, run_throughput_bench
 from bench.workload import WorkloadSpec, make_workload
 from engine import speculative_config
+from models.linear_backend import release_onednn_isa
 
 if TYPE_CHECKING:
     from models.tokenizer import Tokenizer
@@ -112,6 +113,8 @@ def _run_offline(
 
         torch.set_num_threads(args.threads)
     names = list(dict.fromkeys(args.backend or ["tgserve"]))
+    if {"vllm", "transformers"} & set(names) and release_onednn_isa():
+        print("oneDNN's AMX kernels left on for the in-process peers", file=sys.stderr)
     if ("tgserve-baseline" in names) != bool(args.baseline_tree):
         raise ValueError(
             "--backend tgserve-baseline and --baseline-tree PATH go together: the baseline "

@@ -21,11 +21,12 @@ from models.gemma import GemmaForCausalLM
 from models.gpt2 import GPT2LMHeadModel
 from models.gpt_oss.model import GptOssForCausalLM
 from models.kv_quant import cache_row_shape, cache_torch_dtype
-from models.linear_backend import pin_mkl_code_path
+from models.linear_backend import pin_mkl_code_path, pin_onednn_isa
 from models.llama import LlamaForCausalLM
 from models.moe.model import MoeForCausalLM
 
 pin_mkl_code_path()  # before any GEMM: MKL reads it once (models/linear_backend.py)
+pin_onednn_isa()  # likewise oneDNN's ISA cap (AMX CPUs: bf16 batch invariance)
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,

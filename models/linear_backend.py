@@ -25,6 +25,16 @@ alone (padded to 8). MKL's strict reproducibility mode for the CPU's own branch
 model, 2 threads: within the run-to-run noise), so `pin_mkl_code_path` sets it on Intel CPUs
 before the first GEMM, unless the user set MKL_CBWR.
 
+oneDNN's bfloat16 GEMM on CPUs with AMX (Sapphire Rapids and later) splits K over the threads
+when a call has fewer (row, column) blocks than threads: a row then sums in another order at
+16 threads than at 2, and at 8 padded rows than at 64 (seen on a 2-core Xeon with AMX run at 16
+threads: one element in 576 a last bit apart). Its AVX512-BF16 kernel never splits K, so
+`pin_onednn_isa` caps oneDNN there (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`) on AMX CPUs unless
+the user set it: large-M bf16 GEMMs of this PyTorch path lose AMX's speed (up to ~7x at 2,048
+rows: 60 vs 8.4 ms for 2,048 x 576 -> 1,536, 2 threads, shared host); the C++ kernels, which
+serve the decoder families by default, do not use oneDNN. The bench lifts the cap for its
+in-process peers (`release_onednn_isa`), whose GEMMs must run as they would alone.
+
 Contract: `use_invariant_linears(model)` makes every plain `nn.Linear` of a model run
 `invariant_linear` (switched on once, by `models.forward_path` for models on a CPU).
 """
@@ -43,6 +53,9 @@ from models.cpu_features import cpu_flags, cpu_vendor
 
 # The PyTorch path's linears run on a multiple of this many rows (zero rows pad the rest).
 ROW_QUANTUM = 8
+# pin_onednn_isa's cap on AMX CPUs, and whether it set it in this process.
+_ONEDNN_CAP = "AVX512_CORE_BF16"
+_onednn_pinned = False
 
 
 def pin_mkl_code_path(cpuinfo: str | None = None) -> str | None:
@@ -58,6 +71,30 @@ def pin_mkl_code_path(cpuinfo: str | None = None) -> str | None:
         return None
     os.environ["MKL_CBWR"] = f"{branch},STRICT"
     return os.environ["MKL_CBWR"]
+
+
+def pin_onednn_isa(cpuinfo: str | None = None) -> str | None:
+    """On a CPU with AMX, caps oneDNN at its AVX512-BF16 kernels (see the module docstring)
+    unless ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA) is set; returns the value set,
+    or None. oneDNN reads it at its first primitive, so this runs when `models` is imported."""
+    if "ONEDNN_MAX_CPU_ISA" in os.environ or "DNNL_MAX_CPU_ISA" in os.environ:
+        return None
+    if "amx_bf16" not in cpu_flags(cpuinfo):
+        return None
+    global _onednn_pinned
+    _onednn_pinned = cpuinfo is None  # this process's own CPU, not a test's text
+    os.environ["ONEDNN_MAX_CPU_ISA"] = _ONEDNN_CAP
+    return _ONEDNN_CAP
+
+
+def release_onednn_isa() -> bool:
+    """Lifts `pin_onednn_isa`'s cap (to "ALL") where it set it, for a process whose other
+    engines' GEMMs must run as they would alone (the bench's in-process peers: vLLM,
+    transformers); must run before oneDNN's first primitive. True if it lifted it."""
+    if os.environ.get("ONEDNN_MAX_CPU_ISA") != _ONEDNN_CAP or not _onednn_pinned:
+        return False
+    os.environ["ONEDNN_MAX_CPU_ISA"] = "ALL"
+    return True
 
 
 def invariant_linear(

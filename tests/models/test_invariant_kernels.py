@@ -245,3 +245,42 @@ def test_mkl_is_pinned_to_its_strict_branch_on_intel_only(
     set_now = pin_mkl_code_path(cpuinfo)
     assert set_now == (want if preset is None else None)
     assert os.environ.get("MKL_CBWR") == want
+
+
+@pytest.mark.parametrize(
+    ("flags", "preset", "want"),
+    [
+        ("fpu avx512f avx512_bf16 amx_bf16 amx_tile", None, "AVX512_CORE_BF16"),
+        ("fpu avx512f avx512_bf16", None, None),
+        ("fpu avx2 fma", None, None),
+        ("fpu avx512f avx512_bf16 amx_bf16", ("ONEDNN_MAX_CPU_ISA", "ALL"), "ALL"),
+        ("fpu avx512f avx512_bf16 amx_bf16", ("DNNL_MAX_CPU_ISA", "ALL"), None),
+    ],
+)
+def test_onednn_is_capped_below_amx_on_amx_cpus_only(flags, preset, want, monkeypatch) -> None:
+    # oneDNN's AMX bf16 GEMM splits K over threads when a call has few blocks (see
+    # models/linear_backend.py); the user's own setting (either name) always wins.
+    from models.linear_backend import pin_onednn_isa
+
+    cpuinfo = f"processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n"
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(*preset)
+    set_now = pin_onednn_isa(cpuinfo)
+    assert set_now == (want if preset is None else None)
+    assert os.environ.get("ONEDNN_MAX_CPU_ISA") == want
+
+
+@pytest.mark.parametrize(
+    ("pinned", "value", "released"),
+    [(True, "AVX512_CORE_BF16", True), (False, "AVX512_CORE_BF16", False), (True, "AVX2", False)],
+)
+def test_only_our_own_onednn_cap_is_lifted(pinned, value, released, monkeypatch) -> None:
+    # The bench lifts the cap for in-process peers, never a value the user chose.
+    import models.linear_backend as backend
+
+    monkeypatch.setattr(backend, "_onednn_pinned", pinned)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", value)
+    assert backend.release_onednn_isa() is released
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == ("ALL" if released else value)
