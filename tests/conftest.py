@@ -22,8 +22,10 @@ if os.environ.get("TGSERVE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+import models  # noqa: E402, F401
 from tests.property_budget import PROFILE  # noqa: E402
 from tests.server.tiny_model import make_tiny_model  # noqa: E402
 
@@ -31,6 +33,14 @@ from tests.server.tiny_model import make_tiny_model  # noqa: E402
 # the slowest property tests also draw fewer examples there (tests/property_budget.py).
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(PROFILE)
+
+# oneDNN takes its ISA cap once, at its first primitive: take it now, under the cap `import
+# models` sets on AMX CPUs (models/linear_backend.py), as a serving process does. Otherwise the
+# first bfloat16 GEMM of the run could come after a bench test lifted the cap for its
+# in-process peers (release_onednn_isa), and every later test would run the AMX kernels.
+torch.nn.functional.linear(
+    torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+)
 
 
 @pytest.fixture(scope="session")
