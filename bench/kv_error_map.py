@@ -81,19 +81,28 @@ def rounding(spec: str, num_layers: int, offsets: dict[str, list[tuple]] | None 
     kfloat, vfloat = parts.get("kfloat"), parts.get("vfloat")
     stats = offsets[parts["kmu"]] if offsets and "kmu" in parts else None
     alpha = float(parts.get("ks", 0))
+    # Per layer (mu, s), each [kv_heads, D]; s's geometric mean is 1 per head. None: plain rows.
+    shifts = None if stats is None else [(mu, _channel_scale(dev, alpha)) for mu, dev in stats]
 
     def apply(k: torch.Tensor, v: torch.Tensor, layer: int, positions: torch.Tensor) -> tuple:
         exact = (positions < sink)[:, None, None]  # [tokens, 1, 1]
         if layer in keys:
-            mu, dev = stats[layer] if stats is not None else (torch.zeros_like(k[0]),) * 2
-            s = dev.clamp_min(1e-6).pow(alpha)  # [kv_heads, D]
-            s = s / s.log().mean(dim=-1, keepdim=True).exp()
-            k = torch.where(exact, k, rounded((k - mu) / s, kbits, kfloat) * s + mu)
+            if shifts is None:
+                k = torch.where(exact, k, rounded(k, kbits, kfloat))
+            else:
+                mu, s = shifts[layer]
+                k = torch.where(exact, k, rounded((k - mu) / s, kbits, kfloat) * s + mu)
         if layer in values:
             v = torch.where(exact, v, rounded(v, vbits, vfloat))
         return k, v
 
     return apply
+
+
+def _channel_scale(dev: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s = dev^alpha [kv_heads, D], normalised to a geometric mean of 1 per head."""
+    s = dev.clamp_min(1e-6).pow(alpha)
+    return s / s.log().mean(dim=-1, keepdim=True).exp()
 
 
 @contextmanager

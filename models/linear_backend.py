@@ -81,8 +81,9 @@ def pin_onednn_isa(cpuinfo: str | None = None) -> str | None:
         return None
     if "amx_bf16" not in cpu_flags(cpuinfo):
         return None
-    global _onednn_pinned
-    _onednn_pinned = cpuinfo is None  # this process's own CPU, not a test's text
+    if cpuinfo is None:  # this process's own CPU (a given text leaves the process's record)
+        global _onednn_pinned
+        _onednn_pinned = True
     os.environ["ONEDNN_MAX_CPU_ISA"] = _ONEDNN_CAP
     return _ONEDNN_CAP
 
