@@ -1,6 +1,6 @@
 """The C++ paged attention's cost per key at every context length, against the read bound:
 `python -m bench.attention_keys [--model M] [--lens 128,1024,4096,8192] [--dtype float32]
-[--kv-cache-dtype int8|float16]`.
+[--kv-cache-dtype int8|float16|int8v]`.
 
 Contract: prints the kernel build that ran (models/cpu_kernels.selected_build, e.g. an AVX2
 build forced by TGSERVE_CPU_ISA on an AVX-512 host) and the host's ISA, then for each context
@@ -9,7 +9,8 @@ cache of 16-token blocks in shuffled order:
 - decode: one query row over L keys (one layer's call), as ns per key and as the fraction of
   the read bound (the K and V bytes of a key, 2 x KV heads x head dim x dtype size, or
   2 x KV heads x (head dim + 4) for int8 rows (models/kv_quant.py), 2 x KV heads x head dim x 2
-  for float16 rows (models/kv_half.py), each read by float32 q, at the best read GB/s of bench/machine_limits.py's probe);
+  for float16 rows (models/kv_half.py), KV heads x (3 head dim + 4) for int8v's float16 K and
+  int8 V rows, each read by float32 q, at the best read GB/s of bench/machine_limits.py's probe);
 - prefill: a chunk of `--chunk` rows, the last ones of an L-token prompt, each over its own
   causal context (how the engine runs a chunk: one query per row), as ns per (row, key) pair.
 Timings are the median of `--rounds` calls after one warm-up. A development aid for the
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default model)")
     parser.add_argument("--lens", default="128,1024,4096,8192", help="context lengths")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "float16"])
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "int8", "float16", "int8v"]
+    )
     parser.add_argument("--chunk", type=int, default=256, help="prefill rows per call")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.machine_limits import probe_read_gb_s
     from bench.model_source import resolve_model
     from models import cpu_kernels
-    from models.kv_quant import quantize_rows, row_bytes
+    from models.kv_quant import part_dtypes, quantize_rows, row_bytes
 
     ext = cpu_kernels.extension()
     if ext is None:
@@ -63,11 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     config = resolve_model(args.model).config
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     dtype = getattr(torch, args.dtype)
-    int8 = args.kv_cache_dtype == "int8"
+    k_kind, v_kind = part_dtypes(args.kv_cache_dtype)  # int8v: float16 K, int8 V rows
     if args.kv_cache_dtype != "auto":
         dtype = torch.float32  # the queries; the cache holds int8 / float16 rows
-    cache_dtype = torch.float16 if args.kv_cache_dtype == "float16" else dtype
-    key_bytes = 2 * kv_heads * row_bytes(head_dim, dtype.itemsize, args.kv_cache_dtype)
+    cache_dtype = torch.float16 if args.kv_cache_dtype in ("float16", "int8v") else dtype
+    key_bytes = kv_heads * sum(row_bytes(head_dim, dtype.itemsize, k) for k in (k_kind, v_kind))
     read_gb_s = max(probe_read_gb_s(), default=float("nan"))
     bound_ns = key_bytes / read_gb_s  # ns per key at the read bound (bytes / (GB/s) = ns)
     print(
@@ -81,8 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         blocks = -(-length // block)
         k_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(cache_dtype)
         v_cache = torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(cache_dtype)
-        if int8:
-            k_cache, v_cache = quantize_rows(k_cache), quantize_rows(v_cache)
+        if k_kind == "int8":
+            k_cache = quantize_rows(k_cache)
+        if v_kind == "int8":
+            v_cache = quantize_rows(v_cache)
         table = torch.randperm(blocks, generator=gen).view(1, blocks)
         scale = head_dim**-0.5
         q1 = torch.randn(1, heads, head_dim, generator=gen).to(dtype)

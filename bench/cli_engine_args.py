@@ -71,10 +71,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-cache-dtype",
-        choices=["auto", "int8", "fp8", "float16"],
+        choices=["auto", "int8", "fp8", "float16", "int8v"],
         default="auto",
         help="tgserve: K/V cache rows (int8: a scale per token and head, CPU; fp8: e4m3, CUDA; "
-        "float16: a float32 model's K/V rounded to float16, CPU)",
+        "float16: a float32 model's K/V rounded to float16, CPU; int8v: float16 K, int8 V, CPU)",
     )
     p.add_argument("--compile", action="store_true", help="tgserve: torch.compile the dense halves")
     p.add_argument(

@@ -1,10 +1,11 @@
-"""What `--kv-cache-dtype int8` (or `float16`) costs in answers, on the default model (or
+"""What `--kv-cache-dtype int8` (or `float16`, `int8v`) costs in answers, on the default model (or
 `--model`).
 
 `python -m bench.kv_cache_quality [--model PATH] [--dtype auto] [--max-tokens 48]
-[--more-prompts 16] [--kv-cache-dtype int8|float16]` builds two engines in one process, the K/V
-cache in the model's dtype and in `--kv-cache-dtype` (int8: models/kv_quant.py; float16 rows of
-a float32 model: models/kv_half.py), and prints one JSON line:
+[--more-prompts 16] [--kv-cache-dtype int8|float16|int8v ...]` builds engines in one process,
+the K/V cache in the model's dtype and in each `--kv-cache-dtype` (int8: models/kv_quant.py;
+float16 rows of a float32 model: models/kv_half.py; int8v: float16 K, int8 V rows), and prints
+one JSON line per tested cache against the model's dtype:
 - greedy: the 8 prompts of bench/activation_quant_quality (issue 43's count), `--max-tokens`
   greedy tokens each: how many continuations are unchanged, and for the others the first
   position that differs and the float cache's margin there (its top-1 minus top-2
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--more-prompts", type=int, default=16, help="0: the 8 prompts only")
-    parser.add_argument("--kv-cache-dtype", default="int8", choices=["int8", "float16"])
+    parser.add_argument(
+        "--kv-cache-dtype", nargs="+", default=["int8"], choices=["int8", "float16", "int8v"]
+    )
     args = parser.parse_args(argv)
     greedy = SamplingParams(
         max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=2
@@ -70,13 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     prompts = list(PROMPTS) + more_prompts(args.more_prompts)
     nbytes = sum(len(t.encode()) for t in texts)
     runs = {}
-    tested = args.kv_cache_dtype
-    for kind in ("auto", tested):
+    for kind in ("auto", *args.kv_cache_dtype):
         config = EngineConfig(dtype=args.dtype, kv_cache_dtype=kind)
         engine = Engine.from_model(args.model, config)
         outs = [out.outputs[0] for out in engine.generate(prompts, greedy)]
         runs[kind] = ([o.token_ids for o in outs], scored(engine, texts), outs)
         del engine
+    for tested in args.kv_cache_dtype:
+        report(args, runs, tested, len(texts), nbytes)
+    return 0
+
+
+def report(args, runs: dict, tested: str, num_texts: int, nbytes: int) -> None:
+    """One JSON line: the `tested` cache's run against the model's dtype's (runs["auto"])."""
     (want, ref, float_outs), (got, test, _) = runs["auto"], runs[tested]
     first_diff = [
         next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), None)
@@ -89,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     n, more = len(PROMPTS), first_diff[len(PROMPTS) :]
     bpb = {
         kind: -sum(t.logprob for p in runs[kind][1] for t in p) / math.log(2) / nbytes
-        for kind in runs
+        for kind in ("auto", tested)
     }
     pairs = [(a, b) for pa, pb in zip(ref, test, strict=True) for a, b in zip(pa, pb, strict=True)]
     agree = sum(a.top[0][0] == b.top[0][0] for a, b in pairs)
@@ -103,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 "first_differing_token": first_diff[:n],
                 "float_margin_there": margins[:n],
                 "more_prompts_unchanged": f"{more.count(None)} / {len(more)}",
-                "passages": len(texts),
+                "passages": num_texts,
                 "bytes": nbytes,
                 "bits_per_byte": {k: round(v, 5) for k, v in bpb.items()},
                 "bits_per_byte_change": f"{100 * (bpb[tested] / bpb['auto'] - 1):+.3f}%",
@@ -117,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     )
-    return 0
 
 
 if __name__ == "__main__":

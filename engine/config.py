@@ -24,8 +24,9 @@ from engine.speculative.config import SpeculativeConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 # models/kv_quant.py, models/kv_fp8.py, models/kv_half.py (kept torch-free here); "fp8_e4m3" is
-# "fp8" (vLLM's name); "float16": a float32 model's K/V rounded to float16 (half the bytes)
-KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "float16")
+# "fp8" (vLLM's name); "float16": a float32 model's K/V rounded to float16 (half the bytes);
+# "int8v": a float32 model's K as float16 rows, V as int8 rows (0.38x float32's bytes)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "float16", "int8v")
 # The names EngineConfig.dtype accepts ("auto": resolve_dtype_name picks one).
 DTYPE_CHOICES = (*DTYPE_BYTES, "auto")
 
@@ -68,7 +69,8 @@ class EngineConfig:
     # "auto": the KV cache holds the model's dtype; "int8": int8 rows with a float32 scale per
     # token and KV head (models/kv_quant.py; CPU, read by the C++ paged attention); "fp8" (alias
     # "fp8_e4m3", stored as "fp8"): e4m3 rows with a float32 scale per token and KV head
-    # (models/kv_fp8.py; CUDA, read by the Triton paged kernels).
+    # (models/kv_fp8.py; CUDA, read by the Triton paged kernels); "float16" / "int8v": a float32
+    # model's K and V (K only, V int8 rows) as float16 rows (models/kv_half.py; CPU).
     kv_cache_dtype: str = "auto"
     compile: bool = False  # torch.compile the dense halves of each block (models/compiled_layers)
     cpu_kernels: bool = True  # on CPU: our C++ forward step + attention (models/forward_path)

@@ -96,7 +96,8 @@ class ModelRunner(StepRunner):
         # One more block than the block manager's when graphs pad decode steps: the scratch
         # block (index num_blocks) that padding rows write into.
         extra = 1 if graphs is not None else 0
-        # kv_cache_dtype "int8": int8 rows with their scales (models/kv_quant.py)
+        # kv_cache_dtype "int8": int8 rows with their scales (models/kv_quant.py); "int8v":
+        # float16 K rows, int8 V rows
         self.kv_caches = allocate_kv_cache(
             config, num_blocks + extra, block_size, dtype, device, kv_heads, kv_cache_dtype
         )

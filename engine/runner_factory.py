@@ -27,10 +27,10 @@ from engine.activation_choice import explicit, wants_int16, with_auto
 from engine.config import EngineConfig, resolve_device, resolve_dtype_name, resolve_max_model_len
 from engine.cuda_graphs.decode_graphs import GraphSettings
 from engine.kv_sizing import (
+    kv_block_bytes,
     kv_cache_budget_bytes,
     kv_cache_dtype_refusal,
-    kv_row_layout,
-    num_kv_blocks,
+    whole_blocks,
 )
 from engine.memory import CPU_DEFAULT_CAP_BYTES, free_memory_bytes
 from engine.model_runner import ModelRunner
@@ -265,7 +265,7 @@ def _build_kernels_later(config: EngineConfig, device: torch.device, group) -> b
         return False
     if explicit(config) is not None:  # its layers exist only in the kernels' layout
         return False
-    if config.kv_cache_dtype == "int8":  # only the C++ attention reads the int8 cache
+    if config.kv_cache_dtype in ("int8", "int8v"):  # only the C++ attention reads int8 rows
         return False
     from models import cpu_kernels
 
@@ -293,8 +293,15 @@ def _num_blocks(
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
-    row, element_bytes = kv_row_layout(config.kv_cache_dtype, model_config.head_dim, dtype_name)
-    blocks = num_kv_blocks(budget, num_layers, kv_heads, row, element_bytes, config.block_size)
+    per_block = kv_block_bytes(
+        config.kv_cache_dtype,
+        num_layers,
+        kv_heads,
+        model_config.head_dim,
+        dtype_name,
+        config.block_size,
+    )
+    blocks = whole_blocks(budget, per_block)
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
     return min(blocks, useful)

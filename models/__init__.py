@@ -20,7 +20,7 @@ from models.encdec.t5 import T5ForConditionalGeneration
 from models.gemma import GemmaForCausalLM
 from models.gpt2 import GPT2LMHeadModel
 from models.gpt_oss.model import GptOssForCausalLM
-from models.kv_quant import cache_row_shape, cache_torch_dtype
+from models.kv_quant import cache_row_shape, cache_torch_dtype, part_dtypes
 from models.linear_backend import pin_mkl_code_path, pin_onednn_isa
 from models.llama import LlamaForCausalLM
 from models.moe.model import MoeForCausalLM
@@ -101,15 +101,16 @@ def allocate_kv_cache(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (k, v), each [num_blocks, block_size, num_kv_heads, head_dim] of `dtype`; a
     tensor-parallel rank passes the KV heads it holds (default: the model's). `kv_cache_dtype`
-    "int8": int8 rows with their scales, [..., head_dim + 4] (models/kv_quant.py)."""
+    "int8": int8 rows with their scales, [..., head_dim + 4] (models/kv_quant.py); "int8v":
+    float16 K [..., head_dim], int8 V rows [..., head_dim + 4]."""
     heads = config.num_kv_heads if num_kv_heads is None else num_kv_heads
-    shape = (num_blocks, block_size, heads, cache_row_shape(config.head_dim, kv_cache_dtype))
-    dtype = cache_torch_dtype(dtype, kv_cache_dtype)
+    parts = [
+        ((num_blocks, block_size, heads, cache_row_shape(config.head_dim, part)),
+         cache_torch_dtype(dtype, part))
+        for part in part_dtypes(kv_cache_dtype)
+    ]  # fmt: skip
     return [
-        (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
+        tuple(torch.zeros(shape, dtype=part, device=device) for shape, part in parts)
         for _ in range(config.num_layers)
     ]
 

@@ -151,9 +151,10 @@ class CppAttentionBackend(AttentionBackend):
         return meta
 
     def write_kv(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, meta) -> None:
-        """As the base class, or int8 rows with their scales into an int8 cache: the C++
-        step's own append (models/cpu_kernels/kv_int8.h), so both paths store the same bits."""
-        if not is_quantized(cache[0]):
+        """As the base class, or int8 rows with their scales into an int8 cache (V's: K's too,
+        or K's float16 rows under int8v): the C++ step's own append
+        (models/cpu_kernels/kv_int8.h), so both paths store the same bits."""
+        if not is_quantized(cache[1]):
             super().write_kv(cache, k, v, meta)
             return
         from models import cpu_kernels

@@ -14,7 +14,7 @@ returns a `ForwardPath`:
 - `attention_kernel`: True when the C++ paged attention serves the path;
 - `description`: one line for the engine's start-up log.
 
-An int8 K/V cache (models/kv_quant.py, `--kv-cache-dtype int8`) is read by the C++ paged
+An int8 K/V cache (models/kv_quant.py, `--kv-cache-dtype int8`, or int8v's V) is read by the C++ paged
 attention only: a path without it (`attention_kernel` False: PyTorch key-block attention, Triton,
 Gemma 2's capped scores) is refused with a ValueError naming the path; an fp8 one
 (models/kv_fp8.py, `--kv-cache-dtype fp8`) by the Triton path only, on CUDA.
@@ -261,9 +261,10 @@ def _reads_its_cache(path: ForwardPath, kv_caches: list[KVCache]) -> ForwardPath
             f"this model runs on {path.description!r} here, which cannot read it: use "
             "--kv-cache-dtype auto"
         )
-    if kv_caches and is_quantized(kv_caches[0][0]) and not path.attention_kernel:
+    if kv_caches and is_quantized(kv_caches[0][1]) and not path.attention_kernel:
+        kind = "int8" if is_quantized(kv_caches[0][0]) else "int8v"  # int8v: float16 K rows
         raise ValueError(
-            f"--kv-cache-dtype int8 is read only by tgserve's C++ paged attention on a CPU; "
+            f"--kv-cache-dtype {kind} is read only by tgserve's C++ paged attention on a CPU; "
             f"this model runs on {path.description!r} here, which cannot read it: use "
             "--kv-cache-dtype auto (or a CPU with the C++ kernels and a model they serve)"
         )

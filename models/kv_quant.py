@@ -22,6 +22,11 @@ read an older one's files).
   the last dimension and element type of an allocated cache; `row_bytes` the bytes of one row
   (and of "fp8" rows, models/kv_fp8.py: e4m3 values and a float32 scale, for CUDA; of
   "float16" rows, models/kv_half.py: a float32 model's K/V rounded to float16).
+- "int8v" (`MIXED`): K and V of two layouts, a float32 model's K as "float16" rows
+  (models/kv_half.py) and V as "int8" rows: `part_dtypes(kv_cache_dtype)` names each part's
+  layout (K's, V's), and the functions above take a part's. K holds ~88% of the int8 rows' error
+  on the default model (PERFORMANCE.md), so this keeps int8 where it costs least: 3 D + 4
+  bytes a (token, KV head) against 2 D + 8 for int8 and 4 D for float16.
 - `quantize_rows(x [..., D]) -> int8 [..., D + 4]`, `dequantize_rows(c [..., D + 4]) -> float32
   [..., D]`: the reference write and read (W (q * s) / P in float64, rounded once to float32;
   the kernel computes with q and s directly, rotating the query and the output instead).
@@ -38,6 +43,15 @@ SCALE_BYTES = 4  # the float32 scale at the end of each int8 row
 QMAX = 127.0
 # The int8 rows' layout, in the K/V tiers' keys. v1: plain rows; v2: Walsh-Hadamard-rotated.
 LAYOUT = "int8-rows-v2-walsh-hadamard"
+MIXED = "int8v"  # float16 K rows, int8 V rows
+
+
+def part_dtypes(kv_cache_dtype: str) -> tuple[str, str]:
+    """The layouts of a cache's K and V parts: both `kv_cache_dtype`, or for "int8v" float16 K
+    (models/kv_half.py) and int8 V rows."""
+    if kv_cache_dtype == MIXED:
+        return kv_half.KV_CACHE_DTYPE, "int8"
+    return kv_cache_dtype, kv_cache_dtype
 
 
 def cache_row_shape(head_dim: int, kv_cache_dtype: str) -> int:

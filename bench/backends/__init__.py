@@ -55,7 +55,7 @@ class BackendOptions:
     quantization: str | None = None  # tgserve: None | "int8"
     # tgserve: "auto" | None ("none") | "int8" | "int16" (engine/activation_choice.py)
     activation_quantization: str | None = "auto"
-    kv_cache_dtype: str = "auto"  # tgserve: "auto" | "int8" | "float16" (models/kv_quant.py)
+    kv_cache_dtype: str = "auto"  # tgserve: "auto" | "int8" | "float16" | "int8v" (kv_quant.py)
     compile: bool = False  # tgserve: torch.compile the blocks' dense halves
     cpu_kernels: bool = True  # tgserve: the C++ decode step and attention kernel on CPU
     dequantize: bool = False  # tgserve: a GGUF dequantised to dtype (default: blocks as stored)

@@ -43,7 +43,7 @@ class TgserveBackend:
             )
             + (
                 f", {engine.config.kv_cache_dtype} K/V"
-                if engine.config.kv_cache_dtype in ("int8", "float16")
+                if engine.config.kv_cache_dtype in ("int8", "float16", "int8v")
                 else ""
             )
             + (", compiled" if engine.config.compile else "")

@@ -26,9 +26,12 @@ from models import kv_fp8, kv_quant
 log = logging.getLogger("tgserve.engine")
 
 
-def kv_dtype_name(cache: Any) -> str:
+def kv_dtype_name(cache: Any, v_cache: Any = None) -> str:
     """The cache's element dtype, with the int8 (fp8) rows' layout version (models/kv_quant.py,
-    models/kv_fp8.py): rows of another layout are other bytes for the same tokens."""
+    models/kv_fp8.py): rows of another layout are other bytes for the same tokens. With a V
+    cache of another dtype (int8v: float16 K, int8 V rows) both parts' names, K's first."""
+    if v_cache is not None and v_cache.dtype != cache.dtype:
+        return f"K {kv_dtype_name(cache)}, V {kv_dtype_name(v_cache)}"
     if kv_fp8.is_fp8(cache):  # bytes: the name says what they hold
         return f"{cache.dtype}|{kv_fp8.LAYOUT}"
     return f"{cache.dtype}|{kv_quant.LAYOUT}" if kv_quant.is_quantized(cache) else str(cache.dtype)
@@ -67,7 +70,7 @@ def open_tier_store(
         model=f"{model}|{quant}",
         tokenizer=tok,
         dtype=built.dtype_name,
-        kv_dtype=kv_dtype_name(kv_caches[0][0]),
+        kv_dtype=kv_dtype_name(*kv_caches[0]),
         forward_path=built.runner.forward_path.description,
         version=tgserve_version(),
     )

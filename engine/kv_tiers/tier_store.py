@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from engine.kv_tiers.block_layout import BlockLayout
 from engine.kv_tiers.config import KVTierConfig
 from engine.kv_tiers.disk_tier import DiskTier
 from engine.kv_tiers.keys import TierNamespace
@@ -44,9 +45,10 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer [num_blocks, bs,
 
 class TierStore:
     def __init__(self, config: KVTierConfig, namespace: TierNamespace, kv_caches: KVCaches) -> None:
-        k0 = kv_caches[0][0]
-        self.block_shape = (len(kv_caches), 2, *k0.shape[1:])  # [layers, K/V, bs, heads, dim]
-        self.dtype = k0.dtype
+        # [layers, K/V, bs, heads, dim], or the bytes of K and V rows of two layouts
+        self.layout = BlockLayout.of(kv_caches)
+        self.block_shape = self.layout.shape
+        self.dtype = self.layout.dtype
         self.namespace = namespace
         self.ram = RamTier(config.ram_limit)
         self.disk = DiskTier(config.disk_dir, config.disk_limit) if config.disk_dir else None
@@ -108,10 +110,9 @@ class TierStore:
         device = kv_caches[0][0].device
         if device.type == "cpu":  # block by block: small copies stay on one thread (below)
             for block_id, block in moves.loads:
-                for layer, (k_cache, v_cache) in enumerate(kv_caches):
-                    k_cache[block_id].copy_(block.kv[layer, 0])
-                    v_cache[block_id].copy_(block.kv[layer, 1])
+                self.layout.write(kv_caches, block_id, block.kv)
             return
+        # A GPU pool's K and V rows are alike (int8v, two layouts, is a CPU cache's)
         ids = torch.tensor([b for b, _ in moves.loads], dtype=torch.int64, device=device)
         kv = torch.stack([block.kv for _, block in moves.loads]).to(device)  # [N, L, 2, ...]
         for layer, (k_cache, v_cache) in enumerate(kv_caches):
@@ -124,9 +125,7 @@ class TierStore:
         (1 s against 60 ms for 61 blocks of the default model)."""
         for block_id, key, tokens in moves.saves:
             kv = torch.empty(self.block_shape, dtype=self.dtype)
-            for layer, (k_cache, v_cache) in enumerate(kv_caches):
-                kv[layer, 0].copy_(k_cache[block_id])
-                kv[layer, 1].copy_(v_cache[block_id])
+            self.layout.read(kv_caches, block_id, kv)
             self.ram.put(key, tokens, kv)
             if self.disk is not None:
                 self._queue_write(key, tokens, kv)

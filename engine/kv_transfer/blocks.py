@@ -3,7 +3,8 @@
 Contract: a batch is `transfer_id` (the decode server's name for the request it waits on), the
 chained block keys (engine/kv_tiers/keys.py: 128-bit, the same in every process), each
 block's token ids, and `kv` `[n, layers, 2, block_size, kv_heads, head_dim]` on the CPU, in
-the KV cache's dtype: the bytes of the sender's pool, bit for bit. `gather(kv_caches,
+the KV cache's dtype (or, K and V rows of two layouts, engine/kv_tiers/block_layout.py's bytes):
+the bytes of the sender's pool, bit for bit. `gather(kv_caches,
 block_ids, held)` copies pool blocks (by id) and already host-held blocks into one such tensor.
 `namespace_digest(namespace)`: 63 bits of everything but the model's path that decides the
 K/V bytes (tokenizer, dtypes, forward path, version); a receiver drops a batch whose digest is
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kv_tiers.block_layout import BlockLayout
 from engine.kv_tiers.keys import TierNamespace
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer [num_blocks, bs, heads, dim]
@@ -44,14 +46,10 @@ def namespace_digest(namespace: TierNamespace) -> int:
 def gather(kv_caches: KVCaches, block_ids: list[int], held: list[torch.Tensor]) -> torch.Tensor:
     """Pool blocks `block_ids` then `held` ([layers, 2, bs, heads, dim] each), on the CPU.
     Block by block, as the tier store's saves: small copies stay on one thread."""
-    k0 = kv_caches[0][0]
-    out = torch.empty(
-        (len(block_ids) + len(held), len(kv_caches), 2, *k0.shape[1:]), dtype=k0.dtype
-    )
+    layout = BlockLayout.of(kv_caches)
+    out = torch.empty((len(block_ids) + len(held), *layout.shape), dtype=layout.dtype)
     for i, block_id in enumerate(block_ids):
-        for layer, (k_cache, v_cache) in enumerate(kv_caches):
-            out[i, layer, 0].copy_(k_cache[block_id])
-            out[i, layer, 1].copy_(v_cache[block_id])
+        layout.read(kv_caches, block_id, out[i])
     for i, kv in enumerate(held, start=len(block_ids)):
         out[i].copy_(kv)
     return out

@@ -30,7 +30,15 @@ from models.parallel.group import bind_gloo_towards
 log = logging.getLogger("tgserve.engine")
 PREFILL_RANK, DECODE_RANK = 0, 1
 IDLE_TIMEOUT = timedelta(days=30)  # a recv waits this long for the next batch: "forever"
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.int8)
+# uint8: blocks of K and V rows of two layouts (engine/kv_tiers/block_layout.py)
+_DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.int8,
+    torch.uint8,
+)
 
 
 class KVChannel:

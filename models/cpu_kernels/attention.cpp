@@ -10,6 +10,9 @@
 // exactly, so the float32 order over the rounded rows, bit for bit).
 // int8 rows hold Walsh-Hadamard-rotated values: each query head is rotated once when packed
 // (kv_rotate_query) and each output row once before it is stored (merge_ranges).
+// K and V rows may differ (VV, default KV): a float32 model's float16 K rows with int8 V rows
+// (--kv-cache-dtype int8v: scores as the float16 cache's, the V sum and the output's rotation
+// as the int8 cache's).
 #include "kernels.h"
 
 #include "attention_range.h"
@@ -82,14 +85,14 @@ bool same_keys(const int64_t* tables, int64_t nb, const std::vector<int64_t>& st
 // busy, else whole groups (each walking its ranges in order). Either way each row's range is
 // computed by the same code into its own partials and merged by merge_ranges.
 // q and out rows are T (float32 / bf16 / half), cache rows KV (T, int8: kv_int8.h, or half for
-// T = float32: kv_half.h).
-template <typename T, typename KV, int DC>
-void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const int64_t* lens,
+// T = float32: kv_half.h), V rows VV (KV, or int8 under half K rows).
+template <typename T, typename KV, int DC, typename VV = KV>
+void decode(const T* q, const KV* kc, const VV* vc, const int64_t* tables, const int64_t* lens,
             T* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t nb,
             int64_t num_blocks, float scale, int64_t window, int* bad) {
   namespace simd = tgserve::attn;
   using QT = typename simd::QPack<KV>::type;
-  const int64_t Dp = round_up(D, simd::QPack<KV>::pad), DA = simd::acc_stride<KV>(D);
+  const int64_t Dp = round_up(D, simd::QPack<KV>::pad), DA = simd::acc_stride<VV>(D);
   const int64_t part_size = H * (DA + 2);  // one range's acc [H, DA], m [H], l [H]
   // Row b's keys [start[b], len[b]) and its ranges first[b] .. first[b + 1] - 1.
   std::vector<int64_t> start(B), len(B), first(B + 1, 0);
@@ -158,13 +161,13 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
       }
       const int64_t b0 = gfirst[j];  // every row with a range r starts it at the same key
       const int64_t k0 = start[b0] + r * kRangeKeys;
-      attend_range<KV, DC>(qrows, Dp, kc, vc, tables + b0 * nb, k0, k1, R, H, KVH, D, bs,
+      attend_range<KV, DC, VV>(qrows, Dp, kc, vc, tables + b0 * nb, k0, k1, R, H, KVH, D, bs,
                            num_blocks, scale, outs, p, bad);
     };
     auto merge = [&](int64_t b, const float* parts) {
       const int64_t R = first[b + 1] - first[b];
       for (int64_t h = 0; h < H; ++h)
-        merge_ranges<KV, T>(parts, parts + R * H * DA, parts + R * H * (DA + 1), R, H, h, DA, D, sum,
+        merge_ranges<VV, T>(parts, parts + R * H * DA, parts + R * H * (DA + 1), R, H, h, DA, D, sum,
                         out + (b * H + h) * D);
     };
     if (by_group) {
@@ -194,31 +197,32 @@ void decode(const T* q, const KV* kc, const KV* vc, const int64_t* tables, const
 
 namespace tgserve {
 
-template <typename T, typename KV>
-int paged_decode_attention(const T* q, const KV* k_cache, const KV* v_cache, const int64_t* tables,
+template <typename T, typename KV, typename VV>
+int paged_decode_attention(const T* q, const KV* k_cache, const VV* v_cache, const int64_t* tables,
                            int64_t table_width, const int64_t* seq_lens, T* out, int64_t B,
                            int64_t H, int64_t KVH, int64_t D, int64_t block_size,
                            int64_t num_blocks, float scale, int64_t window) {
   int bad = kOk;
-  const auto go = D == 64    ? decode<T, KV, 64>
-                  : D == 128 ? decode<T, KV, 128>
-                             : decode<T, KV, 0>;
+  const auto go = D == 64    ? decode<T, KV, 64, VV>
+                  : D == 128 ? decode<T, KV, 128, VV>
+                             : decode<T, KV, 0, VV>;
   go(q, k_cache, v_cache, tables, seq_lens, out, B, H, KVH, D, block_size, table_width,
      num_blocks, scale, window, &bad);
   return bad;
 }
 
-#define TGSERVE_INSTANTIATE(T, KV)                                                          \
-  template int paged_decode_attention<T, KV>(const T*, const KV*, const KV*, const int64_t*, \
-                                             int64_t, const int64_t*, T*, int64_t, int64_t,  \
-                                             int64_t, int64_t, int64_t, int64_t, float,      \
-                                             int64_t);
-TGSERVE_INSTANTIATE(float, float)
-TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16)
-TGSERVE_INSTANTIATE(c10::Half, c10::Half)
-TGSERVE_INSTANTIATE(float, c10::Half)  // a float32 model's float16 K/V rows (kv_half.h)
-TGSERVE_INSTANTIATE(float, int8_t)  // int8 K/V rows (kv_int8.h)
-TGSERVE_INSTANTIATE(c10::BFloat16, int8_t)
+#define TGSERVE_INSTANTIATE(T, KV, VV)                                                          \
+  template int paged_decode_attention<T, KV, VV>(const T*, const KV*, const VV*, const int64_t*, \
+                                                 int64_t, const int64_t*, T*, int64_t, int64_t,  \
+                                                 int64_t, int64_t, int64_t, int64_t, float,      \
+                                                 int64_t);
+TGSERVE_INSTANTIATE(float, float, float)
+TGSERVE_INSTANTIATE(c10::BFloat16, c10::BFloat16, c10::BFloat16)
+TGSERVE_INSTANTIATE(c10::Half, c10::Half, c10::Half)
+TGSERVE_INSTANTIATE(float, c10::Half, c10::Half)  // a float32 model's float16 K/V rows (kv_half.h)
+TGSERVE_INSTANTIATE(float, int8_t, int8_t)  // int8 K/V rows (kv_int8.h)
+TGSERVE_INSTANTIATE(c10::BFloat16, int8_t, int8_t)
+TGSERVE_INSTANTIATE(float, c10::Half, int8_t)  // float16 K, int8 V rows (--kv-cache-dtype int8v)
 #undef TGSERVE_INSTANTIATE
 
 }  // namespace tgserve

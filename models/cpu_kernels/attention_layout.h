@@ -130,4 +130,17 @@ void prefetch_rows(const T* kc, const T* vc, const int64_t* off, int64_t i0, int
   }
 }
 
+// The same for K and V rows of two types (a mixed cache: attention_range.h): slots[i] a token
+// slot, its K row at kc + slot * WK, its V row at vc + slot * WV (elements of each).
+template <typename KT, typename VT>
+void prefetch_slot_rows(const KT* kc, int64_t WK, const VT* vc, int64_t WV, const int64_t* slots,
+                        int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const char* k = reinterpret_cast<const char*>(kc + slots[i] * WK);
+    const char* v = reinterpret_cast<const char*>(vc + slots[i] * WV);
+    for (int64_t j = 0; j < WK * static_cast<int64_t>(sizeof(KT)); j += 64) __builtin_prefetch(k + j);
+    for (int64_t j = 0; j < WV * static_cast<int64_t>(sizeof(VT)); j += 64) __builtin_prefetch(v + j);
+  }
+}
+
 }  // namespace tgserve::attn

@@ -16,6 +16,10 @@
 // joins the score's multiplier and a V row's the key's softmax weight in the V sum (the
 // softmax's running sums keep the unscaled weights), each once per key and head, in the order
 // of the float caches.
+// K and V rows may be of two types (VT, default T: the K rows' type): a float32 model's
+// float16 K rows with int8 V rows (--kv-cache-dtype int8v; kv_int8.h). Each cache then has its
+// own row width; a chunk's rows are located once as token slots and each cache's rows found
+// from them.
 #pragma once
 
 #include "kernels.h"
@@ -60,25 +64,27 @@ struct RangeOut {
 // chain with the next row's instead of waiting at every step. Each row walks
 // the chunks k0, k0 + 16, ... < k1[i] with n = min(16, k1[i] - c0) keys, exactly as it does
 // alone (R = 1), so its bits do not depend on its group.
-// DC > 0 fixes head_dim at compile time (64, 128) so the D loops unroll.
-template <typename T, int DC>
+// DC > 0 fixes head_dim at compile time (64, 128) so the D loops unroll. T: the K rows'
+// type (the query is packed for it), VT the V rows' (the accumulators' layout).
+template <typename T, int DC, typename VT = T>
 void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_t qstride,
-                  const T* kc, const T* vc, const int64_t* table, int64_t k0, const int64_t* k1,
+                  const T* kc, const VT* vc, const int64_t* table, int64_t k0, const int64_t* k1,
                   int R, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t num_blocks,
                   float scale, const RangeOut* out, float* scratch, int* bad) {
   namespace simd = tgserve::attn;
-  constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  constexpr bool kInt8K = std::is_same_v<T, int8_t>, kInt8V = std::is_same_v<VT, int8_t>;
   // The AVX2 build transposes each chunk's K rows (widening them) for all the group's rows,
   // so only its V rows want a float32 copy, and then for bf16 / half rows too.
 #if defined(TGSERVE_ATTN_AVX2)
-  constexpr bool kKeysInLanes = true;
-  constexpr bool kWiden = !std::is_same_v<T, float>;
+  constexpr bool kWidenK = false, kWidenV = !std::is_same_v<VT, float>;
 #else
-  constexpr bool kKeysInLanes = false;
-  constexpr bool kWiden = kInt8;
+  constexpr bool kWidenK = kInt8K, kWidenV = kInt8V;
 #endif
+  constexpr bool kWiden = kWidenK || kWidenV;
+  constexpr bool kSameRows = std::is_same_v<T, VT>;
   const int64_t G = H / KVH, DS = D + tgserve::KVRowExtra<T>::value, W = KVH * DS;
-  const int64_t DA = simd::acc_stride<T>(D);
+  const int64_t DSV = D + tgserve::KVRowExtra<VT>::value, WV = KVH * DSV;
+  const int64_t DA = simd::acc_stride<VT>(D);
   float* p = scratch;                         // [R, G, kChunk] scores, then weights
   float* pv = scratch + R * G * kChunk;        // [G, kChunk] the V sum's weights (int8 rows)
   float* lsum = scratch + (R + 1) * G * kChunk;  // [R, H, kChunk]
@@ -88,6 +94,9 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
   float* vwide = kwide + kChunk * DA;  // [kChunk, DA] its V rows widened
   float kmul[kChunk], vmul[kChunk];  // each key's score multiplier and V scale
   std::fill(kmul, kmul + kChunk, scale);
+  // Where a chunk's rows are: element offsets (W per token) when K and V rows are alike, else
+  // token slots, each cache's offset then slot * W or slot * WV.
+  const int64_t WO = kSameRows ? W : 1, KW = kSameRows ? 1 : W, VW = kSameRows ? 1 : WV;
   const int64_t kmax = *std::max_element(k1, k1 + R);
   for (int i = 0; i < R; ++i) {
     std::fill(out[i].m, out[i].m + H, -std::numeric_limits<float>::infinity());
@@ -99,14 +108,17 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
   auto locate = [&](int64_t j) -> int64_t {  // fills chunk j's slot; returns its key count
     const int64_t c = k0 + j * kChunk;
     if (c >= kmax) return 0;
-    if (!chunk_offsets(table, c, kmax, bs, W, num_blocks, off[j % (kAhead + 1)]))
+    if (!chunk_offsets(table, c, kmax, bs, WO, num_blocks, off[j % (kAhead + 1)]))
       *bad = tgserve::kBadBlock;
     return std::min<int64_t>(kChunk, kmax - c);
   };
-  for (int64_t j = 0; j < kAhead; ++j)
-    prefetch_rows(kc, vc, off[j % (kAhead + 1)], 0, locate(j), W);
+  auto prefetch = [&](const int64_t* o, int64_t i0, int64_t i1) {
+    if constexpr (kSameRows) prefetch_rows(kc, vc, o, i0, i1, W);
+    else prefetch_slot_rows(kc, W, vc, WV, o, i0, i1);
+  };
+  for (int64_t j = 0; j < kAhead; ++j) prefetch(off[j % (kAhead + 1)], 0, locate(j));
   const T* krows[kChunk];
-  const T* vrows[kChunk];
+  const VT* vrows[kChunk];
   const float* kwrows[kChunk];
   const float* vwrows[kChunk];
   const typename QPack<T>::type* qg[kGroupRows];  // row i's query heads of KV head g
@@ -125,7 +137,7 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       if (n[i] == 0) continue;
       const float* pi = p + i * G * kChunk;
       float* acc = out[i].acc + g * G * DA;
-      if constexpr (kInt8) {  // weight of key j in the V sum: p * its V row's scale
+      if constexpr (kInt8V) {  // weight of key j in the V sum: p * its V row's scale
         for (int64_t h = 0; h < G; ++h)
           for (int j = 0; j < kChunk; ++j) pv[h * kChunk + j] = pi[h * kChunk + j] * vmul[j];
         simd::accumulate_chunk<UV, DC>(pv, vrow, G, D, acc, DA, n[i]);
@@ -140,15 +152,13 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
     const int64_t n_ahead = locate(j + kAhead);
     for (int64_t g = 0; g < KVH; ++g) {  // KV head g serves query heads g*G .. g*G + G-1
       // Spread the prefetches over the heads so they do not queue up all at once.
-      prefetch_rows(kc, vc, ahead, std::min(n_ahead, g * kChunk / KVH),
-                    std::min(n_ahead, (g + 1) * kChunk / KVH), W);
+      prefetch(ahead, std::min(n_ahead, g * kChunk / KVH), std::min(n_ahead, (g + 1) * kChunk / KVH));
       for (int i = 0; i < kChunk; ++i) {
-        krows[i] = kc + cur[i] + g * DS;
-        vrows[i] = vc + cur[i] + g * DS;
-        if constexpr (kInt8) {  // rows past the range repeat a valid one: finite scales
-          kmul[i] = scale * tgserve::kv_row_scale(krows[i], D);
-          vmul[i] = tgserve::kv_row_scale(vrows[i], D);
-        }
+        krows[i] = kc + cur[i] * KW + g * DS;
+        vrows[i] = vc + cur[i] * VW + g * DSV;
+        // rows past the range repeat a valid one: finite scales
+        if constexpr (kInt8K) kmul[i] = scale * tgserve::kv_row_scale(krows[i], D);
+        if constexpr (kInt8V) vmul[i] = tgserve::kv_row_scale(vrows[i], D);
       }
       int n[kGroupRows];  // row i's keys in this chunk (0: its range ended)
       for (int i = 0; i < R; ++i)
@@ -158,14 +168,16 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       if constexpr (kWiden) {
         if (R > 1) {  // each row widened once here, not once per row of the group
           const int nk = static_cast<int>(std::min<int64_t>(kChunk, kmax - c0));
-          if (!kKeysInLanes) tgserve::attn::widen_rows(krows, nk, D, DA, kwide);
-          tgserve::attn::widen_rows(vrows, nk, D, DA, vwide);
+          if constexpr (kWidenK) tgserve::attn::widen_rows(krows, nk, D, DA, kwide);
+          if constexpr (kWidenV) tgserve::attn::widen_rows(vrows, nk, D, DA, vwide);
           for (int i = 0; i < kChunk; ++i) {  // past nk: the last row again, as krows
             kwrows[i] = kwide + std::min(i, nk - 1) * DA;
             vwrows[i] = vwide + std::min(i, nk - 1) * DA;
           }
-          if constexpr (kKeysInLanes) passes(krows, vwrows, n, g);  // K widened in its transpose
-          else passes(kwrows, vwrows, n, g);
+          // AVX2: K widened in its transpose; a mixed cache's float16 K rows read in place
+          if constexpr (kWidenK && kWidenV) passes(kwrows, vwrows, n, g);
+          else if constexpr (kWidenV) passes(krows, vwrows, n, g);
+          else passes(kwrows, vrows, n, g);
           continue;
         }
       }

@@ -28,37 +28,43 @@ void check_error(int code, const char* what) {
 }
 
 // q [B, H, D]; caches [num_blocks, bs, KVH, D] of q's dtype (or float16 for a float32 q:
-// kv_half.h), or int8 [num_blocks, bs, KVH, D + 4] (kv_int8.h; q float32 or bf16); tables
-// [B, nb] int64; lens [B] int64.
+// kv_half.h), or int8 [num_blocks, bs, KVH, D + 4] (kv_int8.h; q float32 or bf16), or for a
+// float32 q float16 K with int8 V (--kv-cache-dtype int8v); tables [B, nb] int64; lens [B] int64.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor tables, torch::Tensor lens, double scale, int64_t window) {
   auto out = torch::empty_like(q);
   int code = tgserve::kOk;
   const bool int8 = k_cache.scalar_type() == at::kChar;
+  const bool int8v = v_cache.scalar_type() == at::kChar && !int8;  // float16 K rows, int8 V rows
   TORCH_CHECK(!int8 || q.scalar_type() != at::kHalf, "paged_decode: int8 K/V with float16 q");
+  TORCH_CHECK(!int8v || (q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kHalf),
+              "paged_decode: int8 V rows take float16 K rows and a float32 q");
   dispatch(q.scalar_type(), "paged_decode", [&](auto tag) {
     using T = decltype(tag);
-    auto run = [&](auto kv_tag) {
+    auto run = [&](auto kv_tag, auto vv_tag) {
       using KV = decltype(kv_tag);
-      code = tgserve::paged_decode_attention<T, KV>(
+      using VV = decltype(vv_tag);
+      code = tgserve::paged_decode_attention<T, KV, VV>(
           static_cast<const T*>(q.data_ptr()), static_cast<const KV*>(k_cache.data_ptr()),
-          static_cast<const KV*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
+          static_cast<const VV*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
           tables.size(1), lens.data_ptr<int64_t>(), static_cast<T*>(out.data_ptr()), q.size(0),
           q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), k_cache.size(0),
           static_cast<float>(scale), window);
     };
     if constexpr (std::is_same_v<T, c10::Half>) {
-      run(T{});
+      run(T{}, T{});
     } else if (int8) {
-      run(int8_t{});
+      run(int8_t{}, int8_t{});
     } else if constexpr (std::is_same_v<T, float>) {
-      if (k_cache.scalar_type() == at::kHalf) {
-        run(c10::Half{});  // a float32 model's float16 rows (kv_half.h)
+      if (int8v) {
+        run(c10::Half{}, int8_t{});  // float16 K, int8 V rows (kv_int8.h)
+      } else if (k_cache.scalar_type() == at::kHalf) {
+        run(c10::Half{}, c10::Half{});  // a float32 model's float16 rows (kv_half.h)
       } else {
-        run(T{});
+        run(T{}, T{});
       }
     } else {
-      run(T{});
+      run(T{}, T{});
     }
   });
   check_error(code, "paged_decode");
@@ -66,7 +72,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 
 // k, v [N, KVH, D] -> their int8 rows (kv_int8.h) at slots [N] of caches [blocks, bs, KVH,
-// D + 4]: the C++ step's own append, for the PyTorch layers' path.
+// D + 4]: the C++ step's own append, for the PyTorch layers' path. A float16 K cache [blocks,
+// bs, KVH, D] (--kv-cache-dtype int8v) takes K's float16 rows (kv_half.h) instead.
 void write_kv_int8(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v,
                    torch::Tensor slots) {
   const int64_t N = k.size(0), KVH = k.size(1), D = k.size(2);
@@ -74,15 +81,20 @@ void write_kv_int8(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t i = 0; i < N; ++i)
     TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "write_kv_int8: a slot outside the cache");
-  int8_t* kc = k_cache.data_ptr<int8_t>();
+  const bool half_k = k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK(half_k || k_cache.scalar_type() == at::kChar, "write_kv_int8: int8 or float16 K");
   int8_t* vc = v_cache.data_ptr<int8_t>();
   dispatch(k.scalar_type(), "write_kv_int8", [&](auto tag) {
     using T = decltype(tag);
     const T* kp = static_cast<const T*>(k.data_ptr());
     const T* vp = static_cast<const T*>(v.data_ptr());
+    auto write = [&](auto* kc) {
 #pragma omp parallel for if (N >= 64)
-    for (int64_t i = 0; i < N; ++i)
-      tgserve::append_kv(kp + i * KVH * D, vp + i * KVH * D, slot[i], KVH, D, kc, vc);
+      for (int64_t i = 0; i < N; ++i)
+        tgserve::append_kv(kp + i * KVH * D, vp + i * KVH * D, slot[i], KVH, D, kc, vc);
+    };
+    if (half_k) write(static_cast<c10::Half*>(k_cache.data_ptr()));
+    else write(k_cache.data_ptr<int8_t>());
   });
 }
 

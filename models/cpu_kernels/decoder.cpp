@@ -43,9 +43,15 @@ class LlamaDecoder {
     // float16 rows of a float32 model (kv_half.h; --kv-cache-dtype float16)
     kv_half_ = k_caches_.front().scalar_type() == at::kHalf &&
                final_norm_.scalar_type() == at::kFloat;
-    TORCH_CHECK(kv_int8_ || kv_half_ || k_caches_.front().scalar_type() == final_norm_.scalar_type(),
+    // float16 K rows with int8 V rows (kv_int8.h; --kv-cache-dtype int8v)
+    kv_int8v_ = kv_half_ && v_caches_.front().scalar_type() == at::kChar;
+    kv_half_ = kv_half_ && !kv_int8v_;
+    TORCH_CHECK(kv_int8_ || kv_half_ || kv_int8v_ ||
+                    k_caches_.front().scalar_type() == final_norm_.scalar_type(),
                 "LlamaDecoder: a K/V cache of the model's dtype, int8 rows, or float16 rows of a "
-                "float32 model");
+                "float32 model (K, and V unless int8 rows)");
+    TORCH_CHECK(kv_int8v_ || k_caches_.front().scalar_type() == v_caches_.front().scalar_type(),
+                "LlamaDecoder: K and V caches of one type, or float16 K with int8 V rows");
     for (const LayerWeights& w : layers_)  // the widest MLP row, to size element-wise threading
       intermediate_ = std::max(intermediate_, w.moe ? w.moe->top_k * w.moe->gate_up[0].out_features / 2
                                                     : w.gate_up->out_features / 2);
@@ -159,7 +165,8 @@ class LlamaDecoder {
     const T* sinp = static_cast<const T*>(rope_sin.data_ptr());
     const int64_t* slot = slots.data_ptr<int64_t>();
     const StepModel model{layers_, final_norm_, k_caches_, v_caches_, H_,
-                          KVH_,    D_,          C,         eps_,      window_, kv_int8_, kv_half_};
+                          KVH_,    D_,          C,         eps_,      window_, kv_int8_, kv_half_,
+                          kv_int8v_};
     if (one_region && region_layers_ && B <= kRegionRows && sparse_teams_on(layers_)) {
       const int code =
           one_region_step<T>(model, xp, hp, cosp, sinp, slot, tables.data_ptr<int64_t>(),
@@ -221,7 +228,7 @@ class LlamaDecoder {
   int64_t H_, KVH_, D_, hidden_ = 0, intermediate_ = 0;
   float eps_;
   int64_t window_;
-  bool kv_int8_ = false, kv_half_ = false, region_layers_ = false;
+  bool kv_int8_ = false, kv_half_ = false, kv_int8v_ = false, region_layers_ = false;
   pybind11::object all_reduce_;
   const int64_t* lora_rows_ = nullptr;  // the running step's, or none
 };

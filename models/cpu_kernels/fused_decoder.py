@@ -158,10 +158,13 @@ class FusedDecoder:
         dtype = model.model.norm.weight.dtype
         if not _linears_it_runs(model, dtype):
             return None
-        # The model's dtype, int8 rows with their scales (models/kv_quant.py), or a float32
-        # model's float16 rows (models/kv_half.py)
+        # The model's dtype, int8 rows with their scales (models/kv_quant.py), a float32
+        # model's float16 rows (models/kv_half.py), or its float16 K with int8 V rows (int8v)
         rows = (dtype, torch.int8) + ((torch.float16,) if dtype == torch.float32 else ())
         if any(k.dtype not in rows or not k.is_contiguous() for cache in kv_caches for k in cache):
+            return None
+        k0, v0 = kv_caches[0]
+        if k0.dtype != v0.dtype and (k0.dtype, v0.dtype) != (torch.float16, torch.int8):
             return None
         ext = cpu_kernels.extension()
         if ext is None:

@@ -14,12 +14,13 @@ enum KernelError : int { kOk = 0, kBadSeqLen = 1, kBadBlock = 2 };
 
 // Paged attention, one query per row (a decode, or one token of a prefill chunk).
 // q [B, H, D]; caches [num_blocks, block_size, KVH, D] of T, or int8 rows with their scales
-// [num_blocks, block_size, KVH, D + 4] (KV = int8_t: kv_int8.h; T float or bf16);
+// [num_blocks, block_size, KVH, D + 4] (KV = int8_t: kv_int8.h; T float or bf16); or, for a
+// float32 q, float16 K rows with int8 V rows (KV = c10::Half, VV = int8_t: kv_int8.h);
 // tables [B, table_width] block ids; seq_lens [B]; out [B, H, D]. Sequence b attends to its
 // keys max(0, len - window) .. len - 1 (window <= 0: all). Scores, softmax and the V sum in
 // float32.
-template <typename T, typename KV = T>
-int paged_decode_attention(const T* q, const KV* k_cache, const KV* v_cache, const int64_t* tables,
+template <typename T, typename KV = T, typename VV = KV>
+int paged_decode_attention(const T* q, const KV* k_cache, const VV* v_cache, const int64_t* tables,
                            int64_t table_width, const int64_t* seq_lens, T* out, int64_t B,
                            int64_t H, int64_t KVH, int64_t D, int64_t block_size,
                            int64_t num_blocks, float scale, int64_t window);

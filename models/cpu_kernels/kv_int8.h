@@ -130,25 +130,29 @@ void quantize_kv_row(const T* x, int64_t D, int8_t* dst) {
   std::memcpy(dst + D, &s, sizeof(float));
 }
 
-// One token's K and V heads (k, v [KVH, D] of T) into cache slot `slot` (caches of KV rows
-// [slots, KVH, D + KVRowExtra<KV>]): copied as they are into a cache of T, quantised row by
-// row into an int8 one, rounded to float16 (saturated) into a float16 one (kv_half.h).
+// One token's KVH heads of K or of V (x [KVH, D] of T) into cache slot `slot` (a cache of KV
+// rows [slots, KVH, D + KVRowExtra<KV>]): copied as they are into a cache of T, quantised row
+// by row into an int8 one, rounded to float16 (saturated) into a float16 one (kv_half.h).
 template <typename T, typename KV>
-void append_kv(const T* k, const T* v, int64_t slot, int64_t KVH, int64_t D, KV* kc, KV* vc) {
+void append_rows(const T* x, int64_t slot, int64_t KVH, int64_t D, KV* cache) {
   const int64_t DS = D + KVRowExtra<KV>::value;
   if constexpr (std::is_same_v<KV, int8_t>) {
-    for (int64_t g = 0; g < KVH; ++g) {
-      quantize_kv_row(k + g * D, D, kc + (slot * KVH + g) * DS);
-      quantize_kv_row(v + g * D, D, vc + (slot * KVH + g) * DS);
-    }
+    for (int64_t g = 0; g < KVH; ++g) quantize_kv_row(x + g * D, D, cache + (slot * KVH + g) * DS);
   } else if constexpr (std::is_same_v<KV, c10::Half> && !std::is_same_v<T, c10::Half>) {
-    narrow_kv_row(k, KVH * D, kc + slot * KVH * D);  // a float32 model's float16 rows: kv_half.h
-    narrow_kv_row(v, KVH * D, vc + slot * KVH * D);
+    narrow_kv_row(x, KVH * D, cache + slot * KVH * D);  // a float32 model's float16 rows: kv_half.h
   } else {
     static_assert(std::is_same_v<KV, T>, "a float cache holds the model's dtype");
-    std::copy(k, k + KVH * D, kc + slot * KVH * D);
-    std::copy(v, v + KVH * D, vc + slot * KVH * D);
+    std::copy(x, x + KVH * D, cache + slot * KVH * D);
   }
+}
+
+// One token's K and V heads (k, v [KVH, D] of T) into cache slot `slot`: K rows of KV, V rows
+// of VV (KV, or int8 under a float32 model's float16 K rows: --kv-cache-dtype int8v), each
+// written alone as append_rows says.
+template <typename T, typename KV, typename VV = KV>
+void append_kv(const T* k, const T* v, int64_t slot, int64_t KVH, int64_t D, KV* kc, VV* vc) {
+  append_rows(k, slot, KVH, D, kc);
+  append_rows(v, slot, KVH, D, vc);
 }
 
 }  // namespace tgserve

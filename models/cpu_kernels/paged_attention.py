@@ -10,8 +10,10 @@ sits in block `block_tables[b, t // block_size]` at offset `t % block_size` of c
 `[num_blocks, block_size, kv_heads, head_dim]` (contiguous, float32 / bfloat16 / float16,
 same dtype as q; or float16 caches with a float32 q, models/kv_half.py: each value widened
 exactly, so the float32 kernel's bits over the rounded rows), or int8 caches `[num_blocks, block_size, kv_heads, head_dim + 4]` whose rows
-carry their own scale (models/kv_quant.py; q float32 or bfloat16), read in place. Scores,
-softmax and the V sum run in float32.
+carry their own scale (models/kv_quant.py; q float32 or bfloat16), read in place; or, for a
+float32 q, float16 K `[..., head_dim]` with int8 V rows `[..., head_dim + 4]` (`--kv-cache-dtype
+int8v`: scores as the float16 cache's, the V sum as the int8 cache's). Scores, softmax and the
+V sum run in float32.
 
 The C++ source (attention.cpp) is built with the other CPU kernels at first use (see
 models/cpu_kernels/__init__.py). `is_available()` says False (and logs why, once) when it
@@ -51,7 +53,17 @@ def paged_decode_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D] (one query per row, at position seq_len - 1 of its row) -> [B, H, D]."""
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+    # int8v: float16 K [..., D], int8 V rows [..., D + 4]
+    mixed = k_cache.dtype == torch.float16 and v_cache.dtype == torch.int8
+    if (
+        q.dim() != 3
+        or k_cache.dim() != 4
+        or v_cache.dim() != 4
+        or (
+            k_cache.shape[:3] != v_cache.shape[:3]
+            or (k_cache.shape[3] != v_cache.shape[3]) != mixed
+        )
+    ):
         raise ValueError(
             f"expected q [B, H, D] and equal caches [blocks, bs, KVH, D]; got q {tuple(q.shape)},"
             f" k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}"
@@ -60,12 +72,16 @@ def paged_decode_attention(
     kv_heads = k_cache.shape[2]
     int8 = k_cache.dtype == torch.int8
     row = dim + SCALE_BYTES if int8 else dim
-    if k_cache.shape[3] != row or heads % kv_heads != 0:
+    v_row = dim + SCALE_BYTES if int8 or mixed else dim
+    if k_cache.shape[3] != row or v_cache.shape[3] != v_row or heads % kv_heads != 0:
         raise ValueError(
             f"head_dim {dim} / heads {heads} do not fit the cache's {kv_heads} KV heads"
             f" of {k_cache.shape[3]} elements"
         )
-    if int8:
+    if mixed:
+        if q.dtype != torch.float32:
+            raise ValueError(f"float16 K with int8 V rows are read with a float32 q, got {q.dtype}")
+    elif int8:
         if q.dtype not in _INT8_Q_DTYPES or v_cache.dtype != torch.int8:
             raise ValueError(f"int8 K/V caches are read with q in {_INT8_Q_DTYPES}, got {q.dtype}")
     elif q.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype or not _reads(q, k_cache):

@@ -17,10 +17,14 @@ int decode_attention(const StepModel& m, size_t l, const T* q, T* out, const int
   };
   if (m.kv_int8)
     return attend(static_cast<const int8_t*>(kc.data_ptr()), static_cast<const int8_t*>(vc.data_ptr()));
-  if constexpr (std::is_same_v<T, float>)  // float16 rows of a float32 model (kv_half.h)
+  if constexpr (std::is_same_v<T, float>) {  // a float32 model's float16 K (and V) rows
+    if (m.kv_int8v)
+      return attend(static_cast<const c10::Half*>(kc.data_ptr()),
+                    static_cast<const int8_t*>(vc.data_ptr()));
     if (m.kv_half)
       return attend(static_cast<const c10::Half*>(kc.data_ptr()),
                     static_cast<const c10::Half*>(vc.data_ptr()));
+  }
   return attend(static_cast<const T*>(kc.data_ptr()), static_cast<const T*>(vc.data_ptr()));
 }
 

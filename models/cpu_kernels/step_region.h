@@ -56,11 +56,12 @@ struct StepModel {
   int64_t window;
   bool kv_int8;
   bool kv_half;  // float16 rows of a float32 model (kv_half.h; --kv-cache-dtype float16)
+  bool kv_int8v;  // a float32 model's float16 K rows, int8 V rows (--kv-cache-dtype int8v)
 };
 
 // Row `row` [q + 2 kv] of layer w's qkv: (q / k norms per head, Qwen3,) rotary on q and k in
-// place, q to q_out [H * D], k and v to the cache at `slot` (int8 rows, float16 rows or the
-// model's dtype).
+// place, q to q_out [H * D], k and v to the cache at `slot` (int8 rows, float16 rows, float16 K
+// with int8 V rows, or the model's dtype).
 template <typename T>
 void rope_and_append(const StepModel& m, const LayerWeights& w, T* row, const T* cos,
                      const T* sin, int64_t slot, void* kc, void* vc, T* q_out) {
@@ -77,6 +78,9 @@ void rope_and_append(const StepModel& m, const LayerWeights& w, T* row, const T*
   if (m.kv_int8)
     append_kv(row + q_size, row + q_size + kv_size, slot, m.KVH, m.D, static_cast<int8_t*>(kc),
               static_cast<int8_t*>(vc));
+  else if (m.kv_int8v)
+    append_kv(row + q_size, row + q_size + kv_size, slot, m.KVH, m.D,
+              static_cast<c10::Half*>(kc), static_cast<int8_t*>(vc));
   else if (m.kv_half)
     append_kv(row + q_size, row + q_size + kv_size, slot, m.KVH, m.D,
               static_cast<c10::Half*>(kc), static_cast<c10::Half*>(vc));

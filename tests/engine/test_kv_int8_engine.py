@@ -1,16 +1,18 @@
-"""`--kv-cache-dtype int8` (and `float16`, models/kv_half.py) behind a real engine (tiny seeded
-Llama, 2 layers, 2 KV heads, head_dim 16, block 4, float32 model):
+"""`--kv-cache-dtype int8` (and `float16`, models/kv_half.py, and `int8v`: float16 K rows, int8
+V rows) behind a real engine (tiny seeded Llama, 2 layers, 2 KV heads, head_dim 16, block 4,
+float32 model):
 
 - the pool holds the tokens its bytes allow: a block is 2 * 2 layers * 4 tokens * 2 heads *
   (16 + 4) bytes = 640 against float32's 2 * 2 * 4 * 2 * 16 * 4 = 2048 (3.2x the blocks here;
   3.76x for the default model's head_dim 64), a float16 one 2 * 2 * 4 * 2 * 16 * 2 = 1024 (2x),
-  counted by the block manager;
+  an int8v one 2 * 4 * 2 * (16 * 2 + 16 + 4) = 832 (2.46x; 2.61x at head_dim 64), counted by
+  the block manager;
 - a request's greedy answer is its solo run's whatever else shares the pool with it: beside other
   requests, preempted and recomputed, or over a prefix cached by an earlier request;
 - the K/V tiers move int8 (float16) blocks as they move float32 ones (a prefix evicted to the
   RAM tier answers as the cold run), and never hand a float32 cache's blocks to an int8 (float16)
   engine, nor an older int8 row layout's (the tier key holds the K/V dtype and the int8 layout's
-  version);
+  version), nor int8v blocks to a float16 engine (the key names K's and V's dtypes);
 - what cannot serve int8 K/V says so: fp8 on a CPU, no C++ kernels, encoder-decoder models,
   a model whose attention is the PyTorch key-block one (Gemma 2's capped scores).
 Oracles: hand-computed block counts; the same request alone on a fresh int8 engine."""
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.cpu_kernels  # the C++ attention reads the int8 rows: C
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 INT8 = dict(kv_cache_dtype="int8")
-BLOCK_BYTES = {"int8": 640, "float16": 1024}  # a block's K/V bytes, by hand (module doc)
+BLOCK_BYTES = {"int8": 640, "float16": 1024, "int8v": 832}  # a block's K/V, by hand (module doc)
 FLOAT32_BLOCK = 2048
 
 
@@ -121,6 +123,15 @@ def test_blocks_go_through_the_ram_tier_and_only_to_engines_of_their_kind(
     )
     other.generate([prompt], GREEDY)
     assert other.stats().kv_tiers.disk_hits == 0
+    if kind == "int8v":  # nor a float16 engine, whose K rows are int8v's K rows' dtype
+        half = tiny_engine(
+            model,
+            kv_cache_memory_bytes=58 * 1024,
+            kv_cache_dtype="float16",
+            kv_tiers=KVTierConfig(disk_dir=str(tmp_path)),
+        )
+        half.generate([prompt], GREEDY)
+        assert half.stats().kv_tiers.disk_hits == 0
     if kind != "int8":
         return
     # nor does an int8 engine of another row layout (the key holds the layout's version)

@@ -12,6 +12,9 @@
   derived from the rows' scales (below);
 - a row's output has the same bits alone or in batches of 2..41 (both work splits), and alone
   or among the rows of its prefill chunk (which read the chunk's int8 rows widened).
+Each kernel claim holds too for `--kv-cache-dtype int8v` (`half_k`: a float32 model's float16 K
+rows, models/kv_half.py, with int8 V rows), whose append writes `to_half_rows` K rows and
+`quantize_rows` V rows bit for bit.
 The oracle is the float64 reference attention (models/attention.reference_attention)."""
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from models import cpu_kernels
 from models.attention import reference_attention
 from models.cpu_kernels.paged_attention import paged_decode_attention
+from models.kv_half import to_half_rows
 from models.kv_quant import SCALE_BYTES, dequantize_rows, quantize_rows
 
 pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
@@ -59,6 +63,24 @@ def test_the_cpp_append_writes_the_documented_rows_within_half_a_step(head_dim) 
     assert torch.equal(k_cache.flatten(0, 1)[where], quantize_rows(k.bfloat16()))
 
 
+def test_the_cpp_append_writes_float16_k_and_int8_v_rows_under_int8v() -> None:
+    """A float16 K cache beside an int8 V cache: K rows as models/kv_half.py rounds them
+    (saturated), V rows as quantize_rows; float32 and bf16 inputs."""
+    gen = torch.Generator().manual_seed(2)
+    kv_heads, slots, head_dim = 3, 12, 64
+    k = torch.randn(slots, kv_heads, head_dim, generator=gen) * 7
+    k[3, 0, 5] = 1e6  # past float16's largest finite value: saturated, never inf
+    v = torch.randn(slots, kv_heads, head_dim, generator=gen)
+    k_cache = torch.full((4, 4, kv_heads, head_dim), 3.0, dtype=torch.float16)
+    v_cache = torch.full((4, 4, kv_heads, head_dim + SCALE_BYTES), 99, dtype=torch.int8)
+    where = torch.randperm(16, generator=gen)[:slots]
+    for x, y in ((k, v), (k.bfloat16(), v.bfloat16())):
+        ext().write_kv_int8(k_cache, v_cache, x, y, where)
+        assert torch.equal(k_cache.flatten(0, 1)[where], to_half_rows(x))
+        assert torch.equal(v_cache.flatten(0, 1)[where], quantize_rows(y))
+    assert torch.isfinite(k_cache).all()
+
+
 def test_the_cpp_append_and_quantize_rows_agree_on_every_row_of_many() -> None:
     """Bit for bit on 80,000 rows, not a dozen: a rounding of 127 / max|y| other than the
     writer's (torch's scalar / tensor is a reciprocal times the scalar) flips a value in a few
@@ -87,16 +109,29 @@ def test_the_rotation_halves_the_rounding_error_of_rows_with_large_channels() ->
     assert rotated < 0.5 * rms(plain(x) - x)
 
 
-def int8_case(heads, kv_heads, block_size, seq_lens, window, q_dtype, head_dim=64, seed=0):
-    """Float K/V quantised into shuffled blocks of an int8 cache -> (kernel out, reference over
-    the dequantised K/V, reference over the float K/V, the largest V scale and |v|, each row's
-    largest score error E)."""
+def k_rows(half_k: bool):
+    """(write, read) of K rows: int8 rows, or int8v's float16 rows (models/kv_half.py)."""
+    if half_k:
+        return to_half_rows, lambda rows: rows.float()
+    return quantize_rows, dequantize_rows
+
+
+def int8_case(
+    heads, kv_heads, block_size, seq_lens, window, q_dtype, head_dim=64, seed=0, half_k=False
+):
+    """Float K/V quantised into shuffled blocks of an int8 cache (`half_k`: K float16 rows, V
+    int8) -> (kernel out, reference over the dequantised K/V, reference over the float K/V, the
+    largest V scale and |v|, each row's largest score error E)."""
     gen = torch.Generator().manual_seed(seed)
+    write_k, read_k = k_rows(half_k)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3  # spare blocks hold garbage the kernel must not read
     shape = (num_blocks, block_size, kv_heads, head_dim + SCALE_BYTES)
-    k_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     v_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
+    if half_k:
+        k_cache = torch.randn(*shape[:3], head_dim, generator=gen).half()
+    else:
+        k_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     tables = torch.zeros(len(seq_lens), max(blocks_per_seq) + 1, dtype=torch.int64)
     qs, on_int8, on_float, v_scale, v_max, k_err = [], [], [], 0.0, 0.0, []
@@ -105,7 +140,7 @@ def int8_case(heads, kv_heads, block_size, seq_lens, window, q_dtype, head_dim=6
         tables[i, : len(table)] = torch.tensor(table)
         k = torch.randn(n, kv_heads, head_dim, generator=gen) * 2
         v = torch.randn(n, kv_heads, head_dim, generator=gen)
-        kq, vq = quantize_rows(k), quantize_rows(v)
+        kq, vq = write_k(k), quantize_rows(v)
         for t in range(n):
             k_cache[table[t // block_size], t % block_size] = kq[t]
             v_cache[table[t // block_size], t % block_size] = vq[t]
@@ -113,13 +148,13 @@ def int8_case(heads, kv_heads, block_size, seq_lens, window, q_dtype, head_dim=6
         qs.append(q)
         scale = head_dim**-0.5
         on_int8.append(
-            reference_attention(q.float(), dequantize_rows(kq), dequantize_rows(vq), scale, window)
+            reference_attention(q.float(), read_k(kq), dequantize_rows(vq), scale, window)
         )
         on_float.append(reference_attention(q.float(), k, v, scale, window))
         v_scale = max(v_scale, float(vq[..., head_dim:].contiguous().view(torch.float32).max()))
         v_max = max(v_max, float(v.abs().max()))
         # |q . (k - k')| * scale per query head, at most: the score error E of this row
-        dk = (dequantize_rows(kq) - k).abs().amax(dim=(0, 2))  # [kv_heads]
+        dk = (read_k(kq) - k).abs().amax(dim=(0, 2))  # [kv_heads]
         group = heads // kv_heads
         k_err.append(
             float((q.float()[0].abs().sum(-1) * dk.repeat_interleave(group)).max() * scale)
@@ -134,12 +169,15 @@ def int8_case(heads, kv_heads, block_size, seq_lens, window, q_dtype, head_dim=6
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (6, 1)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("half_k", [False, True], ids=["int8", "int8v"])
 def test_int8_rows_equal_the_reference_over_their_dequantised_values(
-    heads, kv_heads, block_size, window
+    heads, kv_heads, block_size, window, half_k
 ) -> None:
     # one token, a block edge, several key chunks, and a context of two key ranges (> 256)
     lens = [1, 16, 17, 70, 300]
-    out, want, _, _, _ = int8_case(heads, kv_heads, block_size, lens, window, torch.float32)
+    out, want, _, _, _ = int8_case(
+        heads, kv_heads, block_size, lens, window, torch.float32, half_k=half_k
+    )
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
@@ -152,22 +190,35 @@ def test_int8_rows_with_bf16_queries_and_other_head_dims(head_dim) -> None:
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
 
 
-def test_int8_output_stays_within_the_bound_its_scales_give() -> None:
+@pytest.mark.parametrize("head_dim", [40, 128])
+def test_int8v_rows_with_other_head_dims(head_dim) -> None:
+    """float16 K with int8 V rows: a head_dim with partial vectors, and the 128 one."""
+    out, want, _, _, _ = int8_case(
+        8, 2, 16, [3, 33, 64], None, torch.float32, head_dim, half_k=True
+    )
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("half_k", [False, True], ids=["int8", "int8v"])
+def test_int8_output_stays_within_the_bound_its_scales_give(half_k) -> None:
     """Against the float K/V: V rounding moves a convex combination of V rows by at most
     max s_v / 2; a score error of at most E moves each softmax weight by a factor in
     [e^-2E, e^2E], so the output moves by at most (e^2E - 1) max|v| more."""
-    out, _, on_float, (v_scale, v_max), k_err = int8_case(6, 2, 16, [40, 200], None, torch.float32)
+    out, _, on_float, (v_scale, v_max), k_err = int8_case(
+        6, 2, 16, [40, 200], None, torch.float32, half_k=half_k
+    )
     for row in range(out.shape[0]):
         bound = v_scale / 2 + math.expm1(2 * k_err[row]) * v_max + 1e-5  # + float32's own
         assert float((out[row] - on_float[row]).abs().max()) <= bound
 
 
-def test_an_int8_row_does_not_depend_on_the_batch() -> None:
+@pytest.mark.parametrize("half_k", [False, True], ids=["int8", "int8v"])
+def test_an_int8_row_does_not_depend_on_the_batch(half_k) -> None:
     gen = torch.Generator().manual_seed(5)
     rows, max_len, block_size, kv_heads, head_dim = 41, 700, 16, 3, 64
     blocks = -(-max_len // block_size)
     shape = (blocks * rows, block_size, kv_heads, head_dim)
-    k_cache = quantize_rows(torch.randn(shape, generator=gen))
+    k_cache = k_rows(half_k)[0](torch.randn(shape, generator=gen))
     v_cache = quantize_rows(torch.randn(shape, generator=gen))
     tables = torch.arange(blocks * rows, dtype=torch.int64).view(rows, blocks)
     lens = [650] + torch.randint(1, max_len, (rows - 1,), generator=gen).tolist()
@@ -183,7 +234,8 @@ def test_an_int8_row_does_not_depend_on_the_batch() -> None:
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (5, 1), (4, 4)])
-def test_a_prefill_chunks_int8_rows_equal_each_row_alone(heads, kv_heads) -> None:
+@pytest.mark.parametrize("half_k", [False, True], ids=["int8", "int8v"])
+def test_a_prefill_chunks_int8_rows_equal_each_row_alone(heads, kv_heads, half_k) -> None:
     """Consecutive rows of one sequence (a prefill chunk: groups of up to 8 rows read each K/V
     chunk together, its int8 rows widened once into L1) give each row the bits it gets alone
     (its rows read in place); heads per KV head 3, 5 (4 + 1) and 1."""
@@ -191,7 +243,7 @@ def test_a_prefill_chunks_int8_rows_equal_each_row_alone(heads, kv_heads) -> Non
     length, chunk, block_size, head_dim = 300, 11, 16, 64
     blocks = -(-length // block_size)
     shape = (blocks + 2, block_size, kv_heads, head_dim)
-    k_cache = quantize_rows(torch.randn(shape, generator=gen) * 3)
+    k_cache = k_rows(half_k)[0](torch.randn(shape, generator=gen) * 3)
     v_cache = quantize_rows(torch.randn(shape, generator=gen))
     table = torch.randperm(blocks + 2, generator=gen)[:blocks].view(1, blocks)
     q = torch.randn(chunk, heads, head_dim, generator=gen)
@@ -215,3 +267,8 @@ def test_int8_caches_refuse_what_the_kernel_cannot_read() -> None:
     with pytest.raises(ValueError, match="KV heads of 64 elements"):
         short = torch.zeros(2, 4, 2, 64, dtype=torch.int8)  # no room for the scales
         paged_decode_attention(q, short, short, tables, lens, 0.125)
+    half = torch.zeros(2, 4, 2, 64, dtype=torch.float16)  # int8v: float16 K, int8 V rows
+    with pytest.raises(ValueError, match="read with a float32 q"):
+        paged_decode_attention(q.bfloat16(), half, cache, tables, lens, 0.125)
+    with pytest.raises(ValueError, match="equal caches"):  # int8 V rows without their scales
+        paged_decode_attention(q, half, torch.zeros_like(half, dtype=torch.int8), tables, lens, 0.1)

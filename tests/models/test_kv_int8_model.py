@@ -8,7 +8,9 @@ transformers checkpoints:
   do the PyTorch layers with the C++ attention (GPT-2: the path of models the C++ step does not
   run; the same C++ append, kv_int8.h);
 - a sequence gets the same logits and the same int8 rows alone or beside other sequences'
-  prefill chunks and decodes (bit for bit), in float32 and bfloat16 models."""
+  prefill chunks and decodes (bit for bit), in float32 and bfloat16 models;
+- the same for `--kv-cache-dtype int8v` (float16 K rows as models/kv_half.py rounds them, int8 V
+  rows) in a float32 model."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from models.attention_backend import BlockAttentionBackend
 from models.cpu_kernels.fused_decoder import FusedDecoder
 from models.forward_path import PyTorchPath
+from models.kv_half import to_half_rows
 from models.kv_quant import dequantize_rows, quantize_rows
 from tests.checkpoints import make_hf_model
 from tests.models import test_cpu_kernel_invariance as invariance
@@ -29,13 +32,17 @@ pytestmark = pytest.mark.cpu_kernels  # skipped off the CPU (tests/conftest.py)
 
 class RoundedRowsBackend(BlockAttentionBackend):
     """The PyTorch key-block attention over a float cache whose rows are written as the int8
-    layout stores them (the reference of the int8 path)."""
+    layout stores them (the reference of the int8 path); `half_k`: K rows rounded to float16
+    instead (int8v)."""
+
+    half_k = False
 
     def write_kv(self, cache, k, v, meta) -> None:
         def rounded(x):
             return dequantize_rows(quantize_rows(x)).to(x.dtype)
 
-        super().write_kv(cache, rounded(k), rounded(v), meta)
+        k = to_half_rows(k).to(k.dtype) if self.half_k else rounded(k)
+        super().write_kv(cache, k, rounded(v), meta)
 
 
 def run_steps(driver: PagedDriver, path, tokens: list[list[int]]) -> torch.Tensor:
@@ -55,15 +62,25 @@ def int8_path(ours, driver: PagedDriver, path: str):
     return PyTorchPath(ours, driver.kv, attention_kernel=True)  # PyTorch layers, C++ attention
 
 
-@pytest.mark.parametrize("arch,path", [("llama", "step"), ("qwen2", "step"), ("gpt2", "layers")])
-def test_int8_logits_equal_the_reference_over_rounded_rows(arch, path) -> None:
+@pytest.mark.parametrize(
+    "arch,path,kind",
+    [
+        ("llama", "step", "int8"),
+        ("qwen2", "step", "int8"),
+        ("gpt2", "layers", "int8"),
+        ("llama", "step", "int8v"),
+        ("gpt2", "layers", "int8v"),
+    ],
+)
+def test_int8_logits_equal_the_reference_over_rounded_rows(arch, path, kind) -> None:
     ours = ours_from(make_hf_model(arch), torch.float32)
     tokens = prompts((9, 21, 14), seed=2)
-    int8 = PagedDriver(ours, kv_cache_dtype="int8")
+    int8 = PagedDriver(ours, kv_cache_dtype=kind)
     got = run_steps(int8, int8_path(ours, int8, path), tokens)
     ref = PagedDriver(ours)
     path = PyTorchPath(ours, ref.kv, attention_kernel=False)
     path.attention = RoundedRowsBackend.for_model(ours, ref.kv)
+    path.attention.half_k = kind == "int8v"
     want = run_steps(ref, path, tokens)
     plain = PagedDriver(ours)
     unrounded = run_steps(plain, int8_path(ours, plain, path), tokens)
@@ -73,8 +90,10 @@ def test_int8_logits_equal_the_reference_over_rounded_rows(arch, path) -> None:
     assert moved >= 20 * err, (moved, err)  # the rounding is seen, and reproduced
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(dtype) -> None:
+@pytest.mark.parametrize(
+    "dtype,kind", [(torch.float32, "int8"), (torch.bfloat16, "int8"), (torch.float32, "int8v")]
+)
+def test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(dtype, kind) -> None:
     invariance.test_the_cpp_step_gives_a_sequence_the_same_bits_alone_or_batched(
-        dtype, "qwen3", "int8"
+        dtype, "qwen3", kind
     )
