@@ -53,6 +53,7 @@ from engine.requests.outputs import (
     RequestOutput,
     StepEvent,
 )
+from engine.requests.plain_output import PlainOutput
 from engine.requests.request import Request
 from engine.requests.request_stream import RequestStream
 from engine.requests.sampling_params import (
@@ -96,6 +97,7 @@ __all__ = [
     "LoraConfig",
     "OutputAccumulator",
     "Overloaded",
+    "PlainOutput",
     "QueueFullError",
     "Request",
     "RequestMetrics",

@@ -24,6 +24,7 @@ from engine.decoding.parallel_sampling import (
 from engine.decoding.stop_checker import StopCriteria
 from engine.grammar.grammar_compiler import CompiledGrammar
 from engine.requests.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepEvent
+from engine.requests.plain_output import PlainOutput
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.sampling.step_io import Draw, PromptAsk, SeedKey
 from engine.scheduling.scheduler import ScheduledChunk, Scheduler
@@ -176,10 +177,14 @@ class RequestState:
         self.mark_finished(time.time())
 
     # ----- the output -----------------------------------------------------------------------
-    def output(self) -> RequestOutput:
-        """What moved since the previous call (see outputs.py): deltas per index."""
+    def output(self) -> RequestOutput | PlainOutput:
+        """What moved since the previous call (see outputs.py): deltas per index; a
+        one-sequence request's as one `PlainOutput` (plain_output.py)."""
         request = self.request
         finished = request.status is RequestStatus.FINISHED  # (`is_finished`, once)
+        metrics = self._metrics  # (the scheduler sets the cached prompt tokens at admission)
+        if metrics is None or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens:
+            metrics = self._current_metrics()
         if self.plain:  # one sequence, index 0: select_outputs would keep it as is
             # `_delta(0, seq)` inline (per row per step): its sent counts in two fields, no
             # detokenizer looked up when the request has none.
@@ -191,20 +196,23 @@ class RequestState:
             if self._detokenizers and (detok := self._detok_done(seq)) is not None:
                 text = detok.take_new_text()
                 self._plain_chars_sent = sent_chars + len(text)
-            completions = (
-                CompletionOutput(
-                    0,
-                    text,
-                    new_ids,
-                    seq.cumulative_logprob,
-                    tuple(seq.logprobs[sent_tokens:]) if self._wants_logprobs else None,
-                    seq.finish_reason,
-                    seq.stop_reason,
-                    sent_chars,
-                    sent_tokens,
-                ),
+            return PlainOutput(  # positional: once per request per step, keywords cost more
+                request.request_id,
+                self._input_token_ids,
+                text,
+                new_ids,
+                seq.cumulative_logprob,
+                tuple(seq.logprobs[sent_tokens:]) if self._wants_logprobs else None,
+                seq.finish_reason,
+                seq.stop_reason,
+                sent_chars,
+                sent_tokens,
+                finished,
+                None if self._prompt_logprobs_done else self._take_prompt_logprobs(),
+                metrics,
+                self.error,
             )
-        elif self.beam is not None and self._beam_stream is not None:
+        if self.beam is not None and self._beam_stream is not None:
             completions = self._beam_stream.outputs(request, self.beam)
         elif finished and keeps_best(request.params) and len(request.seqs) > 1:
             completions = select_outputs(
@@ -216,9 +224,6 @@ class RequestState:
                 request.params,
                 finished,
             )
-        metrics = self._metrics  # (the scheduler sets the cached prompt tokens at admission)
-        if metrics is None or metrics.num_cached_prompt_tokens != request.num_cached_prompt_tokens:
-            metrics = self._current_metrics()
         return RequestOutput(  # positional: once per request per step, keywords cost more
             request.request_id,
             self._input_token_ids,

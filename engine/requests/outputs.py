@@ -13,6 +13,8 @@ Contract:
 - `cumulative_logprob` and the finish fields are the index's current totals, not deltas.
 - `RequestOutput.prompt_logprobs` appears once, in the first output after the whole prompt has
   been computed (first entry None: the first prompt token is unscored).
+- A one-sequence request's outputs come as `PlainOutput`s (plain_output.py): one object that
+  reads as a `RequestOutput` whose only `CompletionOutput` is itself (`general()` converts).
 - Merging two unread outputs of one request (`RequestOutput.merge`) gives the output that
   carries both deltas, which is what lets a slow reader hold one slot instead of a queue.
 Cost: an output is O(new tokens) to build and to merge in order, so a request of L tokens costs
@@ -121,7 +123,10 @@ class RequestOutput:
     error: str | None = None  # set when finish_reason is "error"
 
     def merge(self, newer: RequestOutput) -> RequestOutput:
-        """The output carrying this one's deltas and the newer one's (same request)."""
+        """The output carrying this one's deltas and the newer one's (same request; the newer
+        may be a one-sequence request's `PlainOutput`, plain_output.py)."""
+        if type(newer) is not RequestOutput:
+            newer = newer.general()
         by_index = {o.index: o for o in self.outputs}
         for o in newer.outputs:
             by_index[o.index] = by_index[o.index].merge(o) if o.index in by_index else o
@@ -164,8 +169,11 @@ class OutputAccumulator:
 
     def result(self) -> RequestOutput:
         """The whole output so far; raises if nothing was added."""
-        if self._last is None:
+        last = self._last
+        if last is None:
             raise ValueError("no output was added")
+        if type(last) is not RequestOutput:  # a PlainOutput (plain_output.py)
+            last = last.general()
         outputs = tuple(
             replace(
                 c,
@@ -175,9 +183,9 @@ class OutputAccumulator:
                 text_offset=0,
                 token_offset=0,
             )
-            for c in self._last.outputs
+            for c in last.outputs
         )
-        return replace(self._last, outputs=outputs, prompt_logprobs=self._prompt_logprobs)
+        return replace(last, outputs=outputs, prompt_logprobs=self._prompt_logprobs)
 
 
 def closing_output(

@@ -81,6 +81,8 @@ class Job:
     def copies_of(self, out: CompletionOutput) -> tuple[CompletionOutput, ...]:
         if self.copies == 1:
             return (out,)
+        if not isinstance(out, CompletionOutput):  # a one-sequence request's PlainOutput
+            out = out.completion()
         return tuple(replace(out, index=k) for k in range(self.copies))
 
     def advance(self, prompt_index: int, out: CompletionOutput) -> ChoiceUpdate | None:
