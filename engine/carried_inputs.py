@@ -6,7 +6,8 @@ the host: the scheduler sees a placeholder where a sequence's newest token will 
 step's `StepSampling.carried` pairs (chunk index, draw index of step k) say which chunk's last
 input is which of step k's draws. A runner keeps each step's output (`keep`; `drop` when a
 step fails, so a step carrying its tokens fails too instead of reading stale ones) and
-`resolve(chunks, carried)` returns the chunks with `carried_input` set on the carried ones.
+`resolve(chunks, carried)` returns the chunks with `carried_input` set on the carried ones
+(a steady step's columns, engine/scheduling/decode_columns.py: their `with_carried`).
 Steps run in order on a runner, so the kept output is always step k's when step k+1 runs.
 On the CPU that output is host data already; a device whose steps run on their own would keep
 the sampled ids on the device and gather them into the next step's input ids there.
@@ -38,8 +39,11 @@ class CarriedTokens:
         last = self._last
         if last is None:
             raise RuntimeError("a step carries the previous step's tokens, which failed")
+        self.num_carried += len(carried)
+        with_carried = getattr(chunks, "with_carried", None)  # a steady step's columns
+        if with_carried is not None:
+            return with_carried({index: last[draw] for index, draw in carried})
         resolved = list(chunks)
         for index, draw in carried:
             resolved[index] = dataclasses.replace(resolved[index], carried_input=last[draw])
-        self.num_carried += len(carried)
         return resolved

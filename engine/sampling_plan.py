@@ -44,7 +44,7 @@ class StepPlan:
     # logprobs, forks, proposals or beams): the steady state, which step_update.py applies
     # in one pass over `chunks`, chunk i's draw and logits row both i.
     plain: bool = False
-    chunks: tuple[ScheduledChunk, ...] = ()  # the step's (a plain plan's rows)
+    chunks: Sequence[ScheduledChunk] = ()  # the step's (a plain plan's rows; maybe columns)
     # Made by `plan_steady`: its rows are the step before's, whose update noted each row's
     # news (a first schedule, a preemption: a request preempted since left the order).
     steady: bool = False

@@ -2,8 +2,9 @@
 packing into ONE int64 tensor (what rank 0 broadcasts to the other ranks each step).
 
 Contract: `StepInputs.from_chunks(chunks, block_copies, full_logits_for)` lays a step out as
-the model runner runs it (tokens flat, chunk by chunk); `pack()` -> 1-D int64 tensor and
-`StepInputs.unpack(t)` invert each other exactly. Layout of a packed step (all int64):
+the model runner runs it (tokens flat, chunk by chunk; a steady step's decode columns read by
+index through their `decode_inputs`, engine/scheduling/decode_columns.py); `pack()` -> 1-D
+int64 tensor and `StepInputs.unpack(t)` invert each other exactly. Layout of a packed step (all int64):
 header [n_tokens, n_chunks, n_samples, n_copies, n_full, n_adapters], then ids, positions,
 seq_lens, query_lens, sample_rows, table lengths (one per chunk), the block tables flat,
 copies (src, dst pairs), full-logit chunk indices, adapter slots (none, or one per chunk).
@@ -42,6 +43,8 @@ class StepInputs:
         block_copies: Sequence[tuple[int, int]] = (),
         full_logits_for: frozenset[int] = frozenset(),
     ) -> StepInputs:
+        if (columns := getattr(chunks, "decode_inputs", None)) is not None:
+            return cls._from_decode_columns(columns(), chunks.seqs, block_copies, full_logits_for)
         ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -60,6 +63,31 @@ class StepInputs:
             block_copies=tuple((int(s), int(d)) for s, d in block_copies),
             full_logits_for=tuple(sorted(full_logits_for)),
             adapters=adapter_slots(chunks),
+        )
+
+    @classmethod
+    def _from_decode_columns(
+        cls,
+        columns: tuple[list[int], list[int], list[Any]],
+        seqs: Sequence[Any],
+        block_copies: Sequence[tuple[int, int]],
+        full_logits_for: frozenset[int],
+    ) -> StepInputs:
+        """A steady decode step held as columns (engine/scheduling/decode_columns.py): row i
+        is chunk i, one token at its start, sampled; the same inputs as its chunks give."""
+        ids, starts, requests = columns
+        n = len(ids)
+        slots = tuple(getattr(r, "lora_slot", -1) for r in requests)
+        return cls(
+            ids=tuple(ids),
+            positions=tuple(starts),
+            tables=tuple(tuple(seq.block_table) for seq in seqs),
+            seq_lens=tuple(start + 1 for start in starts),
+            query_lens=(1,) * n,
+            sample_rows=tuple(range(n)),
+            block_copies=tuple((int(s), int(d)) for s, d in block_copies),
+            full_logits_for=tuple(sorted(full_logits_for)),
+            adapters=slots if any(s >= 0 for s in slots) else (),
         )
 
     @property

@@ -23,7 +23,8 @@ back (the engine still has work).
   raised, as the synchronous loop raises it.
 - The steady state (issue 38): while the running order stays (`SchedulerOutput.running_order`),
   a held step's rows are carried chunk i <- draw i without a pass over them, and the hold
-  checks that every row passed at the step before are not made again (`_deferrable`).
+  checks that every row passed at the step before are not made again (`_deferrable`); the
+  step's rows are read as columns (engine/scheduling/decode_columns.py), no chunk built.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from engine.request_state import RequestState
 from engine.requests.outputs import RequestOutput
 from engine.requests.request import PLACEHOLDER, RequestStatus, TokenSequence
 from engine.sampling_plan import StepPlan
+from engine.scheduling.decode_columns import DecodeColumns
 from engine.scheduling.scheduler import SchedulerOutput
 from engine.step_launch import Launched, launch
 from engine.tier_hooks import schedule_step
@@ -86,8 +88,12 @@ def _steady_draws(plan: StepPlan) -> dict | None:
     before (StepPipeline._deferrable): the rows but those ended since; None when every row's
     token is its last."""
     finished, draws, goes_on = RequestStatus.FINISHED, {}, False
-    for i, c in enumerate(plan.chunks):
-        request, seq = c.request, c.seq
+    chunks = plan.chunks
+    if type(chunks) is DecodeColumns:  # (decode_columns.py: no chunk built)
+        rows = zip(chunks.requests, chunks.seqs, strict=True)
+    else:
+        rows = ((c.request, c.seq) for c in chunks)
+    for i, (request, seq) in enumerate(rows):
         if request.status is finished:
             continue
         n = len(seq.token_ids)

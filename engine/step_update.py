@@ -128,7 +128,7 @@ class StepUpdate:
                 if state.error is None:
                     i = indices[0]
                     try:
-                        self._land(state, chunk, tokens[i], logprobs[i], held)
+                        self._land(state, chunk.seq, chunk.seq_len, tokens[i], logprobs[i], held)
                     except Exception as exc:
                         self._failed_row(state, exc)
                 continue
@@ -207,18 +207,19 @@ class StepUpdate:
     def _land(
         self,
         state: RequestState,
-        chunk: ScheduledChunk,
+        seq: TokenSequence,
+        at: int,
         token: int,
         entry: TokenLogprob | None,
         held: bool,
     ) -> None:
-        """`_put` (held) or `_append` of a one-sequence row, its stop checks inline: per row per
-        step, so the calls and the lookups the general path makes are what it costs."""
-        seq = chunk.seq
+        """`_put` (held) or `_append` of a one-sequence row (`at`: its chunk's `seq_len`, where
+        a held token's placeholder is), its stop checks inline: per row per step, so the calls
+        and the lookups the general path makes are what it costs."""
         logprob = entry.logprob if entry is not None else 0.0
         ids = seq.token_ids  # `put_token` / `append_token` inline, their checks first
-        if held:  # its placeholder, at chunk.seq_len
-            if ids[at := chunk.start + chunk.num_new_tokens] != PLACEHOLDER:
+        if held:  # its placeholder, at the chunk's seq_len
+            if ids[at] != PLACEHOLDER:
                 seq.put_token(at, token, logprob, entry)  # raises: no placeholder there
             ids[at] = token
         elif seq.num_computed_tokens == len(ids):

@@ -38,6 +38,7 @@ from engine.config import EngineConfig
 from engine.errors import QueueFullError
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.decode_columns import DecodeColumns, KeptColumns
 from engine.scheduling.request_queues import RequestQueues
 from engine.scheduling.step_builder import StepBuilder
 from engine.scheduling.step_cost import StepCostModel
@@ -76,6 +77,7 @@ class Scheduler:
         self._pending_aborts: list[Request] = []
         self._prefill_capacity = config.max_num_batched_tokens
         self._proposals = NO_PROPOSALS
+        self._kept: KeptColumns | None = None  # the last steady step's order as columns
 
     def take_proposals(self, proposals: Proposals) -> None:
         """Speculative decoding's proposals made after a step, replacing the last ones: a
@@ -120,20 +122,36 @@ class Scheduler:
             self.cost_model,
             self._target_s,
             self._proposals,
+            self._kept,
         ).build(aborted)
         self._prefill_capacity = step.prefill_capacity
+        self._kept = step.kept
         return step.output
 
     def on_step_done(self, output: SchedulerOutput) -> None:
         """After the forward: the scheduled tokens are in the KV cache. Advances each chunk's
         `num_computed_tokens` and registers newly full blocks in the prefix cache. Chunks of
         requests finished in between are skipped. A proposal's rows are not counted: those the
-        verification keeps are, by `accept_proposed`."""
+        verification keeps are, by `accept_proposed`. A steady step's columns are read by
+        index (decode_columns.py)."""
         bm = self.block_manager
         mark_computed, block_size = bm.mark_computed, bm.block_size
         caching, running = bm.enable_prefix_caching, RequestStatus.RUNNING
+        chunks = output.chunks
+        if type(chunks) is DecodeColumns:  # the steady step's columns: each row start + 1
+            for request, seq, start in zip(
+                chunks.requests, chunks.seqs, chunks.starts, strict=True
+            ):
+                if request.status is not running or seq.finish_reason is not None:
+                    continue
+                if seq.num_computed_tokens != start:
+                    raise RuntimeError(f"seq {seq.seq_id}: on_step_done called twice?")
+                seq.num_computed_tokens = start + 1
+                if caching and (start + 1) % block_size == 0:  # the token filled its block
+                    mark_computed(seq)
+            return
         one = output.decodes_only  # every chunk one token, no proposal: its start + 1
-        for chunk in output.chunks:
+        for chunk in chunks:
             seq, start = chunk.seq, chunk.start
             if chunk.request.status is not running or seq.finish_reason is not None:
                 continue

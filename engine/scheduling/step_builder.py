@@ -1,15 +1,17 @@
 """StepBuilder: one `schedule()`'s work after the aborts, placing chunks into a token budget
 (pure Python; the policy is the scheduler's docstring, items 2 to 4).
 
-Contract: `StepBuilder(queues, block_manager, config, cost_model, target_s).build(aborted)`
-places running decodes first (higher priority first: decode_pass.py), then the prefill
-chunks the allotment (prefill_allotment.py, sized by prefill_budget.py) gives running partial
-prefills and waiting requests, admitting waiting requests in that order, the anchor first,
-until one finds no blocks. Blocks are appended or admitted as chunks are placed (copy-on-write pairs collected);
-a request that needs blocks none can give preempts the lowest-priority running request by
-recompute, repeatedly, until it fits or is itself the victim, and no waiting request is
-admitted in a step that preempted. It returns a `StepResult`: the `SchedulerOutput` (with the
-ids the scheduler `aborted` before) and the prefill chunk a prompt could get now (a gauge).
+Contract: `StepBuilder(queues, block_manager, config, cost_model, target_s, proposals,
+kept).build(aborted)` places running decodes first (higher priority first: decode_pass.py;
+as columns while the order is the one the last step `kept`: decode_columns.py), then the
+prefill chunks the allotment (prefill_allotment.py, sized by prefill_budget.py) gives running
+partial prefills and waiting requests, admitting waiting requests in that order, the anchor
+first, until one finds no blocks. Blocks are appended or admitted as chunks are placed
+(copy-on-write pairs collected); a request that needs blocks none can give preempts the
+lowest-priority running request by recompute, repeatedly, until it fits or is itself the
+victim, and no waiting request is admitted in a step that preempted. It returns a
+`StepResult`: the `SchedulerOutput` (with the ids the scheduler `aborted` before), the
+prefill chunk a prompt could get now (a gauge), and the next step's columns (`kept`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.requests.request import Request, RequestStatus, TokenSequence
 from engine.scheduling.block_manager import BlockManager, PrefixMatch
+from engine.scheduling.decode_columns import KeptColumns, place_kept
 from engine.scheduling.decode_pass import place_decodes
 from engine.scheduling.prefill_allotment import Allot, PrefillCandidates, allot_prefill
 from engine.scheduling.prefill_budget import PrefillBudget
@@ -48,6 +51,7 @@ class _Plan:
 class StepResult:
     output: SchedulerOutput
     prefill_capacity: int  # tokens a prompt's chunk could get now, at least the anchor's floor
+    kept: KeptColumns | None = None  # the next step's columns while the order stays
 
 
 @dataclass
@@ -58,6 +62,7 @@ class StepBuilder:
     cost_model: StepCostModel
     target_s: float | None  # the step-time target (None: budget in tokens only)
     proposals: Proposals = NO_PROPOSALS  # speculative decoding's, for decodes
+    kept: KeptColumns | None = None  # the last step's running order, for columns
     budget: int = field(init=False)
     plans: dict[str, _Plan | ScheduledChunk] = field(default_factory=dict, init=False)
     preempted: list[str] = field(default_factory=list, init=False)
@@ -73,20 +78,23 @@ class StepBuilder:
 
     def build(self, aborted: tuple[str, ...]) -> StepResult:
         order = self.queues.by_priority()
-        place_decodes(self)  # decode_pass.py
+        columns = place_kept(self, self.kept)  # the order the last step kept (decode_columns.py)
+        if columns is None:
+            place_decodes(self)  # decode_pass.py
         budget = self._prefill_budget()
         left = budget.tokens_left
         capacity = max(budget.fit(0, left), budget.anchor_floor(0, left))
-        self._schedule_prefills(budget)
-        # The steady state: every plan a decode placed inline, its own chunk (decode_pass.py).
-        decodes_only = self.inline_plans == len(self.plans)
-        if decodes_only:
-            chunks, copies = tuple(self.plans.values()), ()
-            # Every running request decoded, in that order (none left the list meanwhile).
-            if len(chunks) != len(order) or self.queues.by_priority() is not order:
-                order = None
-        else:
-            chunks, copies = self._chunks_and_copies()
+        decodes_only, chunks, copies = True, columns, ()  # all decode, none waits: no prefill
+        if columns is None:
+            self._schedule_prefills(budget)
+            decodes_only = self.inline_plans == len(self.plans)  # every plan a chunk in place
+            if decodes_only:
+                chunks, copies = tuple(self.plans.values()), ()
+                # Every running request decoded, in that order (none left the list meanwhile).
+                if len(chunks) != len(order) or self.queues.by_priority() is not order:
+                    order = None
+            else:
+                chunks, copies = self._chunks_and_copies()
         rows = self.config.max_num_batched_tokens - self.budget
         output = SchedulerOutput(
             chunks=chunks,
@@ -99,7 +107,8 @@ class StepBuilder:
             decodes_only=decodes_only,
             running_order=order if decodes_only else None,
         )
-        return StepResult(output, capacity)
+        kept = KeptColumns.after(self.kept, output, self.delivering, bool(self.queues.waiting))
+        return StepResult(output, capacity, kept)
 
     def _chunks_and_copies(self) -> tuple[tuple[ScheduledChunk, ...], tuple[tuple[int, int], ...]]:
         """The placed chunks in plan order, and their plans' block copies."""

@@ -22,7 +22,7 @@ was appended or the sequence was finished/removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.fast_frozen import fast_frozen
@@ -88,7 +88,9 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    chunks: tuple[ScheduledChunk, ...]  # decodes first, then prefill chunks
+    # Decodes first, then prefill chunks: a tuple, or in a steady step the decodes as columns
+    # (decode_columns.py's DecodeColumns, a Sequence of them built on demand).
+    chunks: Sequence[ScheduledChunk]
     # (src, dst) block copies to apply before the forward. No block is both a src and a dst
     # in one step, so they may be applied all at once.
     block_copies: tuple[tuple[int, int], ...]

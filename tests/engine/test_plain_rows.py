@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests.outputs import OutputAccumulator
 from engine.requests.sampling_params import SamplingParams
+from engine.scheduling.decode_columns import DecodeColumns
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 PROMPTS = [f"Hello world {i}, how are you" for i in range(6)]
@@ -110,8 +111,9 @@ def test_steps_with_the_same_rows_reuse_their_plan_and_keep_solo_answers(
     tiny_model_folder, mix, overlapped, monkeypatch
 ):
     """The columnar steady state: while the running set does not change, a decode step takes
-    the last step's draws again (`plan_steady`) and the overlapped loop carries every row's
-    token without a pass over the rows. A request that ends early and one that arrives late
+    the last step's draws again (`plan_steady`), its rows are columns (the runner builds its
+    inputs from them) and the overlapped loop carries every row's token without a pass over
+    the rows. A request that ends early and one that arrives late
     change the running set; every request's answer is still its solo run's."""
     import engine.step_update as step_update
     from engine.sampling_plan import plan_steady
@@ -133,6 +135,14 @@ def test_steps_with_the_same_rows_reuse_their_plan_and_keep_solo_answers(
 
     monkeypatch.setattr(step_update, "plan_steady", counted)
     engine = _engine(tiny_model_folder, overlapped)
+    schedule, columns = engine.scheduler.schedule, []
+
+    def spied():  # steps whose decodes the runner got as columns (decode_columns.py)
+        out = schedule()
+        columns.append(type(out.chunks) is DecodeColumns)
+        return out
+
+    engine.scheduler.schedule = spied
     for i in range(3):
         engine.add_request(str(i), ids[i], params[i])
     finals, partial, steps = {}, {i: OutputAccumulator() for i in range(4)}, 0
@@ -147,3 +157,4 @@ def test_steps_with_the_same_rows_reuse_their_plan_and_keep_solo_answers(
             engine.add_request("3", ids[3], params[3])
     assert [_answer(finals[i]) for i in range(4)] == answers
     assert len(reused) >= 10  # most decode steps took the last step's plan
+    assert sum(columns) >= 8  # and their rows as columns

@@ -58,3 +58,30 @@ def test_pack_and_unpack_invert_each_other() -> None:
         assert StepInputs.unpack(packed) == step
     # The header counts what follows: tokens, chunks, sampled rows, copies, full-logit chunks.
     assert StepInputs.from_chunks(CHUNKS, [(5, 6)]).pack()[:5].tolist() == [4, 2, 1, 1, 0]
+
+
+def test_decode_columns_give_the_inputs_of_their_chunks() -> None:
+    """A steady step held as columns (engine/scheduling/decode_columns.py), read by index,
+    lays out as the chunks it stands for; also with inputs carried from the step before and a
+    LoRA adapter on one row."""
+    from engine.carried_inputs import CarriedTokens
+    from engine.sampling.step_io import StepOutput
+    from engine.scheduling.decode_columns import DecodeColumns
+
+    seqs = [
+        SimpleNamespace(token_ids=[5, 6, 7], block_table=[2]),
+        SimpleNamespace(token_ids=[8, 9, 10, 11, 12], block_table=[4, 1]),
+        SimpleNamespace(token_ids=[13, 14], block_table=[6]),
+    ]
+    requests = [SimpleNamespace(lora_slot=-1), SimpleNamespace(lora_slot=3), object()]
+    columns = DecodeColumns(requests, seqs, [2, 4, 1])
+    for carried in ((), ((0, 1), (2, 0))):  # (row, draw of the step before)
+        tokens = CarriedTokens()
+        tokens.keep(StepOutput(tokens=(90, 91)))
+        resolved = tokens.resolve(columns, carried)
+        chunks = tokens.resolve(tuple(columns), carried)
+        assert type(resolved) is DecodeColumns and list(resolved) == list(chunks)
+        step = StepInputs.from_chunks(resolved, [(1, 2)], frozenset({1}))
+        assert step == StepInputs.from_chunks(chunks, [(1, 2)], frozenset({1}))
+        assert step.ids == ((91, 12, 90) if carried else (7, 12, 14))
+        assert step.adapters == (-1, 3, -1) and step.sample_rows == (0, 1, 2)
