@@ -1,6 +1,6 @@
 """The C++ paged attention's cost per key at every context length, against the read bound:
 `python -m bench.attention_keys [--model M] [--lens 128,1024,4096,8192] [--dtype float32]
-[--kv-cache-dtype int8|float16|int8v]`.
+[--kv-cache-dtype int8|float16|int8v] [--clock wall|thread]`.
 
 Contract: prints the kernel build that ran (models/cpu_kernels.selected_build, e.g. an AVX2
 build forced by TGSERVE_CPU_ISA on an AVX-512 host) and the host's ISA, then for each context
@@ -13,9 +13,13 @@ cache of 16-token blocks in shuffled order:
   int8 V rows, each read by float32 q, at the best read GB/s of bench/machine_limits.py's probe);
 - prefill: a chunk of `--chunk` rows, the last ones of an L-token prompt, each over its own
   causal context (how the engine runs a chunk: one query per row), as ns per (row, key) pair.
-Timings are the median of `--rounds` calls after one warm-up. A development aid for the
-kernel's scaling (a flat ns/key from 128 to 8,192 keys is the aim), not part of `tgserve
-bench`'s reports; on a shared machine compare builds in one command (PYTHONPATH per tree).
+Timings are the median of `--rounds` calls after one warm-up (the prefill's fastest call in
+brackets: on a shared host the least disturbed one). `--clock thread` times the calling
+thread's CPU time instead of the wall clock: at one thread (OMP_NUM_THREADS=1; refused
+otherwise) the kernel's OpenMP team is that thread, so other jobs' time slices are not counted
+(their cache and core sharing still are). A development aid for the kernel's scaling (a flat
+ns/key from 128 to 8,192 keys is the aim), not part of `tgserve bench`'s reports; on a shared
+machine compare builds in one command (PYTHONPATH per tree), alternated.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ import statistics
 import time
 
 
-def _median_seconds(fn, args: tuple, rounds: int) -> float:
+def _call_seconds(fn, args: tuple, rounds: int, clock) -> list[float]:
+    """Seconds of each of `rounds` calls of fn(*args) by `clock`, after one warm-up call."""
     fn(*args)  # warm-up: first touch, the OpenMP pool
     times = []
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = clock()
         fn(*args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        times.append(clock() - start)
+    return times
 
 
 def _kinds(args) -> str:
@@ -50,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--chunk", type=int, default=256, help="prefill rows per call")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--clock", default="wall", choices=["wall", "thread"], help="thread: one thread's CPU time"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -63,6 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     ext = cpu_kernels.extension()
     if ext is None:
         raise SystemExit("the C++ kernels are unavailable here")
+    if args.clock == "thread" and torch.get_num_threads() != 1:
+        raise SystemExit(
+            f"--clock thread times one thread; this process runs {torch.get_num_threads()} "
+            "(set OMP_NUM_THREADS=1)"
+        )
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     config = resolve_model(args.model).config
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     dtype = getattr(torch, args.dtype)
@@ -75,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     bound_ns = key_bytes / read_gb_s  # ns per key at the read bound (bytes / (GB/s) = ns)
     print(
         f"build {cpu_kernels.selected_build()} ({ext.__name__}) on {host_label('cpu')}, "
-        f"{torch.get_num_threads()} threads; {heads} heads / {kv_heads} KV heads x {head_dim}, "
+        f"{torch.get_num_threads()} threads, {args.clock} clock; {heads} heads / {kv_heads} KV heads x {head_dim}, "
         f"{_kinds(args)}; read bound {read_gb_s:.1f} GB/s = {bound_ns:.2f} ns/key"
     )
     gen = torch.Generator().manual_seed(0)
@@ -92,21 +106,24 @@ def main(argv: list[str] | None = None) -> None:
         scale = head_dim**-0.5
         q1 = torch.randn(1, heads, head_dim, generator=gen).to(dtype)
         lens1 = torch.tensor([length])
-        decode = _median_seconds(
-            ext.paged_decode, (q1, k_cache, v_cache, table, lens1, scale, 0), args.rounds
+        decode = statistics.median(
+            _call_seconds(
+                ext.paged_decode, (q1, k_cache, v_cache, table, lens1, scale, 0), args.rounds, clock
+            )
         )
         rows = min(args.chunk, length)
         qc = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
         lens_c = torch.arange(length - rows + 1, length + 1)
         tables_c = table.expand(rows, blocks).contiguous()
-        prefill = _median_seconds(
-            ext.paged_decode, (qc, k_cache, v_cache, tables_c, lens_c, scale, 0), args.rounds
+        prefill = _call_seconds(
+            ext.paged_decode, (qc, k_cache, v_cache, tables_c, lens_c, scale, 0), args.rounds, clock
         )
         pairs = int(lens_c.sum())
         decode_ns = decode / length * 1e9
         print(
             f"L={length:>5}: decode {decode_ns:7.2f} ns/key ({bound_ns / decode_ns:5.1%} of the "
-            f"read bound), prefill {rows} rows {prefill / pairs * 1e9:6.3f} ns/(row, key)"
+            f"read bound), prefill {rows} rows {statistics.median(prefill) / pairs * 1e9:6.3f} "
+            f"ns/(row, key) (fastest {min(prefill) / pairs * 1e9:6.3f})"
         )
 
 
