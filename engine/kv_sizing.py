@@ -68,15 +68,12 @@ def kv_pair_bytes(kv_cache_dtype: str, head_dim: int, dtype: str) -> int:
 
 
 def kv_block_bytes(
-    kv_cache_dtype: str,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: str,
-    block_size: int,
+    config: EngineConfig, num_layers: int, num_kv_heads: int, head_dim: int, dtype: str
 ) -> int:
-    """One block's K and V bytes in every layer (kv_bytes_per_block for any layout)."""
-    pair = kv_pair_bytes(kv_cache_dtype, head_dim, dtype)
+    """One block's K and V bytes in every layer (kv_bytes_per_block for any layout: the
+    config's kv_cache_dtype and block_size)."""
+    block_size = config.block_size
+    pair = kv_pair_bytes(config.kv_cache_dtype, head_dim, dtype)
     kv_bytes_per_block(num_layers, num_kv_heads, head_dim, 1, block_size)  # checks the sizes
     return num_layers * block_size * num_kv_heads * pair
 

@@ -293,14 +293,7 @@ def _num_blocks(
     budget = kv_cache_budget_bytes(config, free_memory_bytes(device))
     if config.kv_cache_memory_bytes is None and device.type == "cpu":
         budget = min(budget, CPU_DEFAULT_CAP_BYTES)
-    per_block = kv_block_bytes(
-        config.kv_cache_dtype,
-        num_layers,
-        kv_heads,
-        model_config.head_dim,
-        dtype_name,
-        config.block_size,
-    )
+    per_block = kv_block_bytes(config, num_layers, kv_heads, model_config.head_dim, dtype_name)
     blocks = whole_blocks(budget, per_block)
     # More blocks than every running sequence at full length can use is memory wasted.
     useful = config.max_num_seqs * (-(-max_model_len // config.block_size) + 1)
