@@ -266,7 +266,11 @@ class ModelRunner(StepRunner):
 
 
 def _decode_only(chunks: Sequence[Any]) -> bool:
-    """Every chunk feeds the last token of its sequence and samples the next one."""
+    """Every chunk feeds the last token of its sequence and samples the next one (a steady
+    step's decode columns, one sampled token a row, read by index)."""
+    if hasattr(chunks, "decode_inputs"):
+        pairs = zip(chunks.seqs, chunks.starts, strict=True)
+        return bool(chunks) and all(s + 1 == len(seq.token_ids) for seq, s in pairs)
     return bool(chunks) and all(
         c.num_new_tokens == 1 and c.sample and c.seq_len == len(c.seq.token_ids) for c in chunks
     )

@@ -12,7 +12,7 @@ copies (src, dst pairs), full-logit chunk indices, adapter slots (none, or one p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -77,7 +77,6 @@ class StepInputs:
         is chunk i, one token at its start, sampled; the same inputs as its chunks give."""
         ids, starts, requests = columns
         n = len(ids)
-        slots = tuple(getattr(r, "lora_slot", -1) for r in requests)
         return cls(
             ids=tuple(ids),
             positions=tuple(starts),
@@ -87,7 +86,7 @@ class StepInputs:
             sample_rows=tuple(range(n)),
             block_copies=tuple((int(s), int(d)) for s, d in block_copies),
             full_logits_for=tuple(sorted(full_logits_for)),
-            adapters=slots if any(s >= 0 for s in slots) else (),
+            adapters=request_slots(requests),
         )
 
     @property
@@ -156,4 +155,10 @@ def adapter_slots(chunks: Sequence[object]) -> tuple[int, ...]:
     """Each chunk's LoRA slot (-1: the base model; a chunk without a request, a draft model's,
     is the base's), or () when every chunk is the base model's."""
     slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
+    return slots if any(s >= 0 for s in slots) else ()
+
+
+def request_slots(requests: Iterable[object]) -> tuple[int, ...]:
+    """`adapter_slots` of the chunks of these requests (a steady step's columns)."""
+    slots = tuple(getattr(r, "lora_slot", -1) for r in requests)
     return slots if any(s >= 0 for s in slots) else ()

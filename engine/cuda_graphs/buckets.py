@@ -9,7 +9,8 @@ Contract (pure Python, no torch):
 - `bucket_for(num_rows, buckets)`: the smallest bucket holding `num_rows` rows; None when no
   bucket does (zero rows, or more rows than were captured: the step runs eagerly).
 - `DecodeRows.from_chunks(chunks)`: a decode-only step's host lists (token, position, block
-  table per row); models/decode_buffers.py pads them to the bucket and copies them in.
+  table per row; decode columns read by index); models/decode_buffers.py pads them to the
+  bucket and copies them in.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.step_inputs import adapter_slots
+from engine.step_inputs import adapter_slots, request_slots
 
 
 def graph_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -57,7 +58,13 @@ class DecodeRows:
     @classmethod
     def from_chunks(cls, chunks: Sequence) -> DecodeRows:
         """From scheduled decode chunks (`.input_ids`, `.seq.block_table`, `.start`, and
-        `.request.lora_slot` where there is one)."""
+        `.request.lora_slot` where there is one); a steady step's decode columns by index
+        (their `decode_inputs`, engine/scheduling/decode_columns.py)."""
+        if (columns := getattr(chunks, "decode_inputs", None)) is not None:
+            ids, starts, requests = columns()
+            slots = request_slots(requests)
+            tables = [seq.block_table for seq in chunks.seqs]
+            return cls(ids, list(starts), tables, list(slots) or None)
         slots = adapter_slots(chunks)
         return cls(
             [chunk.input_ids[0] for chunk in chunks],  # (a carried input resolved)

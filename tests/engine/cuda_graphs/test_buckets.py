@@ -38,3 +38,34 @@ def test_decode_rows_from_chunks_feed_the_last_token_at_its_position() -> None:
     seq.token_ids[5] = PLACEHOLDER
     carried = ScheduledChunk(None, seq, 5, 1, True, carried_input=42)
     assert DecodeRows.from_chunks([carried]) == DecodeRows([42], [5], [[7, 3]])
+
+
+def test_decode_columns_give_the_rows_of_their_chunks() -> None:
+    """A steady step held as columns (engine/scheduling/decode_columns.py), read by index,
+    gives the rows (and the decode-only verdict) of the chunks it stands for: carried inputs
+    and a LoRA row included."""
+    from types import SimpleNamespace
+
+    from engine.carried_inputs import CarriedTokens
+    from engine.model_runner import _decode_only
+    from engine.sampling.step_io import StepOutput
+    from engine.scheduling.decode_columns import DecodeColumns
+
+    seqs = [
+        TokenSequence(0, [10, 11, 12], 2, block_table=[7]),
+        TokenSequence(0, [20, 21, 22, 23, 24], 3, block_table=[4, 1]),
+    ]
+    for lora in (-1, 2):
+        requests = [SimpleNamespace(lora_slot=-1), SimpleNamespace(lora_slot=lora)]
+        columns = DecodeColumns(requests, seqs, [2, 4])
+        for carried in ((), ((1, 0),)):
+            tokens = CarriedTokens()
+            tokens.keep(StepOutput(tokens=(42,)))
+            resolved = tokens.resolve(columns, carried)
+            rows = DecodeRows.from_chunks(resolved)
+            assert rows == DecodeRows.from_chunks(tokens.resolve(list(columns), carried))
+            assert rows.token_ids == ([12, 42] if carried else [12, 24])
+            assert rows.adapter_slots == (None if lora < 0 else [-1, 2])
+            assert _decode_only(resolved) and _decode_only(list(resolved))
+    seqs[0].token_ids.append(13)  # its last token is not the input any more: not a decode
+    assert not _decode_only(columns) and not _decode_only(list(columns))
