@@ -64,9 +64,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "kv_cache_dtype",
         str,
-        "K/V cache rows: auto (the model's dtype) | int8 (a scale per token and head; CPU) | "
-        "fp8 or fp8_e4m3 (e4m3 + scale per token and head; CUDA) | float16 (float32 models; CPU) | "
-        "int8v (float16 K, int8 V rows: 3 D + 4 bytes a token and head; float32 models; CPU)",
+        "K/V rows: auto (the model's dtype) | int8 (+ a scale per token and head; CPU) | fp8, "
+        "fp8_e4m3 (e4m3 + scale; CUDA) | float16, int8v (float16 K + int8 V; float32 models; CPU)",
         choices=("auto", "int8", "fp8", "fp8_e4m3", "float16", "int8v"),
     ),
     Option("max_model_len", int, "context length admitted, in tokens", default="the model's"),

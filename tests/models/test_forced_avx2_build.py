@@ -78,13 +78,25 @@ def test_the_cpp_step_equals_transformers(avx2_build) -> None:
     fused.test_fused_steps_equal_transformers("llama3")
 
 
-def test_int8_kv_rows_equal_their_reference_and_keep_a_row_off_the_batch(avx2_build) -> None:
-    int8_attention.test_int8_rows_equal_the_reference_over_their_dequantised_values(9, 3, 16, 5)
-    int8_attention.test_int8_rows_with_bf16_queries_and_other_head_dims(40)
-    int8_attention.test_an_int8_row_does_not_depend_on_the_batch()
-    int8_attention.test_a_prefill_chunks_int8_rows_equal_each_row_alone(9, 3)
-    int8_attention.test_the_cpp_append_writes_the_documented_rows_within_half_a_step(64)
-    int8_model.test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(torch.float32)
+@pytest.mark.parametrize("half_k", [False, True], ids=["int8", "int8v"])
+def test_int8_kv_rows_equal_their_reference_and_keep_a_row_off_the_batch(
+    avx2_build, half_k
+) -> None:
+    # int8v: K float16 rows beside int8 V rows (the same kernel with the other K row type)
+    int8_attention.test_int8_rows_equal_the_reference_over_their_dequantised_values(
+        9, 3, 16, 5, half_k
+    )
+    int8_attention.test_an_int8_row_does_not_depend_on_the_batch(half_k)
+    int8_attention.test_a_prefill_chunks_int8_rows_equal_each_row_alone(9, 3, half_k)
+    kind = "int8v" if half_k else "int8"
+    int8_model.test_the_int8_step_gives_a_sequence_the_same_bits_alone_or_batched(
+        torch.float32, kind
+    )
+    if half_k:
+        int8_attention.test_the_cpp_append_writes_float16_k_and_int8_v_rows_under_int8v()
+    else:
+        int8_attention.test_int8_rows_with_bf16_queries_and_other_head_dims(40)
+        int8_attention.test_the_cpp_append_writes_the_documented_rows_within_half_a_step(64)
 
 
 def test_float16_kv_rows_give_the_float32_bits_and_keep_a_row_off_the_batch(avx2_build) -> None:
