@@ -12,6 +12,7 @@ models' templates write an assistant's calls) must parse back to the history's c
 from __future__ import annotations
 
 import json
+import keyword
 
 import pytest
 from hypothesis import given, settings
@@ -40,6 +41,9 @@ from tests.server.chat.tool_calls.test_grammar import CLOCK, WEATHER, accepts
 
 FORMATS = ["qwen3_xml", "deepseek_v3", "deepseek_v3_plain", "pythonic"]
 IDENTIFIERS = st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True)
+# Pythonic calls are calls to plain names with keyword arguments (pythonic.py's contract): a
+# Python keyword is neither (`[or()]`, `[f(if=1)]` do not parse), so those answers are content.
+PY_NAMES = IDENTIFIERS.filter(lambda s: not keyword.iskeyword(s))
 XML_KEYS = st.text(alphabet='abcxyz_ "\\}{é', min_size=1, max_size=5)
 
 
@@ -57,10 +61,11 @@ def parser_for(fmt: str, calls: list[tuple[str, dict]] = ()):
 
 @st.composite
 def drawn_calls(draw, fmt: str) -> list[tuple[str, dict]]:
-    keys = IDENTIFIERS if fmt == "pythonic" else XML_KEYS
+    names = PY_NAMES if fmt == "pythonic" else IDENTIFIERS
+    keys = PY_NAMES if fmt == "pythonic" else XML_KEYS
     return draw(
         st.lists(
-            st.tuples(IDENTIFIERS, st.dictionaries(keys, JSON_VALUES, max_size=3)),
+            st.tuples(names, st.dictionaries(keys, JSON_VALUES, max_size=3)),
             min_size=1,
             max_size=3,
         )
@@ -170,6 +175,8 @@ def test_rendered_calls_read_back(fmt, data):
         ("pythonic", "[f(a=g())]"),
         ("pythonic", "Sure: [f(a=1)]"),
         ("pythonic", "[note] done"),
+        ("pythonic", "[or()]"),  # a keyword is not a name: not Python, so content
+        ("pythonic", "[f(if=1)]"),
     ],
 )
 def test_text_that_is_no_call_is_content_exactly(fmt, text):
