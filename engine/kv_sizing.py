@@ -31,16 +31,20 @@ def kv_cache_budget_bytes(config: EngineConfig, free_memory_bytes: int) -> int:
 def kv_bytes_per_block(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
 ) -> int:
-    for name, value in (
-        ("num_layers", num_layers),
-        ("num_kv_heads", num_kv_heads),
-        ("head_dim", head_dim),
-        ("dtype_bytes", dtype_bytes),
-        ("block_size", block_size),
-    ):
+    _check_sizes(
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype_bytes=dtype_bytes,
+        block_size=block_size,
+    )
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
+
+
+def _check_sizes(**sizes: object) -> None:
+    for name, value in sizes.items():
         if not _is_positive_int(value):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes  # K and V
 
 
 def kv_row_layout(kv_cache_dtype: str, head_dim: int, dtype: str) -> tuple[int, int]:
@@ -73,9 +77,15 @@ def kv_block_bytes(
     """One block's K and V bytes in every layer (kv_bytes_per_block for any layout: the
     config's kv_cache_dtype and block_size)."""
     block_size = config.block_size
-    pair = kv_pair_bytes(config.kv_cache_dtype, head_dim, dtype)
-    kv_bytes_per_block(num_layers, num_kv_heads, head_dim, 1, block_size)  # checks the sizes
-    return num_layers * block_size * num_kv_heads * pair
+    _check_sizes(
+        num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size
+    )
+    return (
+        num_layers
+        * block_size
+        * num_kv_heads
+        * kv_pair_bytes(config.kv_cache_dtype, head_dim, dtype)
+    )
 
 
 def num_kv_blocks(

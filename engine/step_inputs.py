@@ -154,8 +154,7 @@ class StepInputs:
 def adapter_slots(chunks: Sequence[object]) -> tuple[int, ...]:
     """Each chunk's LoRA slot (-1: the base model; a chunk without a request, a draft model's,
     is the base's), or () when every chunk is the base model's."""
-    slots = tuple(getattr(getattr(c, "request", None), "lora_slot", -1) for c in chunks)
-    return slots if any(s >= 0 for s in slots) else ()
+    return request_slots(getattr(c, "request", None) for c in chunks)
 
 
 def request_slots(requests: Iterable[object]) -> tuple[int, ...]:

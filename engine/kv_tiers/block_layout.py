@@ -43,20 +43,20 @@ class BlockLayout:
         rows = kv[layer, 0]  # [bs, heads, K bytes + V bytes]
         return rows[..., : self.k_bytes], rows[..., self.k_bytes :]
 
-    @staticmethod
-    def _as_bytes(block: torch.Tensor, bytes_view: bool) -> torch.Tensor:
-        return block.view(torch.uint8) if bytes_view else block
+    def _pool_part(self, block: torch.Tensor) -> torch.Tensor:
+        """A pool block of one cache as this layout holds it (its bytes when K and V differ)."""
+        return block.view(torch.uint8) if self.k_bytes else block
 
     def read(self, kv_caches: KVCaches, block_id: int, out: torch.Tensor) -> None:
         """out (a block tensor of this layout) <- pool block `block_id`."""
         for layer, (k_cache, v_cache) in enumerate(kv_caches):
             k, v = self.views(out, layer)
-            k.copy_(self._as_bytes(k_cache[block_id], bool(self.k_bytes)))
-            v.copy_(self._as_bytes(v_cache[block_id], bool(self.k_bytes)))
+            k.copy_(self._pool_part(k_cache[block_id]))
+            v.copy_(self._pool_part(v_cache[block_id]))
 
     def write(self, kv_caches: KVCaches, block_id: int, kv: torch.Tensor) -> None:
         """Pool block `block_id` <- kv (a block tensor of this layout)."""
         for layer, (k_cache, v_cache) in enumerate(kv_caches):
             k, v = self.views(kv, layer)
-            self._as_bytes(k_cache[block_id], bool(self.k_bytes)).copy_(k)
-            self._as_bytes(v_cache[block_id], bool(self.k_bytes)).copy_(v)
+            self._pool_part(k_cache[block_id]).copy_(k)
+            self._pool_part(v_cache[block_id]).copy_(v)
