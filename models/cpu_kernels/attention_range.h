@@ -115,11 +115,8 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
       *bad = tgserve::kBadBlock;
     return std::min<int64_t>(kChunk, kmax - c);
   };
-  auto prefetch = [&](const int64_t* o, int64_t i0, int64_t i1) {
-    if constexpr (kSameRows) prefetch_rows(kc, vc, o, i0, i1, W);
-    else prefetch_slot_rows(kc, W, vc, WV, o, i0, i1);
-  };
-  for (int64_t j = 0; j < kAhead; ++j) prefetch(off[j % (kAhead + 1)], 0, locate(j));
+  for (int64_t j = 0; j < kAhead; ++j)
+    prefetch_chunk(kc, W, vc, WV, off[j % (kAhead + 1)], 0, locate(j));
   const T* krows[kChunk];
   const VT* vrows[kChunk];
   const float* kwrows[kChunk];
@@ -155,7 +152,8 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
     const int64_t n_ahead = locate(j + kAhead);
     for (int64_t g = 0; g < KVH; ++g) {  // KV head g serves query heads g*G .. g*G + G-1
       // Spread the prefetches over the heads so they do not queue up all at once.
-      prefetch(ahead, std::min(n_ahead, g * kChunk / KVH), std::min(n_ahead, (g + 1) * kChunk / KVH));
+      prefetch_chunk(kc, W, vc, WV, ahead, std::min(n_ahead, g * kChunk / KVH),
+                     std::min(n_ahead, (g + 1) * kChunk / KVH));
       for (int i = 0; i < kChunk; ++i) {
         krows[i] = kc + cur[i] * KW + g * DS;
         vrows[i] = vc + cur[i] * VW + g * DSV;
