@@ -18,6 +18,7 @@ import torch
 
 from models import cpu_kernels
 from models.cpu_features import AVX2_FLAGS, cpu_flags
+from tests.models import test_attention_prefetch as prefetch
 from tests.models import test_cpu_kernel_invariance as invariance
 from tests.models import test_cpu_paged_attention as attention
 from tests.models import test_fused_decoder as fused
@@ -104,3 +105,7 @@ def test_float16_kv_rows_give_the_float32_bits_and_keep_a_row_off_the_batch(avx2
     half_attention.test_a_prefill_chunk_over_float16_rows_gives_the_float32_bits(40)
     half_attention.test_a_float16_row_does_not_depend_on_the_batch(300)
     half_model.test_the_float16_step_gives_a_sequence_the_same_bits_alone_or_batched()
+
+
+def test_every_attend_range_instance_prefetches_the_coming_chunk(avx2_build) -> None:
+    prefetch.test_every_attend_range_instance_prefetches_the_coming_chunk()
