@@ -145,8 +145,10 @@ void prefetch_slot_rows(const KT* kc, int64_t WK, const VT* vc, int64_t WV, cons
 
 // A chunk's rows i0 .. i1-1 at o: element offsets when K and V rows are alike (prefetch_rows),
 // else token slots (prefetch_slot_rows). A function, not a lambda in attend_range: GCC 12 at
-// -O3 dropped the prefetches of a lambda there from every instance but int8's (no prefetch
-// in the float32 cache's code: batch-64 decode ran 1.16-1.25x slower).
+// -O3 deleted the call of such a lambda from every instance but int8's (its IPA mod/ref summary
+// counts no side effect in a prefetch, so a void call of nothing else is dead; -fno-ipa-modref
+// keeps it). Nothing changed but speed: batch-64 decode ran 1.16-1.25x slower.
+// tests/models/test_attention_prefetch.py reads the built code for the prefetches.
 template <typename KT, typename VT>
 inline void prefetch_chunk(const KT* kc, int64_t WK, const VT* vc, int64_t WV, const int64_t* o,
                            int64_t i0, int64_t i1) {
