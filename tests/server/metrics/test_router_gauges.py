@@ -31,13 +31,20 @@ def test_router_gauges_repeat_the_queue_and_kv_usage_as_a_fraction():
         ]
         for worker in workers:
             worker.start()
+        # Freeze the engine (the stats snapshot stays put while we read it) until a snapshot
+        # shows one request running and one waiting: both can still be waiting when the
+        # second arrives before the first is scheduled (seen under load).
         deadline = time.monotonic() + 20
-        while metric(client.get("/metrics").text, "tgserve_num_requests_waiting") < 1:
-            assert time.monotonic() < deadline, "the second request never queued"
+        while True:
+            engine.stall.set()
+            time.sleep(0.05)
+            busy = client.get("/metrics").text
+            running = metric(busy, "tgserve_num_requests_running")
+            if running == metric(busy, "tgserve_num_requests_waiting") == 1:
+                break
+            engine.stall.clear()
+            assert time.monotonic() < deadline, "never one request running and one waiting"
             time.sleep(0.005)
-        engine.stall.set()  # freeze the engine: the stats snapshot stays put while we read it
-        time.sleep(0.05)
-        busy = client.get("/metrics").text
         engine.stall.clear()
         for worker in workers:
             worker.join(30)
