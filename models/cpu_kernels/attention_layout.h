@@ -11,11 +11,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define TGSERVE_ATTN_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
 #define TGSERVE_ATTN_AVX2 1  // attention_avx2.h
 #endif
 
@@ -76,13 +78,28 @@ void pack_query(const T* src, int64_t D, typename QPack<KV>::type* dst) {
 // dst [n, stride] (float32) <- rows src[0 .. n-1] (their first D values; int8 rows' scales
 // not applied), widened exactly: the SIMD loops then read each row from L1 for every query
 // head and row of a group, instead of widening it once per head and row.
+// float16 rows in vectors: c10::Half's float() is one scalar vcvtph2ps a value, which GCC
+// does not vectorise (a 64-wide row cost 64 of them: a quarter of a float16 cache's prefill
+// attention went there).
 template <typename T>
 void widen_rows(const T* const* src, int n, int64_t D, int64_t stride, float* dst) {
   for (int i = 0; i < n; ++i) {
     const T* r = src[i];
     float* o = dst + i * stride;
+    int64_t d0 = 0;
+    if constexpr (std::is_same_v<T, c10::Half>) {
+#if defined(TGSERVE_ATTN_AVX512)
+      for (; d0 + 16 <= D; d0 += 16)
+        _mm512_storeu_ps(o + d0, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                     reinterpret_cast<const __m256i*>(r + d0))));
+#elif defined(TGSERVE_ATTN_AVX2)
+      for (; d0 + 8 <= D; d0 += 8)
+        _mm256_storeu_ps(o + d0, _mm256_cvtph_ps(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(r + d0))));
+#endif
+    }
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<float>(r[d]);
+    for (int64_t d = d0; d < D; ++d) o[d] = static_cast<float>(r[d]);
   }
 }
 
