@@ -98,6 +98,7 @@ _HEADERS = (
     "vec_simd.h",
     "attention_range.h",
     "attention_simd.h",
+    "attention_vec512.h",
     "attention_avx2.h",
     "attention_avx2_scores.h",
     "attention_layout.h",

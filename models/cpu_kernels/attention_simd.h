@@ -29,68 +29,36 @@
 #include "vec_math.h"  // fast_exp, and simd::exp on AVX-512
 
 #include "attention_layout.h"  // TGSERVE_ATTN_AVX512, chunk size, row layouts
+#include "attention_vec512.h"  // AVX-512: load16, store16, tail_mask16, load32x16, reduce16
 
 namespace tgserve::attn {
 
 #if defined(TGSERVE_ATTN_AVX512)
 
-// 16 elements of a row as float32; lanes outside `m` read nothing and are 0.
-inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load16(const c10::Half* p, __mmask16 m) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {  // bf16 = top half of a float32
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-inline __m512 load16(const int8_t* p, __mmask16 m) {  // int8 cache rows, widened exactly
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
-}
-
-// 16 float32 lanes to a row of T, rounding to nearest even.
-inline void store16(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
-inline void store16(c10::Half* p, __m512 x, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-inline void store16(c10::BFloat16* p, __m512 x, __mmask16 m) {
-#if defined(__AVX512BF16__)
-  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(x));
-#else
-  alignas(64) float f[16];
-  _mm512_storeu_ps(f, x);
-  for (int i = 0; i < 16; ++i)
-    if (m >> i & 1) p[i] = static_cast<c10::BFloat16>(f[i]);
-#endif
-}
-
-inline __mmask16 tail_mask16(int64_t n) {  // the first min(n, 16) lanes
-  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-}
-
-// 32 bf16 / half elements from p; only the first `left` (< 32: a row's tail) are read. A plain
-// load for whole vectors lets the compiler fold it into the instruction using it.
-inline __m512i load32x16(const void* p, int64_t left) {
-  if (left >= 32) return _mm512_loadu_si512(p);
-  return _mm512_maskz_loadu_epi16((__mmask32(1) << left) - 1, p);
-}
-
-// Lane i of the result = horizontal sum of a[i] (a 16x16 transpose folded into the adds:
-// 45 shuffles/adds instead of 16 separate reductions).
-inline __m512 reduce16(const __m512* a) {
-  __m512 b[8], c[4], d[2];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, a'0+a'2, a1+a3, a'1+a'3]
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the four vectors' partial sums
-    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+// acc[h][i] = the 16 lane sums of q[h] . rows[i] (d ascending, one FMA chain a key) for HN
+// query heads of one KV head, each row converted to float32 once for all HN heads instead of
+// once per head: 8 keys at a time, so HN x 8 accumulators, HN query vectors and the converted
+// row stay in the 32 registers. The chains are score_chunk's, so are the bits.
+template <typename T, int DC, int HN>
+inline void lane_sums_by_heads(const float* q, int64_t qstride, const T* const* rows,
+                               int64_t Drt, __m512 (*acc)[kChunk]) {
+  const int64_t D = DC > 0 ? DC : Drt;
+  for (int i0 = 0; i0 < kChunk; i0 += 8) {
+    __m512 a[HN][8];
+    for (int h = 0; h < HN; ++h)
+      for (int i = 0; i < 8; ++i) a[h][i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 m = tail_mask16(D - d);
+      __m512 qv[HN];
+      for (int h = 0; h < HN; ++h) qv[h] = _mm512_loadu_ps(q + h * qstride + d);
+      for (int i = 0; i < 8; ++i) {
+        const __m512 k = load16(rows[i0 + i] + d, m);
+        for (int h = 0; h < HN; ++h) a[h][i] = _mm512_fmadd_ps(qv[h], k, a[h][i]);
+      }
+    }
+    for (int h = 0; h < HN; ++h)
+      for (int i = 0; i < 8; ++i) acc[h][i0 + i] = a[h][i];
   }
-  for (int i = 0; i < 2; ++i)  // fold 128-bit lanes pairwise
-    d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                       _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
 }
 
 // s [G, 16]: s[h, i] = scale[i] * q[h] . rows[i] over D elements (q rows `qstride` apart,
@@ -101,6 +69,23 @@ void score_chunk(const typename QPack<T>::type* q, int64_t qstride, const T* con
                  int64_t G, int64_t Drt, const float* scale, float* s) {
   const int64_t D = DC > 0 ? DC : Drt;
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  // Rows read in place as another type (float16, int8, bf16 without bf16 pairs: a decode
+  // row's K rows) are converted once per 3 heads (lane_sums_by_heads), not once per head.
+  if constexpr (!std::is_same_v<T, float> && QPack<T>::pad == 16) {
+    for (int64_t h0 = 0; h0 < G; h0 += 3) {
+      __m512 acc[3][kChunk];
+      const float* qh = reinterpret_cast<const float*>(q + h0 * qstride);
+      const int64_t hn = std::min<int64_t>(3, G - h0);
+      if (hn == 3) lane_sums_by_heads<T, DC, 3>(qh, qstride, rows, D, acc);
+      else if (hn == 2) lane_sums_by_heads<T, DC, 2>(qh, qstride, rows, D, acc);
+      else lane_sums_by_heads<T, DC, 1>(qh, qstride, rows, D, acc);
+      for (int64_t h = 0; h < hn; ++h) {
+        const __m512 sv = _mm512_mul_ps(reduce16(acc[h]), _mm512_loadu_ps(scale));
+        _mm512_storeu_ps(s + (h0 + h) * kChunk, _mm512_mask_blend_ps(tail_mask16(n), neg_inf, sv));
+      }
+    }
+    return;
+  }
   for (int64_t h = 0; h < G; ++h) {
     __m512 acc[kChunk];
     for (int i = 0; i < kChunk; ++i) acc[i] = _mm512_setzero_ps();
