@@ -124,15 +124,23 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
   const typename QPack<T>::type* qg[kGroupRows];  // row i's query heads of KV head g
   // The group's rows over the chunk's rows of KV head g (krow, vrow: T rows in the cache, or
   // float32 rows widened from them): scores, softmax steps, V sums.
-  auto passes = [&](auto krow, auto vrow, const int* n, int64_t g) {
+  // The next chunk's rows [a0, a1) (this head's share, at `ahead`) are prefetched a third
+  // before each pass, so a lone row's prefetches do not queue on the line-fill buffers all at
+  // once ahead of its arithmetic.
+  auto passes = [&](auto krow, auto vrow, const int* n, int64_t g, const int64_t* ahead,
+                    int64_t a0, int64_t a1) {
     using UK = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(krow)>>>;
     using UV = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(vrow)>>>;
+    const int64_t t1 = a0 + (a1 - a0) / 3, t2 = a0 + 2 * (a1 - a0) / 3;
+    prefetch_chunk(kc, W, vc, WV, ahead, a0, t1);
     for (int i = 0; i < R; ++i) qg[i] = q[i] + g * G * qstride;
     simd::score_rows<UK, DC>(qg, qstride, krow, n, R, G, D, kmul, p, kt);
+    prefetch_chunk(kc, W, vc, WV, ahead, t1, t2);
     for (int i = 0; i < R; ++i)
       if (n[i] > 0)
         simd::softmax_chunk(p + i * G * kChunk, n[i], G, out[i].m + g * G,
                             lsum + (i * H + g * G) * kChunk, out[i].acc + g * G * DA, DA);
+    prefetch_chunk(kc, W, vc, WV, ahead, t2, a1);
     for (int i = 0; i < R; ++i) {
       if (n[i] == 0) continue;
       const float* pi = p + i * G * kChunk;
@@ -151,9 +159,10 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
     const int64_t* ahead = off[(j + kAhead) % (kAhead + 1)];
     const int64_t n_ahead = locate(j + kAhead);
     for (int64_t g = 0; g < KVH; ++g) {  // KV head g serves query heads g*G .. g*G + G-1
-      // Spread the prefetches over the heads so they do not queue up all at once.
-      prefetch_chunk(kc, W, vc, WV, ahead, std::min(n_ahead, g * kChunk / KVH),
-                     std::min(n_ahead, (g + 1) * kChunk / KVH));
+      // Spread the prefetches over the heads (and their passes) so they do not queue up all
+      // at once.
+      const int64_t pa0 = std::min(n_ahead, g * kChunk / KVH);
+      const int64_t pa1 = std::min(n_ahead, (g + 1) * kChunk / KVH);
       for (int i = 0; i < kChunk; ++i) {
         krows[i] = kc + cur[i] * KW + g * DS;
         vrows[i] = vc + cur[i] * VW + g * DSV;
@@ -176,13 +185,13 @@ void attend_range(const typename tgserve::attn::QPack<T>::type* const* q, int64_
             vwrows[i] = vwide + std::min(i, nk - 1) * DA;
           }
           // AVX2: K widened in its transpose; a mixed cache's float16 K rows read in place
-          if constexpr (kWidenK && kWidenV) passes(kwrows, vwrows, n, g);
-          else if constexpr (kWidenV) passes(krows, vwrows, n, g);
-          else passes(kwrows, vrows, n, g);
+          if constexpr (kWidenK && kWidenV) passes(kwrows, vwrows, n, g, ahead, pa0, pa1);
+          else if constexpr (kWidenV) passes(krows, vwrows, n, g, ahead, pa0, pa1);
+          else passes(kwrows, vrows, n, g, ahead, pa0, pa1);
           continue;
         }
       }
-      passes(krows, vrows, n, g);
+      passes(krows, vrows, n, g, ahead, pa0, pa1);
     }
   }
   for (int i = 0; i < R; ++i)
