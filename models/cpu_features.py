@@ -51,8 +51,10 @@ def _field(name: str, cpuinfo: str | None) -> str:
 
 
 def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
-    """The `flags` line of the first CPU in /proc/cpuinfo (or the given text), split."""
-    return tuple(_field("flags", cpuinfo).split())
+    """The `flags` line of the first CPU in /proc/cpuinfo (or the given text), split; on
+    aarch64, whose file lists `Features` instead, those (asimd, sve, ...: the build tag hashes
+    them, so one ARM core's -march=native build is never loaded on another)."""
+    return tuple((_field("flags", cpuinfo) or _field("Features", cpuinfo)).split())
 
 
 def cpu_vendor(cpuinfo: str | None = None) -> str:

@@ -101,6 +101,7 @@ _HEADERS = (
     "attention_vec512.h",
     "attention_avx2.h",
     "attention_avx2_scores.h",
+    "attention_portable.h",
     "attention_layout.h",
     "kv_int8.h",
     "kv_half.h",

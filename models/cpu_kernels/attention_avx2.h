@@ -15,7 +15,9 @@
 // (the same bits).
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

@@ -14,7 +14,9 @@
 // in, so decode (a group of one row) and prefill give a row the same bits.
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>

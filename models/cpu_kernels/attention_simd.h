@@ -11,9 +11,9 @@
 // key by the caller (folded into the score's multiplier, and into the V weight).
 // Reduction order of the AVX-512 build: a score is 16 lane sums over d (lane, lane + 16, ...)
 // added by reduce16's fixed tree; the V sum is two FMA chains per column (even and odd keys
-// of a chunk) added at the chunk's end. The portable build: whatever order the compiler's
-// `omp simd` reduction fixes for the build (the same for every row). The softmax and the
-// merge of key ranges (attention.cpp) are shared.
+// of a chunk) added at the chunk's end. The portable build (attention_portable.h): 16 lane
+// sums over d and a fixed tree, the V sum one chain per column in key order. The softmax and
+// the merge of key ranges (attention.cpp) are shared.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -198,58 +198,13 @@ void store_row(const float* acc, float inv, int64_t D, T* out) {
   }
 }
 
-#elif !defined(TGSERVE_ATTN_AVX2)  // portable fallbacks: same contracts, plain loops
-
-template <typename T, int DC>
-void score_chunk(const float* q, int64_t qstride, const T* const* rows, int n, int64_t G,
-                 int64_t Drt, const float* scale, float* s) {
-  const int64_t D = DC > 0 ? DC : Drt;
-  for (int64_t h = 0; h < G; ++h)
-    for (int i = 0; i < kChunk; ++i) {
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += q[h * qstride + d] * static_cast<float>(rows[i][d]);
-      s[h * kChunk + i] = i < n ? dot * scale[i] : -std::numeric_limits<float>::infinity();
-    }
-}
-
-inline void softmax_chunk(float* s, int n, int64_t G, float* m, float* lsum, float* acc,
-                          int64_t astride) {
-  for (int64_t h = 0; h < G; ++h) {
-    float* sh = s + h * kChunk;
-    float mx = m[h];
-    for (int i = 0; i < n; ++i) mx = std::max(mx, sh[i]);
-    if (mx > m[h] + kSlack) {
-      const float alpha = fast_exp(m[h] - mx);
-      lsum[h * kChunk] *= alpha;
-      for (int64_t d = 0; d < astride; ++d) acc[h * astride + d] *= alpha;
-      m[h] = mx;
-    }
-    for (int i = 0; i < kChunk; ++i) {
-      sh[i] = i < n ? std::exp(sh[i] - m[h]) : 0.0f;
-      lsum[h * kChunk] += sh[i];
-    }
-  }
-}
-
-template <typename T, int DC>
-void accumulate_chunk(const float* p, const T* const* rows, int64_t G, int64_t Drt, float* acc,
-                      int64_t astride, int n) {  // keys past n weigh 0: skipped
-  const int64_t D = DC > 0 ? DC : Drt;
-  for (int64_t h = 0; h < G; ++h)
-    for (int i = 0; i < n; ++i) {
-      const float w = p[h * kChunk + i];
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[h * astride + d] += w * static_cast<float>(rows[i][d]);
-    }
-}
-
-template <typename KV, typename T>
-void store_row(const float* acc, float inv, int64_t D, T* out) {
-  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(acc[d] * inv);
-}
-
 #endif
+
+}  // namespace tgserve::attn
+
+#include "attention_portable.h"  // neither AVX-512 nor AVX2 (aarch64 and others): plain loops
+
+namespace tgserve::attn {
 
 #if !defined(TGSERVE_ATTN_AVX2)
 // The scores of a group's R rows for one chunk and KV head, row by row: p [R, G, 16], row i's

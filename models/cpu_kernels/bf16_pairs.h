@@ -17,7 +17,9 @@
 // kernels keep vdpbf16ps where it does not hold.
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 #include <cstring>

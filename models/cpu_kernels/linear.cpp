@@ -33,7 +33,9 @@
 #include "group_walk.h"
 #include "kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>

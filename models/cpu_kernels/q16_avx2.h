@@ -18,7 +18,9 @@
 // integer sums in registers (2 MR a panel half).
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 #include <cstring>

@@ -27,7 +27,9 @@
 // float(sx), acc).
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 #include <cstring>

@@ -29,7 +29,9 @@
 //   products, fp16 scales widened by vcvtph2ps (exact).
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 

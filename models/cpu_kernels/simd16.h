@@ -4,7 +4,9 @@
 // rounded to nearest even), so both builds give a lane the same bits as the scalar loops.
 #pragma once
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <cstdint>
 

@@ -12,7 +12,9 @@
 #include "vec_simd.h"
 
 #if defined(__AVX2__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #endif
 
 namespace tgserve {

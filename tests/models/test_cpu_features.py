@@ -22,6 +22,13 @@ def test_the_flags_are_those_of_the_first_cpu_in_their_order():
     assert cpu_flags("model name : no flags line\n") == ()
 
 
+def test_an_arm_cpus_features_stand_for_its_flags():
+    # aarch64's /proc/cpuinfo (a Neoverse V1's first lines): `Features`, no `flags` line
+    info = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes sve\nCPU implementer\t: 0x41\n"
+    assert cpu_flags(info) == ("fp", "asimd", "evtstrm", "aes", "sve")
+    assert not cpu_has_native_bf16(info)
+
+
 def test_a_cpu_device_asks_the_cpu_flags():
     assert native_bf16(torch.device("cpu")) == cpu_has_native_bf16()
 
