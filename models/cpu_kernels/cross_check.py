@@ -1,19 +1,24 @@
-"""The C++ kernels built for another target, and the attention check run there.
+"""The C++ kernels built for another target, and their standalone checks run there.
 
 `python -m models.cpu_kernels.cross_check [--target aarch64|host] [--march M] [--sources]`
-compiles `checks/attention_check.cpp` with attention.cpp (no torch library, no Python: the
-kernels need only c10's header-only Half / BFloat16) for the target and runs it: on this host
-directly, on aarch64 under qemu-user (Debian's `g++-aarch64-linux-gnu` and `qemu-user`).
-`--sources` also compiles every source of the extension (`_SOURCES`) for the target: a
-compile check of the whole library (objects only: linking the extension would need the
-target's libtorch).
+compiles the checks in `checks/` with the kernel sources they exercise (no torch library, no
+Python: the kernels need only c10's header-only Half / BFloat16) for the target and runs them:
+on this host directly, on aarch64 under qemu-user (Debian's `g++-aarch64-linux-gnu` and
+`qemu-user`). `attention` (checks/attention_check.cpp): the paged attention against a float64
+oracle, batch invariance, prefill rows equal to their decodes. `linear`
+(checks/linear_check.cpp): the GGUF block linears' row invariance, and a digest of their float32
+outputs that every build must print alike (their lanes' orders and fused multiply-adds are
+written in the source). `--sources` also compiles every source of the extension
+(`_SOURCES`) for the target: a compile check of the whole library (objects only: linking the
+extension would need the target's libtorch).
 
-Contract: `build_attention_check(target, march, out)` returns the binary's path (raises
-`CalledProcessError` on a compile error); `run_attention_check(target, binary, bound_scale)`
-returns the finished process (exit 0 and "0 failures" when every check holds; `bound_scale`
-multiplies the float64 bound, so a small one shows the check can fail);
-`compile_sources(target, march, out_dir)` returns {source: compiler stderr} for the sources
-that failed. `TARGETS` names the targets; `available(target)` whether its tools are here.
+Contract: `build_check(target, name, march, out)` returns the binary's path (raises
+`CalledProcessError` on a compile error); `run_check(target, binary, *args)` returns the
+finished process (exit 0 and "N cases, 0 failures" when every check holds; the attention
+check's one argument multiplies its float64 bound, so a small one shows it can fail);
+`digests(stdout)` the linear check's digests by block type; `compile_sources(target, march,
+out_dir)` returns {source: compiler stderr} for the sources that failed. `TARGETS` names the
+targets, `CHECKS` the checks; `available(target)` says whether the target's tools are here.
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ from pathlib import Path
 from torch.utils.cpp_extension import include_paths
 
 _DIR = Path(__file__).parent
-CHECK_SOURCE = _DIR / "checks" / "attention_check.cpp"
+# check name -> the kernel sources it links with its own (checks/<name>_check.cpp)
+CHECKS = {
+    "attention": ("attention.cpp",),
+    "linear": ("block_linear.cpp", "kquant_linear.cpp", "mixed_blocks.cpp", "linear.cpp"),
+}
 
 
 @dataclass(frozen=True)
@@ -70,27 +79,28 @@ def _flags(march: str) -> list[str]:
     ]
 
 
-def build_attention_check(target: Target, march: str, out: Path) -> Path:
-    """attention_check.cpp + attention.cpp for `target` at -march=`march`, into `out`."""
-    cmd = [
-        target.compiler,
-        *_flags(march),
-        str(_DIR / "attention.cpp"),
-        str(CHECK_SOURCE),
-        "-o",
-        str(out),
+def build_check(target: Target, name: str, march: str, out: Path) -> Path:
+    """The check `name` (CHECKS) for `target` at -march=`march`, into `out`."""
+    sources = [str(_DIR / src) for src in CHECKS[name]] + [
+        str(_DIR / "checks" / f"{name}_check.cpp")
     ]
+    cmd = [target.compiler, *_flags(march), *sources, "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out
 
 
-def run_attention_check(
-    target: Target, binary: Path, bound_scale: float = 1.0, threads: int = 2, timeout: float = 600
+def run_check(
+    target: Target, binary: Path, *args: str, threads: int = 2, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run the check (under the target's runner), `threads` OpenMP threads."""
-    cmd = [*target.runner, str(binary), repr(bound_scale)]
+    """Run a check (under the target's runner) on `threads` OpenMP threads."""
+    cmd = [*target.runner, str(binary), *args]
     env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def digests(stdout: str) -> dict[str, str]:
+    """The linear check's "digest <type> <hex>" lines, by type."""
+    return dict(line.split()[1:3] for line in stdout.splitlines() if line.startswith("digest "))
 
 
 def _python_includes(target: Target, scratch: Path) -> list[str]:
@@ -154,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             if failed:
                 return 1
             print(f"every source compiles for {args.target} -march={march}")
-        binary = build_attention_check(target, march, Path(tmp) / "attention_check")
-        proc = run_attention_check(target, binary)
-        print(proc.stdout, end="")
-        return proc.returncode
+        code = 0
+        for name in CHECKS:
+            proc = run_check(target, build_check(target, name, march, Path(tmp) / name))
+            print(f"{name} check ({args.target} -march={march}):\n{proc.stdout}", end="")
+            code = code or proc.returncode
+        return code
 
 
 if __name__ == "__main__":

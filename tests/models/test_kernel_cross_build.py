@@ -1,12 +1,14 @@
-"""The C++ attention kernel beyond the build this host serves: its standalone check
-(models/cpu_kernels/checks/attention_check.cpp: a float64 oracle, batch invariance, a prefill
-chunk's rows equal to their decodes) built and run for this host's x86 builds, and for aarch64
+"""The C++ kernels beyond the build this host serves: their standalone checks
+(models/cpu_kernels/checks/: the paged attention against a float64 oracle, batch invariance and
+a prefill chunk's rows equal to their decodes; the GGUF block linears' row invariance and a
+digest of their float32 outputs) built and run for this host's x86 builds, and for aarch64
 under qemu-user where Debian's cross compiler and qemu are installed (`apt-get install
 g++-aarch64-linux-gnu qemu-user`); and the rule that lets every source compile off x86."""
 
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,25 +24,42 @@ AARCH64 = cross_check.TARGETS["aarch64"]
 HOST_MARCHES = ["native", "x86-64-v2"] + (["haswell"] if set(cpu_flags()) >= AVX2_FLAGS else [])
 
 
+def passed(proc, cases: int) -> bool:
+    return proc.returncode == 0 and re.search(rf"^{cases} cases, 0 failures$", proc.stdout, re.M)
+
+
 @pytest.fixture(scope="module")
-def host_checks(tmp_path_factory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("attention_check")
-    return {m: cross_check.build_attention_check(HOST, m, out / m) for m in HOST_MARCHES}
+def host_checks(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    out = tmp_path_factory.mktemp("kernel_checks")
+    builds = [(name, march) for name in cross_check.CHECKS for march in HOST_MARCHES]
+    with ThreadPoolExecutor(2) as pool:  # each build is one compiler process
+        paths = pool.map(
+            lambda b: cross_check.build_check(HOST, *b, out / f"{b[0]}-{b[1]}"), builds
+        )
+        return dict(zip(builds, paths, strict=True))
 
 
 @pytest.mark.parametrize("march", HOST_MARCHES)
-def test_attention_check_passes_on_this_hosts_builds(host_checks, march):
-    proc = cross_check.run_attention_check(HOST, host_checks[march])
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert re.search(r"^12 cases, 0 failures$", proc.stdout, re.M)
+def test_the_attention_check_passes_on_this_hosts_builds(host_checks, march):
+    proc = cross_check.run_check(HOST, host_checks["attention", march])
+    assert passed(proc, 12), proc.stdout[-3000:]
 
 
-def test_the_checks_float64_bound_can_fail(host_checks):
+def test_the_attention_checks_float64_bound_can_fail(host_checks):
     # The same build against a bound 1000x tighter than float32's rounding allows: the float64
     # comparison must report rows (the bitwise checks do not depend on the bound).
-    proc = cross_check.run_attention_check(HOST, host_checks["native"], bound_scale=1e-3)
+    proc = cross_check.run_check(HOST, host_checks["attention", "native"], "1e-3")
     assert proc.returncode == 1
     assert "off float64" in proc.stdout
+
+
+def test_the_block_linears_give_every_x86_build_the_same_bits(host_checks):
+    runs = {m: cross_check.run_check(HOST, host_checks["linear", m]) for m in HOST_MARCHES}
+    for march, proc in runs.items():
+        assert passed(proc, 24), (march, proc.stdout[-3000:])
+    found = {m: cross_check.digests(proc.stdout) for m, proc in runs.items()}
+    assert len(found["native"]) == 8
+    assert all(d == found["native"] for d in found.values()), found
 
 
 def test_x86_intrinsics_headers_are_included_only_on_x86():
@@ -60,16 +79,25 @@ def test_x86_intrinsics_headers_are_included_only_on_x86():
 
 needs_aarch64 = pytest.mark.skipif(
     not cross_check.available(AARCH64),
-    reason="no aarch64 cross compiler and qemu-aarch64 here (apt-get install g++-aarch64-linux-gnu qemu-user)",
+    reason="no aarch64 cross compiler and qemu-aarch64 here "
+    "(apt-get install g++-aarch64-linux-gnu qemu-user)",
 )
 
 
 @needs_aarch64
-def test_attention_check_passes_on_aarch64_under_qemu(tmp_path):
-    binary = cross_check.build_attention_check(AARCH64, AARCH64.default_march, tmp_path / "check")
-    proc = cross_check.run_attention_check(AARCH64, binary)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert re.search(r"^12 cases, 0 failures$", proc.stdout, re.M)
+def test_the_attention_check_passes_on_aarch64_under_qemu(tmp_path):
+    binary = cross_check.build_check(AARCH64, "attention", AARCH64.default_march, tmp_path / "a")
+    proc = cross_check.run_check(AARCH64, binary)
+    assert passed(proc, 12), proc.stdout[-3000:]
+
+
+@needs_aarch64
+def test_the_block_linears_give_aarch64_the_x86_bits(host_checks, tmp_path):
+    binary = cross_check.build_check(AARCH64, "linear", AARCH64.default_march, tmp_path / "l")
+    proc = cross_check.run_check(AARCH64, binary)
+    assert passed(proc, 24), proc.stdout[-3000:]
+    native = cross_check.run_check(HOST, host_checks["linear", "native"])
+    assert cross_check.digests(proc.stdout) == cross_check.digests(native.stdout)
 
 
 @needs_aarch64
