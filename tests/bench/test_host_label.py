@@ -20,6 +20,9 @@ def test_isa_names_follow_the_flags():
     assert isa_names(sapphire) == ["AVX-512", "BF16", "VNNI", "AMX"]
     assert isa_names(["avx2", "fma", "avx_vnni"]) == ["AVX2", "VNNI"]
     assert isa_names(["sse4_2"]) == []
+    neoverse_v1 = ["fp", "asimd", "evtstrm", "aes", "asimddp", "sha512", "sve", "bf16"]
+    assert isa_names(neoverse_v1) == ["NEON", "SVE", "DOTPROD"]
+    assert isa_names(["fp", "asimd", "evtstrm"]) == ["NEON"]
 
 
 def test_the_default_dtype_is_what_a_default_engine_loads_and_tables_say_so(capsys):
