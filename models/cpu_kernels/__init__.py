@@ -114,6 +114,7 @@ _HEADERS = (
     "kquant_fma.h",
     "group_walk.h",
     "q8_linear.h",
+    "q8_bindings.h",
     "q8_passes.h",
     "q8_dot.h",
     "q8_avx2.h",

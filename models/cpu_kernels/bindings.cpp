@@ -7,6 +7,7 @@
 #include "kv_int8.h"
 #include "lora.h"
 #include "moe_block.h"
+#include "q8_bindings.h"
 #include "q8_linear.h"
 
 namespace {

@@ -8,7 +8,8 @@ on this host directly, on aarch64 under qemu-user (Debian's `g++-aarch64-linux-g
 oracle, batch invariance, prefill rows equal to their decodes. `linear`
 (checks/linear_check.cpp): the GGUF block linears' row invariance, and a digest of their float32
 outputs that every build must print alike (their lanes' orders and fused multiply-adds are
-written in the source). `--sources` also compiles every source of the extension
+written in the source). `q8` (checks/q8_check.cpp): the same for the int8 / int16 activation
+linears (exact integer block sums, one fma epilogue). `--sources` also compiles every source of the extension
 (`_SOURCES`) for the target: a compile check of the whole library (objects only: linking the
 extension would need the target's libtorch).
 
@@ -16,7 +17,7 @@ Contract: `build_check(target, name, march, out)` returns the binary's path (rai
 `CalledProcessError` on a compile error); `run_check(target, binary, *args)` returns the
 finished process (exit 0 and "N cases, 0 failures" when every check holds; the attention
 check's one argument multiplies its float64 bound, so a small one shows it can fail);
-`digests(stdout)` the linear check's digests by block type; `compile_sources(target, march,
+`digests(stdout)` a digest check's digests by kind (`DIGEST_CHECKS`); `compile_sources(target, march,
 out_dir)` returns {source: compiler stderr} for the sources that failed. `TARGETS` names the
 targets, `CHECKS` the checks; `available(target)` says whether the target's tools are here.
 """
@@ -40,7 +41,10 @@ _DIR = Path(__file__).parent
 CHECKS = {
     "attention": ("attention.cpp",),
     "linear": ("block_linear.cpp", "kquant_linear.cpp", "mixed_blocks.cpp", "linear.cpp"),
+    "q8": ("q8_linear.cpp", "q8_quantize.cpp"),
 }
+# checks whose digests every build of every target must print alike
+DIGEST_CHECKS = ("linear", "q8")
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def run_check(
 
 
 def digests(stdout: str) -> dict[str, str]:
-    """The linear check's "digest <type> <hex>" lines, by type."""
+    """A digest check's "digest <kind> <hex>" lines, by kind."""
     return dict(line.split()[1:3] for line in stdout.splitlines() if line.startswith("digest "))
 
 

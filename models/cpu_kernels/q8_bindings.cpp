@@ -8,6 +8,7 @@
 
 #include "q16_avx2.h"
 #include "q8_linear.h"
+#include "q8_bindings.h"
 
 namespace tgserve {
 namespace {

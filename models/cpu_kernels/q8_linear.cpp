@@ -7,8 +7,6 @@
 // over panels widened once per group instead (many_rows16).
 #include "q8_linear.h"
 
-#include <torch/extension.h>
-
 #include <algorithm>
 #include <type_traits>
 #include <vector>

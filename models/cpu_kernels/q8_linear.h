@@ -19,7 +19,7 @@
 // weight once, so bytes are time).
 #pragma once
 
-#include <torch/extension.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
@@ -70,7 +70,5 @@ void q8_linear_panels(const A* xq, const float* dx, const int32_t* sx, int64_t M
                       const uint8_t* Wp, int kind, const T* bias, OutT* y, int64_t N,
                       int64_t p_begin, int64_t p_end);
 
-// q8_quantize, q8_linear and q8_isa (the integer path of this build) on the extension module.
-void bind_q8_linear(pybind11::module& m);
 
 }  // namespace tgserve

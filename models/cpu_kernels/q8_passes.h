@@ -7,8 +7,6 @@
 // Included by q8_linear.cpp only.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>

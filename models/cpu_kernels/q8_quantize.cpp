@@ -2,8 +2,6 @@
 // q16_dot.h: int16, d = amax / 32767): rows [M, K] -> their values, a step and a sum per block
 // of 32. One IEEE operation per step on every ISA (AVX-512, AVX2, the scalar loop), so every
 // build gives the same bits.
-#include <torch/extension.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

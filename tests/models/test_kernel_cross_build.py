@@ -1,7 +1,7 @@
 """The C++ kernels beyond the build this host serves: their standalone checks
 (models/cpu_kernels/checks/: the paged attention against a float64 oracle, batch invariance and
 a prefill chunk's rows equal to their decodes; the GGUF block linears' row invariance and a
-digest of their float32 outputs) built and run for this host's x86 builds, and for aarch64
+digest of their float32 outputs; the same for the int8 / int16 activation linears) built and run for this host's x86 builds, and for aarch64
 under qemu-user where Debian's cross compiler and qemu are installed (`apt-get install
 g++-aarch64-linux-gnu qemu-user`); and the rule that lets every source compile off x86."""
 
@@ -53,8 +53,10 @@ def test_the_attention_checks_float64_bound_can_fail(host_checks):
     assert "off float64" in proc.stdout
 
 
-def test_the_block_linears_give_every_x86_build_the_same_bits(host_checks):
-    runs = {m: cross_check.run_check(HOST, host_checks["linear", m]) for m in HOST_MARCHES}
+@pytest.mark.parametrize("check", cross_check.DIGEST_CHECKS)
+def test_the_linears_give_every_x86_build_the_same_bits(host_checks, check):
+    # linear: the GGUF block linears, float32 activations; q8: int8 / int16 activations
+    runs = {m: cross_check.run_check(HOST, host_checks[check, m]) for m in HOST_MARCHES}
     for march, proc in runs.items():
         assert passed(proc, 24), (march, proc.stdout[-3000:])
     found = {m: cross_check.digests(proc.stdout) for m, proc in runs.items()}
@@ -92,11 +94,12 @@ def test_the_attention_check_passes_on_aarch64_under_qemu(tmp_path):
 
 
 @needs_aarch64
-def test_the_block_linears_give_aarch64_the_x86_bits(host_checks, tmp_path):
-    binary = cross_check.build_check(AARCH64, "linear", AARCH64.default_march, tmp_path / "l")
+@pytest.mark.parametrize("check", cross_check.DIGEST_CHECKS)
+def test_the_linears_give_aarch64_the_x86_bits(host_checks, tmp_path, check):
+    binary = cross_check.build_check(AARCH64, check, AARCH64.default_march, tmp_path / check)
     proc = cross_check.run_check(AARCH64, binary)
     assert passed(proc, 24), proc.stdout[-3000:]
-    native = cross_check.run_check(HOST, host_checks["linear", "native"])
+    native = cross_check.run_check(HOST, host_checks[check, "native"])
     assert cross_check.digests(proc.stdout) == cross_check.digests(native.stdout)
 
 
