@@ -7,9 +7,10 @@ stamps each result with `host_label(device)` and whether its dtype was auto's ch
 `isa_names(flags)` turns /proc/cpuinfo flags (models/cpu_features.py reads them) into the ISA
 names that decide tgserve's CPU speed, in this order: the widest vector unit
 ("AVX-512", else "AVX2"), then "BF16" (AVX512-BF16 dot products), "VNNI" (int8 dot products,
-AVX-512 or AVX form) and "AMX" (tiles); on aarch64 "NEON", "SVE", "DOTPROD"; `host_label(device)` is "CPU AVX-512+BF16+VNNI+AMX"
-(or "CPU (no AVX2)") on a CPU, with " (kernels: avx2 build)" where TGSERVE_CPU_ISA forces an
-older build of the C++ kernels than the host's, and the GPU's name on CUDA.
+AVX-512 or AVX form) and "AMX" (tiles); on aarch64 "NEON", "SVE", "DOTPROD";
+`host_label(device)` is "CPU AVX-512+BF16+VNNI+AMX" (or "CPU (no AVX2)") on a CPU, with
+" (kernels: avx2 build)" where TGSERVE_CPU_ISA forces an older build of the C++ kernels than
+the host's, and the GPU's name on CUDA.
 """
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ _HEADERS = (
     "attention_avx2_scores.h",
     "attention_portable.h",
     "attention_layout.h",
+    "x86_intrinsics.h",
     "kv_int8.h",
     "kv_half.h",
     "simd16.h",

@@ -15,9 +15,7 @@
 // (the same bits).
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

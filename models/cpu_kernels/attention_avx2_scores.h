@@ -14,9 +14,7 @@
 // in, so decode (a group of one row) and prefill give a row the same bits.
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <algorithm>
 #include <cstdint>

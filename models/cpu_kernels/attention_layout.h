@@ -14,14 +14,10 @@
 #include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 #define TGSERVE_ATTN_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 #define TGSERVE_ATTN_AVX2 1  // attention_avx2.h
 #endif
 

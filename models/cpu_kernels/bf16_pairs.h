@@ -17,9 +17,7 @@
 // kernels keep vdpbf16ps where it does not hold.
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

@@ -36,9 +36,7 @@
 // dequantising. bf16 with AVX512-BF16: a bf16 scratch, 6 x 4 vdpbf16ps tiles (many_rows);
 // float32 (and bf16 without AVX512-BF16, AVX-512 or AVX2): a float32 scratch in linear.cpp's
 // layout, 6-row fma tiles (many_rows_fma, block_fma.h, group_walk.h).
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -25,6 +25,7 @@ targets, `CHECKS` the checks; `available(target)` says whether the target's tool
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def run_check(
 ) -> subprocess.CompletedProcess:
     """Run a check (under the target's runner) on `threads` OpenMP threads."""
     cmd = [*target.runner, str(binary), *args]
-    env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 

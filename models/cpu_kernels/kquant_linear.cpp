@@ -32,9 +32,7 @@
 // float32 activations and CPUs without AVX512-BF16 run the portable order: dot = fma(x, q, dot)
 // per element in float32 (x not rounded to bf16), as SIMD code (kquant_fma.h: AVX-512 or
 // AVX2 + FMA) or plain loops.
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <algorithm>
 #include <array>

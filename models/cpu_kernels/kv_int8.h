@@ -25,9 +25,7 @@
 #include "kv_half.h"
 
 #if defined(__AVX2__)
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 #endif
 
 namespace tgserve {

@@ -33,9 +33,7 @@
 #include "group_walk.h"
 #include "kernels.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 #include <omp.h>
 
 #include <algorithm>

@@ -30,9 +30,7 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
 #define TGSERVE_MANTISSA_AVX2 1
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cmath>
 #include <cstdint>

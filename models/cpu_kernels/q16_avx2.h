@@ -18,9 +18,7 @@
 // integer sums in registers (2 MR a panel half).
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

@@ -14,9 +14,7 @@
 // others q8_dot.h's scalar_sums (the int8 path's loops on int16 values): the same integers.
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <algorithm>
 #include <cmath>

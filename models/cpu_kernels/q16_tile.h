@@ -27,9 +27,7 @@
 // float(sx), acc).
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

@@ -13,9 +13,7 @@
 //   for Q4_1), fp16 scales (a file's) widened by vcvtph2ps (exact).
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -11,9 +11,7 @@
 // Q4 kinds yield sum(xq * nibble); q8_linear's epilogue takes Q4_0's 8 * sum(xq) off.
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

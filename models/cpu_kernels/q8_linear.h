@@ -70,5 +70,4 @@ void q8_linear_panels(const A* xq, const float* dx, const int32_t* sx, int64_t M
                       const uint8_t* Wp, int kind, const T* bias, OutT* y, int64_t N,
                       int64_t p_begin, int64_t p_end);
 
-
 }  // namespace tgserve

@@ -29,9 +29,7 @@
 //   products, fp16 scales widened by vcvtph2ps (exact).
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cstdint>
 

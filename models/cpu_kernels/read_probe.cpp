@@ -8,9 +8,7 @@
 // together, one cache line each per step (the 4-panel pass reads four panels side by side);
 // `prefetch`: each stream also prefetches 1 KiB ahead. The loads are folded into the xor of all
 // 64-bit words read (the checksum the tests compare), so they cannot be dropped.
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 #include <omp.h>
 
 #include <algorithm>

@@ -4,9 +4,7 @@
 // rounded to nearest even), so both builds give a lane the same bits as the scalar loops.
 #pragma once
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 #include <cstdint>
 

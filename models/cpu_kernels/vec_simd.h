@@ -14,9 +14,7 @@ constexpr float kExpPoly[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f 
 }  // namespace tgserve
 
 #if defined(__AVX512F__)
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "x86_intrinsics.h"
 
 namespace tgserve::simd {
 

@@ -10,6 +10,7 @@
 //      test compares them across builds.
 // Prints "digest <type> <hex>" lines, one line per failure and a summary; exits 1 on failure.
 #include "../kernels.h"
+#include "row_products.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -28,17 +29,6 @@ struct Kind {
   std::vector<int> half_offsets;  // float16 scale fields in a file block: made finite
 };
 
-uint16_t small_half(std::mt19937& rng) {  // a float16 in [2^-10, 2^-6), random sign: 0x1400 ..
-  const uint16_t magnitude = 0x1400 + static_cast<uint16_t>(rng() % 0x1000);
-  return magnitude | static_cast<uint16_t>((rng() & 1) << 15);
-}
-
-uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 void check(const Kind& kind, int64_t K, int64_t N, std::mt19937& rng, uint64_t& digest) {
   const int64_t width = tgserve::block_width(kind.type), rb = tgserve::row_bytes(kind.type, K);
   const int64_t file_block = rb / (K / width);
@@ -46,32 +36,15 @@ void check(const Kind& kind, int64_t K, int64_t N, std::mt19937& rng, uint64_t& 
   for (uint8_t& b : raw) b = static_cast<uint8_t>(rng());
   for (int64_t blk = 0; blk < N * K / width; ++blk)
     for (int off : kind.half_offsets) {
-      const uint16_t h = small_half(rng);
+      const uint16_t h = tgserve::checks::small_half(rng);
       std::memcpy(raw.data() + blk * file_block + off, &h, 2);
     }
   std::vector<uint8_t> packed((N + 15) / 16 * 16 * rb);
   tgserve::pack_blocks(raw.data(), N, K, kind.type, packed.data());
-  const int64_t M = 40;
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(M * K), bias(N), all(M * N), some(M * N);
-  for (float& v : x) v = u(rng);
-  for (float& v : bias) v = u(rng);
-  tgserve::block_linear<float, float>(x.data(), M, K, packed.data(), kind.type, bias.data(),
-                                      all.data(), N);
-  for (int64_t rows : {1, 3, 9}) {
-    for (int64_t m0 = 0; m0 < M; m0 += rows) {
-      const int64_t r = std::min(rows, M - m0);
-      tgserve::block_linear<float, float>(x.data() + m0 * K, r, K, packed.data(), kind.type,
-                                          bias.data(), some.data() + m0 * N, N);
-    }
-    if (std::memcmp(all.data(), some.data(), all.size() * sizeof(float)) != 0) {
-      ++failures;
-      std::printf("FAIL %s K=%lld N=%lld: rows in products of %lld differ from one product of %lld\n",
-                  kind.name, static_cast<long long>(K), static_cast<long long>(N),
-                  static_cast<long long>(rows), static_cast<long long>(M));
-    }
-  }
-  digest = fnv1a(all.data(), all.size() * sizeof(float), digest);
+  auto product = [&](const float* x, int64_t rows, const float* bias, float* y) {
+    tgserve::block_linear<float, float>(x, rows, K, packed.data(), kind.type, bias, y, N);
+  };
+  failures += tgserve::checks::check_row_products(kind.name, K, N, product, rng, digest);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 // Prints "digest <kind> <hex>" lines, one line per failure and a summary; exits 1 on failure.
 #include "../kernels.h"
 #include "../q8_linear.h"
+#include "row_products.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,12 +27,6 @@ namespace {
 
 int failures = 0;
 
-uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 // One panel block of `kind` (q8_linear.h): scales (fp16, or float32 for int8 rows), Q4_1's mins,
 // then quants (Q8 kinds in [-127, 127], as files hold them; nibbles any).
 void fill_block(int weights, uint8_t* blk, int64_t bytes, std::mt19937& rng) {
@@ -46,7 +41,7 @@ void fill_block(int weights, uint8_t* blk, int64_t bytes, std::mt19937& rng) {
   } else {
     const int halves = weights == tgserve::kQ4_1 ? 32 : 16;  // d [16] (and m [16])
     for (int l = 0; l < halves; ++l) {
-      const uint16_t h = static_cast<uint16_t>(0x1400 + rng() % 0x1000) | ((rng() & 1) << 15);
+      const uint16_t h = tgserve::checks::small_half(rng);
       std::memcpy(blk + 2 * l, &h, 2);
     }
     quants = 2 * halves;
@@ -60,26 +55,10 @@ void check(const char* name, int kind, int weights, int64_t K, int64_t N, std::m
   const int64_t bytes = tgserve::q8_block_bytes(kind), panels = (N + 15) / 16;
   std::vector<uint8_t> packed(panels * (K / 32) * bytes);
   for (int64_t b = 0; b < panels * (K / 32); ++b) fill_block(weights, packed.data() + b * bytes, bytes, rng);
-  const int64_t M = 40;
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(M * K), bias(N), all(M * N), some(M * N);
-  for (float& v : x) v = u(rng);
-  for (float& v : bias) v = u(rng);
-  tgserve::q8_linear<float, float>(x.data(), M, K, packed.data(), kind, bias.data(), all.data(), N);
-  for (int64_t rows : {1, 3, 9}) {
-    for (int64_t m0 = 0; m0 < M; m0 += rows) {
-      const int64_t r = std::min(rows, M - m0);
-      tgserve::q8_linear<float, float>(x.data() + m0 * K, r, K, packed.data(), kind, bias.data(),
-                                       some.data() + m0 * N, N);
-    }
-    if (std::memcmp(all.data(), some.data(), all.size() * sizeof(float)) != 0) {
-      ++failures;
-      std::printf("FAIL %s K=%lld N=%lld: rows in products of %lld differ from one product of %lld\n",
-                  name, static_cast<long long>(K), static_cast<long long>(N),
-                  static_cast<long long>(rows), static_cast<long long>(M));
-    }
-  }
-  digest = fnv1a(all.data(), all.size() * sizeof(float), digest);
+  auto product = [&](const float* x, int64_t rows, const float* bias, float* y) {
+    tgserve::q8_linear<float, float>(x, rows, K, packed.data(), kind, bias, y, N);
+  };
+  failures += tgserve::checks::check_row_products(name, K, N, product, rng, digest);
 }
 
 }  // namespace
