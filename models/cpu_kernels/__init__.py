@@ -108,11 +108,19 @@ _HEADERS = (
     "kv_half.h",
     "simd16.h",
     "block_fma.h",
+    "block_format.h",
+    "block_bf16_few.h",
+    "block_bf16_many.h",
+    "block_order_passes.h",
     "dense_tile.h",
     "mantissa_avx2.h",
     "mantissa_weights.h",
     "bf16_pairs.h",
     "kquant_fma.h",
+    "kquant_format.h",
+    "kquant_bf16_few.h",
+    "kquant_bf16_wide.h",
+    "kquant_order_passes.h",
     "group_walk.h",
     "q8_linear.h",
     "q8_bindings.h",
@@ -124,6 +132,8 @@ _HEADERS = (
     "q16_avx2.h",
     "q16_tile.h",
     "aligned_scratch.h",
+    "linear_tile.h",
+    "linear_avx512.h",
 )
 
 

@@ -79,6 +79,18 @@ def test_x86_intrinsics_headers_are_included_only_on_x86():
     assert unguarded == []
 
 
+def test_every_kernel_file_is_staged_into_the_build():
+    # A build compiles staged copies of _SOURCES and _HEADERS (and its name hashes them): a
+    # header left out fails the compile on a fresh machine, or, once staged by hand, an edit to
+    # it would not change the build's name and an old library would load.
+    from models import cpu_kernels
+
+    on_disk = {p.name for p in KERNELS.glob("*") if p.suffix in (".h", ".cpp")}
+    staged = set(cpu_kernels._SOURCES) | set(cpu_kernels._HEADERS)
+    assert on_disk - staged == set()
+    assert staged - on_disk == set()
+
+
 needs_aarch64 = pytest.mark.skipif(
     not cross_check.available(AARCH64),
     reason="no aarch64 cross compiler and qemu-aarch64 here "
