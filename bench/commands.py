@@ -5,8 +5,8 @@ offline benchmarks (latency, throughput: backends loaded in this process) or the
 (serve: streams against a running server's /v1/completions), measures the machine's limits when
 asked, and emits the results on stdout (report.py), and with `--plot PATH` a PNG of them
 (plots.py; matplotlib is checked before the run); `serve --sweep` runs one load per point
-(sweep.py); soak prints its own report (soak_report.py)
-and returns 1 when the soak failed. Bad arguments raise ValueError.
+(sweep.py); soak, burst and short-behind-long run from bench/server_probes.py. Bad arguments
+raise ValueError.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from bench.progress import ProgressBar, enabled_by_default
 from bench.report import emit
 from bench.serve_load import LoadSpec, discover_model, discover_vocab_size, run_load
 from bench.serve_metrics import ServeResult, summarize_run
+from bench.server_probes import run_probe_command, run_soak_command
 from bench.sweep import parse_sweep, run_sweep
 from bench.throughput import ThroughputResult, decode_batch, run_throughput_bench
 from bench.workload import WorkloadSpec, make_workload
@@ -63,7 +64,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         return run_lora_bench(args)
     if args.bench_command == "soak":
-        return _run_soak(args)
+        return run_soak_command(args)
     if args.bench_command == "gpu-check":
         from bench.gpu_check.main import run
 
@@ -73,7 +74,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         return run(args)
     if args.bench_command in ("burst", "short-behind-long"):
-        return _run_probe(args)
+        return run_probe_command(args)
     show_progress = enabled_by_default() if args.progress is None else args.progress
     plot_path = getattr(args, "plot", None)
     if plot_path is not None:
@@ -294,70 +295,3 @@ def _run_serve(
             decode_m,
         )
     return [summarize_run(load_spec, records, duration, load_before, load_after, bound)], limits
-
-
-def _run_soak(args: argparse.Namespace) -> int:
-    import json
-
-    from bench.soak import SoakSpec, run_soak
-    from bench.soak_report import Limits, as_json, judge, render
-
-    spec = SoakSpec(
-        url=args.url.rstrip("/"),
-        duration_s=args.duration,
-        request_rate=args.request_rate,
-        disconnect_fraction=args.disconnect_fraction,
-        prompt_len=args.prompt_len,
-        max_tokens=args.max_tokens,
-        vocab_size=args.vocab_size,
-        max_in_flight=args.max_in_flight,
-        timeout_s=args.timeout,
-        sample_interval_s=args.sample_interval,
-        drain_s=args.drain,
-        seed=args.seed,
-        pid=args.pid,
-        model=args.model,
-        api_key=args.api_key,
-    )
-    limits = Limits(args.max_rss_slope, args.max_fd_growth, args.window)
-    discover_model(spec.url, spec.api_key)  # a clear error when nothing answers at --url
-    report = judge(run_soak(spec), limits)
-    print(json.dumps(as_json(report)) if args.json else render(report))
-    return 0 if report.passed else 1
-
-
-def _run_probe(args: argparse.Namespace) -> int:
-    """`bench burst` and `bench short-behind-long`: probes of a running server's scheduling."""
-    print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    url = args.url.rstrip("/")
-    if args.bench_command == "burst":
-        from bench import burst
-
-        spec = burst.BurstSpec(
-            url,
-            args.num_requests,
-            args.in_flight,
-            args.prompt_len,
-            args.max_tokens,
-            args.runs,
-            args.seed,
-            args.model,
-        )
-        print(burst.render(spec, burst.run_burst(spec)))
-    else:
-        from bench import short_behind_long as probe
-
-        pspec = probe.ProbeSpec(
-            url,
-            args.num_long,
-            args.long_len,
-            args.short_len,
-            args.delay,
-            args.runs,
-            args.seed,
-            args.model,
-            {"both": (True, False), "true": (True,), "false": (False,)}[args.long_stream],
-        )
-        print(probe.render(pspec, *probe.run_probe(pspec)))
-    print(f"load average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    return 0
