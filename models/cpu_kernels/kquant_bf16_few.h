@@ -1,7 +1,8 @@
 // The few-rows passes of kquant_linear.cpp for bfloat16 activations on AVX512-BF16: a packed
-// block's nibbles and high bits turned into bf16 words in registers (vpermw tables) and
-// vdpbf16ps against x's pairs, a register tile of up to 4 rows x 4 panels, one pass a (rows,
-// panels, type) chosen from a table. Included by kquant_linear.cpp alone (its helpers share that file's anonymous namespace).
+// block's nibbles and high bits turned into bf16 words in registers (vpermw tables) and vdpbf16ps
+// against x's pairs, a register tile of up to 4 rows x 4 panels, one pass a (rows, panels, type)
+// chosen from a table. Included by kquant_linear.cpp alone (its helpers share that file's anonymous
+// namespace).
 #pragma once
 
 #include "x86_intrinsics.h"

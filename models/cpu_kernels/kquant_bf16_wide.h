@@ -1,6 +1,7 @@
-// The many-rows path of kquant_linear.cpp for bfloat16 activations on AVX512-BF16 (prefill,
-// big batches): a thread unpacks a group of panels once into bf16 words and float scales, then
-// runs 6-row x 4-panel vdpbf16ps tiles over it. Included by kquant_linear.cpp alone (its helpers share that file's anonymous namespace).
+// The many-rows path of kquant_linear.cpp for bfloat16 activations on AVX512-BF16 (prefill, big
+// batches): a thread unpacks a group of panels once into bf16 words and float scales, then runs
+// 6-row x 4-panel vdpbf16ps tiles over it. Included by kquant_linear.cpp alone (its helpers share
+// that file's anonymous namespace).
 #pragma once
 
 #include "x86_intrinsics.h"

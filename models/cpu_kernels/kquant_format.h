@@ -1,7 +1,7 @@
-// GGUF Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks as kquant_linear.cpp keeps them: the formats,
-// the packed layout's constants, where an element, a scale and a min sit in a file block and
-// in a packed one, and the helpers every pass shares (sub-block sums of x, the store of a
-// pass's tile). Included by kquant_linear.cpp alone (its helpers share that file's anonymous namespace).
+// GGUF Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks as kquant_linear.cpp keeps them: the formats, the
+// packed layout's constants, where an element, a scale and a min sit in a file block and in a
+// packed one, and the helpers every pass shares (sub-block sums of x, the store of a pass's tile).
+// Included by kquant_linear.cpp alone (its helpers share that file's anonymous namespace).
 //
 // Formats (ggml; a row of K weights is K / W blocks of W weights; q unsigned):
 //   Q5_0 (W 32): fp16 d, 32-bit qh, 16 bytes of nibbles; q = nibble | bit << 4; w = d (q - 16).

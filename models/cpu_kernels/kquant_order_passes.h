@@ -1,6 +1,7 @@
-// The passes of kquant_linear.cpp in the portable order (float32 activations; bf16 on CPUs
-// without AVX512-BF16): plain loops, their SIMD twins (kquant_fma.h: AVX-512 or AVX2 + FMA) for
-// few rows and the many-rows tiles over unpacked panels. Included by kquant_linear.cpp alone (its helpers share that file's anonymous namespace).
+// The passes of kquant_linear.cpp in the portable order (float32 activations; bf16 on CPUs without
+// AVX512-BF16): plain loops, their SIMD twins (kquant_fma.h: AVX-512 or AVX2 + FMA) for few rows
+// and the many-rows tiles over unpacked panels. Included by kquant_linear.cpp alone (its helpers
+// share that file's anonymous namespace).
 #pragma once
 
 #include <algorithm>

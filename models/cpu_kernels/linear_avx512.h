@@ -1,6 +1,7 @@
-// linear.cpp's passes on AVX-512: MR rows x NR panels of accumulators in registers, one
-// vdpbf16ps a k-pair (or its two fmas without AVX512-BF16; float32: one fma a k), int8 panels
-// widened to bf16 in registers, the tile stored from the registers with c10's rounding. Included by linear.cpp alone (its helpers share that file's anonymous namespace).
+// linear.cpp's passes on AVX-512: MR rows x NR panels of accumulators in registers, one vdpbf16ps a
+// k-pair (or its two fmas without AVX512-BF16; float32: one fma a k), int8 panels widened to bf16
+// in registers, the tile stored from the registers with c10's rounding. Included by linear.cpp
+// alone (its helpers share that file's anonymous namespace).
 #pragma once
 
 #include "x86_intrinsics.h"

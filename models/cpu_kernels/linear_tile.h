@@ -1,5 +1,6 @@
-// The shape of linear.cpp's passes (rows x panels, the L2 budgets of its walk) and where a
-// pass's tile goes, with the scalar epilogue every path's rounding must equal. Included by linear.cpp alone (its helpers share that file's anonymous namespace).
+// The shape of linear.cpp's passes (rows x panels, the L2 budgets of its walk) and where a pass's
+// tile goes, with the scalar epilogue every path's rounding must equal. Included by linear.cpp
+// alone (its helpers share that file's anonymous namespace).
 #pragma once
 
 #include <c10/util/BFloat16.h>
